@@ -1,0 +1,414 @@
+"""Absolute positional encodings: added to the input embeddings (the ``embed`` hook).
+
+The fixed sinusoidal encoding of Vaswani et al. (2017), for position ``p`` and pair ``i``::
+
+    PE(p, 2i)   = sin(p * w_i)        w_i = base^(-2i/d)          (variant "vaswani")
+    PE(p, 2i+1) = cos(p * w_i)
+
+The tensor2tensor/fairseq variant puts all sines first, then all cosines, with frequencies
+``w_i = base^(-i/(d/2 - 1))`` so that the lowest frequency is exactly ``1/base``::
+
+    PE(p) = [sin(p w_0), ..., sin(p w_{d/2-1}), cos(p w_0), ..., cos(p w_{d/2-1})]
+
+Both are computed on the fly from integer positions in float32 (float64 on request) with
+autocast off, so there is no ``max_len`` wall and a bf16 model keeps every position distinct.
+
+Legend: ``b`` batch, ``s`` sequence length, ``d`` model width (``d_model``), ``...`` any leading
+dims of the positions tensor.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .base import PositionalScheme
+from ._validate import check_choice, check_int, check_positive_float
+from .positions import resolve_positions
+
+__all__ = [
+    "SINUSOIDAL_VARIANTS",
+    "LearnedPE",
+    "NoPE",
+    "ScaledSinusoidalPE",
+    "Sinusoidal2D",
+    "Sinusoidal3D",
+    "SinusoidalND",
+    "SinusoidalPE",
+    "sinusoidal_frequencies",
+    "sinusoidal_nd_table",
+    "sinusoidal_table",
+]
+
+
+# ----------------------------------------------------------------------------------------------
+# Pure functions
+# ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SinusoidalVariant:
+    """One sinusoidal convention: how frequencies are spaced and how sin/cos are laid out."""
+
+    exponents: Callable[[int], torch.Tensor]  # half -> [half] exponents e_i, w_i = base^(-e_i)
+    interleaved: bool  # True: [sin0, cos0, sin1, cos1, ...]; False: [sin..., cos...]
+    min_dim: int
+    reference: str
+
+
+def _vaswani_exponents(half: int) -> torch.Tensor:
+    return torch.arange(half, dtype=torch.float64) * 2.0 / (2 * half)  # 2i/d
+
+
+def _t2t_exponents(half: int) -> torch.Tensor:
+    return torch.arange(half, dtype=torch.float64) / (half - 1)  # i/(d/2 - 1)
+
+
+SINUSOIDAL_VARIANTS: dict[str, SinusoidalVariant] = {
+    "vaswani": SinusoidalVariant(
+        _vaswani_exponents, interleaved=True, min_dim=2,
+        reference="Vaswani et al. 2017, section 3.5 (and the seeds): sin/cos interleaved",
+    ),
+    "tensor2tensor": SinusoidalVariant(
+        _t2t_exponents, interleaved=False, min_dim=4,
+        reference="tensor2tensor get_timing_signal_1d / fairseq SinusoidalPositionalEmbedding: "
+        "[sin | cos] concatenated",
+    ),
+}
+
+
+def sinusoidal_frequencies(
+    dim: int,
+    base: float = 10000.0,
+    variant: str = "vaswani",
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """Angular frequencies ``w_i`` (radians per position) of a sinusoidal encoding.
+
+    Args:
+        dim: ``d``, the encoding width (even).
+        base: the wavelength base (10000 in the paper).
+        variant: ``"vaswani"`` (``w_i = base^(-2i/d)``) or ``"tensor2tensor"``
+            (``w_i = base^(-i/(d/2-1))``).
+
+    Returns:
+        ``[d/2]`` tensor, from 1 (wavelength 2*pi, dimension 0) down to about ``1/base``.
+    """
+    spec = SINUSOIDAL_VARIANTS[check_choice(variant, "variant", SINUSOIDAL_VARIANTS)]
+    check_int(dim, "dim", minimum=spec.min_dim, even=True)
+    base = check_positive_float(base, "base")
+    # Exponents in float64 on the CPU (tiny), then cast: the frequencies are exact to float32 rounding.
+    inv_freq = torch.exp(-spec.exponents(dim // 2) * math.log(base))  # [d/2]
+    return inv_freq.to(device=device, dtype=dtype)
+
+
+def _angle_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def sinusoidal_table(
+    positions: int | torch.Tensor,
+    dim: int,
+    base: float = 10000.0,
+    variant: str = "vaswani",
+    *,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """The sinusoidal encoding of the given positions.
+
+    Args:
+        positions: an int ``n`` (positions ``0..n-1``) or an integer tensor ``[...]`` of any shape,
+            e.g. ``[s]`` or ``[b, s]``. Any integer position works: there is no ``max_len``.
+        dim: ``d``, the encoding width (even; >= 4 for ``"tensor2tensor"``).
+        base: wavelength base, 10000 in the paper.
+        variant: ``"vaswani"`` (interleaved sin/cos, the paper and the seeds) or
+            ``"tensor2tensor"`` (``[sin | cos]``, tensor2tensor and fairseq).
+        dtype: dtype of the result. Angles are computed in float32 (float64 if ``dtype`` is
+            float64) with autocast off, and cast at the end.
+
+    Returns:
+        ``[..., d]``: ``[n, d]`` for an int, ``positions.shape + (d,)`` for a tensor.
+    """
+    if isinstance(positions, bool):
+        raise TypeError("positions must be an int or an integer tensor, got bool")
+    if isinstance(positions, int):
+        if positions < 0:
+            raise ValueError(f"positions as an int is a count and must be >= 0, got {positions}")
+        positions = torch.arange(positions)
+    elif not isinstance(positions, torch.Tensor):
+        raise TypeError(f"positions must be an int or an integer tensor, got {type(positions).__name__}")
+    elif positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
+        raise TypeError(
+            f"positions must be an integer tensor, got dtype {positions.dtype}; pass e.g. positions.long()"
+        )
+    spec = SINUSOIDAL_VARIANTS[check_choice(variant, "variant", SINUSOIDAL_VARIANTS)]
+    adt = _angle_dtype(dtype)
+    inv_freq = sinusoidal_frequencies(dim, base, variant, dtype=adt, device=positions.device)
+    with torch.autocast(device_type=positions.device.type, enabled=False):
+        angles = positions.to(adt)[..., None] * inv_freq  # [..., 1] * [d/2] -> [..., d/2]
+        sin, cos = torch.sin(angles), torch.cos(angles)
+        if spec.interleaved:
+            table = torch.stack((sin, cos), dim=-1).flatten(-2)  # [..., d/2, 2] -> [..., d]
+        else:
+            table = torch.cat((sin, cos), dim=-1)  # [..., d/2] ++ [..., d/2] -> [..., d]
+    return table.to(dtype)
+
+
+def sinusoidal_nd_table(
+    shape: tuple[int, ...] | torch.Tensor,
+    channels: int,
+    base: float = 10000.0,
+    *,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """Multi-dimensional sinusoidal encoding (images, volumes), channels last.
+
+    Each of the ``n`` axes gets its own 1D ``"vaswani"`` encoding of width
+    ``c_a = 2 * ceil(channels / (2n))``; the axes' encodings are concatenated and cut to
+    ``channels`` (the convention of the ``positional-encodings`` package).
+
+    Args:
+        shape: the grid size ``(x, y)`` / ``(x, y, z)``, or an integer tensor of coordinates
+            ``[..., n]`` (e.g. ``[x, y, 2]``) for arbitrary grid positions.
+        channels: ``c``, the channel count.
+
+    Returns:
+        ``[*shape, c]`` for a grid size, ``[..., c]`` for coordinates.
+    """
+    if isinstance(shape, torch.Tensor):
+        coords = shape
+        if coords.is_floating_point() or coords.dtype == torch.bool or coords.dim() < 1:
+            raise TypeError(f"coordinates must be an integer tensor [..., n], got {coords.dtype}")
+    else:
+        if not isinstance(shape, (tuple, list)) or not shape:
+            raise TypeError(f"shape must be a non-empty tuple of ints, got {shape!r}")
+        for i, n in enumerate(shape):
+            check_int(n, f"shape[{i}]")
+        axes = torch.meshgrid(*(torch.arange(n) for n in shape), indexing="ij")
+        coords = torch.stack(axes, dim=-1)  # [*shape, n]
+    ndim = coords.shape[-1]
+    check_int(channels, "channels")
+    per_axis = 2 * math.ceil(channels / (2 * ndim))
+    parts = [sinusoidal_table(coords[..., a], per_axis, base, dtype=dtype) for a in range(ndim)]
+    return torch.cat(parts, dim=-1)[..., :channels]  # n x [..., c_a] -> [..., n c_a] -> [..., c]
+
+
+# ----------------------------------------------------------------------------------------------
+# Modules
+# ----------------------------------------------------------------------------------------------
+class NoPE(PositionalScheme):
+    """No positional encoding at all (Kazemnejad et al. 2023): a causal mask alone orders tokens."""
+
+    name = "nope"
+    hooks = ()
+    summary = "no positional information; a causal decoder still infers order from its mask"
+
+    def __init__(self) -> None:
+        super().__init__()
+
+
+class SinusoidalPE(PositionalScheme):
+    """Fixed sinusoidal encoding added to the input (Vaswani et al. 2017).
+
+    Args:
+        d_model: ``d``, the model width (even).
+        base: wavelength base (10000).
+        variant: ``"vaswani"`` (interleaved, the paper) or ``"tensor2tensor"`` (``[sin | cos]``).
+
+    Shapes: ``embed(x [b, s, d], positions [s] | [b, s]) -> [b, s, d]``.
+    Nothing is cached: the table for the positions at hand is computed in each call.
+    """
+
+    name = "sinusoidal"
+    hooks = ("embed",)
+    summary = "fixed sin/cos of position (Vaswani 2017), added to the input; any length"
+
+    def __init__(self, d_model: int, base: float = 10000.0, variant: str = "vaswani") -> None:
+        super().__init__()
+        spec = SINUSOIDAL_VARIANTS[check_choice(variant, "variant", SINUSOIDAL_VARIANTS)]
+        self.d_model = check_int(d_model, "d_model", minimum=spec.min_dim, even=True)
+        self.base = check_positive_float(base, "base")
+        self.variant = variant
+
+    def table(self, positions: torch.Tensor) -> torch.Tensor:
+        """The float32 encoding ``[..., d]`` of integer positions ``[...]``."""
+        return sinusoidal_table(positions, self.d_model, self.base, self.variant)
+
+    def _check_width(self, x: torch.Tensor) -> None:
+        if x.dim() != 3 or x.shape[-1] != self.d_model:
+            raise ValueError(f"x must have shape [b, s, {self.d_model}], got {tuple(x.shape)}")
+
+    def embed(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        self._check_width(x)
+        pos = resolve_positions(positions, x.shape[1], x.device)
+        return x + self.table(pos).to(x.dtype)  # [b, s, d] + ([s, d] | [b, s, d])
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, base={self.base}, variant={self.variant!r}"
+
+
+class ScaledSinusoidalPE(SinusoidalPE):
+    """Sinusoidal encoding times one learned scalar gain (Hua et al. 2022, "FLASH").
+
+    Args:
+        d_model, base, variant: as :class:`SinusoidalPE`.
+        init_gain: the gain's initial value; default ``d_model ** -0.5`` as in Hua et al. and
+            x-transformers. Use 1.0 to start from the plain sinusoidal encoding.
+
+    Shapes: ``embed(x [b, s, d], positions [s] | [b, s]) -> [b, s, d]``.
+    """
+
+    name = "scaled_sinusoidal"
+    hooks = ("embed",)
+    summary = "sinusoidal times a learned scalar gain (Hua et al. 2022)"
+
+    def __init__(
+        self, d_model: int, base: float = 10000.0, variant: str = "vaswani", init_gain: float | None = None
+    ) -> None:
+        super().__init__(d_model, base, variant)
+        gain = d_model**-0.5 if init_gain is None else check_positive_float(init_gain, "init_gain")
+        self.gain = nn.Parameter(torch.tensor(float(gain)))
+
+    def embed(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        self._check_width(x)
+        pos = resolve_positions(positions, x.shape[1], x.device)
+        return x + (self.table(pos) * self.gain.float()).to(x.dtype)
+
+
+class LearnedPE(PositionalScheme):
+    """Learned absolute position embeddings (BERT, GPT-2): one trained vector per position.
+
+    Args:
+        d_model: ``d``, the model width.
+        max_len: the number of positions in the table; positions must be in ``[0, max_len)``.
+            Learned positions cannot extrapolate: a longer input raises ``ValueError``.
+        init_std: std of the normal initialisation (0.02, as BERT and seed 002).
+        padding_idx: fairseq's convention: when given, position ``p`` uses row
+            ``p + padding_idx + 1`` and row ``padding_idx`` is a zero, untrained padding row, so
+            fairseq/RoBERTa-style tables (``max_len + padding_idx + 1`` rows) load directly.
+
+    Shapes: ``embed(x [b, s, d], positions [s] | [b, s]) -> [b, s, d]``.
+    """
+
+    name = "learned"
+    hooks = ("embed",)
+    summary = "a trained vector per position (BERT, GPT-2); cannot run past max_len"
+
+    def __init__(
+        self, d_model: int, max_len: int, init_std: float = 0.02, padding_idx: int | None = None
+    ) -> None:
+        super().__init__()
+        self.d_model = check_int(d_model, "d_model")
+        self.max_len = check_int(max_len, "max_len")
+        self.init_std = check_positive_float(init_std, "init_std")
+        if padding_idx is not None:
+            check_int(padding_idx, "padding_idx", minimum=0)
+        self.padding_idx = padding_idx
+        self.offset = 0 if padding_idx is None else padding_idx + 1
+        self.weight = nn.Parameter(torch.empty(self.max_len + self.offset, self.d_model))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.weight, std=self.init_std)
+        if self.padding_idx is not None:
+            with torch.no_grad():
+                self.weight[self.padding_idx].zero_()
+
+    def _past_table(self, what: str) -> ValueError:
+        return ValueError(
+            f"{what} is past the learned position table (max_len={self.max_len}): learned positions "
+            "cannot extrapolate. Build it with a larger max_len, or use a scheme that runs at any "
+            "length (sinusoidal, rope, alibi, t5)."
+        )
+
+    def lookup(self, positions: torch.Tensor) -> torch.Tensor:
+        """Rows for integer positions ``[...]`` -> ``[..., d]``."""
+        if not torch.compiler.is_compiling() and positions.numel():
+            lo, hi = int(positions.min()), int(positions.max())
+            if lo < 0:
+                raise ValueError(f"positions must be >= 0 for learned embeddings, got {lo}")
+            if hi >= self.max_len:
+                raise self._past_table(f"position {hi}")
+        return nn.functional.embedding(positions + self.offset, self.weight, self.padding_idx)
+
+    def embed(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        if x.dim() != 3 or x.shape[-1] != self.d_model:
+            raise ValueError(f"x must have shape [b, s, {self.d_model}], got {tuple(x.shape)}")
+        if positions is None and x.shape[1] > self.max_len:  # a shape check: also holds under compile
+            raise self._past_table(f"sequence length {x.shape[1]}")
+        pos = resolve_positions(positions, x.shape[1], x.device)
+        return x + self.lookup(pos).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, max_len={self.max_len}, padding_idx={self.padding_idx}"
+
+
+class SinusoidalND(PositionalScheme):
+    """Sinusoidal encoding of 2D/3D grid positions (image patches, video, volumes), channels last.
+
+    Args:
+        d_model: ``c``, the channel count.
+        ndim: the number of spatial axes ``n`` (2 or 3).
+        base: wavelength base.
+
+    Shapes: ``embed(x [b, *grid, c], positions [*grid, n] | [b, *grid, n]) -> [b, *grid, c]``
+    where ``grid`` is ``(x, y)`` or ``(x, y, z)``; positions default to the grid coordinates.
+    """
+
+    name = "sinusoidal_nd"
+    hooks = ("embed",)
+    summary = "sinusoidal per spatial axis for images and volumes, channels last"
+
+    def __init__(self, d_model: int, ndim: int = 2, base: float = 10000.0) -> None:
+        super().__init__()
+        self.d_model = check_int(d_model, "d_model")
+        self.ndim = check_int(ndim, "ndim")
+        if self.ndim not in (2, 3):
+            raise ValueError(f"ndim must be 2 or 3, got {ndim}")
+        self.base = check_positive_float(base, "base")
+
+    def embed(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        if x.dim() != self.ndim + 2 or x.shape[-1] != self.d_model:
+            raise ValueError(
+                f"x must have shape [b, {', '.join('xyz'[: self.ndim])}, {self.d_model}] (channels last), "
+                f"got {tuple(x.shape)}"
+            )
+        grid = tuple(x.shape[1:-1])
+        if positions is None:
+            pe = sinusoidal_nd_table(grid, self.d_model, self.base).to(x.device)  # [*grid, c]
+        else:
+            if positions.shape[-1] != self.ndim or tuple(positions.shape[-1 - self.ndim : -1]) != grid:
+                raise ValueError(
+                    f"positions must have shape [*grid, {self.ndim}] or [b, *grid, {self.ndim}] with "
+                    f"grid={grid}, got {tuple(positions.shape)}"
+                )
+            pe = sinusoidal_nd_table(positions, self.d_model, self.base)
+        return x + pe.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, ndim={self.ndim}, base={self.base}"
+
+
+class Sinusoidal2D(SinusoidalND):
+    """:class:`SinusoidalND` for 2D grids: ``embed(x [b, x, y, c]) -> [b, x, y, c]``."""
+
+    name = "sinusoidal_2d"
+    summary = "sinusoidal per axis for 2D grids (image patches), channels last"
+
+    def __init__(self, d_model: int, base: float = 10000.0) -> None:
+        super().__init__(d_model, 2, base)
+
+
+class Sinusoidal3D(SinusoidalND):
+    """:class:`SinusoidalND` for 3D grids: ``embed(x [b, x, y, z, c]) -> [b, x, y, z, c]``."""
+
+    name = "sinusoidal_3d"
+    summary = "sinusoidal per axis for 3D grids (video, volumes), channels last"
+
+    def __init__(self, d_model: int, base: float = 10000.0) -> None:
+        super().__init__(d_model, 3, base)
+

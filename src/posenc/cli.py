@@ -1,0 +1,137 @@
+"""The ``posenc`` command.
+
+Each subcommand is one entry in :data:`COMMANDS`: a function that adds its arguments and a
+function that runs it. ``posenc --help`` lists them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+import torch
+
+from . import __version__
+from .registry import build, describe, scheme_class, schemes
+
+__all__ = ["COMMANDS", "main", "parse_positions"]
+
+
+class CLIError(Exception):
+    """A user error: printed as ``posenc: error: ...`` with exit code 2, no traceback."""
+
+
+def parse_positions(spec: str) -> torch.Tensor:
+    """``"0:3"`` -> ``[0, 1, 2]``; ``"0:100:10"`` -> every 10th; ``"0,5,9"`` -> those positions."""
+    try:
+        if ":" in spec:
+            parts = [int(p) if p else None for p in spec.split(":")]
+            if len(parts) > 3 or parts[1] is None:
+                raise ValueError
+            start, stop = parts[0] or 0, parts[1]
+            step = parts[2] if len(parts) == 3 and parts[2] is not None else 1
+            if step <= 0:
+                raise ValueError
+            return torch.arange(start, stop, step)
+        return torch.tensor([int(p) for p in spec.split(",")], dtype=torch.long)
+    except ValueError:
+        raise CLIError(f"--positions {spec!r} is not START:STOP[:STEP] or a comma list like 0,5,9") from None
+
+
+# ---------------------------------------------------------------------------------------------- list
+def _list_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def _list_run(args: argparse.Namespace) -> int:
+    rows = [describe(name) for name in schemes()]
+    if args.json:
+        import json
+
+        print(json.dumps(rows, indent=2, default=str))
+        return 0
+    width = max(len(r["name"]) for r in rows)
+    print(f"{'scheme':<{width}}  {'hooks':<18}  summary")
+    for r in rows:
+        hooks = ",".join(r["hooks"]) or "-"
+        print(f"{r['name']:<{width}}  {hooks:<18}  {r['summary']}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- show
+def _show_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("scheme", help="an absolute scheme (one with the embed hook), e.g. sinusoidal")
+    p.add_argument("--dim", type=int, default=16, help="d_model (default 16)")
+    p.add_argument("--positions", default="0:3", help="START:STOP[:STEP] or 0,5,9 (default 0:3)")
+    p.add_argument("--columns", type=int, default=None, help="show only the first N dimensions")
+    p.add_argument("--digits", type=int, default=4, help="decimal digits (default 4)")
+    p.add_argument("--variant", default=None, help="sinusoidal variant: vaswani or tensor2tensor")
+    p.add_argument("--base", type=float, default=None, help="wavelength base (default 10000)")
+    p.add_argument("--max-len", type=int, default=None, help="table size for learned (default: enough)")
+    p.add_argument("--seed", type=int, default=0, help="random seed for learned tables")
+
+
+def _show_run(args: argparse.Namespace) -> int:
+    cls = scheme_class(args.scheme)
+    if "embed" not in cls.hooks:
+        raise CLIError(
+            f"{args.scheme!r} has no table to show: it acts inside attention (hooks: "
+            f"{', '.join(cls.hooks) or 'none'}). Show one of: "
+            + ", ".join(n for n in schemes() if "embed" in scheme_class(n).hooks)
+        )
+    if args.scheme in ("sinusoidal_2d", "sinusoidal_3d"):
+        raise CLIError(f"{args.scheme!r} encodes grids, not sequences: use `posenc plot` for it")
+    positions = parse_positions(args.positions)
+    options: dict = {"d_model": args.dim}
+    for key, value in (("variant", args.variant), ("base", args.base)):
+        if value is not None:
+            options[key] = value
+    if args.scheme == "learned":
+        torch.manual_seed(args.seed)
+        options["max_len"] = args.max_len or int(positions.max()) + 1
+    scheme = build(args.scheme, **options)
+    with torch.no_grad():
+        table = scheme.embed(torch.zeros(1, len(positions), args.dim), positions)[0]  # [s, d]
+    cols = table.shape[1] if args.columns is None else min(args.columns, table.shape[1])
+    print(f"{args.scheme} encoding, d_model={args.dim}, dims 0..{cols - 1}")
+    for p, row in zip(positions.tolist(), table[:, :cols].tolist()):
+        values = ", ".join(f"{v:.{args.digits}f}" for v in row)
+        print(f"position {p}: [{values}]")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- main
+#: name -> (help, add arguments, run). Later features add entries here.
+COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
+    "list": ("list every scheme with its hooks", _list_args, _list_run),
+    "show": ("print an absolute encoding's values as a table", _show_args, _show_run),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="posenc", description="Token embeddings and positional encodings: see, check, measure."
+    )
+    parser.add_argument("--version", action="version", version=f"posenc {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (help_text, add_args, _) in COMMANDS.items():
+        add_args(sub.add_parser(name, help=help_text, description=help_text))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return COMMANDS[args.command][2](args)
+    except (CLIError, ValueError, TypeError) as err:
+        print(f"posenc {args.command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

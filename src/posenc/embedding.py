@@ -1,0 +1,219 @@
+"""Token embeddings, weight tying, and the input layer of a Transformer.
+
+The seeds' pipeline, after tokenization::
+
+    ids [b, s] -> E[ids] * sqrt(d) -> + positional part -> LayerNorm -> dropout -> [b, s, d]
+
+An embedding lookup is a one-hot vector times the weight matrix (seed 003):
+``E[ids] == one_hot(ids, V) @ E``, computed as a gather.
+
+Legend: ``b`` batch, ``s`` sequence length, ``d`` model width, ``V`` vocabulary size.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from ._validate import check_int, check_positive_float, check_probability
+from .base import PositionalScheme
+from .registry import build_with_context, scheme_class
+
+__all__ = ["TIE_STRATEGIES", "InputEmbedding", "TokenEmbedding", "apply_tying", "tie_weights"]
+
+
+def _scale_value(scale: str | float | None, d_model: int) -> float:
+    if scale is None:
+        return 1.0
+    if scale == "sqrt_d_model":
+        return math.sqrt(d_model)
+    if isinstance(scale, str):
+        raise ValueError(f"unknown scale {scale!r}; valid: 'sqrt_d_model', None, or a number")
+    return check_positive_float(scale, "scale")
+
+
+class TokenEmbedding(nn.Module):
+    """Token id -> vector lookup, times a scale (``sqrt(d_model)`` by default, as in Vaswani 2017).
+
+    Args:
+        vocab_size: ``V``.
+        d_model: ``d``.
+        scale: ``"sqrt_d_model"`` (default), ``None`` (no scaling) or a positive number.
+        padding_idx: id whose vector is zero and receives no gradient.
+        init_std: std of the normal initialisation. Default ``1 / scale``, so that the scaled
+            output starts with unit variance, which is what the sqrt(d) factor is for
+            (tensor2tensor initialises with ``d ** -0.5``); ``nn.Embedding`` uses 1.0.
+
+    Shapes: ``forward(ids [b, s]) -> [b, s, d]`` (any leading shape ``[...]`` works).
+
+    Ids must be integers in ``[0, V)``; others raise ``ValueError``/``TypeError`` naming the value.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        d_model: int,
+        scale: str | float | None = "sqrt_d_model",
+        padding_idx: int | None = None,
+        init_std: float | None = None,
+    ) -> None:
+        super().__init__()
+        self.vocab_size = check_int(vocab_size, "vocab_size")
+        self.d_model = check_int(d_model, "d_model")
+        self.scale = _scale_value(scale, d_model)
+        if padding_idx is not None:
+            check_int(padding_idx, "padding_idx", minimum=0)
+            if padding_idx >= vocab_size:
+                raise ValueError(f"padding_idx must be < vocab_size={vocab_size}, got {padding_idx}")
+        self.padding_idx = padding_idx
+        self.init_std = 1.0 / self.scale if init_std is None else check_positive_float(init_std, "init_std")
+        self.weight = nn.Parameter(torch.empty(self.vocab_size, self.d_model))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.weight, std=self.init_std)
+        if self.padding_idx is not None:
+            with torch.no_grad():
+                self.weight[self.padding_idx].zero_()
+
+    def check_ids(self, ids: torch.Tensor) -> None:
+        """Raise a clear error for non-integer ids or ids outside ``[0, V)`` (eager mode only)."""
+        if not isinstance(ids, torch.Tensor):
+            raise TypeError(f"ids must be an integer tensor [b, s], got {type(ids).__name__}")
+        if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+            raise TypeError(f"ids must be an integer tensor, got dtype {ids.dtype}; pass e.g. ids.long()")
+        if torch.compiler.is_compiling() or ids.numel() == 0:
+            return
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= self.vocab_size:
+            bad = lo if lo < 0 else hi
+            where = tuple(int(i) for i in (ids == bad).nonzero()[0])
+            raise ValueError(
+                f"token id {bad} at index {where} is outside the vocabulary [0, {self.vocab_size}); "
+                "check the tokenizer matches vocab_size"
+            )
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        self.check_ids(ids)
+        out = nn.functional.embedding(ids, self.weight, self.padding_idx)  # [..., d]
+        return out * self.scale if self.scale != 1.0 else out
+
+    def extra_repr(self) -> str:
+        return f"{self.vocab_size}, {self.d_model}, scale={self.scale:.4g}, padding_idx={self.padding_idx}"
+
+
+def tie_weights(source: nn.Module, *targets: nn.Module) -> None:
+    """Make every target use ``source.weight`` (the same Parameter, so the same storage).
+
+    ``source`` and targets are modules with a ``weight`` of shape ``[V, d]``: a
+    :class:`TokenEmbedding`, an ``nn.Embedding``, or an output ``nn.Linear(d, V)`` (whose weight
+    is ``[V, d]`` too). Tying an output layer to the embedding drops the count from 2Vd to Vd.
+    """
+    w = getattr(source, "weight", None)
+    if not isinstance(w, nn.Parameter):
+        raise TypeError(f"source must have a weight Parameter [V, d], got {type(source).__name__}")
+    for i, target in enumerate(targets):
+        tw = getattr(target, "weight", None)
+        if not isinstance(tw, torch.Tensor):
+            raise TypeError(f"targets[{i}] ({type(target).__name__}) has no weight to tie")
+        if tw.shape != w.shape:
+            raise ValueError(
+                f"cannot tie targets[{i}] with weight {tuple(tw.shape)} to source weight {tuple(w.shape)}: "
+                "both must be [vocab_size, d_model] (an output layer is nn.Linear(d_model, vocab_size))"
+            )
+        target.weight = w
+
+
+#: The weight-tying strategies of seeds 000 and 002 (Press & Wolf 2017; Vaswani et al. 2017).
+TIE_STRATEGIES: dict[str, str] = {
+    "none": "every embedding and the output layer have their own weights",
+    "encoder_decoder": "encoder and decoder share one token embedding (a shared vocabulary)",
+    "output": "the output projection uses the (decoder's) token embedding matrix",
+    "three_way": "encoder embedding, decoder embedding and output projection are one matrix",
+}
+
+
+def apply_tying(
+    strategy: str,
+    *,
+    encoder_embedding: nn.Module | None = None,
+    decoder_embedding: nn.Module | None = None,
+    output: nn.Module | None = None,
+) -> None:
+    """Tie weights by a strategy from :data:`TIE_STRATEGIES`.
+
+    For a decoder-only LM pass ``decoder_embedding`` and ``output``; ``"encoder_decoder"`` and
+    ``"three_way"`` need an encoder embedding as well.
+    """
+    if strategy not in TIE_STRATEGIES:
+        raise ValueError(f"unknown tying strategy {strategy!r}; valid: {', '.join(TIE_STRATEGIES)}")
+    needs = {
+        "none": (),
+        "encoder_decoder": ("encoder_embedding", "decoder_embedding"),
+        "output": ("decoder_embedding", "output"),
+        "three_way": ("encoder_embedding", "decoder_embedding", "output"),
+    }[strategy]
+    given = {"encoder_embedding": encoder_embedding, "decoder_embedding": decoder_embedding, "output": output}
+    missing = [k for k in needs if given[k] is None]
+    if missing:
+        raise ValueError(f"tying strategy {strategy!r} needs {', '.join(missing)}")
+    if strategy in ("encoder_decoder", "three_way"):
+        tie_weights(encoder_embedding, decoder_embedding)  # type: ignore[arg-type]
+    if strategy in ("output", "three_way"):
+        tie_weights(decoder_embedding, output)  # type: ignore[arg-type]
+
+
+class InputEmbedding(nn.Module):
+    """The input layer: token embedding x scale, + absolute positions, LayerNorm, dropout.
+
+    Args:
+        vocab_size: ``V``.
+        d_model: ``d``.
+        scheme: a scheme name from :func:`posenc.schemes` or a built scheme. Schemes without an
+            ``embed`` hook (rope, alibi, ...) act inside attention, so here they add nothing.
+        layer_norm: apply LayerNorm after the sum (BERT-style); False for models that normalise
+            inside each block.
+        dropout: dropout rate after the normalisation.
+        scale, padding_idx, init_std: passed to :class:`TokenEmbedding`.
+        scheme_options: extra options for a scheme given by name (e.g. ``{"max_len": 512}``).
+
+    Shapes: ``forward(ids [b, s], positions [s] | [b, s] | None) -> [b, s, d]``.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        d_model: int,
+        scheme: str | PositionalScheme = "sinusoidal",
+        *,
+        layer_norm: bool = True,
+        dropout: float = 0.1,
+        scale: str | float | None = "sqrt_d_model",
+        padding_idx: int | None = None,
+        init_std: float | None = None,
+        scheme_options: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        self.token = TokenEmbedding(vocab_size, d_model, scale, padding_idx, init_std)
+        if isinstance(scheme, PositionalScheme):
+            if scheme_options:
+                raise ValueError("scheme_options only apply when scheme is given by name")
+            self.position: PositionalScheme | None = scheme if "embed" in scheme.hooks else None
+        elif "embed" in scheme_class(scheme).hooks:
+            self.position = build_with_context(scheme, {"d_model": d_model}, scheme_options)
+        else:
+            self.position = None
+        self.scheme_name = scheme if isinstance(scheme, str) else scheme.name
+        self.norm = nn.LayerNorm(d_model) if layer_norm else nn.Identity()
+        self.dropout = nn.Dropout(check_probability(dropout, "dropout"))
+
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.token(ids)  # [b, s] -> [b, s, d], scaled
+        if x.dim() != 3:
+            raise ValueError(f"ids must have shape [b, s], got {tuple(ids.shape)}")
+        if self.position is not None:
+            x = self.position.embed(x, positions)  # [b, s, d] + positional part
+        return self.dropout(self.norm(x))
