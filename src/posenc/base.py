@@ -10,6 +10,20 @@ hook          acts on                                      schemes
 ``score_bias``attention logits ``[b | 1, h, s_q, s_k]``    ALiBi, T5, Shaw, Transformer-XL
 ============  ===========================================  =====================================
 
+Contract between schemes and models (every model in posenc keeps it):
+
+* ``score_bias`` returns the term *as added to the scaled logits*: attention computes
+  ``softmax(q k^T / sqrt(d_h) + bias)`` (``scaled_dot_product_attention`` adds ``attn_mask``
+  after scaling), so a content-dependent bias divides by ``sqrt(d_h)`` itself. It receives the
+  projected queries *before* ``rotate``. The model casts the bias to the attention dtype.
+* With a KV cache, the model rotates each key once, when it enters the cache, with its own
+  position. A scheme whose rotation of a key depends on the current length (dynamic NTK) sets
+  ``needs_unrotated_cache = True``: the model then caches raw keys and calls ``rotate`` on the
+  whole key cache at every step, so all keys always share one rotation base.
+* ``relative_values`` (Shaw et al.'s value embeddings) returns ``[s_q, s_k, d_h]`` vectors
+  ``a^V_ij``; a model adds ``sum_j p_ij a^V_ij`` to each head's output (needs the attention
+  probabilities, so an explicit-softmax path). ``None`` for every other scheme.
+
 A hook a scheme does not use is the identity (``embed`` returns ``x``, ``rotate`` returns
 ``(q, k)``, ``score_bias`` returns ``None``), so a model can call all three unconditionally;
 ``scheme.hooks`` says which ones do something, so a model can also skip the rest.
@@ -40,12 +54,14 @@ class PositionalScheme(nn.Module):
         summary: one line for ``posenc list``.
         max_len: the longest input it can encode, or ``None`` when positions are unbounded.
         causal_ok: whether the scheme can run in a causal decoder (with a KV cache).
+        needs_unrotated_cache: the model must cache un-rotated keys (see the contract above).
     """
 
     name: ClassVar[str] = "base"
     hooks: ClassVar[tuple[str, ...]] = ()
     summary: ClassVar[str] = ""
     causal_ok: ClassVar[bool] = True
+    needs_unrotated_cache: ClassVar[bool] = False
     max_len: int | None = None
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
@@ -96,6 +112,18 @@ class PositionalScheme(nn.Module):
 
         Returns:
             ``[b | 1, h, s_q, s_k]`` float bias, or ``None`` for schemes without this hook.
+        """
+        return None
+
+    def relative_values(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor | None:
+        """Relative value vectors (Shaw et al. 2018), or ``None`` for schemes without them.
+
+        Args:
+            q_positions: ``[s_q]`` integer positions.
+            k_positions: ``[s_k]`` integer positions.
+
+        Returns:
+            ``[s_q, s_k, d_h]`` vectors ``a^V_ij`` (or ``[h, s_q, s_k, d_h]``), or ``None``.
         """
         return None
 
