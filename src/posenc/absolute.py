@@ -26,8 +26,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .base import PositionalScheme
+from ._precision import autocast_off
 from ._validate import check_choice, check_int, check_positive_float
+from .base import PositionalScheme
 from .positions import resolve_positions
 
 __all__ = [
@@ -68,11 +69,15 @@ def _t2t_exponents(half: int) -> torch.Tensor:
 
 SINUSOIDAL_VARIANTS: dict[str, SinusoidalVariant] = {
     "vaswani": SinusoidalVariant(
-        _vaswani_exponents, interleaved=True, min_dim=2,
+        _vaswani_exponents,
+        interleaved=True,
+        min_dim=2,
         reference="Vaswani et al. 2017, section 3.5 (and the seeds): sin/cos interleaved",
     ),
     "tensor2tensor": SinusoidalVariant(
-        _t2t_exponents, interleaved=False, min_dim=4,
+        _t2t_exponents,
+        interleaved=False,
+        min_dim=4,
         reference="tensor2tensor get_timing_signal_1d / fairseq SinusoidalPositionalEmbedding: "
         "[sin | cos] concatenated",
     ),
@@ -148,7 +153,7 @@ def sinusoidal_table(
     spec = SINUSOIDAL_VARIANTS[check_choice(variant, "variant", SINUSOIDAL_VARIANTS)]
     adt = _angle_dtype(dtype)
     inv_freq = sinusoidal_frequencies(dim, base, variant, dtype=adt, device=positions.device)
-    with torch.autocast(device_type=positions.device.type, enabled=False):
+    with autocast_off(positions.device):
         angles = positions.to(adt)[..., None] * inv_freq  # [..., 1] * [d/2] -> [..., d/2]
         sin, cos = torch.sin(angles), torch.cos(angles)
         if spec.interleaved:
@@ -411,4 +416,3 @@ class Sinusoidal3D(SinusoidalND):
 
     def __init__(self, d_model: int, base: float = 10000.0) -> None:
         super().__init__(d_model, 3, base)
-

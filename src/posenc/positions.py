@@ -114,7 +114,9 @@ def positions_from_cu_seqlens(cu_seqlens: torch.Tensor) -> torch.Tensor:
             raise ValueError(f"cu_seqlens must be non-decreasing, got {cu.tolist()}")
     lengths = cu[1:] - cu[:-1]  # [n]
     total = int(cu[-1])
-    starts = torch.repeat_interleave(cu[:-1], lengths, output_size=total)  # [total]: start of each token's doc
+    starts = torch.repeat_interleave(
+        cu[:-1], lengths, output_size=total
+    )  # [total]: start of each token's doc
     return torch.arange(total, device=cu.device) - starts
 
 

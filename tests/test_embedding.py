@@ -1,0 +1,193 @@
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import posenc
+from posenc.absolute import LearnedPE, SinusoidalPE, sinusoidal_table
+from posenc.base import PositionalScheme
+from posenc.embedding import TIE_STRATEGIES, InputEmbedding, TokenEmbedding, apply_tying, tie_weights
+
+
+def test_token_embedding_scales_by_sqrt_d_model():
+    emb = TokenEmbedding(100, 64)
+    ids = torch.tensor([[1, 2, 3], [4, 5, 99]])
+    torch.testing.assert_close(emb(ids), emb.weight[ids] * 8.0)
+
+
+def test_scale_options_and_unit_variance_init():
+    assert TokenEmbedding(10, 16, scale=None).scale == 1.0
+    assert TokenEmbedding(10, 16, scale=2.5).scale == 2.5
+    emb = TokenEmbedding(5000, 256)
+    # init std 1/sqrt(d) so that the scaled output has unit variance (what the sqrt(d) factor is for)
+    out = emb(torch.arange(5000))
+    assert abs(out.std().item() - 1.0) < 0.02
+    assert TokenEmbedding(10, 16, init_std=0.02).init_std == 0.02
+
+
+def test_lookup_equals_one_hot_matmul():
+    """Seed 003: an embedding lookup is a one-hot vector times the weight matrix."""
+    emb = TokenEmbedding(10, 4, scale=None).double()
+    ids = torch.tensor([1, 3, 5])
+    one_hot = nn.functional.one_hot(ids, 10).double()  # [3, 10]
+    torch.testing.assert_close(one_hot @ emb.weight, emb(ids), rtol=0, atol=0)
+
+
+def test_padding_idx_is_zero_and_untrained():
+    emb = TokenEmbedding(10, 8, padding_idx=0)
+    assert torch.count_nonzero(emb.weight[0]) == 0
+    emb(torch.tensor([[0, 1]])).sum().backward()
+    assert torch.count_nonzero(emb.weight.grad[0]) == 0 and torch.count_nonzero(emb.weight.grad[1]) > 0
+
+
+@pytest.mark.parametrize(
+    ("ids", "err", "match"),
+    [
+        (
+            torch.tensor([[1, 10]]),
+            ValueError,
+            r"token id 10 at index \(0, 1\) is outside the vocabulary \[0, 10\)",
+        ),
+        (torch.tensor([[-1, 2]]), ValueError, r"token id -1 at index \(0, 0\)"),
+        (torch.tensor([[1.0, 2.0]]), TypeError, "ids must be an integer tensor, got dtype torch.float32"),
+        ([[1, 2]], TypeError, "ids must be an integer tensor"),
+    ],
+)
+def test_bad_ids(ids, err, match):
+    with pytest.raises(err, match=match):
+        TokenEmbedding(10, 8)(ids)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "err", "match"),
+    [
+        ({"vocab_size": 0, "d_model": 8}, ValueError, "vocab_size must be >= 1"),
+        ({"vocab_size": 10, "d_model": 8, "scale": "sqrt"}, ValueError, "unknown scale 'sqrt'"),
+        ({"vocab_size": 10, "d_model": 8, "scale": -1.0}, ValueError, "scale must be a finite number > 0"),
+        (
+            {"vocab_size": 10, "d_model": 8, "padding_idx": 10},
+            ValueError,
+            "padding_idx must be < vocab_size=10",
+        ),
+    ],
+)
+def test_bad_config(kwargs, err, match):
+    with pytest.raises(err, match=match):
+        TokenEmbedding(**kwargs)
+
+
+def _count(*modules):
+    params = {id(p): p for m in modules for p in m.parameters()}
+    return sum(p.numel() for p in params.values())
+
+
+def test_output_tying_halves_parameters_and_shares_storage():
+    V, d = 1000, 32
+    emb, out = TokenEmbedding(V, d), nn.Linear(d, V, bias=False)
+    assert _count(emb, out) == 2 * V * d
+    tie_weights(emb, out)
+    assert _count(emb, out) == V * d
+    assert out.weight.data_ptr() == emb.weight.data_ptr()
+    with torch.no_grad():
+        emb.weight[3, 0] = 42.0
+    assert out.weight[3, 0].item() == 42.0
+
+
+@pytest.mark.parametrize("strategy", list(TIE_STRATEGIES))
+def test_tying_strategies(strategy):
+    V, d = 50, 8
+    enc, dec, out = TokenEmbedding(V, d), TokenEmbedding(V, d), nn.Linear(d, V, bias=False)
+    apply_tying(strategy, encoder_embedding=enc, decoder_embedding=dec, output=out)
+    expected = {"none": 3, "encoder_decoder": 2, "output": 2, "three_way": 1}[strategy]
+    assert _count(enc, dec, out) == expected * V * d
+    if strategy in ("encoder_decoder", "three_way"):
+        assert dec.weight is enc.weight
+    if strategy in ("output", "three_way"):
+        assert out.weight is dec.weight
+
+
+def test_tying_errors():
+    with pytest.raises(ValueError, match=r"cannot tie targets\[0\] with weight \(10, 9\)"):
+        tie_weights(TokenEmbedding(10, 8), nn.Linear(9, 10))
+    with pytest.raises(ValueError, match="unknown tying strategy 'all'; valid: none"):
+        apply_tying("all")
+    with pytest.raises(ValueError, match="needs encoder_embedding"):
+        apply_tying("three_way", decoder_embedding=TokenEmbedding(10, 8), output=nn.Linear(8, 10))
+    with pytest.raises(TypeError, match="has no weight to tie"):
+        tie_weights(TokenEmbedding(10, 8), nn.ReLU())
+
+
+def test_input_embedding_is_the_seed_pipeline():
+    """ids -> E[ids] * sqrt(d) -> + PE -> LayerNorm -> dropout (eval: identity)."""
+    layer = InputEmbedding(100, 16, "sinusoidal", dropout=0.1).eval()
+    ids = torch.randint(0, 100, (2, 6))
+    expected = layer.token.weight[ids] * 4.0 + sinusoidal_table(6, 16)
+    expected = nn.functional.layer_norm(expected, (16,), layer.norm.weight, layer.norm.bias)
+    torch.testing.assert_close(layer(ids), expected)
+    out = layer(ids)
+    torch.testing.assert_close(out.mean(-1), torch.zeros(2, 6), atol=1e-5, rtol=0)
+    torch.testing.assert_close(out.var(-1, unbiased=False), torch.ones(2, 6), atol=1e-3, rtol=0)
+
+
+def test_input_embedding_dropout_in_train_only():
+    layer = InputEmbedding(100, 256, dropout=0.5, layer_norm=False)
+    ids = torch.randint(0, 100, (4, 64))
+    zeros = (layer.train()(ids) == 0).float().mean().item()
+    assert 0.45 < zeros < 0.55
+    assert (layer.eval()(ids) == 0).float().mean().item() < 0.01
+
+
+def test_input_embedding_positions_and_schemes():
+    layer = InputEmbedding(50, 8, "learned", layer_norm=False, dropout=0.0, scheme_options={"max_len": 20})
+    assert isinstance(layer.position, LearnedPE) and layer.position.max_len == 20
+    ids = torch.randint(0, 50, (1, 4))
+    pos = torch.tensor([10, 11, 12, 13])
+    torch.testing.assert_close(layer(ids, pos), layer.token(ids) + layer.position.weight[pos])
+    built = SinusoidalPE(8)
+    assert InputEmbedding(50, 8, built).position is built
+    # a scheme without an embed hook acts in attention: nothing is added here
+    nope = InputEmbedding(50, 8, "nope", layer_norm=False, dropout=0.0)
+    assert nope.position is None
+    torch.testing.assert_close(nope(ids), nope.token(ids))
+
+
+def test_input_embedding_errors():
+    with pytest.raises(ValueError, match="unknown scheme 'sinusoid'"):
+        InputEmbedding(10, 8, "sinusoid")
+    with pytest.raises(ValueError, match=r"unknown config key\(s\) \['max_length'\] for scheme 'learned'"):
+        InputEmbedding(10, 8, "learned", scheme_options={"max_length": 5})
+    with pytest.raises(ValueError, match="dropout must be in"):
+        InputEmbedding(10, 8, dropout=1.5)
+    with pytest.raises(ValueError, match=r"ids must have shape \[b, s\]"):
+        InputEmbedding(10, 8)(torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match="scheme_options only apply"):
+        InputEmbedding(10, 8, SinusoidalPE(8), scheme_options={"base": 10.0})
+
+
+def test_input_embedding_compile_and_meta():
+    layer = InputEmbedding(64, 32, "sinusoidal", dropout=0.0).eval()
+    ids = torch.randint(0, 64, (2, 12))
+    compiled = torch.compile(layer, fullgraph=True)
+    torch.testing.assert_close(compiled(ids), layer(ids), rtol=1e-5, atol=1e-5)
+    with torch.device("meta"):
+        meta = InputEmbedding(64, 32, "learned", scheme_options={"max_len": 16})
+    assert all(p.is_meta for p in meta.parameters())
+
+
+def test_bf16_input_embedding_keeps_positions_distinct():
+    layer = InputEmbedding(8, 64, "sinusoidal", layer_norm=False, dropout=0.0).to(torch.bfloat16)
+    ids = torch.zeros(1, 4096, dtype=torch.long)
+    out = layer(ids)[0]
+    assert out.dtype == torch.bfloat16
+    assert torch.unique(out, dim=0).shape[0] == 4096
+
+
+def test_embed_hooks_identity_for_base_scheme():
+    scheme = posenc.build("nope")
+    assert isinstance(scheme, PositionalScheme) and scheme.hooks == ()
+    x, q, k = torch.randn(1, 3, 4), torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4)
+    assert scheme.embed(x) is x
+    assert scheme.rotate(q, k) == (q, k)
+    assert scheme.score_bias(torch.arange(3), torch.arange(3)) is None
+    assert math.isclose(TokenEmbedding(3, 49).scale, 7.0)
