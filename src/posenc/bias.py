@@ -39,8 +39,13 @@ __all__ = [
 
 
 # ----------------------------------------------------------------------------------------------
-# Shared: positions -> relative positions
+# Shared: autocast off, positions -> relative positions
 # ----------------------------------------------------------------------------------------------
+def autocast_off(device: torch.device) -> torch.autocast:
+    """A context with autocast disabled on ``device`` (the meta device has no autocast: use cpu's)."""
+    return torch.autocast(device_type="cpu" if device.type == "meta" else device.type, enabled=False)
+
+
 def _check_pos(positions: object, name: str) -> torch.Tensor:
     if not isinstance(positions, torch.Tensor):
         raise TypeError(
@@ -129,7 +134,7 @@ def alibi_bias(
         raise TypeError("slopes must be a float tensor [h]; use posenc.alibi_slopes(num_heads)")
     rel = relative_positions(q_positions, k_positions)  # [b|1, s_q, s_k] = j - i, exact int64
     neg_dist = rel if causal else rel.abs().neg()  # -(i - j) = j - i, or -|i - j| (ints: no -0.0)
-    with torch.autocast(device_type=rel.device.type, enabled=False):
+    with autocast_off(rel.device):
         # [b | 1, 1, s_q, s_k] * [1, h, 1, 1] -> [b | 1, h, s_q, s_k]
         return neg_dist[:, None].to(slopes.dtype) * slopes[None, :, None, None]
 
