@@ -21,6 +21,7 @@ from .bias import ALiBi, T5RelativeBias, alibi_bias, alibi_slopes, relative_posi
 from .embedding import TIE_STRATEGIES, InputEmbedding, TokenEmbedding, apply_tying, tie_weights
 from .positions import arange_positions, positions_from_cu_seqlens, positions_from_mask
 from .registry import build, build_with_context, describe, register, schemes
+from .relative import ShawRelative, TransformerXLRelative
 
 __version__ = "0.1.0"
 
@@ -33,12 +34,14 @@ __all__ = [
     "NoPE",
     "PositionalScheme",
     "ScaledSinusoidalPE",
+    "ShawRelative",
     "Sinusoidal2D",
     "Sinusoidal3D",
     "SinusoidalND",
     "SinusoidalPE",
     "T5RelativeBias",
     "TokenEmbedding",
+    "TransformerXLRelative",
     "__version__",
     "alibi_bias",
     "alibi_slopes",
