@@ -17,26 +17,34 @@ from .absolute import (
     sinusoidal_table,
 )
 from .base import HOOKS, PositionalScheme
+from .bias import ALiBi, T5RelativeBias, alibi_bias, alibi_slopes, relative_positions, t5_relative_bucket
 from .embedding import TIE_STRATEGIES, InputEmbedding, TokenEmbedding, apply_tying, tie_weights
 from .positions import arange_positions, positions_from_cu_seqlens, positions_from_mask
 from .registry import build, build_with_context, describe, register, schemes
+from .relative import ShawRelative, TransformerXLRelative
 
 __version__ = "0.1.0"
 
 __all__ = [
     "HOOKS",
     "TIE_STRATEGIES",
+    "ALiBi",
     "InputEmbedding",
     "LearnedPE",
     "NoPE",
     "PositionalScheme",
     "ScaledSinusoidalPE",
+    "ShawRelative",
     "Sinusoidal2D",
     "Sinusoidal3D",
     "SinusoidalND",
     "SinusoidalPE",
+    "T5RelativeBias",
     "TokenEmbedding",
+    "TransformerXLRelative",
     "__version__",
+    "alibi_bias",
+    "alibi_slopes",
     "apply_tying",
     "arange_positions",
     "build",
@@ -45,9 +53,11 @@ __all__ = [
     "positions_from_cu_seqlens",
     "positions_from_mask",
     "register",
+    "relative_positions",
     "schemes",
     "sinusoidal_frequencies",
     "sinusoidal_nd_table",
     "sinusoidal_table",
+    "t5_relative_bucket",
     "tie_weights",
 ]
