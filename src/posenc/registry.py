@@ -20,6 +20,7 @@ from typing import Any
 
 from .absolute import LearnedPE, NoPE, ScaledSinusoidalPE, Sinusoidal2D, Sinusoidal3D, SinusoidalPE
 from .base import PositionalScheme
+from .rotary import Rope2D, RotaryEmbedding, XPos
 
 __all__ = ["SCHEMES", "build", "build_with_context", "config_keys", "describe", "register", "scheme_class", "schemes"]
 
@@ -40,7 +41,9 @@ def register(cls: type[PositionalScheme], *, name: str | None = None) -> type[Po
     return cls
 
 
-for _cls in (NoPE, SinusoidalPE, ScaledSinusoidalPE, LearnedPE, Sinusoidal2D, Sinusoidal3D):
+for _cls in (
+    NoPE, SinusoidalPE, ScaledSinusoidalPE, LearnedPE, Sinusoidal2D, Sinusoidal3D, RotaryEmbedding, XPos, Rope2D
+):
     register(_cls)
 
 
