@@ -111,6 +111,11 @@ def ref_inv_freq(r: int, base: float, rule: str = "default", p: dict | None = No
     raise AssertionError(rule)
 
 
+#: HF computes inv_freq in float32 (a pow, then up to ~4 more roundings for llama3/yarn blends);
+#: posenc in float64, rounded once. They agree to a few float32 ulps.
+HF_FREQ_RTOL = 4 * 2.0**-23
+
+
 def angle_tol(max_pos: int, ulps: float = 4.0) -> float:
     """Worst float32 error of an angle m * w with |w| <= 1 and 0 <= m <= max_pos, in radians:
     rounding of w (|w| 2^-24 relative, times m) and of the product (half an ulp of m w)."""
@@ -125,11 +130,20 @@ def scaling_for(rule: str, r: int, factor: float = 4.0, l0: int = 1024) -> dict 
         "ntk": {"rope_type": "ntk", "factor": factor},
         "dynamic": {"rope_type": "dynamic", "factor": factor, "original_max_position_embeddings": l0},
         "yarn": {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": l0},
-        "llama3": {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                   "original_max_position_embeddings": l0},
-        "longrope": {"rope_type": "longrope", "original_max_position_embeddings": l0, "factor": factor,
-                     "short_factor": [1.0 + 0.02 * j for j in range(r // 2)],
-                     "long_factor": [1.0 + factor * j / (r // 2) for j in range(r // 2)]},
+        "llama3": {
+            "rope_type": "llama3",
+            "factor": factor,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": l0,
+        },
+        "longrope": {
+            "rope_type": "longrope",
+            "original_max_position_embeddings": l0,
+            "factor": factor,
+            "short_factor": [1.0 + 0.02 * j for j in range(r // 2)],
+            "long_factor": [1.0 + factor * j / (r // 2) for j in range(r // 2)],
+        },
     }[rule]
 
 
@@ -161,7 +175,9 @@ def test_apply_rotary_gradcheck(layout):
     x = torch.randn(1, 2, 3, 6, dtype=F64, requires_grad=True)
     a = torch.randn(3, 2, dtype=F64)
     cos, sin = a.cos().requires_grad_(), a.sin().requires_grad_()
-    assert torch.autograd.gradcheck(lambda x, c, s: posenc.apply_rotary(x, c, s, layout=layout), (x, cos, sin))
+    assert torch.autograd.gradcheck(
+        lambda x, c, s: posenc.apply_rotary(x, c, s, layout=layout), (x, cos, sin)
+    )
 
 
 def test_apply_rotary_errors():
@@ -201,12 +217,22 @@ def hf_config(rule: str, head_dim: int, base: float, factor: float, partial: flo
     r = int(head_dim * partial)
     p = scaling_for(rule, r, factor=factor, l0=1024)
     params = {"rope_type": "default"} if p is None else {k: v for k, v in p.items() if k != "rope_type"}
-    params = {"rope_type": rule if rule != "default" else "default", **params, "rope_theta": base,
-              "partial_rotary_factor": partial}
+    params = {
+        "rope_type": rule if rule != "default" else "default",
+        **params,
+        "rope_theta": base,
+        "partial_rotary_factor": partial,
+    }
     if rule == "dynamic":
-        params.pop("original_max_position_embeddings")  # HF's dynamic rule measures against max_position_embeddings
-    return GPTNeoXConfig(hidden_size=head_dim * 2, num_attention_heads=2, max_position_embeddings=1024 * factor
-                         if rule != "dynamic" else 1024, rope_parameters=params)
+        params.pop(
+            "original_max_position_embeddings"
+        )  # HF's dynamic rule measures against max_position_embeddings
+    return GPTNeoXConfig(
+        hidden_size=head_dim * 2,
+        num_attention_heads=2,
+        max_position_embeddings=1024 * factor if rule != "dynamic" else 1024,
+        rope_parameters=params,
+    )
 
 
 HF_RULES = [r for r in ROPE_SCALINGS if r != "ntk"]  # HF has no static NTK rule (its "dynamic" is NTK grown)
@@ -232,11 +258,12 @@ def test_hf_parity_frequencies_and_rotation(rule, partial):
                         continue
                     else:
                         hf_inv, hf_scale = ROPE_INIT_FUNCTIONS[rule](cfg, None, seq_len=seq_len)
-                    torch.testing.assert_close(inv.float(), hf_inv, rtol=2**-22, atol=0)
+                    torch.testing.assert_close(inv.float(), hf_inv, rtol=HF_FREQ_RTOL, atol=0)
                     assert scale == pytest.approx(hf_scale, rel=1e-12)
                 # rotated q/k over a long range of positions (past the trained length)
                 s = 1024 * factor + 200
-                pos = torch.arange(0, s, 7)[None]  # [1, s']
+                pos = torch.randint(0, s, (1, 64))  # [1, 64] positions up to past the trained length
+                pos[0, 0] = s - 1  # the length-dependent rules see the long length
                 q, k = torch.randn(1, 2, pos.shape[1], head_dim), torch.randn(1, 2, pos.shape[1], head_dim)
                 cos, sin = hf(q, pos)
                 hq, hk = hf_neox.apply_rotary_pos_emb(q, k, cos, sin)
@@ -264,14 +291,22 @@ def test_hf_parity_llama_bitwise_default_and_bf16():
         oq = posenc.apply_rotary(q, c[:, None], s[:, None])
         assert torch.equal(oq, hq)
         oq2, _ = ours.rotate(q, q, pos, pos)  # posenc's own (float64-derived) inv_freq: within angle rounding
-        torch.testing.assert_close(oq2.float(), hq.float(), rtol=0,
-                                   atol=angle_tol(300) * 8 + (0 if dtype == torch.float32 else 2**-7 * 8))
+        torch.testing.assert_close(
+            oq2.float(),
+            hq.float(),
+            rtol=0,
+            atol=angle_tol(300) * 8 + (0 if dtype == torch.float32 else 2**-7 * 8),
+        )
 
 
 def test_hf_parity_dynamic_module_after_growth():
     """HF's LlamaRotaryEmbedding recomputes its base when positions pass max_position_embeddings."""
-    cfg = LlamaConfig(hidden_size=128, num_attention_heads=2, max_position_embeddings=512,
-                      rope_parameters={"rope_type": "dynamic", "factor": 4.0, "rope_theta": 10000.0})
+    cfg = LlamaConfig(
+        hidden_size=128,
+        num_attention_heads=2,
+        max_position_embeddings=512,
+        rope_parameters={"rope_type": "dynamic", "factor": 4.0, "rope_theta": 10000.0},
+    )
     ours = posenc.rope_from_hf(cfg)
     assert ours.needs_unrotated_cache is True
     torch.manual_seed(0)
@@ -335,7 +370,9 @@ def test_permute_qk_weights_converts_layouts_exactly():
     flat_i = q_i.transpose(1, 2).reshape(s, h * d_h)
     expect = posenc.permute_qk_weights(flat_i.T, h, to="half").T  # the same permutation on the outputs
     torch.testing.assert_close(q_h.transpose(1, 2).reshape(s, h * d_h), expect, rtol=0, atol=1e-12)
-    torch.testing.assert_close(q_h @ k_h.transpose(-1, -2), q_i @ k_i.transpose(-1, -2), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(
+        q_h @ k_h.transpose(-1, -2), q_i @ k_i.transpose(-1, -2), rtol=1e-12, atol=1e-12
+    )
     # partial rotary: only the first r rows of each head move; bias vectors too
     b = torch.arange(h * d_h, dtype=F64)
     pb = posenc.permute_qk_weights(b, h, to="half", rotary_dim=8).view(h, d_h)
@@ -353,8 +390,13 @@ vec_dims = st.sampled_from([8, 16, 32])
 
 
 @settings(deadline=None, max_examples=40)
-@given(d=vec_dims, m=st.integers(0, 10**5), layout=st.sampled_from(["half", "interleaved"]),
-       rule=st.sampled_from(list(ROPE_SCALINGS)), seed=st.integers(0, 2**16))
+@given(
+    d=vec_dims,
+    m=st.integers(0, 10**5),
+    layout=st.sampled_from(["half", "interleaved"]),
+    rule=st.sampled_from(list(ROPE_SCALINGS)),
+    seed=st.integers(0, 2**16),
+)
 def test_property_norm_preserved(d, m, layout, rule, seed):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(1, 1, 1, d, dtype=F64, generator=g)
@@ -365,8 +407,14 @@ def test_property_norm_preserved(d, m, layout, rule, seed):
 
 
 @settings(deadline=None, max_examples=40)
-@given(d=vec_dims, m=st.integers(0, 5000), n=st.integers(0, 5000), t=st.integers(-5000, 5000),
-       layout=st.sampled_from(["half", "interleaved"]), seed=st.integers(0, 2**16))
+@given(
+    d=vec_dims,
+    m=st.integers(0, 5000),
+    n=st.integers(0, 5000),
+    t=st.integers(-5000, 5000),
+    layout=st.sampled_from(["half", "interleaved"]),
+    seed=st.integers(0, 2**16),
+)
 def test_property_logit_depends_only_on_distance(d, m, n, t, layout, seed):
     g = torch.Generator().manual_seed(seed)
     q, k = torch.randn(1, 1, 1, d, dtype=F64, generator=g), torch.randn(1, 1, 1, d, dtype=F64, generator=g)
@@ -375,7 +423,9 @@ def test_property_logit_depends_only_on_distance(d, m, n, t, layout, seed):
     def logit(a, b):
         ca, sa = posenc.rope_cos_sin(torch.tensor([a]), inv, dtype=F64)
         cb, sb = posenc.rope_cos_sin(torch.tensor([b]), inv, dtype=F64)
-        return (posenc.apply_rotary(q, ca, sa, layout=layout) * posenc.apply_rotary(k, cb, sb, layout=layout)).sum()
+        return (
+            posenc.apply_rotary(q, ca, sa, layout=layout) * posenc.apply_rotary(k, cb, sb, layout=layout)
+        ).sum()
 
     torch.testing.assert_close(logit(m, n), logit(m + t, n + t), rtol=1e-9, atol=1e-9)
 
@@ -451,16 +501,18 @@ def test_per_token_positions_packing_and_left_padding():
     q = torch.randn(2, 3, 5, 16)
     oq, ok = rope.rotate(q, q, pos, pos)
     for row in range(2):
-        rq, _ = rope.rotate(q[row : row + 1], q[row : row + 1], pos[row], pos[row])
+        rq, rk = rope.rotate(q[row : row + 1], q[row : row + 1], pos[row], pos[row])
         torch.testing.assert_close(oq[row : row + 1], rq, rtol=0, atol=0)
+        torch.testing.assert_close(ok[row : row + 1], rk, rtol=0, atol=0)
     explicit, _ = rope.rotate(q, q, torch.arange(5), torch.arange(5))
     assert torch.equal(explicit, rope.rotate(q, q)[0])  # explicit arange == default, bit for bit
 
 
 def test_attention_scale_scales_logits_by_its_square():
     rope = posenc.build("rope", head_dim=32, scaling=scaling_for("yarn", 32, factor=16.0))
-    plain = posenc.build("rope", head_dim=32, scaling={**scaling_for("yarn", 32, factor=16.0),
-                                                       "attention_factor": 1.0})
+    plain = posenc.build(
+        "rope", head_dim=32, scaling={**scaling_for("yarn", 32, factor=16.0), "attention_factor": 1.0}
+    )
     torch.manual_seed(0)
     q, k = torch.randn(1, 1, 8, 32), torch.randn(1, 1, 8, 32)
     a = rope.frequencies()[1]
@@ -530,9 +582,13 @@ def test_meta_device_build_and_materialize():
 def test_rope_config_errors():
     with pytest.raises(ValueError, match="unknown RoPE scaling rule 'su'; valid rules: default, linear, ntk"):
         posenc.rope_frequencies(64, scaling={"rope_type": "su"})
-    with pytest.raises(ValueError, match=r"RoPE scaling 'yarn' needs key\(s\) \['original_max_position_embed"):
+    with pytest.raises(
+        ValueError, match=r"RoPE scaling 'yarn' needs key\(s\) \['original_max_position_embed"
+    ):
         posenc.build("rope", head_dim=64, scaling={"rope_type": "yarn", "factor": 4.0})
-    with pytest.raises(ValueError, match=r"unknown key\(s\) \['alpha'\] for RoPE scaling 'linear'; valid keys: factor"):
+    with pytest.raises(
+        ValueError, match=r"unknown key\(s\) \['alpha'\] for RoPE scaling 'linear'; valid keys: factor"
+    ):
         posenc.build("rope", head_dim=64, scaling={"rope_type": "linear", "factor": 2.0, "alpha": 1})
     with pytest.raises(ValueError, match="scaling dict needs a 'rope_type' key"):
         posenc.build("rope", head_dim=64, scaling={"factor": 2.0})
@@ -543,15 +599,18 @@ def test_rope_config_errors():
     with pytest.raises(ValueError, match=r"scaling\['short_factor'\] must be a list of r/2 = 32 numbers"):
         posenc.build("rope", head_dim=64, scaling={**scaling_for("longrope", 64), "short_factor": [1.0]})
     with pytest.raises(ValueError, match="needs 'factor' or 'max_position_embeddings'"):
-        posenc.build("rope", head_dim=8, scaling={k: v for k, v in scaling_for("longrope", 8).items()
-                                                  if k != "factor"})
+        posenc.build(
+            "rope", head_dim=8, scaling={k: v for k, v in scaling_for("longrope", 8).items() if k != "factor"}
+        )
     with pytest.raises(ValueError, match=r"scaling\['high_freq_factor'\] \(1.0\) must be >"):
         posenc.build("rope", head_dim=64, scaling={**scaling_for("llama3", 64), "high_freq_factor": 1.0})
     with pytest.raises(ValueError, match="head_dim must be even"):
         posenc.build("rope", head_dim=63)
-    with pytest.raises(ValueError, match=r"rotary_dim must be even .* \(= int\(head_dim 80 \* partial_rotary"):
-        posenc.build("rope", head_dim=80, partial_rotary_factor=0.3125 / 2)
-    with pytest.raises(ValueError, match="give rotary_dim .* or partial_rotary_factor .*, not both"):
+    with pytest.raises(
+        ValueError, match=r"rotary_dim must be even .* \(= int\(head_dim 64 \* partial_rotary"
+    ):
+        posenc.build("rope", head_dim=64, partial_rotary_factor=13 / 64)
+    with pytest.raises(ValueError, match=r"give rotary_dim .* or partial_rotary_factor .*, not both"):
         posenc.build("rope", head_dim=64, rotary_dim=32, partial_rotary_factor=0.5)
     with pytest.raises(ValueError, match=r"partial_rotary_factor must be in \(0, 1\], got 1.5"):
         posenc.build("rope", head_dim=64, partial_rotary_factor=1.5)
@@ -585,33 +644,71 @@ def test_registry_and_flags():
 # HF config interop
 # ----------------------------------------------------------------------------------------------
 def test_rope_from_hf_dicts_and_objects():
-    old = {"hidden_size": 4096, "num_attention_heads": 32, "max_position_embeddings": 4096, "rope_theta": 1e4,
-           "rope_scaling": {"type": "linear", "factor": 2.0}}
-    assert posenc.hf_rope_config(old) == {"head_dim": 128, "base": 1e4, "layout": "half",
-                                          "scaling": {"rope_type": "linear", "factor": 2.0}}
-    llama31 = {"hidden_size": 4096, "num_attention_heads": 32, "max_position_embeddings": 131072,
-               "rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
-                                                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                                         "original_max_position_embeddings": 8192}}
+    old = {
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "max_position_embeddings": 4096,
+        "rope_theta": 1e4,
+        "rope_scaling": {"type": "linear", "factor": 2.0},
+    }
+    assert posenc.hf_rope_config(old) == {
+        "head_dim": 128,
+        "base": 1e4,
+        "layout": "half",
+        "scaling": {"rope_type": "linear", "factor": 2.0},
+    }
+    llama31 = {
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "max_position_embeddings": 131072,
+        "rope_theta": 500000.0,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+    }
     m = posenc.rope_from_hf(llama31)
     cfg = LlamaConfig(**llama31)
     hf_inv, _ = ROPE_INIT_FUNCTIONS["llama3"](cfg, None)
-    torch.testing.assert_close(m.frequencies()[0].float(), hf_inv, rtol=2**-22, atol=0)
+    torch.testing.assert_close(m.frequencies()[0].float(), hf_inv, rtol=HF_FREQ_RTOL, atol=0)
     assert posenc.hf_rope_config(cfg) == posenc.hf_rope_config(llama31)  # object == its dict
     # Phi-3 style longrope: the top-level original_max_position_embeddings wins, factor from lengths
-    phi = Phi3Config(hidden_size=256, num_attention_heads=4, max_position_embeddings=131072,
-                     original_max_position_embeddings=4096,
-                     rope_parameters={"rope_type": "longrope", "short_factor": [1.0] * 32,
-                                      "long_factor": [2.0] * 32, "rope_theta": 10000.0})
+    phi = Phi3Config(
+        hidden_size=256,
+        num_attention_heads=4,
+        max_position_embeddings=131072,
+        original_max_position_embeddings=4096,
+        rope_parameters={
+            "rope_type": "longrope",
+            "short_factor": [1.0] * 32,
+            "long_factor": [2.0] * 32,
+            "rope_theta": 10000.0,
+        },
+    )
     pm = posenc.rope_from_hf(phi)
     hf_inv, hf_scale = ROPE_INIT_FUNCTIONS["longrope"](phi, None, seq_len=5000)
     inv, scale = pm.frequencies(5000)
-    torch.testing.assert_close(inv.float(), hf_inv, rtol=2**-22, atol=0)
+    torch.testing.assert_close(inv.float(), hf_inv, rtol=HF_FREQ_RTOL, atol=0)
     assert scale == pytest.approx(hf_scale, rel=1e-12)
     # DeepSeek-style yarn with mscale / mscale_all_dim
-    ds = {"qk_rope_head_dim": 64, "head_dim": 64, "max_position_embeddings": 163840, "rope_theta": 10000.0,
-          "rope_scaling": {"type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
-                           "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1}}
+    ds = {
+        "qk_rope_head_dim": 64,
+        "head_dim": 64,
+        "max_position_embeddings": 163840,
+        "rope_theta": 10000.0,
+        "rope_scaling": {
+            "type": "yarn",
+            "factor": 40.0,
+            "original_max_position_embeddings": 4096,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+            "beta_fast": 32,
+            "beta_slow": 1,
+        },
+    }
     assert posenc.rope_from_hf(ds).frequencies()[1] == 1.0
     with pytest.raises(ValueError, match="unsupported HF rope_type 'mrope'; posenc supports: default"):
         posenc.rope_from_hf({"head_dim": 64, "rope_parameters": {"rope_type": "mrope"}})
@@ -637,8 +734,13 @@ def test_xpos_matches_paper_reference(layout):
     q, k = torch.randn(1, 2, 30, 16), torch.randn(1, 2, 30, 16)
     pos = torch.arange(1000, 1030)
     oq, ok = xpos.rotate(q, k, pos, pos)
-    torch.testing.assert_close(oq.double(), ref_xpos(q, pos, 16, 1.0, layout), rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(ok.double(), ref_xpos(k, pos, 16, -1.0, layout), rtol=1e-4, atol=1e-4)
+    for x, out, sign in ((q, oq, 1.0), (k, ok, -1.0)):
+        ref = ref_xpos(x, pos, 16, sign, layout)
+        big = (3.5 ** (1030 / 512)) if sign < 0 else 1.0  # largest xPos scale here: zeta_0^(-m/gamma)
+        # float32 angle error, plus float32 rounding of the exponential scale
+        torch.testing.assert_close(
+            out.double(), ref, rtol=1e-5, atol=angle_tol(1030) * x.abs().max().item() * big
+        )
 
 
 @settings(deadline=None, max_examples=30)
@@ -672,9 +774,16 @@ def test_xpos_refuses_positions_that_overflow():
     limit = xpos.max_position(torch.float16)
     q = torch.randn(1, 1, 1, 16, dtype=torch.float16)
     xpos.rotate(q, q, torch.tensor([limit]), torch.tensor([limit]))
-    with pytest.raises(ValueError, match=r"k_positions reach 5000 but xPos scales .* float16 past \|m\| = "):
+    with pytest.raises(
+        ValueError, match=r"k_positions reach 5000 but xPos scales .* torch.float16 past \|m\| = 3966"
+    ):
         xpos.rotate(q, q, torch.tensor([10]), torch.tensor([5000]))
-    assert 4000 < limit < 5000 and 30000 < xpos.max_position(torch.float32) < 40000
+    # |ln zeta_0| = ln(1.4 / 0.4); fp16 underflows below 2^-14, float32 overflows above ~2^128
+    assert limit == int(512 * 14 * math.log(2) / math.log(3.5)) == 3966
+    f32 = torch.finfo(torch.float32)
+    assert xpos.max_position(torch.float32) == int(
+        512 * min(math.log(f32.max), -math.log(f32.tiny)) / math.log(3.5)
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -697,8 +806,12 @@ def test_rope_2d_matches_axial_reference(layout):
 
 
 @settings(deadline=None, max_examples=30)
-@given(a=st.tuples(st.integers(0, 500), st.integers(0, 500)), b=st.tuples(st.integers(0, 500), st.integers(0, 500)),
-       t=st.tuples(st.integers(-200, 200), st.integers(-200, 200)), seed=st.integers(0, 2**16))
+@given(
+    a=st.tuples(st.integers(0, 500), st.integers(0, 500)),
+    b=st.tuples(st.integers(0, 500), st.integers(0, 500)),
+    t=st.tuples(st.integers(-200, 200), st.integers(-200, 200)),
+    seed=st.integers(0, 2**16),
+)
 def test_property_rope_2d_relative_per_axis(a, b, t, seed):
     g = torch.Generator().manual_seed(seed)
     q, k = torch.randn(1, 1, 1, 16, dtype=F64, generator=g), torch.randn(1, 1, 1, 16, dtype=F64, generator=g)

@@ -35,6 +35,7 @@ Legend: ``b`` batch, ``h`` query heads, ``h_kv`` key/value heads, ``s`` sequence
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -150,6 +151,13 @@ def apply_rotary(
     if r < x.shape[-1]:
         out = torch.cat((out, x[..., r:]), dim=-1)  # [..., s, r] ++ [..., s, d_h - r] -> [..., s, d_h]
     return out
+
+
+def _no_autocast(device: torch.device) -> contextlib.AbstractContextManager:
+    """Autocast off for ``device`` (the meta device has no autocast: nothing to turn off)."""
+    if device.type == "meta":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, enabled=False)
 
 
 def _is_integer(t: torch.Tensor) -> bool:
@@ -385,7 +393,7 @@ def _check_scaling(scaling: Any, r: int) -> tuple[str, dict[str, Any]]:
 
 
 def _resolve_rotary_dim(head_dim: int, rotary_dim: int | None, partial_rotary_factor: float | None) -> int:
-    check_int(head_dim, "head_dim", minimum=2)
+    check_int(head_dim, "head_dim", minimum=2, even=rotary_dim is None and partial_rotary_factor is None)
     if rotary_dim is not None and partial_rotary_factor is not None:
         raise ValueError(
             f"give rotary_dim ({rotary_dim}) or partial_rotary_factor ({partial_rotary_factor}), not both"
@@ -470,7 +478,7 @@ def rope_cos_sin(
             "precision (bf16 cannot tell 257 from 256); pass e.g. positions.long()"
         )
     adt = _angle_dtype(dtype)
-    with torch.autocast(device_type=positions.device.type, enabled=False):
+    with _no_autocast(positions.device):
         # [..., 1] * [r/2] -> [..., r/2]
         angles = positions.to(adt)[..., None] * inv_freq.to(positions.device, adt)
         cos, sin = torch.cos(angles), torch.sin(angles)
@@ -646,8 +654,8 @@ class XPos(RotaryEmbedding):
         return int(self.scale_base * limit / abs(math.log(0.4 / 1.4)))
 
     def _check_range(self, positions: torch.Tensor, dtype: torch.dtype, name: str) -> None:
-        if torch.compiler.is_compiling() or not positions.numel():
-            return
+        if torch.compiler.is_compiling() or not positions.numel() or positions.device.type == "meta":
+            return  # data-dependent: only in eager mode on real data
         top, limit = int(positions.abs().max()), self.max_position(dtype)
         if top > limit:
             raise ValueError(
@@ -657,7 +665,7 @@ class XPos(RotaryEmbedding):
 
     def _scale(self, positions: torch.Tensor, sign: float) -> torch.Tensor:
         """``zeta^(sign * m / gamma)``: ``[..., s, r/2]`` float32."""
-        with torch.autocast(device_type=positions.device.type, enabled=False):
+        with _no_autocast(positions.device):
             power = positions.float()[..., None] * (sign / self.scale_base)  # [..., s, 1]
             return torch.exp(power * self.log_zeta(positions.device))  # [..., s, 1] * [r/2] -> [..., s, r/2]
 
