@@ -709,7 +709,9 @@ def test_rope_from_hf_dicts_and_objects():
             "beta_slow": 1,
         },
     }
-    assert posenc.rope_from_hf(ds).frequencies()[1] == 1.0
+    dsm = posenc.rope_from_hf({**ds, "qk_rope_head_dim": 32, "rope_interleave": True})
+    assert dsm.frequencies()[1] == 1.0  # mscale == mscale_all_dim: DeepSeek moves it into the softmax scale
+    assert (dsm.head_dim, dsm.layout) == (32, "interleaved")
     with pytest.raises(ValueError, match="unsupported HF rope_type 'mrope'; posenc supports: default"):
         posenc.rope_from_hf({"head_dim": 64, "rope_parameters": {"rope_type": "mrope"}})
     with pytest.raises(ValueError, match="config needs head_dim, or hidden_size and num_attention_heads"):

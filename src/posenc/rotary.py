@@ -809,13 +809,16 @@ def hf_rope_config(config: Any, *, layout: str | None = None) -> dict[str, Any]:
             (transformers >= 5) or ``rope_scaling`` (older), ``rope_theta``, ``partial_rotary_factor``
             (or GPT-NeoX's ``rotary_pct``, GPT-J's ``rotary_dim``), ``max_position_embeddings``,
             ``original_max_position_embeddings``, ``head_dim`` or ``hidden_size / num_attention_heads``,
-            ``model_type`` (for the layout).
-        layout: override the layout (default: ``"interleaved"`` for GPT-J/CodeGen, else ``"half"``).
+            ``model_type`` and DeepSeek's ``rope_interleave`` (for the layout), DeepSeek's
+            ``qk_rope_head_dim``.
+        layout: override the layout (default: ``"interleaved"`` for GPT-J/CodeGen and configs with
+            ``rope_interleave=True``, else ``"half"``).
 
     Returns:
         ``{"head_dim", "base", "rotary_dim" | "partial_rotary_factor", "layout", "scaling"}``.
     """
-    head_dim = _get(config, "head_dim")
+    # DeepSeek-V2/V3 (MLA) rotate only the qk_rope_head_dim part of each head
+    head_dim = _get(config, "qk_rope_head_dim", _get(config, "head_dim"))
     if head_dim is None:
         hidden, heads = _get(config, "hidden_size"), _get(config, "num_attention_heads")
         if hidden is None or heads is None:
@@ -840,7 +843,9 @@ def hf_rope_config(config: Any, *, layout: str | None = None) -> dict[str, Any]:
     elif partial is not None and partial != 1.0:
         out["partial_rotary_factor"] = float(partial)
     if layout is None:
-        layout = "interleaved" if _get(config, "model_type") in HF_INTERLEAVED_MODEL_TYPES else "half"
+        model_type = _get(config, "model_type")
+        interleaved = model_type in HF_INTERLEAVED_MODEL_TYPES or bool(_get(config, "rope_interleave"))
+        layout = "interleaved" if interleaved else "half"
     out["layout"] = layout
     if rule == "default":
         out["scaling"] = None
