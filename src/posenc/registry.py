@@ -41,9 +41,9 @@ def register(cls: type[PositionalScheme], *, name: str | None = None) -> type[Po
     return cls
 
 
-for _cls in (
-    NoPE, SinusoidalPE, ScaledSinusoidalPE, LearnedPE, Sinusoidal2D, Sinusoidal3D, RotaryEmbedding, XPos, Rope2D
-):
+for _cls in (NoPE, SinusoidalPE, ScaledSinusoidalPE, LearnedPE, Sinusoidal2D, Sinusoidal3D):
+    register(_cls)
+for _cls in (RotaryEmbedding, XPos, Rope2D):
     register(_cls)
 
 
