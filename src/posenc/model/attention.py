@@ -343,12 +343,16 @@ def _attend_explicit(q, k, v, plan, bias, relative_values, dropout_p):
     p = F.dropout(scores.softmax(-1), dropout_p, training=dropout_p > 0).to(q.dtype)  # [b, h, s, s_k]
     out = p @ v  # [b, h, s, d_h]
     rv = relative_values.to(q.dtype)
-    equation = {3: "bhqk,qkd->bhqd", 4: "bhqk,hqkd->bhqd", 5: "bhqk,bhqkd->bhqd"}.get(rv.dim())
-    if equation is None:
-        raise ValueError(
-            f"relative_values must be [s, s_k, d_h], [h, s, s_k, d_h] or [b, h, s, s_k, d_h], got {tuple(rv.shape)}"
-        )
-    return out + torch.einsum(equation, p, rv)
+    if rv.dim() == 3:  # [s, s_k, d_h], the same for every batch row and head
+        return out + torch.einsum("bhqk,qkd->bhqd", p, rv)
+    if rv.dim() == 4:  # [h, s, s_k, d_h]
+        return out + torch.einsum("bhqk,hqkd->bhqd", p, rv)
+    if rv.dim() == 5:  # [b | 1, h | 1, s, s_k, d_h] (batched positions): broadcast, sum over keys
+        return out + (p.unsqueeze(-1) * rv).sum(-2)  # [b, h, s, s_k, 1] * [.., s, s_k, d_h] -> [b, h, s, d_h]
+    raise ValueError(
+        "relative_values must return [s, s_k, d_h], [h, s, s_k, d_h] or [b | 1, h | 1, s, s_k, d_h], "
+        f"got {tuple(rv.shape)}"
+    )
 
 
 # ----------------------------------------------------------------------------------------------
