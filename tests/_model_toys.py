@@ -42,7 +42,11 @@ class ToyRotate(PositionalScheme):
         self.head_dim = head_dim
 
     def inv_freq(self, scale: float | torch.Tensor = 1.0) -> torch.Tensor:
-        return 1.0 / (100.0 ** (torch.arange(self.head_dim // 2, dtype=torch.float32) * 2 / self.head_dim)) / scale
+        return (
+            1.0
+            / (100.0 ** (torch.arange(self.head_dim // 2, dtype=torch.float32) * 2 / self.head_dim))
+            / scale
+        )
 
     def rotate(self, q, k, q_positions=None, k_positions=None):
         q_positions = torch.arange(q.shape[-2]) if q_positions is None else q_positions
@@ -52,15 +56,15 @@ class ToyRotate(PositionalScheme):
 
 
 class ToyDynamic(ToyRotate):
-    """Rotation whose frequencies shrink once the keys reach past ``max_len`` (like dynamic NTK),
+    """Rotation whose frequencies shrink once the keys reach past ``original_len`` (like dynamic NTK),
     so the rotation of a cached key depends on the current length: needs an unrotated cache."""
 
     name = "toy_dynamic"
     needs_unrotated_cache = True
 
-    def __init__(self, head_dim: int, max_len: int = 6) -> None:
+    def __init__(self, head_dim: int, original_len: int = 6) -> None:
         super().__init__(head_dim)
-        self.nominal = max_len  # not ``max_len``: that attribute means "cannot run past" to a model
+        self.nominal = original_len  # the model tests run past it, so the scaling is exercised
 
     def rotate(self, q, k, q_positions=None, k_positions=None):
         q_positions = torch.arange(q.shape[-2]) if q_positions is None else q_positions
@@ -107,7 +111,10 @@ class ToyContent(PositionalScheme):
         r = self.rel_k[self._index(q_positions, k_positions)]  # [(b,) s_q, s_k, d_h]
         if r.dim() == 3:
             r = r[None]  # [1, s_q, s_k, d_h]
-        return torch.einsum("bhqd,bqkd->bhqk", q, r.to(q.dtype).expand(q.shape[0], -1, -1, -1)) / self.head_dim**0.5
+        return (
+            torch.einsum("bhqd,bqkd->bhqk", q, r.to(q.dtype).expand(q.shape[0], -1, -1, -1))
+            / self.head_dim**0.5
+        )
 
     def relative_values(self, q_positions, k_positions):
         if self.rel_v is None:

@@ -43,8 +43,10 @@ def save_model(model: nn.Module, path: str | os.PathLike) -> None:
     try:
         config_json = json.dumps(model.config.to_dict())
     except TypeError as err:
-        raise TypeError(f"the model's config is not JSON-serialisable ({err}); use plain numbers, "
-                        "strings, lists and dicts in position_options") from None
+        raise TypeError(
+            f"the model's config is not JSON-serialisable ({err}); use plain numbers, "
+            "strings, lists and dicts in position_options"
+        ) from None
     extra = {"cross_attention": str(model.cross_attention)} if isinstance(model, Decoder) else {}
     metadata = {"format": "pt", "posenc_model": name, "posenc_config": config_json, **extra}
     safetensors.torch.save_model(model, str(path), metadata=metadata)  # drops duplicate (tied) names
