@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import posenc
 from _model_toys import CAUSAL_TOYS, register_toys
@@ -451,3 +453,37 @@ def test_builds_on_the_meta_device(position):
     assert model.lm_head.weight is model.decoder.embed.token.weight
     model = model.to_empty(device="cpu")  # materialise: the structure was complete
     assert model.lm_head.weight.shape == (V, 32)
+
+
+# ---------------------------------------------------------------------------------------------
+# Properties, precision
+# ---------------------------------------------------------------------------------------------
+_PACK_MODEL: dict[str, TransformerLM] = {}
+
+
+@settings(deadline=None, max_examples=15)
+@given(lengths=st.lists(st.integers(1, 5), min_size=1, max_size=4), seed=st.integers(0, 2**16))
+def test_packing_any_document_lengths_equals_separate_runs(lengths, seed):
+    if "m" not in _PACK_MODEL:
+        torch.manual_seed(0)
+        _PACK_MODEL["m"] = TransformerLM(config("toy_rotate", num_kv_heads=1)).eval()
+    model = _PACK_MODEL["m"]
+    docs = [ids_(1, n, seed=seed + i) for i, n in enumerate(lengths)]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    with torch.no_grad():
+        got = model(torch.cat(docs, dim=1), cu_seqlens=cu)
+        want = torch.cat([model(d) for d in docs], dim=1)
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("position", ["toy_alibi", "toy_rotate", "sinusoidal"])
+def test_bfloat16_model_tracks_float32(position):
+    """module.to(bfloat16) casts weights only: positions stay integer, tables/angles are float32."""
+    model = lm_or_skip(position)
+    ids = ids_(2, 40)
+    with torch.no_grad():
+        want = model(ids)
+        got = model.to(torch.bfloat16)(ids)
+    assert got.dtype == torch.bfloat16
+    # The logits reach |7|, where one bf16 ulp is 2^-5 = 0.031: measured max error 0.026 (2 layers).
+    torch.testing.assert_close(got.float(), want, rtol=1e-2, atol=0.04)
