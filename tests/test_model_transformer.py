@@ -278,6 +278,12 @@ def test_forward_argument_errors():
         model(torch.tensor([[0, V]]))
     with pytest.raises(ValueError, match="max_new_tokens must be an int >= 0"):
         model.generate(ids_(1, 2), -1)
+    with pytest.raises(ValueError, match="top_k must be None or an int >= 1"):
+        model.generate(ids_(1, 2), 2, top_k=0)
+    with pytest.raises(
+        ValueError, match=r"ids must be an integer tensor \[b, s\], got \(4,\); add a batch dim"
+    ):
+        model(torch.zeros(4, dtype=torch.long))
 
 
 # ---------------------------------------------------------------------------------------------

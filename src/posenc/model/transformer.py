@@ -31,7 +31,17 @@ from ..registry import build_with_context
 from .attention import AttentionPlan, KVCache, MultiHeadAttention, plan_attention, plan_cross_attention
 from .config import ModelConfig
 
-__all__ = ["MLP", "Block", "Decoder", "Encoder", "EncoderDecoder", "LMOutput", "Memory", "TransformerLM"]
+__all__ = [
+    "MLP",
+    "Block",
+    "Decoder",
+    "Encoder",
+    "EncoderDecoder",
+    "LMOutput",
+    "Memory",
+    "TransformerLM",
+    "sample_next",
+]
 
 _ATTENTION_HOOKS = ("rotate", "score_bias")
 
@@ -133,6 +143,14 @@ class LMOutput:
     memory: Memory
 
 
+def _check_ids(ids: object, name: str = "ids") -> None:
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+        shape = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__
+        raise ValueError(
+            f"{name} must be an integer tensor [b, s], got {shape}; add a batch dim: {name}[None]"
+        )
+
+
 def _overrides_relative_values(scheme: PositionalScheme) -> bool:
     return type(scheme).relative_values is not PositionalScheme.relative_values
 
@@ -212,8 +230,6 @@ class _Stack(nn.Module):
         context_plan: AttentionPlan | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """ids ``[b, s]`` -> hidden states ``[b, s, d]`` and each layer's input ``L x [b, s, d]``."""
-        if ids.dim() != 2:
-            raise ValueError(f"ids must have shape [b, s], got {tuple(ids.shape)}")
         self.check_length(plan)
         x = self.embed(ids, plan.q_positions)  # [b, s] -> [b, s, d]
         inputs = []
@@ -257,6 +273,7 @@ class Encoder(_Stack):
         positions: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        _check_ids(ids)
         plan = plan_attention(
             ids.shape[0],
             ids.shape[1],
@@ -292,6 +309,7 @@ class Decoder(_Stack):
         cache: KVCache | None = None,
         memory: Memory | None = None,
     ) -> tuple[torch.Tensor, Memory | None]:
+        _check_ids(ids)
         b, s = ids.shape[0], ids.shape[-1]
         if self.cross_attention and context is None:
             raise ValueError("this Decoder has cross-attention: pass context=encoder_output [b, s_src, d]")
@@ -347,6 +365,36 @@ class Decoder(_Stack):
             ]  # [b, m + s, d]
             start = memory.next_position
         return Memory([h[:, -m:].detach() for h in states], start + s)  # keep the last m, no gradient
+
+
+# ----------------------------------------------------------------------------------------------
+# Sampling
+# ----------------------------------------------------------------------------------------------
+def _check_sampling(max_new_tokens: object, temperature: object, top_k: object) -> None:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature < 0:
+        raise ValueError(f"temperature must be a number >= 0 (0 = greedy), got {temperature!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k must be None or an int >= 1, got {top_k!r}")
+
+
+def sample_next(
+    logits: torch.Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Pick next tokens from logits ``[b, V]``: argmax when ``temperature == 0``, otherwise sample
+    from ``softmax(logits / temperature)`` restricted to the ``top_k`` most likely. Returns ``[b, 1]``."""
+    logits = logits.float()
+    if temperature == 0:
+        return logits.argmax(-1, keepdim=True)
+    logits = logits / temperature
+    if top_k is not None:
+        kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]  # [b, 1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(logits.softmax(-1), 1, generator=generator)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -447,26 +495,14 @@ class TransformerLM(nn.Module):
             top_k: sample only among the ``k`` most likely tokens.
             generator: a ``torch.Generator`` for reproducible sampling.
         """
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-        if not isinstance(temperature, (int, float)) or temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature!r}")
-        if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
-            raise ValueError(f"top_k must be None or an int >= 1, got {top_k!r}")
+        _check_sampling(max_new_tokens, temperature, top_k)
         cache, out, step_ids, mask = self.new_cache(), [ids], ids, attention_mask
         for _ in range(max_new_tokens):
             logits = self(step_ids, attention_mask=mask, cache=cache)
-            logits = (logits.logits if isinstance(logits, LMOutput) else logits)[:, -1].float()  # [b, V]
-            if temperature == 0:
-                step_ids = logits.argmax(-1, keepdim=True)  # [b, 1]
-            else:
-                logits = logits / temperature
-                if top_k is not None:
-                    kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]  # [b, 1]
-                    logits = logits.masked_fill(logits < kth, float("-inf"))
-                step_ids = torch.multinomial(logits.softmax(-1), 1, generator=generator)  # [b, 1]
+            logits = logits.logits if isinstance(logits, LMOutput) else logits
+            step_ids = sample_next(logits[:, -1], temperature, top_k, generator)  # [b, 1]
             out.append(step_ids)
-            mask = None
+            mask = None  # the new tokens are real; the cache remembers the prompt's padding
         return torch.cat(out, dim=1)
 
 
@@ -533,3 +569,28 @@ class EncoderDecoder(nn.Module):
         tgt_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         return self.decode(tgt, self.encode(src, src_mask), src_mask, tgt_mask)
+
+    @torch.no_grad()
+    def generate(
+        self,
+        src: torch.Tensor,
+        bos_id: int,
+        max_new_tokens: int,
+        *,
+        src_mask: torch.Tensor | None = None,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Translate ``src`` ``[b, s_src]``: start from ``bos_id`` and add ``max_new_tokens`` tokens
+        (encoder run once, decoder with a KV cache). Returns ``[b, 1 + n]``; sampling as
+        :meth:`TransformerLM.generate`."""
+        _check_sampling(max_new_tokens, temperature, top_k)
+        context, cache = self.encode(src, src_mask), self.new_cache()
+        step_ids = torch.full((src.shape[0], 1), bos_id, dtype=torch.long, device=src.device)  # [b, 1]
+        out = [step_ids]
+        for _ in range(max_new_tokens):
+            logits = self.decode(step_ids, context, src_mask, cache=cache)  # [b, 1, V]
+            step_ids = sample_next(logits[:, -1], temperature, top_k, generator)
+            out.append(step_ids)
+        return torch.cat(out, dim=1)
