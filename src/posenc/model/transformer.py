@@ -204,14 +204,12 @@ class _Stack(nn.Module):
             if limit is None:
                 continue
             pos = plan.q_positions
-            if torch.compiler.is_compiling():
+            if torch.compiler.is_compiling():  # no data-dependent checks in a graph: the length only
                 needed = pos.shape[-1]
-                if needed <= limit:
-                    continue
             else:
                 needed = int(pos.max()) + 1 if pos.numel() else 0
-                if needed <= limit:
-                    continue
+            if needed <= limit:
+                continue
             raise ValueError(
                 f"this input needs positions up to {needed - 1} (length {needed}), longer than "
                 f"max_len={limit} of position={self.config.position!r}: learned positions cannot run past "
