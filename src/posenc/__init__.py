@@ -19,6 +19,19 @@ from .absolute import (
 from .base import HOOKS, PositionalScheme
 from .bias import ALiBi, T5RelativeBias, alibi_bias, alibi_slopes, relative_positions, t5_relative_bucket
 from .embedding import TIE_STRATEGIES, InputEmbedding, TokenEmbedding, apply_tying, tie_weights
+from .model import (
+    Decoder,
+    Encoder,
+    EncoderDecoder,
+    KVCache,
+    LMOutput,
+    Memory,
+    ModelConfig,
+    MultiHeadAttention,
+    TransformerLM,
+    load_model,
+    save_model,
+)
 from .positions import arange_positions, positions_from_cu_seqlens, positions_from_mask
 from .registry import build, build_with_context, describe, register, schemes
 from .relative import ShawRelative, TransformerXLRelative
@@ -52,8 +65,16 @@ __all__ = [
     "ROTARY_LAYOUTS",
     "TIE_STRATEGIES",
     "ALiBi",
+    "Decoder",
+    "Encoder",
+    "EncoderDecoder",
     "InputEmbedding",
+    "KVCache",
+    "LMOutput",
     "LearnedPE",
+    "Memory",
+    "ModelConfig",
+    "MultiHeadAttention",
     "NoPE",
     "PositionalScheme",
     "Rope2D",
@@ -66,6 +87,7 @@ __all__ = [
     "SinusoidalPE",
     "T5RelativeBias",
     "TokenEmbedding",
+    "TransformerLM",
     "TransformerXLRelative",
     "XPos",
     "__version__",
@@ -78,6 +100,7 @@ __all__ = [
     "build_with_context",
     "describe",
     "hf_rope_config",
+    "load_model",
     "permute_qk_weights",
     "positions_from_cu_seqlens",
     "positions_from_mask",
@@ -86,6 +109,7 @@ __all__ = [
     "rope_cos_sin",
     "rope_frequencies",
     "rope_from_hf",
+    "save_model",
     "schemes",
     "sinusoidal_frequencies",
     "sinusoidal_nd_table",

@@ -1,0 +1,51 @@
+"""Models that take any positional scheme by name: attention, KV cache, Transformers, save/load.
+
+Legend: ``b`` batch, ``s`` sequence length, ``d`` model width, ``V`` vocabulary. See docs/model.md.
+"""
+
+from .attention import (
+    AttentionPlan,
+    KVCache,
+    MultiHeadAttention,
+    attend,
+    causal_mask,
+    plan_attention,
+    plan_cross_attention,
+)
+from .config import NORMS, ModelConfig
+from .io import MODEL_CLASSES, load_model, save_model
+from .transformer import (
+    MLP,
+    Block,
+    Decoder,
+    Encoder,
+    EncoderDecoder,
+    LMOutput,
+    Memory,
+    TransformerLM,
+    sample_next,
+)
+
+__all__ = [
+    "MLP",
+    "MODEL_CLASSES",
+    "NORMS",
+    "AttentionPlan",
+    "Block",
+    "Decoder",
+    "Encoder",
+    "EncoderDecoder",
+    "KVCache",
+    "LMOutput",
+    "Memory",
+    "ModelConfig",
+    "MultiHeadAttention",
+    "TransformerLM",
+    "attend",
+    "causal_mask",
+    "load_model",
+    "plan_attention",
+    "plan_cross_attention",
+    "sample_next",
+    "save_model",
+]
