@@ -7,8 +7,9 @@ processes load the cached library directly.
 
 * The cache key hashes the source, the flags, the compiler's version and the CPU's feature flags
   (the code is built with ``-march=native``), so a shared home directory across machines is safe.
-* ``-ffp-contract=off`` and no fast-math: every product and sum is rounded exactly as PyTorch's
-  elementwise ops round them, so a kernel can give bit-identical results to the reference path.
+* ``-ffp-contract=off``, no SLP vectorization and no fast-math: every product and sum is rounded
+  exactly as PyTorch's elementwise ops round them, so a kernel can give bit-identical results to
+  the reference path (callers also check that on first use, see ``rope_cpu``).
 * OpenMP when the compiler has it (the process then shares PyTorch's ``libgomp``), else serial.
 * No compiler, a failed build, or ``POSENC_C_KERNELS=0`` in the environment: :func:`load` returns
   ``None`` and the callers use their reference (pure PyTorch) path. ``POSENC_KERNEL_CACHE`` sets the
@@ -30,7 +31,13 @@ from pathlib import Path
 
 __all__ = ["cache_dir", "enabled", "load"]
 
-_BASE_FLAGS = ("-O3", "-std=gnu99", "-shared", "-fPIC", "-ffp-contract=off", "-fno-math-errno")
+# -ffp-contract=off: no fused multiply-add, every product is rounded as PyTorch rounds it.
+# -fno-tree-slp-vectorize: GCC's SLP pass recognises complex-multiply patterns and emits
+# vfmaddsub even with contraction off (seen with GCC 12), which changes the last bit.
+_BASE_FLAGS = (
+    "-O3", "-std=gnu99", "-shared", "-fPIC",
+    "-ffp-contract=off", "-fno-tree-slp-vectorize", "-fno-math-errno",
+)
 _lock = threading.Lock()
 _loaded: dict[str, ctypes.CDLL | None] = {}
 

@@ -28,6 +28,7 @@ leading dims (``[b, h]`` for attention tensors).
 from __future__ import annotations
 
 import ctypes
+import warnings
 
 import torch
 
@@ -43,7 +44,6 @@ _SOURCE = r"""
 #endif
 typedef int64_t i64;
 #define MAXD 8
-#define BLK 64
 
 static inline float bf2f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
 /* round to nearest even, NaN -> 0x7FC0: c10::BFloat16's rounding */
@@ -55,21 +55,19 @@ static inline uint16_t f2bf(float f) {
 static inline float rbf(float f) { return bf2f(f2bf(f)); }
 
 /* One row: rotate r dims of xr (pairs (i, i+r/2) or (2i, 2i+1)) into orow, copy dims r..d if out != x.
-   Values are staged through small local arrays so the loops vectorize even when orow == xr. */
+   Iteration i reads and writes only the two elements of pair i, and orow is either xr itself or
+   disjoint from it, so there is no dependence between iterations (ivdep lets the loop vectorize). */
 #define ROWFN(NAME, T, F, LOAD, STORE, RND, IA, IB)                                        \
 static void NAME(const char* xp, char* op, const char* cp, const char* sp,                \
                  i64 h, i64 d, i64 r, float sgn) {                                          \
   const T* xr = (const T*)xp; T* orow = (T*)op; const T* c = (const T*)cp;                  \
-  const T* s = (const T*)sp; F a[BLK], b[BLK], o1[BLK], o2[BLK];                            \
-  for (i64 i0 = 0; i0 < h; i0 += BLK) {                                                     \
-    i64 n = h - i0 < BLK ? h - i0 : BLK;                                                    \
-    for (i64 i = 0; i < n; ++i) { a[i] = LOAD(xr[IA(i0 + i)]); b[i] = LOAD(xr[IB(i0 + i)]); } \
-    for (i64 i = 0; i < n; ++i) {                                                           \
-      F cc = LOAD(c[i0 + i]), ss = (F)sgn * LOAD(s[i0 + i]);                                \
-      o1[i] = RND(RND(a[i] * cc) - RND(b[i] * ss));                                         \
-      o2[i] = RND(RND(b[i] * cc) + RND(a[i] * ss));                                         \
-    }                                                                                       \
-    for (i64 i = 0; i < n; ++i) { orow[IA(i0 + i)] = STORE(o1[i]); orow[IB(i0 + i)] = STORE(o2[i]); } \
+  const T* s = (const T*)sp;                                                                \
+  _Pragma("GCC ivdep")                                                                      \
+  for (i64 i = 0; i < h; ++i) {                                                             \
+    F a = LOAD(xr[IA(i)]), b = LOAD(xr[IB(i)]);                                             \
+    F cc = LOAD(c[i]), ss = (F)sgn * LOAD(s[i]);                                            \
+    orow[IA(i)] = STORE(RND(RND(a * cc) - RND(b * ss)));                                    \
+    orow[IB(i)] = STORE(RND(RND(b * cc) + RND(a * ss)));                                    \
   }                                                                                         \
   if (orow != xr) for (i64 i = r; i < d; ++i) orow[i] = xr[i];                              \
 }
@@ -93,17 +91,23 @@ static rowfn pick(int dtype, int interleaved) {
   return table[dtype][interleaved];
 }
 
-/* x/out: rows indexed by shape[0..nd) (all dims but the last), strides in bytes per tensor;
-   cos/sin: the same rows, broadcast dims have stride 0. Rows are split evenly over threads and
-   walked with an odometer (no division per row). dtype: 0 f32, 1 f64, 2 bf16. */
+/* geo = [d, r, shape[nd], xs[nd], os[nd], cs[nd], ss[nd]]: the row dims (all dims but the last)
+   and each tensor's strides over them, in elements (broadcast dims of cos/sin have stride 0).
+   Rows are split evenly over threads and walked with an odometer (no division per row).
+   dtype: 0 f32, 1 f64, 2 bf16. Returns nonzero for arguments it cannot take. */
 int posenc_rope(int dtype, int interleaved, const char* x, char* out, const char* cs, const char* sn,
-                i64 nd, const i64* shape, const i64* xs, const i64* os, const i64* cst, const i64* sst,
-                i64 d, i64 r, float sgn, int nthreads) {
+                const i64* geo, i64 nd, float sgn, int nthreads) {
+  static const i64 esize[3] = {4, 8, 2};
   if (nd < 1 || nd > MAXD || dtype < 0 || dtype > 2) return 1;
   rowfn f = pick(dtype, interleaved != 0);
-  i64 rows = 1;
-  for (i64 k = 0; k < nd; ++k) rows *= shape[k];
-  i64 h = r / 2;
+  i64 d = geo[0], r = geo[1], h = r / 2, e = esize[dtype];
+  const i64* shape = geo + 2;
+  i64 xs[MAXD], os[MAXD], cst[MAXD], sst[MAXD], rows = 1;
+  for (i64 k = 0; k < nd; ++k) {
+    rows *= shape[k];
+    xs[k] = geo[2 + nd + k] * e; os[k] = geo[2 + 2 * nd + k] * e;
+    cst[k] = geo[2 + 3 * nd + k] * e; sst[k] = geo[2 + 4 * nd + k] * e;
+  }
 #ifdef _OPENMP
   #pragma omp parallel num_threads(nthreads) if (nthreads > 1)
 #endif
@@ -137,25 +141,52 @@ int posenc_rope(int dtype, int interleaved, const char* x, char* out, const char
 _DTYPES = {torch.float32: 0, torch.float64: 1, torch.bfloat16: 2}
 _LAYOUTS = {"half": 0, "interleaved": 1}
 _MAX_DIMS = 8
-#: below this many elements one thread does the work (PyTorch's grain size for elementwise ops)
-_SERIAL_NUMEL = 32768
+#: below this many elements one thread does the work: waking a second OpenMP thread costs
+#: microseconds on an idle machine and milliseconds on a loaded one, more than small work takes
+_SERIAL_NUMEL = 1 << 20
 _I64 = ctypes.c_int64
 _P = ctypes.c_void_p
 _state: dict[str, object] = {}
 
 
 def _fn():
-    """The C entry point (built on first use), or None."""
+    """The C entry point (built and self-checked on first use), or None."""
     if "fn" not in _state:
         lib = _cbuild.load("rope_cpu", _SOURCE)
         fn = None
         if lib is not None:
             fn = lib.posenc_rope
             fn.restype = ctypes.c_int
-            fn.argtypes = [ctypes.c_int, ctypes.c_int, _P, _P, _P, _P, _I64] + [_P] * 5 + [
-                _I64, _I64, ctypes.c_float, ctypes.c_int]
+            fn.argtypes = [ctypes.c_int, ctypes.c_int, _P, _P, _P, _P, _P, _I64, ctypes.c_float, ctypes.c_int]
         _state["fn"] = fn
+        if fn is not None and not _self_check():
+            warnings.warn(
+                "posenc: the RoPE C kernel does not reproduce the reference bit for bit with this compiler; "
+                "using the PyTorch reference path", RuntimeWarning, stacklevel=3,
+            )
+            _state["fn"] = None
     return _state["fn"]
+
+
+def _self_check() -> bool:
+    """Run the kernel once per dtype and layout against PyTorch's ops (the reference's arithmetic)."""
+    gen = torch.Generator().manual_seed(1234)
+    with torch.no_grad():
+        for dtype in _DTYPES:
+            x = torch.randn(3, 5, 2 * 67 + 3, generator=gen, dtype=torch.float64).to(dtype)
+            angles = torch.rand(5, 67, generator=gen, dtype=torch.float64) * 100
+            cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+            for layout in _LAYOUTS:
+                want = x.clone()
+                first, second = (slice(0, 67), slice(67, 134)) if layout == "half" else (
+                    slice(0, 134, 2), slice(1, 134, 2))
+                a, b, wa, wb = x[..., first], x[..., second], want[..., first], want[..., second]
+                wa.copy_(a * cos - b * sin)
+                wb.copy_(b * cos + a * sin)
+                got = _launch(x, cos, sin, torch.empty_like(x), layout, 1.0)
+                if not torch.equal(got, want):
+                    return False
+    return True
 
 
 def available() -> bool:
@@ -188,25 +219,21 @@ def usable(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
     return available()
 
 
-def _row_args(t: torch.Tensor, shape: torch.Size) -> ctypes.Array:
-    """Byte strides of ``t`` over the row dims ``shape`` (``t`` already expanded to them)."""
-    return (_I64 * len(shape))(*(st * t.element_size() for st in t.stride()[: len(shape)]))
-
-
 def _launch(
     x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor, layout: str, sign: float
 ) -> torch.Tensor:
-    r = 2 * cos.shape[-1]
+    half = cos.shape[-1]  # r/2
     rows = x.shape[:-1]  # [..., s]: one C row per vector of d_h values
-    # [..., s, r/2] tables, broadcast dims as stride-0 views; the last dim must be contiguous
-    c = cos.to(x.dtype).contiguous().expand(*rows, r // 2)
-    s = sin.to(x.dtype).contiguous().expand(*rows, r // 2)
-    nthreads = 1 if x.numel() < _SERIAL_NUMEL else torch.get_num_threads()
-    err = _fn()(
-        _DTYPES[x.dtype], _LAYOUTS[layout], x.data_ptr(), out.data_ptr(), c.data_ptr(), s.data_ptr(),
-        len(rows), (_I64 * len(rows))(*rows), _row_args(x, rows), _row_args(out, rows),
-        _row_args(c, rows), _row_args(s, rows), x.shape[-1], r, sign, nthreads,
+    nd = len(rows)
+    # [..., s, r/2] tables as views over x's rows (broadcast dims get stride 0), last dim contiguous
+    c = cos.to(x.dtype).contiguous().expand(*rows, half)
+    s = sin.to(x.dtype).contiguous().expand(*rows, half)
+    geo = (_I64 * (2 + 5 * nd))(
+        x.shape[-1], 2 * half, *rows, *x.stride()[:nd], *out.stride()[:nd], *c.stride()[:nd], *s.stride()[:nd]
     )
+    nthreads = 1 if x.numel() < _SERIAL_NUMEL else torch.get_num_threads()
+    err = _fn()(_DTYPES[x.dtype], _LAYOUTS[layout], x.data_ptr(), out.data_ptr(), c.data_ptr(), s.data_ptr(),
+                geo, nd, sign, nthreads)
     if err:  # pragma: no cover - usable() rules these out
         raise RuntimeError(f"posenc rope kernel rejected shape {tuple(x.shape)} dtype {x.dtype}")
     return out
