@@ -191,3 +191,76 @@ def test_embed_hooks_identity_for_base_scheme():
     assert scheme.rotate(q, k) == (q, k)
     assert scheme.score_bias(torch.arange(3), torch.arange(3)) is None
     assert math.isclose(TokenEmbedding(3, 49).scale, 7.0)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Fast path (CPU, train mode): dropout by posenc.kernels.dropout_cpu; same numbers as the reference
+# composition for the same mask, eval mode unchanged.
+# ---------------------------------------------------------------------------------------------------
+from posenc.kernels import dropout_cpu  # noqa: E402
+
+needs_kernel = pytest.mark.skipif(not dropout_cpu.available(), reason="no C compiler: reference path only")
+
+
+def _reference(layer, ids, keep=None):
+    """The pipeline written out with PyTorch ops; ``keep`` applies dropout with that mask."""
+    d = layer.token.d_model
+    x = nn.functional.embedding(ids, layer.token.weight) * layer.token.scale
+    x = x + sinusoidal_table(ids.shape[1], d)
+    x = nn.functional.layer_norm(x, (d,), layer.norm.weight, layer.norm.bias)
+    if keep is None:
+        return x
+    noise = keep.float()
+    noise.div_(1 - layer.dropout.p)  # aten's dropout: x * (keep / (1 - p))
+    return x * noise
+
+
+@needs_kernel
+def test_fast_train_forward_equals_reference_for_its_mask():
+    layer = InputEmbedding(100, 48, "sinusoidal", dropout=0.2).train()
+    ids = torch.randint(0, 100, (3, 11))
+    torch.manual_seed(42)
+    out = layer(ids)
+    torch.manual_seed(42)
+    keep = dropout_cpu.keep_mask(out.shape, 0.2, dropout_cpu._draw_seed())  # the seed forward drew
+    assert torch.equal(out, _reference(layer, ids, keep))
+    assert 0.1 < 1 - keep.float().mean().item() < 0.3
+
+
+@needs_kernel
+def test_fast_train_gradients_equal_reference():
+    layer = InputEmbedding(50, 16, "sinusoidal", dropout=0.3).train()
+    ids = torch.randint(0, 50, (2, 9))
+    g = torch.randn(2, 9, 16)
+    torch.manual_seed(1)
+    layer(ids).backward(g)
+    fast = [p.grad.clone() for p in layer.parameters()]
+    layer.zero_grad()
+    torch.manual_seed(1)
+    keep = dropout_cpu.keep_mask((2, 9, 16), 0.3, dropout_cpu._draw_seed())
+    _reference(layer, ids, keep).backward(g)
+    for a, (name, p) in zip(fast, layer.named_parameters()):
+        torch.testing.assert_close(a, p.grad, rtol=1e-6, atol=1e-7, msg=name)
+
+
+def test_eval_mode_is_exactly_the_reference():
+    layer = InputEmbedding(100, 32, "sinusoidal", dropout=0.5).eval()
+    ids = torch.randint(0, 100, (2, 7))
+    assert torch.equal(layer(ids), _reference(layer, ids))
+
+
+def test_train_mode_without_the_kernel_uses_nn_dropout(monkeypatch):
+    monkeypatch.setitem(dropout_cpu._state, "fn", None)
+    layer = InputEmbedding(100, 64, dropout=0.5).train()
+    ids = torch.randint(0, 100, (4, 32))
+    torch.manual_seed(3)
+    out = layer(ids)
+    torch.manual_seed(3)
+    ref = nn.functional.dropout(_reference(layer, ids), 0.5, True)
+    assert torch.equal(out, ref)
+
+
+def test_train_mode_compiles():
+    layer = InputEmbedding(64, 16, "sinusoidal", dropout=0.25).train()
+    out = torch.compile(layer, fullgraph=True)(torch.randint(0, 64, (2, 8)))
+    assert out.shape == (2, 8, 16) and 0 < (out == 0).sum() < out.numel()

@@ -32,7 +32,7 @@ import warnings
 
 import torch
 
-from . import _cbuild
+from . import _cbuild, _memory
 
 __all__ = ["available", "check_out", "rotate", "usable"]
 
@@ -246,7 +246,7 @@ class _RotaryFunction(torch.autograd.Function):
     def forward(ctx, x, cos, sin, layout, sign):  # type: ignore[override]
         ctx.save_for_backward(cos, sin)
         ctx.layout, ctx.sign = layout, sign
-        return _launch(x, cos, sin, torch.empty_like(x), layout, sign)
+        return _launch(x, cos, sin, _memory.empty_like(x), layout, sign)
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
@@ -304,4 +304,4 @@ def rotate(
         return _launch(x, cos, sin, out, layout, 1.0)
     if torch.is_grad_enabled() and x.requires_grad:
         return _RotaryFunction.apply(x, cos, sin, layout, 1.0)
-    return _launch(x, cos, sin, torch.empty_like(x), layout, 1.0)
+    return _launch(x, cos, sin, _memory.empty_like(x), layout, 1.0)
