@@ -128,6 +128,7 @@ COMMANDS: dict[str, Command] = {
         "run a text through tokenizer, embedding, positions, LayerNorm, dropout, step by step",
         *_lazy("posenc.text.commands", "encode"),
     ),
+    "bench": ("time posenc against its peers next to a same-run copy", *_lazy("posenc.bench", "bench")),
 }
 
 
