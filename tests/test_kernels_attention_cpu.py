@@ -108,3 +108,29 @@ def test_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
         causal_attention_with_bias(args["q"], args["k"], args["v"], args["bias_fn"],
                                    block_size=args["block_size"])
+
+
+@settings(deadline=None, max_examples=25)
+@given(
+    per_row=st.booleans(),
+    causal=st.booleans(),
+    h=st.integers(1, 12),
+    big=st.booleans(),
+    q0=st.integers(0, 6),
+    n=st.integers(1, 5),
+)
+def test_alibi_block_builder_is_bit_identical_to_alibi_bias(per_row, causal, h, big, q0, n):
+    """The reused-buffer ALiBi builder returns exactly posenc.alibi_bias's values for each block,
+    also for positions beyond float32's exact integers (2^24) and per-row positions."""
+    s = 12
+    base = (2**30 if big else 0) + torch.arange(s)
+    pos = base + (torch.arange(2)[:, None] * 7 if per_row else 0)  # [s] or [2, s]
+    scheme = posenc.build("alibi", num_heads=h, causal=causal)
+    build = scheme_bias_fn(scheme, pos, pos)
+    q1 = min(q0 + n, s)
+    k1 = q1
+    want = posenc.alibi_bias(scheme.slopes(), pos[..., q0:q1], pos[..., :k1], causal=causal)
+    got = build(q0, q1, k1)
+    assert torch.equal(got, want)
+    first = posenc.alibi_bias(scheme.slopes(), pos[..., :1], pos[..., :1], causal=causal)
+    assert torch.equal(build(0, 1, 1), first)  # the reused buffer, smaller view

@@ -21,7 +21,7 @@ import platform
 
 import torch
 
-__all__ = ["empty_like", "hugepages_enabled"]
+__all__ = ["empty", "empty_like", "hugepages_enabled"]
 
 _HUGE = 1 << 21  # 2 MiB
 _MIN_BYTES = 4 << 20
@@ -56,7 +56,16 @@ def hugepages_enabled() -> bool:
 
 def empty_like(x: torch.Tensor) -> torch.Tensor:
     """``torch.empty_like(x)`` (same strides), advised to use huge pages when large (see module doc)."""
-    out = torch.empty_like(x)
+    return _advise(torch.empty_like(x))
+
+
+def empty(*shape: int, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
+          ) -> torch.Tensor:
+    """``torch.empty(shape)``, advised to use huge pages when large (see module doc)."""
+    return _advise(torch.empty(shape, dtype=dtype, device=device))
+
+
+def _advise(out: torch.Tensor) -> torch.Tensor:
     nbytes = out.untyped_storage().nbytes()
     if nbytes >= _MIN_BYTES and out.device.type == "cpu" and hugepages_enabled():
         start = out.untyped_storage().data_ptr()

@@ -19,16 +19,63 @@ head width.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
+from . import _memory
+
 __all__ = ["BiasFn", "causal_attention_with_bias", "scheme_bias_fn"]
 
 #: ``bias_fn(q0, q1, k1) -> [b | 1, h, q1 - q0, k1]``: the additive bias (on the scaled logits) of
-#: queries ``q0..q1-1`` against keys ``0..k1-1``.
+#: queries ``q0..q1-1`` against keys ``0..k1-1``. It may return a tensor it keeps writing into on
+#: later calls (the ALiBi builder does): each result is consumed before the next call.
 BiasFn = Callable[[int, int, int], torch.Tensor]
+
+
+class _AlibiBlocks:
+    """ALiBi's bias for one block at a time, written into buffers reused by every block (no
+    allocation, hence no page faults, after the first block).
+
+    The values are those of :func:`posenc.alibi_bias` bit for bit: the relative position
+    ``j - i`` is formed exactly in int64, converted to float32 and multiplied by the float32 slope.
+    """
+
+    def __init__(self, scheme: torch.nn.Module, q_positions: torch.Tensor, k_positions: torch.Tensor) -> None:
+        self.slopes = scheme.slopes(q_positions.device)[:, None, None]  # [h, 1, 1]
+        self.causal = scheme.causal
+        # [s] -> [1, s]; [b, s] stays: one row of positions per batch row (or one shared)
+        self.qp = q_positions if q_positions.dim() == 2 else q_positions[None]
+        self.kp = k_positions if k_positions.dim() == 2 else k_positions[None]
+        self.rows = max(self.qp.shape[0], self.kp.shape[0])
+        self.buffers: dict[str, torch.Tensor] = {}
+
+    def _buffer(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        n = math.prod(shape)
+        buf = self.buffers.get(name)
+        if buf is None or buf.numel() < n:
+            buf = self.buffers[name] = _memory.empty(n, dtype=dtype, device=self.qp.device)
+        return buf[:n].view(shape)
+
+    def __call__(self, q0: int, q1: int, k1: int) -> torch.Tensor:
+        n = q1 - q0
+        rel64 = self._buffer("rel64", (self.rows, n, k1), torch.int64)
+        torch.sub(self.kp[:, None, :k1], self.qp[:, q0:q1, None], out=rel64)  # j - i, exact
+        if not self.causal:
+            rel64.abs_().neg_()  # -|i - j|
+        rel = self._buffer("rel", (self.rows, 1, n, k1), torch.float32)
+        rel.copy_(rel64[:, None])  # int64 -> float32, as alibi_bias's .to(float32)
+        out = self._buffer("bias", (self.rows, self.slopes.shape[0], n, k1), torch.float32)
+        return torch.mul(rel, self.slopes, out=out)  # [b|1, h, n, k1] = (j - i) * m_h in float32
+
+
+#: scheme class name -> builder of a block-bias function that writes into a reused buffer
+#: (for schemes whose bias is a closed form of positions). Others use their ``score_bias``.
+_FAST_BIAS: dict[str, Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], BiasFn]] = {
+    "ALiBi": _AlibiBlocks,
+}
 
 
 def scheme_bias_fn(
@@ -39,12 +86,18 @@ def scheme_bias_fn(
 ) -> BiasFn:
     """A :data:`BiasFn` from a scheme's ``score_bias`` hook (``posenc.base`` contract).
 
+    ALiBi (no gradient, closed form) gets a builder that writes every block into one reused buffer;
+    every other scheme calls ``scheme.score_bias`` on the block's positions (and queries).
+
     Args:
         scheme: a positional scheme with the ``score_bias`` hook (``alibi``, ``t5``, ``shaw``, ...).
         q_positions: ``[s_q]`` or ``[b, s_q]`` integer positions of the queries.
         k_positions: ``[s_k]`` or ``[b, s_k]`` integer positions of the keys.
         q: ``[b, h, s_q, d_h]`` queries before rotation, for content-dependent biases.
     """
+    fast = _FAST_BIAS.get(type(scheme).__name__)
+    if fast is not None and type(scheme).__module__ == "posenc.bias":
+        return fast(scheme, q_positions, k_positions)
 
     def bias(q0: int, q1: int, k1: int) -> torch.Tensor:
         qb = None if q is None else q[..., q0:q1, :]  # [b, h, q1 - q0, d_h]
@@ -69,6 +122,12 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size: int) -
         raise ValueError(f"block_size must be an int >= 1, got {block_size!r}")
 
 
+def _writable(t: torch.Tensor) -> bool:
+    """Whether ``masked_fill_`` may write into ``t``: no autograd history to protect, no aliased
+    (stride-0) elements."""
+    return not t.requires_grad and all(st or n == 1 for st, n in zip(t.stride(), t.shape))
+
+
 def causal_attention_with_bias(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -90,25 +149,36 @@ def causal_attention_with_bias(
         dropout_p: attention dropout (training).
 
     Returns:
-        ``[b, h, s_q, d_h]``, dtype of ``q``.
+        ``[b, h, s_q, d_h]``, dtype of ``q`` (a ``[b, s_q, h, d_h]`` buffer seen through a transpose,
+        the layout SDPA itself returns on CPU).
     """
     _check(q, k, v, block_size)
-    s_q, s_k = q.shape[2], k.shape[2]
+    b, h, s_q, _ = q.shape
+    s_k = k.shape[2]
     offset = s_k - s_q
-    gqa = q.shape[1] != k.shape[1]
-    outs = []
+    gqa = h != k.shape[1]
+    # the block's future keys all lie in its last (q1 - q0) columns, where j > i is this triangle;
+    # added (x + -inf = -inf, x + 0 = x exactly): a vectorized add, cheaper than masked_fill_
+    tri = torch.zeros(block_size, block_size, dtype=q.dtype, device=q.device)
+    tri.masked_fill_(torch.ones_like(tri, dtype=torch.bool).triu_(1), float("-inf"))  # [n, n]
+    out = None
     for q0 in range(0, s_q, block_size):
         q1 = min(q0 + block_size, s_q)
-        k1 = q1 + offset  # keys visible to the block's last query
-        bias = bias_fn(q0, q1, k1)  # [b | 1, h, q1 - q0, k1]
-        if bias.shape[-2:] != (q1 - q0, k1):
+        n, k1 = q1 - q0, q1 + offset  # block length; keys visible to the block's last query
+        bias = bias_fn(q0, q1, k1)  # [b | 1, h, n, k1]
+        if bias.shape[-2:] != (n, k1):
             raise ValueError(f"bias_fn({q0}, {q1}, {k1}) returned shape {tuple(bias.shape)}, "
-                             f"expected [b | 1, h, {q1 - q0}, {k1}]")
-        # future keys of the block's earlier queries: key j > i + offset, all in the last q1-q0 columns
-        rows = torch.arange(q0, q1, device=q.device)[:, None] + offset  # [q1 - q0, 1]
-        future = torch.arange(k1, device=q.device)[None, :] > rows  # [q1 - q0, k1]
-        mask = bias.to(q.dtype).masked_fill(future, float("-inf"))  # [b | 1, h, q1 - q0, k1]
-        outs.append(F.scaled_dot_product_attention(
+                             f"expected [b | 1, h, {n}, {k1}]")
+        mask = bias.to(q.dtype)
+        if not (_writable(mask) and (mask is not bias or _writable(bias))):
+            mask = mask.clone()
+        mask[..., k1 - n:].add_(tri[:n, :n])  # -inf on future keys, in place
+        o = F.scaled_dot_product_attention(
             q[:, :, q0:q1], k[:, :, :k1], v[:, :, :k1], attn_mask=mask, dropout_p=dropout_p, enable_gqa=gqa,
-        ))  # [b, h, q1 - q0, d_h]
-    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # blocks along s_q -> [b, h, s_q, d_h]
+        )  # [b, h, n, d_h]
+        if q1 - q0 == s_q:
+            return o  # a single block
+        if out is None:
+            out = _memory.empty(b, s_q, h, o.shape[-1], dtype=o.dtype, device=o.device)  # SDPA's layout
+        out[:, q0:q1].copy_(o.transpose(1, 2))  # [b, h, n, d_v] -> [b, n, h, d_v]
+    return out.transpose(1, 2)  # [b, s_q, h, d_v] -> [b, h, s_q, d_v]
