@@ -219,17 +219,30 @@ def usable(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
     return available()
 
 
+def _table_strides(t: torch.Tensor, nd: int) -> list[int]:
+    """Element strides of a ``[..., s, r/2]`` table over ``nd`` row dims, right-aligned like
+    broadcasting; broadcast dims (size 1 or missing) get stride 0."""
+    lead = t.dim() - 1  # the table's own row dims
+    strides = [0] * nd
+    for k in range(min(lead, nd)):
+        if t.shape[lead - 1 - k] != 1:
+            strides[nd - 1 - k] = t.stride(lead - 1 - k)
+    return strides
+
+
 def _launch(
     x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor, layout: str, sign: float
 ) -> torch.Tensor:
     half = cos.shape[-1]  # r/2
     rows = x.shape[:-1]  # [..., s]: one C row per vector of d_h values
     nd = len(rows)
-    # [..., s, r/2] tables as views over x's rows (broadcast dims get stride 0), last dim contiguous
-    c = cos.to(x.dtype).contiguous().expand(*rows, half)
-    s = sin.to(x.dtype).contiguous().expand(*rows, half)
+    # the tables in x's dtype (as the reference casts them), last dim contiguous; their row dims are
+    # walked with stride 0 where they broadcast
+    c = cos if cos.dtype == x.dtype and cos.stride(-1) == 1 else cos.to(x.dtype).contiguous()
+    s = sin if sin.dtype == x.dtype and sin.stride(-1) == 1 else sin.to(x.dtype).contiguous()
     geo = (_I64 * (2 + 5 * nd))(
-        x.shape[-1], 2 * half, *rows, *x.stride()[:nd], *out.stride()[:nd], *c.stride()[:nd], *s.stride()[:nd]
+        x.shape[-1], 2 * half, *rows, *x.stride()[:nd], *out.stride()[:nd], *_table_strides(c, nd),
+        *_table_strides(s, nd),
     )
     nthreads = 1 if x.numel() < _SERIAL_NUMEL else torch.get_num_threads()
     err = _fn()(_DTYPES[x.dtype], _LAYOUTS[layout], x.data_ptr(), out.data_ptr(), c.data_ptr(), s.data_ptr(),
