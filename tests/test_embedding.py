@@ -264,3 +264,34 @@ def test_train_mode_compiles():
     layer = InputEmbedding(64, 16, "sinusoidal", dropout=0.25).train()
     out = torch.compile(layer, fullgraph=True)(torch.randint(0, 64, (2, 8)))
     assert out.shape == (2, 8, 16) and 0 < (out == 0).sum() < out.numel()
+
+
+@pytest.mark.parametrize("padding_idx", [None, 3])
+def test_huge_page_gather_equals_nn_embedding(monkeypatch, padding_idx):
+    """kernels.embedding_cpu (used for large outputs): same rows, same weight gradient."""
+    from posenc.kernels import _memory, embedding_cpu
+
+    monkeypatch.setattr(embedding_cpu, "_MIN_BYTES", 0)
+    monkeypatch.setattr(_memory, "hugepages_enabled", lambda: True)
+    emb = TokenEmbedding(40, 8, padding_idx=padding_idx)
+    ids = torch.tensor([[3, 1, 3, 39], [0, 3, 7, 7]])
+    assert embedding_cpu.usable(emb.weight, ids)
+    g = torch.randn(2, 4, 8)
+    out = emb(ids)
+    out.backward(g)
+    ref_weight = emb.weight.detach().clone().requires_grad_()
+    ref = nn.functional.embedding(ids, ref_weight, padding_idx) * emb.scale
+    ref.backward(g)
+    assert torch.equal(out, ref)
+    assert torch.equal(emb.weight.grad, ref_weight.grad)
+
+
+def test_shared_positions_added_in_place_match_embed():
+    """Sinusoidal/learned tables for positions shared by the batch are added in place: same numbers
+    as scheme.embed(x, positions); per-row positions [b, s] take embed itself."""
+    for scheme, opts in (("sinusoidal", None), ("learned", {"max_len": 40}), ("scaled_sinusoidal", None)):
+        layer = InputEmbedding(30, 16, scheme, layer_norm=False, dropout=0.0, scheme_options=opts)
+        ids = torch.randint(0, 30, (3, 9))
+        for pos in (None, torch.arange(5, 14), torch.arange(27).view(3, 9)):
+            want = layer.position.embed(layer.token(ids), pos)
+            assert torch.equal(layer(ids, pos), want), (scheme, pos)

@@ -19,8 +19,10 @@ import torch
 from torch import nn
 
 from ._validate import check_int, check_positive_float, check_probability
+from .absolute import LearnedPE, ScaledSinusoidalPE, SinusoidalPE
 from .base import PositionalScheme
 from .kernels import dropout_cpu as _dropout_cpu
+from .kernels import embedding_cpu as _embedding_cpu
 from .registry import build_with_context, scheme_class
 
 __all__ = ["TIE_STRATEGIES", "InputEmbedding", "TokenEmbedding", "apply_tying", "tie_weights"]
@@ -99,7 +101,10 @@ class TokenEmbedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         self.check_ids(ids)
-        out = nn.functional.embedding(ids, self.weight, self.padding_idx)  # [..., d], a fresh tensor
+        if _embedding_cpu.usable(self.weight, ids):  # same gather into huge pages (kernels.embedding_cpu)
+            out = _embedding_cpu.gather(self.weight, ids, self.padding_idx)  # [..., d]
+        else:
+            out = nn.functional.embedding(ids, self.weight, self.padding_idx)  # [..., d], a fresh tensor
         # in place: the gather's backward does not need its output, and one [..., d] allocation fewer
         return out.mul_(self.scale) if self.scale != 1.0 else out
 
@@ -223,7 +228,7 @@ class InputEmbedding(nn.Module):
         if x.dim() != 3:
             raise ValueError(f"ids must have shape [b, s], got {tuple(ids.shape)}")
         if self.position is not None:
-            x = self.position.embed(x, positions)  # [b, s, d] + positional part
+            x = self._add_position(x, positions)  # [b, s, d] + positional part
         x = self.norm(x)
         p = self.dropout.p
         if self.training and p > 0 and _dropout_cpu.usable(x):
@@ -231,3 +236,16 @@ class InputEmbedding(nn.Module):
             # (posenc.kernels.dropout_cpu); in place on LayerNorm's fresh output.
             return _dropout_cpu.dropout(x, p, inplace=isinstance(self.norm, nn.LayerNorm))
         return self.dropout(x)
+
+    def _add_position(self, x: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
+        """``self.position.embed(x, positions)``; for posenc's additive schemes with positions shared
+        by the batch, the positional part is made once (``embed`` of zeros ``[1, s, d]``, exactly the
+        table) and added in place to the fresh token embeddings: one ``[b, s, d]`` tensor fewer."""
+        if type(self.position) in _SHARED_TABLE and (positions is None or positions.dim() == 1):
+            pe = self.position.embed(x.new_zeros(1, *x.shape[1:]), positions)  # [1, s, d] = 0 + PE
+            return x.add_(pe)  # [b, s, d] + [1, s, d], in place
+        return self.position.embed(x, positions)
+
+
+#: schemes whose ``embed`` is ``x + table(positions)``, so ``embed(0) + x`` gives the same numbers
+_SHARED_TABLE = (SinusoidalPE, ScaledSinusoidalPE, LearnedPE)
