@@ -1,0 +1,96 @@
+"""Test-only toy schemes for the analysis tests: a RoPE-like ``rotate`` scheme and an ALiBi-like
+``score_bias`` scheme, registered only inside :func:`registered` (the registry is restored after).
+
+They are deliberately plain (written from RoFormer eq. 34 and ALiBi section 3) so that every code
+path of ``posenc.analysis`` runs before the real rotary and bias schemes are merged.
+
+Legend: ``b`` batch, ``h`` heads, ``s`` positions, ``d_h`` head width.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from posenc import registry
+from posenc.base import PositionalScheme
+
+
+class ToyRoPE(PositionalScheme):
+    """Half-layout rotary embedding, ``theta_i = base^(-2i/d_h)``: ``rotate(q [b,h,s,d_h], ...)``."""
+
+    name = "toy_rope"
+    hooks = ("rotate",)
+    summary = "test-only RoPE"
+
+    def __init__(self, head_dim: int, base: float = 10000.0) -> None:
+        super().__init__()
+        self.head_dim, self.base = head_dim, base
+
+    def inv_freq(self) -> torch.Tensor:
+        return self.base ** (-torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim)  # [d_h/2]
+
+    def _rot(self, x: torch.Tensor, pos: torch.Tensor | None) -> torch.Tensor:
+        pos = torch.arange(x.shape[-2]) if pos is None else pos
+        ang = pos.float()[:, None] * self.inv_freq()  # [s, d_h/2]
+        cos, sin = ang.cos().repeat(1, 2), ang.sin().repeat(1, 2)  # [s, d_h]
+        x1, x2 = x.float().chunk(2, -1)
+        rot = torch.cat((-x2, x1), -1)  # rotate_half
+        return (x.float() * cos + rot * sin).to(x.dtype)
+
+    def rotate(self, q, k, q_positions=None, k_positions=None):
+        return self._rot(q, q_positions), self._rot(k, k_positions)
+
+
+class ToyALiBi(PositionalScheme):
+    """ALiBi-like bias ``-slope_h |m - n|`` (``causal``: ``-slope_h (m - n)``), slopes ``2^(-8h/H)``."""
+
+    name = "toy_alibi"
+    hooks = ("score_bias",)
+    summary = "test-only ALiBi"
+
+    def __init__(self, num_heads: int, causal: bool = False) -> None:
+        super().__init__()
+        self.num_heads, self.causal = num_heads, causal
+
+    def slopes(self) -> torch.Tensor:
+        return 2.0 ** (-8.0 * torch.arange(1, self.num_heads + 1) / self.num_heads)  # [h]
+
+    def score_bias(self, q_positions, k_positions, q=None):
+        rel = (q_positions[:, None] - k_positions[None, :]).float()  # [m, n]
+        dist = rel if self.causal else rel.abs()
+        return (-self.slopes()[:, None, None] * dist)[None]  # [1, h, m, n]
+
+
+class ToyLearnedBias(PositionalScheme):
+    """A trainable per-head bias on clipped relative distance (T5-like at init: random values)."""
+
+    name = "toy_learned_bias"
+    hooks = ("score_bias",)
+    summary = "test-only learned relative bias"
+
+    def __init__(self, num_heads: int, max_distance: int = 16) -> None:
+        super().__init__()
+        self.max_distance = max_distance
+        self.table = torch.nn.Parameter(torch.randn(num_heads, 2 * max_distance + 1))
+
+    def score_bias(self, q_positions, k_positions, q=None):
+        rel = (q_positions[:, None] - k_positions[None, :]).clamp(-self.max_distance, self.max_distance)
+        return self.table[:, rel + self.max_distance][None]  # [h, m, n] -> [1, h, m, n]
+
+
+TOYS = (ToyRoPE, ToyALiBi, ToyLearnedBias)
+
+
+@contextlib.contextmanager
+def registered(*classes):
+    """Register ``classes`` (default: all toys) for the duration of the block, then restore."""
+    saved = dict(registry.SCHEMES)
+    try:
+        for cls in classes or TOYS:
+            registry.register(cls)
+        yield
+    finally:
+        registry.SCHEMES.clear()
+        registry.SCHEMES.update(saved)
