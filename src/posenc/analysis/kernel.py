@@ -32,7 +32,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -70,6 +70,7 @@ class Probe:
         num_heads: ``h`` for content-dependent biases.
         nominal_len: the scheme's ``max_len``, or the context's ``max_len`` when it has none.
         causal: whether the context is a causal decoder.
+        cache: results computed once per probe (frequencies, fits), shared by checks and plots.
     """
 
     name: str
@@ -79,6 +80,7 @@ class Probe:
     num_heads: int
     nominal_len: int
     causal: bool
+    cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def hooks(self) -> tuple[str, ...]:
@@ -121,13 +123,18 @@ def make_probe(
             ``causal``); missing keys come from :data:`DEFAULT_CONTEXT`.
         config: the scheme's own options (e.g. ``{"scaling": {...}}`` for a rotary scheme).
 
+    A named scheme is built under ``torch.manual_seed(0)`` (the global RNG state is restored), so
+    checks and plots of trainable schemes at init are reproducible.
+
     The widths are read from the scheme's public attributes (``d_model``, ``head_dim``,
     ``num_heads``) when it has them, else from the context.
     """
     ctx = {**DEFAULT_CONTEXT, **(context or {})}
     if isinstance(scheme, str):
         name = scheme
-        module = build_with_context(name, ctx, config)
+        with torch.random.fork_rng(devices=[]):  # trainable schemes start from the same init every time
+            torch.manual_seed(0)
+            module = build_with_context(name, ctx, config)
     elif isinstance(scheme, PositionalScheme):
         if config:
             raise ValueError("config applies only when scheme is given by name; got a module and config")

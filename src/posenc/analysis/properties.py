@@ -183,7 +183,7 @@ def fit_shift_map(enc: torch.Tensor, shift: int) -> tuple[torch.Tensor, float]:
     """
     x = enc[:-shift].double()  # [s-k, d]: e(p)
     y = enc[shift:].double()  # [s-k, d]: e(p+k)
-    sol = torch.linalg.lstsq(x, y, driver="gelsd").solution  # [d, d] = M^T
+    sol = torch.linalg.lstsq(x, y, driver="gelsy").solution  # [d, d] = M^T
     resid = torch.linalg.norm(y - x @ sol) / torch.linalg.norm(y).clamp_min(1e-300)
     return sol.T, float(resid)
 
@@ -193,7 +193,7 @@ def scheme_frequencies(probe: Probe) -> tuple[torch.Tensor, str]:
 
     ``rotate``: exact eigen-angles of the one-step rotation (:func:`rotation_frequencies`).
     ``embed``: eigen-angles of the one-step map ``M_1`` fitted by least squares on pairs
-    ``(PE(p), PE(p+1))`` for ``p`` spread over ``[0, 131072)`` (every 32nd), so that wavelengths up to
+    ``(PE(p), PE(p+1))`` for ``p`` spread over ``[0, 131072)`` (every 64th), so that wavelengths up to
     ~1.3e5 positions complete a period inside the fit. Valid when ``relative_linear`` holds;
     eigenvalues far from the unit circle (directions the fit cannot determine) are dropped and
     their pairs reported as ``nan``.
@@ -201,16 +201,20 @@ def scheme_frequencies(probe: Probe) -> tuple[torch.Tensor, str]:
     Returns:
         (float64 ``[d/2]``, ``"exact"`` or ``"fitted"``); ``0`` for dimensions that never move.
     """
+    if "frequencies" not in probe.cache:
+        probe.cache["frequencies"] = _frequencies(probe)
+    return probe.cache["frequencies"]
+
+
+def _frequencies(probe: Probe) -> tuple[torch.Tensor, str]:
     if "rotate" in probe.hooks:
         return rotation_frequencies(probe), "exact"
     if "embed" not in probe.hooks:
         raise ValueError(f"scheme {probe.name!r} has no per-position vector to read frequencies from")
-    if probe.bounded_length:
-        pos = torch.arange(probe.nominal_len - 1)
-    else:
-        pos = torch.arange(0, 131072, 32)  # [4096] starting points
+    # [n] starting points: the whole table, or every 64th position of [0, 131072)
+    pos = torch.arange(probe.nominal_len - 1) if probe.bounded_length else torch.arange(0, 131072, 64)
     x, y = encodings(probe, pos).double(), encodings(probe, pos + 1).double()  # [n, d] each
-    m = torch.linalg.lstsq(x, y, driver="gelsd").solution.T  # [d, d]: y ~ x M^T
+    m = torch.linalg.lstsq(x, y, driver="gelsy").solution.T  # [d, d]: y ~ x M^T
     eig = torch.linalg.eigvals(m)  # [d]
     keep = (eig.abs() - 1).abs() < 0.05  # a rotation's eigenvalues lie on the unit circle
     angles = torch.sort(eig[keep].angle().abs(), descending=True).values[0::2]  # one per +-pair
@@ -303,6 +307,12 @@ def _relative_linear_applies(probe: Probe) -> str | None:
 
 
 def _relative_linear(probe: Probe) -> Measurement:
+    if "relative_linear" not in probe.cache:
+        probe.cache["relative_linear"] = _relative_linear_fit(probe)
+    return probe.cache["relative_linear"]
+
+
+def _relative_linear_fit(probe: Probe) -> Measurement:
     width = probe.d_model if "embed" in probe.hooks else probe.head_dim
     n = probe.nominal_len if probe.bounded_length else max(4 * width, probe.nominal_len)
     enc = encodings(probe, n)
