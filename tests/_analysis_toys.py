@@ -24,12 +24,19 @@ class ToyRoPE(PositionalScheme):
     hooks = ("rotate",)
     summary = "test-only RoPE"
 
-    def __init__(self, head_dim: int, base: float = 10000.0) -> None:
+    def __init__(self, head_dim: int, base: float = 10000.0, scaling: dict | None = None) -> None:
         super().__init__()
-        self.head_dim, self.base = head_dim, base
+        self.head_dim, self.base, self.scaling = head_dim, base, scaling
+        if scaling is not None and scaling.get("rope_type") not in ("linear", "ntk"):
+            raise ValueError(f"toy_rope supports linear and ntk scaling only, got {scaling}")
 
     def inv_freq(self) -> torch.Tensor:
-        return self.base ** (-torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim)  # [d_h/2]
+        d, base, factor = self.head_dim, self.base, 1.0
+        if self.scaling and self.scaling["rope_type"] == "ntk":
+            base = base * self.scaling["factor"] ** (d / (d - 2))
+        elif self.scaling:
+            factor = self.scaling["factor"]
+        return base ** (-torch.arange(0, d, 2, dtype=torch.float32) / d) / factor  # [d_h/2]
 
     def _rot(self, x: torch.Tensor, pos: torch.Tensor | None) -> torch.Tensor:
         pos = torch.arange(x.shape[-2]) if pos is None else pos
@@ -94,3 +101,24 @@ def registered(*classes):
     finally:
         registry.SCHEMES.clear()
         registry.SCHEMES.update(saved)
+
+
+class ToyBF16Positions(PositionalScheme):
+    """A *wrong* sinusoidal scheme that holds positions in its float buffer's dtype, so after
+    ``.to(torch.bfloat16)`` neighbouring positions above 256 collapse (the bug posenc avoids)."""
+
+    name = "toy_bf16_positions"
+    hooks = ("embed",)
+    summary = "test-only broken scheme"
+
+    def __init__(self, d_model: int) -> None:
+        super().__init__()
+        self.d_model = d_model
+        self.register_buffer("one", torch.ones(()), persistent=False)
+
+    def embed(self, x, positions=None):
+        pos = torch.arange(x.shape[1]) if positions is None else positions
+        p = pos.to(self.one.dtype).float()  # the bug: positions rounded to the module dtype
+        w = 10000.0 ** (-torch.arange(0, self.d_model, 2).float() / self.d_model)
+        ang = p[:, None] * w  # [s, d/2]
+        return x + torch.stack((ang.sin(), ang.cos()), -1).flatten(-2).to(x.dtype)

@@ -171,6 +171,30 @@ def _vector_positions(probe: Probe, cap: int = 2048) -> int:
     return probe.nominal_len if probe.bounded_length else min(4 * probe.nominal_len, cap)
 
 
+def _lstsq(x: torch.Tensor, ys: list[torch.Tensor], rcond: float = 1e-10) -> list[torch.Tensor]:
+    """Minimum-norm least-squares ``B`` with ``x B ~ y`` for each ``y``, from one SVD of ``x [n, d]``.
+
+    Singular values below ``rcond * max`` are dropped (rank-deficient trajectories: constant or
+    duplicated dimensions). LAPACK's ``gelsy`` mis-estimates the rank on exact duplicates.
+    """
+    u, sv, vh = torch.linalg.svd(x, full_matrices=False)  # [n, r], [r], [r, d]
+    inv = torch.where(sv > rcond * sv.max(), 1.0 / sv, torch.zeros_like(sv))  # [r]
+    return [vh.T @ (inv[:, None] * (u.T @ y)) for y in ys]  # [d, r] @ [r, d'] -> [d, d']
+
+
+def _fit_shifts(enc: torch.Tensor, shifts: list[int]) -> dict[int, tuple[torch.Tensor, float]]:
+    """:func:`fit_shift_map` for several shifts on the same starting rows ``e(0..s-1-max(k))``."""
+    e = enc.double()
+    top = max(shifts)
+    x = e[: e.shape[0] - top]  # [s - K, d]: e(p)
+    ys = [e[k : e.shape[0] - top + k] for k in shifts]  # [s - K, d] each: e(p + k)
+    out = {}
+    for k, y, sol in zip(shifts, ys, _lstsq(x, ys)):
+        resid = torch.linalg.norm(y - x @ sol) / torch.linalg.norm(y).clamp_min(1e-300)
+        out[k] = (sol.T, float(resid))
+    return out
+
+
 def fit_shift_map(enc: torch.Tensor, shift: int) -> tuple[torch.Tensor, float]:
     """Least-squares linear map ``M`` with ``e(p + k) ~ M e(p)`` and its relative residual.
 
@@ -179,13 +203,12 @@ def fit_shift_map(enc: torch.Tensor, shift: int) -> tuple[torch.Tensor, float]:
         shift: ``k`` >= 1, less than ``s``.
 
     Returns:
-        ``(M [d, d], residual)`` with ``residual = |E_{+k} - E M^T|_F / |E_{+k}|_F`` (float64).
+        ``(M [d, d], residual)`` with ``residual = |E_{+k} - E M^T|_F / |E_{+k}|_F`` (float64),
+        the minimum-norm solution when ``E`` is rank-deficient.
     """
-    x = enc[:-shift].double()  # [s-k, d]: e(p)
-    y = enc[shift:].double()  # [s-k, d]: e(p+k)
-    sol = torch.linalg.lstsq(x, y, driver="gelsy").solution  # [d, d] = M^T
-    resid = torch.linalg.norm(y - x @ sol) / torch.linalg.norm(y).clamp_min(1e-300)
-    return sol.T, float(resid)
+    if not 1 <= shift < enc.shape[0]:
+        raise ValueError(f"shift must be in [1, {enc.shape[0] - 1}] for {enc.shape[0]} positions, got {shift}")
+    return _fit_shifts(enc, [shift])[shift]
 
 
 def scheme_frequencies(probe: Probe) -> tuple[torch.Tensor, str]:
@@ -214,7 +237,7 @@ def _frequencies(probe: Probe) -> tuple[torch.Tensor, str]:
     # [n] starting points: the whole table, or every 64th position of [0, 131072)
     pos = torch.arange(probe.nominal_len - 1) if probe.bounded_length else torch.arange(0, 131072, 64)
     x, y = encodings(probe, pos).double(), encodings(probe, pos + 1).double()  # [n, d] each
-    m = torch.linalg.lstsq(x, y, driver="gelsy").solution.T  # [d, d]: y ~ x M^T
+    m = _lstsq(x, [y])[0].T  # [d, d]: y ~ x M^T
     eig = torch.linalg.eigvals(m)  # [d]
     keep = (eig.abs() - 1).abs() < 0.05  # a rotation's eigenvalues lie on the unit circle
     angles = torch.sort(eig[keep].angle().abs(), descending=True).values[0::2]  # one per +-pair
@@ -317,7 +340,7 @@ def _relative_linear_fit(probe: Probe) -> Measurement:
     n = probe.nominal_len if probe.bounded_length else max(4 * width, probe.nominal_len)
     enc = encodings(probe, n)
     shifts = [k for k in (1, 7, 50) if k < n - 2 * width]
-    resid = {k: fit_shift_map(enc, k)[1] for k in shifts}
+    resid = {k: r for k, (_, r) in _fit_shifts(enc, shifts).items()}
     worst = max(resid, key=resid.get)
     return Measurement(
         resid[worst], 1e-4,
