@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 from _analysis_toys import ToyBF16Positions, registered
-
 from posenc.cli import main
 
 

@@ -7,11 +7,11 @@ import math
 
 import pytest
 import torch
-from _analysis_toys import ToyALiBi, ToyRoPE, registered
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import posenc
+from _analysis_toys import ToyALiBi, ToyRoPE, registered
 from posenc.analysis import encodings, kernel_curve, make_probe, positional_kernel, rotation_frequencies
 
 SMALL = {"d_model": 32, "head_dim": 16, "num_heads": 4, "max_len": 64}
@@ -33,7 +33,9 @@ def test_sinusoidal_kernel_matches_the_closed_form_including_far_positions():
     # float32 angles at position 1e5: |error| <= p * 2^-24 per term; 16 terms / sqrt(32)
     torch.testing.assert_close(got[0], sinusoid_kernel_ref(q, k, 32), atol=16 * 1e5 * 2**-24, rtol=0)
     near = positional_kernel("sinusoidal", 8, context=SMALL)[0]
-    torch.testing.assert_close(near, sinusoid_kernel_ref(list(range(8)), list(range(8)), 32), atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        near, sinusoid_kernel_ref(list(range(8)), list(range(8)), 32), atol=1e-6, rtol=0
+    )
 
 
 def test_embed_kernel_with_projection_and_learned_table():
@@ -45,22 +47,30 @@ def test_embed_kernel_with_projection_and_learned_table():
     torch.testing.assert_close(got, ref, atol=1e-7, rtol=1e-6)
     wk = torch.randn(32, 8, dtype=torch.float64)
     got2 = positional_kernel(probe, 10, projection=(w, wk))[0]
-    torch.testing.assert_close(got2, (table[:10] @ w) @ (table[:10] @ wk).T / math.sqrt(8), atol=1e-7, rtol=1e-6)
+    torch.testing.assert_close(
+        got2, (table[:10] @ w) @ (table[:10] @ wk).T / math.sqrt(8), atol=1e-7, rtol=1e-6
+    )
 
 
 def test_rotary_mean_kernel_is_the_trace_formula():
     # E[(R_m c).(R_n c)] over c ~ N(0, I) = trace(R_m^T R_n) = 2 sum_i cos((m - n) theta_i)
     with registered(ToyRoPE):
-        got = positional_kernel("toy_rope", torch.tensor([0, 9, 40]), torch.tensor([0, 2, 40]), context=SMALL)[0]
+        got = positional_kernel(
+            "toy_rope", torch.tensor([0, 9, 40]), torch.tensor([0, 2, 40]), context=SMALL
+        )[0]
     theta = [10000 ** (-2 * i / 16) for i in range(8)]
-    ref = torch.tensor([[2 * sum(math.cos((m - n) * t) for t in theta) / 4.0 for n in (0, 2, 40)] for m in (0, 9, 40)],
-                       dtype=torch.float64)
+    ref = torch.tensor(
+        [[2 * sum(math.cos((m - n) * t) for t in theta) / 4.0 for n in (0, 2, 40)] for m in (0, 9, 40)],
+        dtype=torch.float64,
+    )
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
 
 
 def test_rotary_random_kernel_matches_a_plain_rope_reference():
     with registered(ToyRoPE):
-        got = positional_kernel("toy_rope", 6, torch.tensor([0, 3, 50]), content="random", seed=5, context=SMALL)[0]
+        got = positional_kernel(
+            "toy_rope", 6, torch.tensor([0, 3, 50]), content="random", seed=5, context=SMALL
+        )[0]
     g = torch.Generator().manual_seed(5)
     q, k = torch.randn(2, 1, 16, generator=g).double()
 
@@ -99,11 +109,15 @@ def test_rotation_frequencies_read_off_the_rotation():
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-9)
 
 
-@pytest.mark.skipif("rope" not in posenc.schemes(), reason="rope not registered yet (rotary branch not merged)")
+@pytest.mark.skipif(
+    "rope" not in posenc.schemes(), reason="rope not registered yet (rotary branch not merged)"
+)
 def test_rotation_frequencies_of_rope_match_its_public_frequencies():
     inv_freq, _ = posenc.rope_frequencies(128, base=10000.0)
     got = rotation_frequencies(posenc.build("rope", head_dim=128))
-    torch.testing.assert_close(got, torch.sort(inv_freq.double(), descending=True).values, rtol=1e-5, atol=1e-9)
+    torch.testing.assert_close(
+        got, torch.sort(inv_freq.double(), descending=True).values, rtol=1e-5, atol=1e-9
+    )
 
 
 def test_encodings_of_2d_scheme_probe_its_first_axis_and_keep_dtype():

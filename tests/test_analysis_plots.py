@@ -8,9 +8,9 @@ import sys
 
 import matplotlib.pyplot as plt
 import pytest
-from _analysis_toys import ToyALiBi, ToyRoPE, registered
 
 import posenc
+from _analysis_toys import ToyALiBi, ToyRoPE, registered
 from posenc.analysis import make_probe
 from posenc.analysis.plots import PLOT_KINDS, applicable_kinds, plot, render
 
@@ -29,7 +29,7 @@ def test_every_kind_renders_for_every_applicable_registered_scheme(tmp_path):
                 written.setdefault(kind, []).append(name)
     assert set(written) == set(PLOT_KINDS)  # every kind was drawn for at least one scheme
     assert "toy_alibi" in written["bias"] and "toy_rope" in written["scalings"]
-    assert "nope" not in sum(written.values(), [])
+    assert all("nope" not in names for names in written.values())
     assert not plt.get_fignums()  # every figure was closed
 
 
@@ -38,7 +38,9 @@ def test_svg_output_and_kinds_by_hook(tmp_path):
     text = path.read_text()
     assert text.lstrip().startswith("<?xml") and "<svg" in text and len(text) > 5000
     with registered(ToyALiBi, ToyRoPE):
-        assert "bias" in applicable_kinds("toy_alibi", SMALL) and "heatmap" not in applicable_kinds("toy_alibi", SMALL)
+        assert "bias" in applicable_kinds("toy_alibi", SMALL) and "heatmap" not in applicable_kinds(
+            "toy_alibi", SMALL
+        )
         assert {"heatmap", "frequencies", "scalings"} <= set(applicable_kinds("toy_rope", SMALL))
     assert "frequencies" not in applicable_kinds("learned", SMALL)  # a random table has no frequencies
     assert applicable_kinds("nope", SMALL) == []
@@ -47,7 +49,9 @@ def test_svg_output_and_kinds_by_hook(tmp_path):
 def test_errors_list_the_kinds(tmp_path):
     with pytest.raises(ValueError, match="unknown plot kind 'heat'; valid values: 'heatmap'"):
         render("sinusoidal", "heat", context=SMALL)
-    with pytest.raises(ValueError, match="plot kind 'bias' does not apply to 'sinusoidal'.*applicable kinds: heatmap"):
+    with pytest.raises(
+        ValueError, match=r"plot kind 'bias' does not apply to 'sinusoidal'.*applicable kinds: heatmap"
+    ):
         render("sinusoidal", "bias", context=SMALL)
     with pytest.raises(ValueError, match=r"must end in \.png or \.svg"):
         plot("sinusoidal", "heatmap", tmp_path / "x.jpg", context=SMALL)

@@ -7,12 +7,12 @@ import math
 
 import pytest
 import torch
-from _analysis_toys import ToyALiBi, ToyBF16Positions, ToyLearnedBias, ToyRoPE, registered
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import posenc
-from posenc.analysis import PROPERTIES, check, fit_shift_map, make_probe, roformer_bound, seed_claims, verify
+from _analysis_toys import ToyALiBi, ToyBF16Positions, ToyLearnedBias, ToyRoPE, registered
+from posenc.analysis import PROPERTIES, check, fit_shift_map, roformer_bound, seed_claims, verify
 
 SMALL = {"d_model": 32, "head_dim": 16, "num_heads": 4, "max_len": 64}
 
@@ -22,7 +22,8 @@ def by_name(results):
 
 
 def roformer_bound_ref(d: int, r: int, base: float = 10000.0) -> float:
-    """RoFormer section 3.4.3, written plainly: (1/(d/2)) sum_{j=1}^{d/2} |sum_{i=0}^{j-1} e^{i r theta_i}|."""
+    """RoFormer section 3.4.3, written plainly:
+    (1/(d/2)) sum_{j=1}^{d/2} |sum_{i=0}^{j-1} e^{i r theta_i}|."""
     theta = [base ** (-2 * i / d) for i in range(d // 2)]
     total, s = 0.0, 0j
     for t in theta:
@@ -31,7 +32,7 @@ def roformer_bound_ref(d: int, r: int, base: float = 10000.0) -> float:
     return total / (d // 2)
 
 
-# ---------------------------------------------------------------------------------------------- relative_linear
+# ------------------------------------------------------------------------------------ relative_linear
 def test_sinusoidal_shift_map_is_the_block_rotation_at_float64_rounding():
     pe = posenc.sinusoidal_table(64, 8, dtype=torch.float64)  # [64, 8], interleaved sin/cos
     m, resid = fit_shift_map(pe, 1)
@@ -39,8 +40,9 @@ def test_sinusoidal_shift_map_is_the_block_rotation_at_float64_rounding():
     ref = torch.zeros(8, 8, dtype=torch.float64)
     for i in range(4):  # sin((p+1)w) = sin cos w + cos sin w; cos((p+1)w) = cos cos w - sin sin w
         w = 10000 ** (-2 * i / 8)
-        ref[2 * i : 2 * i + 2, 2 * i : 2 * i + 2] = torch.tensor([[math.cos(w), math.sin(w)],
-                                                                  [-math.sin(w), math.cos(w)]])
+        ref[2 * i : 2 * i + 2, 2 * i : 2 * i + 2] = torch.tensor(
+            [[math.cos(w), math.sin(w)], [-math.sin(w), math.cos(w)]]
+        )
     torch.testing.assert_close(m, ref, atol=1e-6, rtol=0)
 
 
@@ -50,7 +52,8 @@ def test_sinusoidal_passes_at_float32_rounding_and_learned_fails():
     assert sin.passed and sin.promised and 2**-26 < sin.value < 50 * 2**-24
     learned = by_name(check("learned", ["relative_linear"]))
     rl = learned["relative_linear"]
-    # random N(0, 0.02^2) rows: a d x d map explains about d/(s - k) of the variance -> residual ~ sqrt(1 - 128/511)
+    # random N(0, 0.02^2) rows: a d x d map explains about d/(s - k) of the variance,
+    # so the residual is about sqrt(1 - 128/511)
     assert rl.passed is False and not rl.promised and rl.status == "no"
     assert abs(rl.value - math.sqrt(1 - 128 / 511)) < 0.05
 
@@ -74,8 +77,9 @@ def test_linear_bias_decays_with_its_slope():
     decay = res["decay"]
     slopes = [2 ** (-8 * h / 4) for h in range(1, 5)]
     assert decay.passed and decay.promised
-    torch.testing.assert_close(torch.tensor(decay.data["slopes"], dtype=torch.float64),
-                               -torch.tensor(slopes, dtype=torch.float64))
+    torch.testing.assert_close(
+        torch.tensor(decay.data["slopes"], dtype=torch.float64), -torch.tensor(slopes, dtype=torch.float64)
+    )
     # the largest step is the shallowest head's slope over max |bias| = slope_0 * 63
     assert decay.value == pytest.approx(-slopes[-1] / (slopes[0] * 63), rel=1e-6)
     assert res["symmetry"].value == 0.0 and res["translation_inv"].value == 0.0
@@ -109,15 +113,21 @@ def test_roformer_bound_matches_the_plain_sum():
     torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.skipif("rope" not in posenc.schemes(), reason="rope not registered yet (rotary branch not merged)")
+@pytest.mark.skipif(
+    "rope" not in posenc.schemes(), reason="rope not registered yet (rotary branch not merged)"
+)
 def test_rope_mean_abs_s_curve_matches_roformer_bound_d128():
     res = by_name(check(posenc.build("rope", head_dim=128), ["decay", "bounded", "translation_inv"]))
     for r in (0, 5, 50, 200):
-        assert res["decay"].data["bound"][r] == pytest.approx(roformer_bound_ref(128, r), rel=1e-9, abs=2 * r * 2**-24 * 8)
+        assert res["decay"].data["bound"][r] == pytest.approx(
+            roformer_bound_ref(128, r), rel=1e-9, abs=2 * r * 2**-24 * 8
+        )
     assert not any(r.broken_promise for r in res.values())
 
 
-@pytest.mark.skipif("alibi" not in posenc.schemes(), reason="alibi not registered yet (bias branch not merged)")
+@pytest.mark.skipif(
+    "alibi" not in posenc.schemes(), reason="alibi not registered yet (bias branch not merged)"
+)
 def test_alibi_decays_linearly_with_its_paper_slopes():
     res = by_name(check(posenc.build("alibi", num_heads=8, causal=False), ["decay"]))["decay"]
     got = torch.tensor(res.data["slopes"], dtype=torch.float64)
@@ -125,7 +135,7 @@ def test_alibi_decays_linearly_with_its_paper_slopes():
     assert res.passed
 
 
-# ---------------------------------------------------------------------------------------------- distinct, bounded
+# ---------------------------------------------------------------------------------- distinct, bounded
 def test_distinct_catches_positions_rounded_to_bf16():
     with registered(ToyBF16Positions):
         res = by_name(check("toy_bf16_positions", context=SMALL | {"max_len": 512}))
@@ -153,11 +163,18 @@ def test_wavelengths_against_the_context_length():
     assert res.value * 512 == pytest.approx(lam[-1], rel=5e-3)  # fitted frequencies
     with registered(ToyRoPE):
         plain = by_name(check("toy_rope", ["wavelengths"], context=SMALL))["wavelengths"]
-        pi = by_name(check("toy_rope", ["wavelengths"], context=SMALL,
-                           config={"scaling": {"rope_type": "linear", "factor": 4.0}}))["wavelengths"]
+        pi = by_name(
+            check(
+                "toy_rope",
+                ["wavelengths"],
+                context=SMALL,
+                config={"scaling": {"rope_type": "linear", "factor": 4.0}},
+            )
+        )["wavelengths"]
     # position interpolation by 4 stretches every wavelength by exactly 4
-    torch.testing.assert_close(torch.tensor(pi.data["wavelength"]), 4 * torch.tensor(plain.data["wavelength"]),
-                               rtol=1e-5, atol=0)
+    torch.testing.assert_close(
+        torch.tensor(pi.data["wavelength"]), 4 * torch.tensor(plain.data["wavelength"]), rtol=1e-5, atol=0
+    )
 
 
 # ---------------------------------------------------------------------------------------------- registry

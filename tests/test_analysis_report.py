@@ -10,9 +10,9 @@ import subprocess
 import tempfile
 
 import pytest
-from _analysis_toys import ToyALiBi, ToyLearnedBias, ToyRoPE, registered
 
 import posenc
+from _analysis_toys import ToyALiBi, ToyLearnedBias, ToyRoPE, registered
 from posenc.analysis import make_probe
 from posenc.analysis.plots import PLOT_KINDS
 from posenc.analysis.report import REPORT_KINDS, build_report
@@ -73,10 +73,24 @@ window.addEventListener("load", () => {
 def _chromium(*args: str) -> subprocess.CompletedProcess:
     with tempfile.TemporaryDirectory() as profile:
         return subprocess.run(
-            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-             "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
-             "--enable-logging=stderr", "--v=0", "--virtual-time-budget=10000", *args],
-            capture_output=True, text=True, timeout=120,
+            [
+                CHROMIUM,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+                f"--user-data-dir={profile}",
+                "--enable-logging=stderr",
+                "--v=0",
+                "--virtual-time-budget=10000",
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
 
 

@@ -118,8 +118,11 @@ def _lazy(func: str) -> Callable:
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
     "list": ("list every scheme with its hooks", _list_args, _list_run),
     "show": ("print an absolute encoding's values as a table", _show_args, _show_run),
-    "verify": ("check every scheme's properties (exit 1 on a broken promise)", _lazy("verify_args"),
-               _lazy("verify_run")),
+    "verify": (
+        "check every scheme's properties (exit 1 on a broken promise)",
+        _lazy("verify_args"),
+        _lazy("verify_run"),
+    ),
     "plot": ("draw one plot of a scheme to a PNG or SVG", _lazy("plot_args"), _lazy("plot_run")),
     "report": ("write the HTML report comparing every scheme", _lazy("report_args"), _lazy("report_run")),
 }

@@ -17,8 +17,13 @@ __all__ = ["plot_args", "plot_run", "report_args", "report_run", "verify_args", 
 # ---------------------------------------------------------------------------------------------- verify
 def verify_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("schemes", nargs="*", metavar="SCHEME", help="schemes to check (default: all registered)")
-    p.add_argument("--property", action="append", dest="properties", metavar="NAME",
-                   help="check only this property (repeatable); default: all")
+    p.add_argument(
+        "--property",
+        action="append",
+        dest="properties",
+        metavar="NAME",
+        help="check only this property (repeatable); default: all",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
@@ -39,17 +44,26 @@ def verify_run(args: argparse.Namespace) -> int:
         thr = "-" if r.threshold is None else f"{r.comparison} {r.threshold:.3g}"
         mark = r.status + ("" if r.promised or not r.applies else "*")
         print(f"{r.scheme:<{w_s}}  {r.property:<{w_p}}  {mark:<6}  {value:>10}  {thr:>12}  {r.reason}")
-    print("\n* not promised by the scheme (informational). "
-          + (f"{len(broken)} broken promise(s): " + ", ".join(f"{r.scheme}.{r.property}" for r in broken)
-             if broken else "Every scheme keeps every property it promises."))
+    print(
+        "\n* not promised by the scheme (informational). "
+        + (
+            f"{len(broken)} broken promise(s): " + ", ".join(f"{r.scheme}.{r.property}" for r in broken)
+            if broken
+            else "Every scheme keeps every property it promises."
+        )
+    )
     return 1 if broken else 0
 
 
 # ---------------------------------------------------------------------------------------------- plot
 def plot_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("scheme", help="a registered scheme, e.g. sinusoidal")
-    p.add_argument("--kind", required=True, metavar="KIND",
-                   help="heatmap, waves, similarity, frequencies, surface, kernel, kernel_curve, bias, scalings")
+    p.add_argument(
+        "--kind",
+        required=True,
+        metavar="KIND",
+        help="heatmap, waves, similarity, frequencies, surface, kernel, kernel_curve, bias, scalings",
+    )
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="output image, .png or .svg")
 
 
@@ -63,9 +77,16 @@ def plot_run(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------------------- report
 def report_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-o", "--output", default="report", metavar="DIR",
-                   help="output folder; the page is DIR/index.html (default: report)")
-    p.add_argument("schemes", nargs="*", metavar="SCHEME", help="schemes to include (default: all registered)")
+    p.add_argument(
+        "-o",
+        "--output",
+        default="report",
+        metavar="DIR",
+        help="output folder; the page is DIR/index.html (default: report)",
+    )
+    p.add_argument(
+        "schemes", nargs="*", metavar="SCHEME", help="schemes to include (default: all registered)"
+    )
 
 
 def report_run(args: argparse.Namespace) -> int:
@@ -73,5 +94,8 @@ def report_run(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     path = build_report(args.output, args.schemes or None)
-    print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB, {time.perf_counter() - t0:.1f} s)", file=sys.stdout)
+    print(
+        f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB, {time.perf_counter() - t0:.1f} s)",
+        file=sys.stdout,
+    )
     return 0

@@ -53,7 +53,13 @@ __all__ = [
 ]
 
 #: What a model offers a scheme when analysis builds it by name (a small Transformer's sizes).
-DEFAULT_CONTEXT: dict[str, Any] = {"d_model": 128, "num_heads": 8, "head_dim": 64, "max_len": 512, "causal": False}
+DEFAULT_CONTEXT: dict[str, Any] = {
+    "d_model": 128,
+    "num_heads": 8,
+    "head_dim": 64,
+    "max_len": 512,
+    "causal": False,
+}
 
 CONTENT_MODES = ("mean", "random")
 
@@ -142,11 +148,15 @@ def make_probe(
     else:
         raise TypeError(f"scheme must be a registry name or a PositionalScheme, got {type(scheme).__name__}")
     d_model = _first_int_attr(module, ("d_model",)) or check_int(ctx["d_model"], "context['d_model']")
-    head_dim = _first_int_attr(module, ("head_dim", "dim")) or check_int(ctx["head_dim"], "context['head_dim']")
+    head_dim = _first_int_attr(module, ("head_dim", "dim")) or check_int(
+        ctx["head_dim"], "context['head_dim']"
+    )
     num_heads = _first_int_attr(module, ("num_heads", "heads")) or check_int(
         ctx["num_heads"], "context['num_heads']"
     )
-    nominal = module.max_len if module.max_len is not None else check_int(ctx["max_len"], "context['max_len']")
+    nominal = (
+        module.max_len if module.max_len is not None else check_int(ctx["max_len"], "context['max_len']")
+    )
     return Probe(name, module, d_model, head_dim, num_heads, int(nominal), bool(ctx.get("causal", False)))
 
 
@@ -243,7 +253,9 @@ def encodings(
     )
 
 
-def rotation_frequencies(scheme: str | PositionalScheme | Probe, context: dict[str, Any] | None = None) -> torch.Tensor:
+def rotation_frequencies(
+    scheme: str | PositionalScheme | Probe, context: dict[str, Any] | None = None
+) -> torch.Tensor:
     """Angular frequencies (radians per position) of a ``rotate`` scheme, read off its rotation.
 
     The map ``q -> R_1 q`` (one position step) is built by rotating the ``d_h`` basis vectors; its
@@ -275,13 +287,18 @@ def _content(probe: Probe, mode: str, seed: int) -> tuple[torch.Tensor, torch.Te
 
 
 def _embed_kernel(probe: Probe, qp: torch.Tensor, kp: torch.Tensor, projection: Any) -> torch.Tensor:
-    pe_q, pe_k = _embed_table(probe, qp, None).double(), _embed_table(probe, kp, None).double()  # [m, d], [n, d]
+    pe_q, pe_k = (
+        _embed_table(probe, qp, None).double(),
+        _embed_table(probe, kp, None).double(),
+    )  # [m, d], [n, d]
     if projection is not None:
         wq, wk = projection if isinstance(projection, (tuple, list)) else (projection, projection)
         for w, nm in ((wq, "projection[0]"), (wk, "projection[1]")):
             if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.shape[0] != probe.d_model:
-                raise ValueError(f"{nm} must be a tensor [d={probe.d_model}, d'], got "
-                                 f"{tuple(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__}")
+                raise ValueError(
+                    f"{nm} must be a tensor [d={probe.d_model}, d'], got "
+                    f"{tuple(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__}"
+                )
         pe_q, pe_k = pe_q @ wq.double(), pe_k @ wk.double()  # [m, d] @ [d, d'] -> [m, d']
     return (pe_q @ pe_k.T / math.sqrt(pe_q.shape[-1]))[None]  # [m, n] -> [1, m, n]
 

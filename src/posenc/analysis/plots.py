@@ -32,15 +32,15 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
+import matplotlib.pyplot as plt
+import torch
+from matplotlib.figure import Figure
 
-from .._validate import check_choice  # noqa: E402
-from ..base import PositionalScheme  # noqa: E402
-from ..registry import config_keys  # noqa: E402
-from .kernel import Probe, encodings, kernel_curve, make_probe, positional_kernel  # noqa: E402
-from .properties import roformer_bound, scheme_frequencies  # noqa: E402
+from .._validate import check_choice
+from ..base import PositionalScheme
+from ..registry import config_keys
+from .kernel import Probe, encodings, kernel_curve, make_probe, positional_kernel
+from .properties import roformer_bound, scheme_frequencies
 
 __all__ = ["FORMATS", "PLOT_KINDS", "ROPE_SCALINGS", "PlotKind", "applicable_kinds", "plot", "render", "save"]
 
@@ -110,8 +110,15 @@ def _heatmap(fig: Figure, probe: Probe) -> None:
     n = _n(probe, 128)
     enc = encodings(probe, n).float()  # [s, d]
     ax = fig.add_subplot()
-    im = ax.imshow(enc.numpy(), aspect="auto", cmap="RdBu_r", origin="lower", interpolation="nearest",
-                   vmin=-float(enc.abs().max()), vmax=float(enc.abs().max()))
+    im = ax.imshow(
+        enc.numpy(),
+        aspect="auto",
+        cmap="RdBu_r",
+        origin="lower",
+        interpolation="nearest",
+        vmin=-float(enc.abs().max()),
+        vmax=float(enc.abs().max()),
+    )
     ax.set_xlabel("dimension i")
     ax.set_ylabel("position p (tokens)")
     ax.set_title(f"{probe.name}: encoding {_what(probe)}, first {n} positions")
@@ -165,7 +172,9 @@ def _surface(fig: Figure, probe: Probe) -> None:
     enc = encodings(probe, n).float()[:, :k]  # [s, 8]
     pos, dim = torch.meshgrid(torch.arange(n), torch.arange(enc.shape[1]), indexing="ij")  # [s, 8] each
     ax = fig.add_subplot(projection="3d")
-    surf = ax.plot_surface(pos.numpy(), dim.numpy(), enc.numpy(), cmap="coolwarm", linewidth=0, antialiased=True)
+    surf = ax.plot_surface(
+        pos.numpy(), dim.numpy(), enc.numpy(), cmap="coolwarm", linewidth=0, antialiased=True
+    )
     ax.set_xlabel("position p (tokens)", labelpad=6)
     ax.set_ylabel("dimension i", labelpad=6)
     ax.set_zlabel("value", labelpad=4)
@@ -180,7 +189,9 @@ def _kernel(fig: Figure, probe: Probe) -> None:
     vmax = float(k[heads].abs().max()) or 1.0
     axes = fig.subplots(1, len(heads), squeeze=False)[0]
     for ax, h in zip(axes, heads):
-        im = ax.imshow(k[h].numpy(), cmap="RdBu_r", origin="lower", vmin=-vmax, vmax=vmax, interpolation="nearest")
+        im = ax.imshow(
+            k[h].numpy(), cmap="RdBu_r", origin="lower", vmin=-vmax, vmax=vmax, interpolation="nearest"
+        )
         ax.set_xlabel("key position n (tokens)")
         ax.set_ylabel("query position m (tokens)")
         ax.set_title(f"head {h}" if k.shape[0] > 1 else "all heads")
@@ -209,10 +220,19 @@ def _kernel_curve(fig: Figure, probe: Probe) -> None:
         dist = torch.arange(0, n)
         bound = roformer_bound(rotation_frequencies(probe), dist)
         ax2 = ax.twinx()
-        ax2.plot(dist.numpy(), bound.numpy(), color="black", ls="--", lw=1, label="RoFormer bound B(r) (right axis)")
+        ax2.plot(
+            dist.numpy(),
+            bound.numpy(),
+            color="black",
+            ls="--",
+            lw=1,
+            label="RoFormer bound B(r) (right axis)",
+        )
         ax2.set_ylabel("RoFormer bound B(r)")
     handles = [h for a in fig.axes for h in a.get_legend_handles_labels()[0]]
-    fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 5), fontsize=8, frameon=False)
+    fig.legend(
+        handles=handles, loc="outside lower center", ncols=min(len(handles), 5), fontsize=8, frameon=False
+    )
 
 
 def _bias(fig: Figure, probe: Probe) -> None:
@@ -220,10 +240,16 @@ def _bias(fig: Figure, probe: Probe) -> None:
     r, curve = kernel_curve(positional_kernel(probe, n))  # [2n-1], [h, 2n-1]
     ax1, ax2 = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.2, 1]})
     vmax = float(curve.abs().max()) or 1.0
-    im = ax1.imshow(curve.numpy(), aspect="auto", cmap="magma", origin="lower", interpolation="nearest",
-                    extent=(float(r[0]) - 0.5, float(r[-1]) + 0.5, -0.5, curve.shape[0] - 0.5),
-                    vmin=-vmax if float(curve.min()) < 0 and float(curve.max()) > 0 else None,
-                    vmax=vmax if float(curve.min()) < 0 and float(curve.max()) > 0 else None)
+    im = ax1.imshow(
+        curve.numpy(),
+        aspect="auto",
+        cmap="magma",
+        origin="lower",
+        interpolation="nearest",
+        extent=(float(r[0]) - 0.5, float(r[-1]) + 0.5, -0.5, curve.shape[0] - 0.5),
+        vmin=-vmax if float(curve.min()) < 0 and float(curve.max()) > 0 else None,
+        vmax=vmax if float(curve.min()) < 0 and float(curve.max()) > 0 else None,
+    )
     ax1.set_xlabel("relative distance m − n (tokens)")
     ax1.set_ylabel("head")
     ax1.set_title("bias per head")
@@ -238,8 +264,13 @@ def _bias(fig: Figure, probe: Probe) -> None:
 
 
 def _scalings(fig: Figure, probe: Probe) -> None:
-    ctx = {"d_model": probe.d_model, "head_dim": probe.head_dim, "num_heads": probe.num_heads,
-           "max_len": probe.nominal_len, "causal": probe.causal}
+    ctx = {
+        "d_model": probe.d_model,
+        "head_dim": probe.head_dim,
+        "num_heads": probe.num_heads,
+        "max_len": probe.nominal_len,
+        "causal": probe.causal,
+    }
     curves: dict[str, torch.Tensor] = {}
     for label, scaling in ROPE_SCALINGS.items():
         try:
@@ -256,7 +287,9 @@ def _scalings(fig: Figure, probe: Probe) -> None:
             ax2.plot(range(len(lam)), (lam / ref).numpy(), lw=1.3, label=label, color=color)
     for ax in (ax1,):
         ax.axhline(probe.nominal_len, color="tab:red", ls="--", lw=1, label=f"L = {probe.nominal_len}")
-        ax.axhline(4 * probe.nominal_len, color="tab:red", ls=":", lw=1, label=f"4L = {4 * probe.nominal_len}")
+        ax.axhline(
+            4 * probe.nominal_len, color="tab:red", ls=":", lw=1, label=f"4L = {4 * probe.nominal_len}"
+        )
     ax1.set_xlabel("frequency pair i")
     ax1.set_ylabel("wavelength (tokens, log)")
     ax1.set_title("wavelength per pair")
@@ -290,13 +323,17 @@ def _probe(scheme: str | PositionalScheme | Probe, context: dict[str, Any] | Non
     return scheme if isinstance(scheme, Probe) else make_probe(scheme, context)
 
 
-def applicable_kinds(scheme: str | PositionalScheme | Probe, context: dict[str, Any] | None = None) -> list[str]:
+def applicable_kinds(
+    scheme: str | PositionalScheme | Probe, context: dict[str, Any] | None = None
+) -> list[str]:
     """The plot kinds that apply to a scheme."""
     probe = _probe(scheme, context)
     return [name for name, k in PLOT_KINDS.items() if k.applies(probe) is None]
 
 
-def render(scheme: str | PositionalScheme | Probe, kind: str, *, context: dict[str, Any] | None = None) -> Figure:
+def render(
+    scheme: str | PositionalScheme | Probe, kind: str, *, context: dict[str, Any] | None = None
+) -> Figure:
     """Draw one plot kind for one scheme on a new figure (close it with ``plt.close(fig)``).
 
     Raises:
@@ -306,8 +343,10 @@ def render(scheme: str | PositionalScheme | Probe, kind: str, *, context: dict[s
     probe = _probe(scheme, context)
     reason = spec.applies(probe)
     if reason is not None:
-        raise ValueError(f"plot kind {kind!r} does not apply to {probe.name!r}: {reason}; applicable kinds: "
-                         + (", ".join(applicable_kinds(probe)) or "none"))
+        raise ValueError(
+            f"plot kind {kind!r} does not apply to {probe.name!r}: {reason}; applicable kinds: "
+            + (", ".join(applicable_kinds(probe)) or "none")
+        )
     fig = plt.figure(figsize=spec.size, layout="constrained")
     try:
         spec.draw(fig, probe)

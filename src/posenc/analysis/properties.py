@@ -4,23 +4,24 @@ Each entry of :data:`PROPERTIES` measures one number for a scheme (through its h
 positional kernel, never by scheme name), compares it with a threshold, and says whether the
 property applies to that scheme and whether the scheme *promises* it:
 
-=====================  ======================================================================  =======================
-property               measured value                                                          passes when
-=====================  ======================================================================  =======================
-``distinct_fp32``      min over p != p' of ``|e(p) - e(p')| / median |e|`` (also bf16, fp16)  ``> 0``
-``bounded``            ``max |PE(p)_i|`` (embed) / ``max | |R_p x| / |x| - 1 |`` (rotate)      ``<= 1`` / ``<= 1e-5``
-``relative_linear``    residual of the least-squares fit ``e(p + k) ~ M_k e(p)``               ``<= 1e-4``
-``translation_inv``    ``max |K(m+t, n+t) - K(m, n)| / max |K|``                                ``<= 1e-5 + 8 eps32 P``
-``decay``              bias: largest rise of ``K`` with distance; rotate: RoFormer bound      ``<= 0`` / ``< 0.5``
-                       far/near; embed: ``mean |K(r)|`` far / ``|K(0)|``
-``symmetry``           ``max |K - K^T| / max |K|``                                             ``<= 1e-6`` (info)
-``beyond_length``      fraction of finite kernel values at positions ``[4L - 32, 4L)``         ``>= 1``
-``wavelengths``        longest wavelength ``2 pi / theta_min`` over the context length ``L``   ``> 1``
-=====================  ======================================================================  =======================
+==================  ===========================================================  ====================
+property            measured value                                               passes when
+==================  ===========================================================  ====================
+``distinct_fp32``   min over p != p' of ``|e(p) - e(p')| / median |e|``          ``> 0``
+                    (also ``distinct_bf16``, ``distinct_fp16`` after ``.to``)
+``bounded``         embed: ``max |PE(p)_i|``; rotate: ``max ||R_p x|/|x| - 1|``   ``<= 1``; ``<= 1e-5``
+``relative_linear`` residual of the least-squares fit ``e(p + k) ~ M_k e(p)``    ``<= 1e-4``
+``translation_inv`` ``max |K(m+t, n+t) - K(m, n)| / max |K|``                     ``<= 1e-5 + 8 eps P``
+``decay``           bias: largest rise of ``K`` with distance / ``max |K|``;     ``<= 1e-6``;
+                    rotate: RoFormer bound far / near; embed: ``|K|`` far/near   ``< 0.5``
+``symmetry``        ``max |K - K^T| / max |K|``                                  ``<= 1e-6`` (info)
+``beyond_length``   fraction of finite kernel values at positions near ``4L``    ``>= 1``
+``wavelengths``     longest wavelength ``2 pi / theta_min`` over context ``L``    ``> 1``
+==================  ===========================================================  ====================
 
 ``e(p)`` is :func:`~posenc.analysis.kernel.encodings` (``PE(p)``, or ``R_p u`` for rotations),
 ``K`` the positional kernel, ``L`` the nominal length (``max_len`` or the context's), ``P`` the
-largest position used, ``eps32 = 2^-24``.
+largest position used, ``eps = 2^-24`` (float32 rounding).
 
 **Promises.** ``posenc verify`` fails (exit 1) only when a scheme breaks a property it promises.
 A scheme class may declare ``promises = ("decay", ...)``; otherwise the rules are: every scheme
@@ -28,8 +29,8 @@ with a per-position vector promises distinct positions; formula schemes without 
 (``max_len is None``) promise the relative-position properties (``relative_linear``,
 ``translation_inv``, ``beyond_length``); schemes without trainable parameters promise
 ``bounded`` (rotations: when one step preserves norms) and ``wavelengths``; rotations and
-fixed biases without trainable parameters promise ``decay``; ``symmetry`` is informational. A learned table at init breaks translation invariance, and the
-report says so without failing.
+fixed biases without trainable parameters promise ``decay``; ``symmetry`` is informational.
+A learned table at init breaks translation invariance, and the report says so without failing.
 
 Legend: ``s`` positions, ``d`` width, ``h`` heads, ``r`` relative distance.
 """
@@ -74,7 +75,7 @@ class PropertyResult:
         property: the property's name (a key of :data:`PROPERTIES`).
         applies: whether the property makes sense for this scheme; ``reason`` says why not.
         value: the measured number (``None`` when it does not apply).
-        threshold: what ``value`` is compared with, using ``comparison`` (``"<="``, ``"<"``, ``">"``, ``">="``).
+        threshold: what ``value`` is compared with, using ``comparison`` (``<=``, ``<``, ``>``, ``>=``).
         passed: ``value comparison threshold`` (``None`` when it does not apply).
         promised: whether the scheme promises the property (a failure then fails ``posenc verify``).
         reason: why it does not apply, or what was measured and how.
@@ -207,7 +208,9 @@ def fit_shift_map(enc: torch.Tensor, shift: int) -> tuple[torch.Tensor, float]:
         the minimum-norm solution when ``E`` is rank-deficient.
     """
     if not 1 <= shift < enc.shape[0]:
-        raise ValueError(f"shift must be in [1, {enc.shape[0] - 1}] for {enc.shape[0]} positions, got {shift}")
+        raise ValueError(
+            f"shift must be in [1, {enc.shape[0] - 1}] for {enc.shape[0]} positions, got {shift}"
+        )
     return _fit_shifts(enc, [shift])[shift]
 
 
@@ -278,7 +281,8 @@ def _distinct(dtype: torch.dtype) -> Callable[[Probe], Measurement]:
         i, j = divmod(int(dist.argmin()), n)
         collisions = int((dist == 0).sum()) // 2
         return Measurement(
-            float(dist.min()) / scale, 0.0,
+            float(dist.min()) / scale,
+            0.0,
             f"{n} positions in {str(dtype).removeprefix('torch.')}; closest pair ({i}, {j}); "
             f"{collisions} identical pair(s)",
         )
@@ -291,7 +295,9 @@ def _bounded(probe: Probe) -> Measurement:
     if probe.bounded_length:
         pos = torch.arange(n)
     else:  # dense near 0, then sparse out to 16 L
-        pos = torch.unique(torch.cat([torch.arange(n), torch.linspace(0, 16 * probe.nominal_len, 512).long()]))
+        pos = torch.unique(
+            torch.cat([torch.arange(n), torch.linspace(0, 16 * probe.nominal_len, 512).long()])
+        )
     if "embed" in probe.hooks:
         top = float(encodings(probe, pos).abs().max())
         return Measurement(top, 1.0, f"max |PE(p)_i| over {pos.numel()} positions up to {int(pos.max())}")
@@ -302,8 +308,11 @@ def _bounded(probe: Probe) -> Measurement:
     rq, rk = _rotate_rows(probe, x, pos, None)  # [1, s, d_h] each
     ratio = torch.cat([rq, rk], 0).double().norm(dim=-1) / x.double().norm()  # [2, s]
     dev = float((ratio - 1).abs().max())
-    return Measurement(dev, 1e-5, f"max | |R_p x| / |x| - 1 | for q and k over {pos.numel()} positions "
-                       f"up to {int(pos.max())}")
+    return Measurement(
+        dev,
+        1e-5,
+        f"max | |R_p x| / |x| - 1 | for q and k over {pos.numel()} positions up to {int(pos.max())}",
+    )
 
 
 def _bounded_promised(probe: Probe) -> bool:
@@ -314,7 +323,9 @@ def _bounded_promised(probe: Probe) -> bool:
 
         x = torch.randn(1, probe.head_dim, generator=torch.Generator().manual_seed(1))
         rq, rk = _rotate_rows(probe, x, torch.tensor([1]), None)
-        return bool(torch.allclose(rq.norm(), x.norm(), rtol=1e-5) and torch.allclose(rk.norm(), x.norm(), rtol=1e-5))
+        return bool(
+            torch.allclose(rq.norm(), x.norm(), rtol=1e-5) and torch.allclose(rk.norm(), x.norm(), rtol=1e-5)
+        )
     return True
 
 
@@ -324,8 +335,10 @@ def _relative_linear_applies(probe: Probe) -> str | None:
         return reason
     width = probe.d_model if "embed" in probe.hooks else probe.head_dim
     if probe.bounded_length and probe.nominal_len < 2 * width + 50:
-        return (f"only {probe.nominal_len} positions for a {width}-dim map: a linear fit would be trivially "
-                f"exact; needs max_len >= {2 * width + 50}")
+        return (
+            f"only {probe.nominal_len} positions for a {width}-dim map: a linear fit would be trivially "
+            f"exact; needs max_len >= {2 * width + 50}"
+        )
     return None
 
 
@@ -343,7 +356,8 @@ def _relative_linear_fit(probe: Probe) -> Measurement:
     resid = {k: r for k, (_, r) in _fit_shifts(enc, shifts).items()}
     worst = max(resid, key=resid.get)
     return Measurement(
-        resid[worst], 1e-4,
+        resid[worst],
+        1e-4,
         f"least-squares M_k over {n} positions, k in {shifts}; worst k={worst}",
         {"residuals": resid},
     )
@@ -362,7 +376,8 @@ def _translation(probe: Probe) -> Measurement:
     worst = max(diffs, key=diffs.get)
     top = max(shifts) + n
     return Measurement(
-        diffs[worst] if scale > 0 else 0.0, 1e-5 + 8 * EPS32 * top,
+        diffs[worst] if scale > 0 else 0.0,
+        1e-5 + 8 * EPS32 * top,
         f"{n} x {n} kernel vs shifted by t in {shifts}; worst t={worst}; threshold = float32 angle "
         f"rounding at position {top}",
         {"diffs": diffs},
@@ -376,10 +391,13 @@ def _decay(probe: Probe) -> Measurement:
         past = curve[:, r >= 0]  # [h, n]: keys at distance 0..n-1 before the query
         rise = float((past[:, 1:] - past[:, :-1]).max())
         dist = torch.arange(n, dtype=torch.float64)
-        slope = ((past - past.mean(-1, keepdim=True)) * (dist - dist.mean())).sum(-1) / ((dist - dist.mean()) ** 2).sum()
+        slope = ((past - past.mean(-1, keepdim=True)) * (dist - dist.mean())).sum(-1) / (
+            (dist - dist.mean()) ** 2
+        ).sum()
         scale = float(past.abs().max()) or 1.0
         return Measurement(
-            rise / scale, 1e-6,
+            rise / scale,
+            1e-6,
             "largest rise of the mean bias from one key distance to the next (relative to max |bias|), "
             f"keys 0..{n - 1} before the query",
             {"distance": dist.tolist(), "curve": past.tolist(), "slopes": slope.tolist()},
@@ -388,17 +406,21 @@ def _decay(probe: Probe) -> Measurement:
         theta = rotation_frequencies(probe)
         dist = torch.arange(n + 1)
         bound = roformer_bound(theta, dist)
-        far = float(bound[n // 2:].mean() / bound[0])
+        far = float(bound[n // 2 :].mean() / bound[0])
         return Measurement(
-            far, 0.5,
-            f"RoFormer bound B(r) = mean_j |sum_(i<j) e^(i r theta_i)|: mean over r in [{n // 2}, {n}] / B(0)",
+            far,
+            0.5,
+            f"RoFormer bound B(r) = mean_j |sum_(i<j) e^(i r theta_i)|: "
+            f"mean over r in [{n // 2}, {n}] / B(0)",
             {"distance": dist.tolist(), "bound": bound.tolist()},
         )
     r, curve = kernel_curve(positional_kernel(probe, n))
     past = curve[0, r >= 0]  # [n]
-    far = float(past[n // 2:].abs().mean() / past[0].abs().clamp_min(1e-30))
+    far = float(past[n // 2 :].abs().mean() / past[0].abs().clamp_min(1e-30))
     return Measurement(
-        far, 0.5, f"mean |K(r)| over r in [{n // 2}, {n}) / |K(0)|",
+        far,
+        0.5,
+        f"mean |K(r)| over r in [{n // 2}, {n}) / |K(0)|",
         {"distance": list(range(n)), "curve": past.tolist()},
     )
 
@@ -417,11 +439,19 @@ def _beyond(probe: Probe) -> Measurement:
     try:
         k = positional_kernel(probe, pos)
     except (ValueError, IndexError, RuntimeError) as err:
-        return Measurement(0.0, 1.0, f"positions {far - 32}..{far - 1} (4x nominal length {probe.nominal_len}) "
-                           f"raise: {str(err).splitlines()[0]}")
+        return Measurement(
+            0.0,
+            1.0,
+            f"positions {far - 32}..{far - 1} (4x nominal length {probe.nominal_len}) "
+            f"raise: {str(err).splitlines()[0]}",
+        )
     frac = float(torch.isfinite(k).double().mean())
-    return Measurement(frac, 1.0, f"fraction of finite kernel values at positions {far - 32}..{far - 1} "
-                       f"(4x nominal length {probe.nominal_len})")
+    return Measurement(
+        frac,
+        1.0,
+        f"fraction of finite kernel values at positions {far - 32}..{far - 1} "
+        f"(4x nominal length {probe.nominal_len})",
+    )
 
 
 def _wavelengths_applies(probe: Probe) -> str | None:
@@ -433,7 +463,9 @@ def _wavelengths_applies(probe: Probe) -> str | None:
         if lin:
             return lin
         if _relative_linear(probe).value > 1e-4:
-            return "PE(p+1) is not a fixed linear map of PE(p) (relative_linear fails): no frequencies to read"
+            return (
+                "PE(p+1) is not a fixed linear map of PE(p) (relative_linear fails): no frequencies to read"
+            )
     return None
 
 
@@ -447,9 +479,12 @@ def _wavelengths(probe: Probe) -> Measurement:
     inside = int((lam <= ctx).sum())
     still = int((theta <= 1e-9).sum())
     unresolved = int(torch.isnan(theta).sum())
-    extra = (f"; {still} constant pair(s)" if still else "") + (f"; {unresolved} unresolved" if unresolved else "")
+    extra = (f"; {still} constant pair(s)" if still else "") + (
+        f"; {unresolved} unresolved" if unresolved else ""
+    )
     return Measurement(
-        float(lam.max()) / ctx, 1.0,
+        float(lam.max()) / ctx,
+        1.0,
         f"{inside} of {theta.numel()} frequency pairs complete a period within L={ctx}; longest wavelength "
         f"{float(lam.max()):.4g} positions ({how} frequencies){extra}",
         {"theta": theta.tolist(), "wavelength": (2 * math.pi / theta).tolist(), "inside": inside},
@@ -486,32 +521,95 @@ def _register(p: Property) -> None:
 
 
 for _dt, _nm in ((torch.float32, "fp32"), (torch.bfloat16, "bf16"), (torch.float16, "fp16")):
-    _register(Property(
-        f"distinct_{_nm}", f"distinct positions ({_nm})",
-        f"min over p≠p' of |e(p) − e(p')| / median |e(p)|, module cast to {_nm}", ">",
-        _needs_vectors, _distinct(_dt), _always,
-    ))
-_register(Property("bounded", "bounded values",
-                   "embed: max |PE(p)ᵢ| ≤ 1; rotate: |R_p x| = |x| (max relative change)", "<=",
-                   _needs_vectors, _bounded, _bounded_promised))
-_register(Property("relative_linear", "PE(p+k) = M_k PE(p)",
-                   "relative residual of the least-squares fit e(p+k) ≈ M_k e(p), k ∈ {1, 7, 50}", "<=",
-                   _relative_linear_applies, _relative_linear, _functional))
-_register(Property("translation_inv", "translation invariance",
-                   "max |K(m+t, n+t) − K(m, n)| / max |K|: the kernel depends only on m − n", "<=",
-                   _no_hooks, _translation, _functional))
-_register(Property("decay", "decay with distance",
-                   "bias: largest rise of K(r) with r; rotate: RoFormer bound B(far)/B(0); "
-                   "embed: mean |K(far)| / |K(0)|", "<=",
-                   _no_hooks, _decay, _decay_promised))
-_register(Property("symmetry", "symmetry", "max |K(m, n) − K(n, m)| / max |K| (informational)", "<=",
-                   _no_hooks, _symmetry, _never))
-_register(Property("beyond_length", "defined beyond nominal length",
-                   "fraction of finite K at positions around 4L", ">=",
-                   _no_hooks, _beyond, _functional))
-_register(Property("wavelengths", "wavelengths vs context",
-                   "longest wavelength 2π/θ_min over the context length L; how many pairs wrap within L", ">",
-                   _wavelengths_applies, _wavelengths, _formula))
+    _register(
+        Property(
+            f"distinct_{_nm}",
+            f"distinct positions ({_nm})",
+            f"min over p≠p' of |e(p) − e(p')| / median |e(p)|, module cast to {_nm}",
+            ">",
+            _needs_vectors,
+            _distinct(_dt),
+            _always,
+        )
+    )
+_register(
+    Property(
+        "bounded",
+        "bounded values",
+        "embed: max |PE(p)ᵢ| ≤ 1; rotate: |R_p x| = |x| (max relative change)",
+        "<=",
+        _needs_vectors,
+        _bounded,
+        _bounded_promised,
+    )
+)
+_register(
+    Property(
+        "relative_linear",
+        "PE(p+k) = M_k PE(p)",
+        "relative residual of the least-squares fit e(p+k) ≈ M_k e(p), k ∈ {1, 7, 50}",
+        "<=",
+        _relative_linear_applies,
+        _relative_linear,
+        _functional,
+    )
+)
+_register(
+    Property(
+        "translation_inv",
+        "translation invariance",
+        "max |K(m+t, n+t) − K(m, n)| / max |K|: the kernel depends only on m − n",
+        "<=",
+        _no_hooks,
+        _translation,
+        _functional,
+    )
+)
+_register(
+    Property(
+        "decay",
+        "decay with distance",
+        "bias: largest rise of K(r) with r; rotate: RoFormer bound B(far)/B(0); "
+        "embed: mean |K(far)| / |K(0)|",
+        "<=",
+        _no_hooks,
+        _decay,
+        _decay_promised,
+    )
+)
+_register(
+    Property(
+        "symmetry",
+        "symmetry",
+        "max |K(m, n) − K(n, m)| / max |K| (informational)",
+        "<=",
+        _no_hooks,
+        _symmetry,
+        _never,
+    )
+)
+_register(
+    Property(
+        "beyond_length",
+        "defined beyond nominal length",
+        "fraction of finite K at positions around 4L",
+        ">=",
+        _no_hooks,
+        _beyond,
+        _functional,
+    )
+)
+_register(
+    Property(
+        "wavelengths",
+        "wavelengths vs context",
+        "longest wavelength 2π/θ_min over the context length L; how many pairs wrap within L",
+        ">",
+        _wavelengths_applies,
+        _wavelengths,
+        _formula,
+    )
+)
 
 # the rotate/embed decay ratios are "<" a threshold, the bias rise "<=": one comparison per probe
 _DECAY_CMP = {"score_bias": "<=", "rotate": "<", "embed": "<"}
@@ -541,10 +639,21 @@ def _run_one(prop: Property, probe: Probe) -> PropertyResult:
     try:
         m = prop.measure(probe)
     except (ValueError, TypeError, RuntimeError, IndexError) as err:
-        return PropertyResult(probe.name, prop.name, True, None, None, cmp, False, promised,
-                              f"measurement raised {type(err).__name__}: {str(err).splitlines()[0]}")
+        return PropertyResult(
+            probe.name,
+            prop.name,
+            True,
+            None,
+            None,
+            cmp,
+            False,
+            promised,
+            f"measurement raised {type(err).__name__}: {str(err).splitlines()[0]}",
+        )
     passed = math.isfinite(m.value) and _COMPARE[cmp](m.value, m.threshold)
-    return PropertyResult(probe.name, prop.name, True, m.value, m.threshold, cmp, passed, promised, m.reason, m.data)
+    return PropertyResult(
+        probe.name, prop.name, True, m.value, m.threshold, cmp, passed, promised, m.reason, m.data
+    )
 
 
 def _select(properties: list[str] | tuple[str, ...] | None) -> list[Property]:
@@ -597,8 +706,20 @@ def verify(
         try:
             probe = make_probe(n, context)
         except (ValueError, TypeError) as err:
-            out += [PropertyResult(n, p.name, False, None, None, p.comparison, None, False,
-                                   f"cannot build from the context: {err}") for p in props]
+            out += [
+                PropertyResult(
+                    n,
+                    p.name,
+                    False,
+                    None,
+                    None,
+                    p.comparison,
+                    None,
+                    False,
+                    f"cannot build from the context: {err}",
+                )
+                for p in props
+            ]
             continue
         out += check(probe, [p.name for p in props])
     return out
@@ -624,31 +745,50 @@ def seed_claims() -> list[SeedClaim]:
     dots = pe @ pe.T  # [20, 20]
     iu = torch.triu_indices(20, 20, offset=1)
     avg = float(dots[iu[0], iu[1]].abs().mean())
-    out.append(SeedClaim(
-        "004", "different positions are nearly orthogonal (d=32, max_len=20)",
-        "mean |PE(i)·PE(j)| = 0.0128", f"mean |PE(i)·PE(j)| = {avg:.4f} (|PE|² = d/2 = 16)",
-        "wrong: neighbouring encodings are strongly aligned; PE(i)·PE(j) = Σ cos((i−j)ω_k) depends on i−j",
-        avg,
-    ))
+    out.append(
+        SeedClaim(
+            "004",
+            "different positions are nearly orthogonal (d=32, max_len=20)",
+            "mean |PE(i)·PE(j)| = 0.0128",
+            f"mean |PE(i)·PE(j)| = {avg:.4f} (|PE|² = d/2 = 16)",
+            "wrong: neighbouring encodings are strongly aligned; "
+            "PE(i)·PE(j) = Σ cos((i−j)ω_k) depends only on i−j",
+            avg,
+        )
+    )
     w = sinusoidal_frequencies(512, dtype=torch.float64)
     lam = 2 * math.pi / w
-    out.append(SeedClaim(
-        "000", "the first dimensions have the longest wavelengths",
-        "first dims: long wavelengths", f"dims 0-1: {float(lam[0]):.3f}; dims 510-511: {float(lam[-1]):.4g} (d=512)",
-        "wrong: wavelengths grow with the dimension index, from 2π to almost 2π·10000", float(lam[0]),
-    ))
+    out.append(
+        SeedClaim(
+            "000",
+            "the first dimensions have the longest wavelengths",
+            "first dims: long wavelengths",
+            f"dims 0-1: {float(lam[0]):.3f}; dims 510-511: {float(lam[-1]):.4g} (d=512)",
+            "wrong: wavelengths grow with the dimension index, from 2π to almost 2π·10000",
+            float(lam[0]),
+        )
+    )
     p = sinusoidal_table(torch.tensor([0, 1, 100, 101]), 512, dtype=torch.float64)
     d01, d100 = float((p[1] - p[0]).norm()), float((p[3] - p[2]).norm())
-    out.append(SeedClaim(
-        "002", "positions 0 and 1 differ far more than positions 100 and 101",
-        "|PE(1) − PE(0)| ≫ |PE(101) − PE(100)|", f"{d01:.6f} vs {d100:.6f} (d=512)",
-        "wrong: PE(p+1) = M_1 PE(p) with M_1 a rotation, so every neighbour pair is equally far apart",
-        d01 / d100,
-    ))
+    out.append(
+        SeedClaim(
+            "002",
+            "positions 0 and 1 differ far more than positions 100 and 101",
+            "|PE(1) − PE(0)| ≫ |PE(101) − PE(100)|",
+            f"{d01:.6f} vs {d100:.6f} (d=512)",
+            "wrong: PE(p+1) = M_1 PE(p) with M_1 a rotation, so every neighbour pair is equally far apart",
+            d01 / d100,
+        )
+    )
     low = float(sinusoidal_frequencies(32, dtype=torch.float64).min())
-    out.append(SeedClaim(
-        "004", "printed lowest frequency for d=32", "0.024543",
-        f"{low:.6g} = 10000^(-30/32)",
-        "wrong: the formula's lowest frequency is 1.78e-4, not 0.024543", low,
-    ))
+    out.append(
+        SeedClaim(
+            "004",
+            "printed lowest frequency for d=32",
+            "0.024543",
+            f"{low:.6g} = 10000^(-30/32)",
+            "wrong: the formula's lowest frequency is 1.78e-4, not 0.024543",
+            low,
+        )
+    )
     return out

@@ -59,7 +59,8 @@ _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1280px;margin:0 auto;
 padding:24px;color:#1d1d1f;line-height:1.45}
 h1{margin-bottom:0}h2{border-bottom:2px solid #ddd;padding-bottom:4px;margin-top:40px}
-code,.formula{font-family:ui-monospace,Menlo,Consolas,monospace;background:#f4f4f6;padding:1px 4px;border-radius:3px}
+code,.formula{font-family:ui-monospace,Menlo,Consolas,monospace;background:#f4f4f6;padding:1px 4px;
+border-radius:3px}
 table{border-collapse:collapse;margin:12px 0;font-size:13px}
 th,td{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top}
 th{background:#f0f0f3}
@@ -82,8 +83,10 @@ def figure_data_uri(fig: Any, *, dpi: int = 72) -> str:
 
 
 def _img(uri: str, caption: str) -> str:
-    return (f'<figure><img src="{uri}" alt="{html.escape(caption)}">'
-            f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+    return (
+        f'<figure><img src="{uri}" alt="{html.escape(caption)}">'
+        f"<figcaption>{html.escape(caption)}</figcaption></figure>"
+    )
 
 
 def _fmt(v: float | None) -> str:
@@ -99,8 +102,10 @@ def _property_table(results: dict[str, list[PropertyResult]]) -> str:
     for name, res in results.items():
         cells = []
         for r in res:
-            tip = html.escape(f"{r.reason}; threshold {r.comparison} {_fmt(r.threshold)}; "
-                              f"{'promised' if r.promised else 'not promised'}")
+            tip = html.escape(
+                f"{r.reason}; threshold {r.comparison} {_fmt(r.threshold)}; "
+                f"{'promised' if r.promised else 'not promised'}"
+            )
             text = r.status if r.value is None else f"{r.status}<br><small>{_fmt(r.value)}</small>"
             cells.append(f'<td class="{_STATUS_CLASS[r.status]}" title="{tip}">{text}</td>')
         rows.append(f"<tr><th>{html.escape(name)}</th>{''.join(cells)}</tr>")
@@ -110,8 +115,10 @@ def _property_table(results: dict[str, list[PropertyResult]]) -> str:
 def _property_notes() -> str:
     items = []
     for name, p in PROPERTIES.items():
-        items.append(f"<li><b>{html.escape(name)}</b> — <span class='formula'>{html.escape(p.formula)}</span>"
-                     f" ({html.escape(p.comparison)} threshold). {_EXPLAIN.get(name, '')}</li>")
+        items.append(
+            f"<li><b>{html.escape(name)}</b> — <span class='formula'>{html.escape(p.formula)}</span>"
+            f" ({html.escape(p.comparison)} threshold). {_EXPLAIN.get(name, '')}</li>"
+        )
     return "<ul>" + "".join(items) + "</ul>"
 
 
@@ -128,8 +135,14 @@ def _comparison_figure(probes: Sequence[Probe]) -> str | None:
         c = curve.mean(0)
         past = r >= 0
         scale = float(c[past].abs().max()) or 1.0
-        ax.plot(r[past].numpy(), (c[past] / scale).numpy(), lw=1.3, label=probe.name,
-                color=f"C{idx % 10}", ls="-" if idx < 10 else "--")
+        ax.plot(
+            r[past].numpy(),
+            (c[past] / scale).numpy(),
+            lw=1.3,
+            label=probe.name,
+            color=f"C{idx % 10}",
+            ls="-" if idx < 10 else "--",
+        )
         drawn += 1
     if not drawn:
         plt.close(fig)
@@ -148,8 +161,10 @@ def _seed_table() -> str:
         f"<td>{html.escape(c.measured)}</td><td>{html.escape(c.verdict)}</td></tr>"
         for c in seed_claims()
     )
-    return ("<table><tr><th>seed</th><th>claim</th><th>says</th><th>posenc measures</th><th>verdict</th></tr>"
-            f"{rows}</table>")
+    return (
+        "<table><tr><th>seed</th><th>claim</th><th>says</th><th>posenc measures</th><th>verdict</th></tr>"
+        f"{rows}</table>"
+    )
 
 
 def report_html(
@@ -170,8 +185,10 @@ def report_html(
         try:
             probe = make_probe(name, ctx)
         except (ValueError, TypeError) as err:
-            sections.append(f"<h3 id='{html.escape(name)}'>{html.escape(name)}</h3>"
-                            f"<p class='muted'>cannot be built from the report's context: {html.escape(str(err))}</p>")
+            sections.append(
+                f"<h3 id='{html.escape(name)}'>{html.escape(name)}</h3>"
+                f"<p class='muted'>cannot be built from the report's context: {html.escape(str(err))}</p>"
+            )
             continue
         probes.append(probe)
         results[name] = check(probe)
@@ -182,14 +199,21 @@ def report_html(
                 continue
             figs.append(_img(figure_data_uri(render(probe, kind), dpi=dpi), f"{name}: {spec.title}"))
         broken = [r.property for r in results[name] if r.broken_promise]
-        verdict = (f"<b style='color:#b00'>breaks: {', '.join(broken)}</b>" if broken
-                   else "keeps every property it promises")
+        verdict = (
+            f"<b style='color:#b00'>breaks: {', '.join(broken)}</b>"
+            if broken
+            else "keeps every property it promises"
+        )
         sections.append(
             f"<h3 id='{html.escape(name)}'>{html.escape(name)}</h3>"
-            f"<p>{html.escape(info['summary'])}. Hooks: <code>{html.escape(', '.join(info['hooks']) or 'none')}"
-            f"</code>; nominal length {probe.nominal_len}; {verdict}.</p>"
-            + (f"<div class='figs'>{''.join(figs)}</div>" if figs else
-               "<p class='muted'>no positional hooks: nothing to plot (its kernel is zero).</p>")
+            f"<p>{html.escape(info['summary'])}. Hooks: "
+            f"<code>{html.escape(', '.join(info['hooks']) or 'none')}</code>; "
+            f"nominal length {probe.nominal_len}; {verdict}.</p>"
+            + (
+                f"<div class='figs'>{''.join(figs)}</div>"
+                if figs
+                else "<p class='muted'>no positional hooks: nothing to plot (its kernel is zero).</p>"
+            )
         )
     comparison = _comparison_figure(probes)
     elapsed = time.perf_counter() - t0
@@ -201,7 +225,9 @@ def report_html(
 <meta name="viewport" content="width=device-width, initial-scale=1"><style>{_CSS}</style></head>
 <body>
 <h1>posenc: every positional scheme, seen and checked</h1>
-<p class="muted">posenc {__version__} · torch {torch.__version__} · {len(names)} registered schemes · built from
+<p class="muted">posenc {__version__} · torch {torch.__version__} · {
+        len(names)
+    } registered schemes · built from
 defaults ({html.escape(ctx_text)}), no data · {elapsed:.1f} s</p>
 <p>{toc}</p>
 
@@ -212,25 +238,34 @@ kernel</b> K(m, n):</p>
 <ul>
 <li><code>embed</code> (added to the input): <span class="formula">K(m, n) = PE(m)·PE(n) / √d</span>
 (with an identity projection);</li>
-<li><code>rotate</code> (queries and keys): <span class="formula">K(m, n) = (R<sub>m</sub>q)·(R<sub>n</sub>k) / √d<sub>h</sub></span>;
+<li><code>rotate</code> (queries and keys):
+<span class="formula">K(m, n) = (R<sub>m</sub>q)·(R<sub>n</sub>k) / √d<sub>h</sub></span>;
 the report uses the mean over isotropic content shared by q and k,
 <span class="formula">trace(R<sub>m</sub><sup>T</sup>R<sub>n</sub>) / √d<sub>h</sub></span>;</li>
-<li><code>score_bias</code> (added to the logits): <span class="formula">K<sub>h</sub>(m, n) = bias<sub>h</sub>(m, n)</span>, per head.</li>
+<li><code>score_bias</code> (added to the logits):
+<span class="formula">K<sub>h</sub>(m, n) = bias<sub>h</sub>(m, n)</span>, per head.</li>
 </ul>
-{('<div class="figs">' + _img(comparison, "kernel against distance, every scheme") + "</div>") if comparison else ""}
+{
+        ('<div class="figs">' + _img(comparison, "kernel against distance, every scheme") + "</div>")
+        if comparison
+        else ""
+    }
 
 <h2>Properties</h2>
 <p>Each cell: status and measured value (hover for the threshold and how it was measured).
 <b>pass</b>: holds; <b>FAIL</b>: a property the scheme promises does not hold (<code>posenc verify</code>
 exits 1); <b>no</b>: does not hold and is not promised (e.g. a learned table at init is not
 translation invariant); <b>n/a</b>: does not apply (hover for why).
-{("<b style='color:#b00'>Broken promises: " + html.escape(", ".join(broken_all)) + "</b>") if broken_all
- else "No scheme breaks a property it promises."}</p>
+{
+        ("<b style='color:#b00'>Broken promises: " + html.escape(", ".join(broken_all)) + "</b>")
+        if broken_all
+        else "No scheme breaks a property it promises."
+    }</p>
 {_property_table(results)}
 {_property_notes()}
 
 <h2>Schemes</h2>
-{''.join(sections)}
+{"".join(sections)}
 
 <h2>What the seed notes got wrong</h2>
 <p>Measured with posenc's own sinusoidal encoding (DESIGN.md section 8).</p>
@@ -244,7 +279,8 @@ barely change over the context.</li>
 length L (dashed): pairs below the line complete a period inside the context.</li>
 <li><b>kernel against distance</b>: the mean of K(m, m − r) over m; for rotations the dashed line is
 RoFormer's decay bound.</li>
-<li><b>bias per head</b>: each head's bias against m − n; ALiBi's heads are lines with slopes 2<sup>−8h/H</sup>.</li>
+<li><b>bias per head</b>: each head's bias against m − n; ALiBi's heads are lines with slopes
+2<sup>−8h/H</sup>.</li>
 <li><b>kernel</b>: K(m, n) as an image; translation invariance shows as constant diagonals.</li>
 <li><b>scalings</b>: how linear (PI), NTK, YaRN and Llama 3 scaling stretch each pair's wavelength.</li>
 </ul>
