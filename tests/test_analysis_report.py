@@ -13,9 +13,9 @@ import pytest
 
 import posenc
 from _analysis_toys import ToyALiBi, ToyLearnedBias, ToyRoPE, registered
-from posenc.analysis import make_probe
+from posenc.analysis import check, make_probe
 from posenc.analysis.plots import PLOT_KINDS
-from posenc.analysis.report import REPORT_KINDS, build_report
+from posenc.analysis.report import build_report, report_kinds
 
 SMALL = {"d_model": 32, "head_dim": 16, "num_heads": 4, "max_len": 64}
 IMG = re.compile(r'<img src="([^"]*)"')
@@ -27,9 +27,16 @@ def report(tmp_path_factory):
     with registered(ToyRoPE, ToyALiBi, ToyLearnedBias):
         path = build_report(out, context=SMALL)
         names = posenc.schemes()
-        expected = 1 + sum(  # the comparison figure + each applicable kind per scheme
-            PLOT_KINDS[k].applies(make_probe(n, SMALL)) is None for n in names for k in REPORT_KINDS
-        )
+        kinds = {
+            n: report_kinds(p, check(p, ["translation_inv"])) for n in names for p in [make_probe(n, SMALL)]
+        }
+    expected = 1 + sum(len(k) for k in kinds.values())  # the comparison figure + the kinds per scheme
+    # every kind appears where it applies; the kernel heatmap only where it is not a constant-diagonal image
+    assert kinds["toy_alibi"] == ["kernel_curve", "bias", "kernel"]
+    assert kinds["learned"] == ["heatmap", "kernel_curve", "kernel"]
+    assert kinds["toy_rope"] == ["heatmap", "frequencies", "kernel_curve", "scalings"]
+    drawn = {k for ks in kinds.values() for k in ks}
+    assert kinds["nope"] == [] and set(PLOT_KINDS) - {"waves", "similarity", "surface"} == drawn
     return path, names, expected
 
 
