@@ -168,17 +168,25 @@ def _frequencies(fig: Figure, probe: Probe) -> None:
 
 
 def _surface(fig: Figure, probe: Probe) -> None:
-    n, k = _n(probe, 48), 8
+    n, k = _n(probe, 32), 8
     enc = encodings(probe, n).float()[:, :k]  # [s, 8]
     pos, dim = torch.meshgrid(torch.arange(n), torch.arange(enc.shape[1]), indexing="ij")  # [s, 8] each
     ax = fig.add_subplot(projection="3d")
     surf = ax.plot_surface(
-        pos.numpy(), dim.numpy(), enc.numpy(), cmap="coolwarm", linewidth=0, antialiased=True
+        pos.numpy(),
+        dim.numpy(),
+        enc.numpy(),
+        cmap="coolwarm",
+        linewidth=0,
+        antialiased=True,
+        vmin=-float(enc.abs().max()),
+        vmax=float(enc.abs().max()),
     )
     ax.set_xlabel("position p (tokens)", labelpad=6)
     ax.set_ylabel("dimension i", labelpad=6)
     ax.set_zlabel("value", labelpad=4)
     ax.set_title(f"{probe.name}: first {enc.shape[1]} dimensions over position")
+    ax.view_init(elev=30, azim=-50)
     fig.colorbar(surf, ax=ax, shrink=0.6, pad=0.12, label="value")
 
 
@@ -186,17 +194,17 @@ def _kernel(fig: Figure, probe: Probe) -> None:
     n = _n(probe, 128)
     k = positional_kernel(probe, n).float()  # [h, n, n]
     heads = [0] if k.shape[0] == 1 else [0, k.shape[0] - 1]
-    vmax = float(k[heads].abs().max()) or 1.0
     axes = fig.subplots(1, len(heads), squeeze=False)[0]
     for ax, h in zip(axes, heads):
+        vmax = float(k[h].abs().max()) or 1.0  # one colour scale per head: slopes differ by 2^8 in ALiBi
         im = ax.imshow(
             k[h].numpy(), cmap="RdBu_r", origin="lower", vmin=-vmax, vmax=vmax, interpolation="nearest"
         )
         ax.set_xlabel("key position n (tokens)")
         ax.set_ylabel("query position m (tokens)")
         ax.set_title(f"head {h}" if k.shape[0] > 1 else "all heads")
+        fig.colorbar(im, ax=ax, label="logit change (scaled-logit units)", shrink=0.9)
     fig.suptitle(f"{probe.name}: positional kernel K(m, n)")
-    fig.colorbar(im, ax=list(axes), label="logit change (scaled-logit units)")
 
 
 def _kernel_curve(fig: Figure, probe: Probe) -> None:
