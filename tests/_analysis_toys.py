@@ -122,3 +122,42 @@ class ToyBF16Positions(PositionalScheme):
         w = 10000.0 ** (-torch.arange(0, self.d_model, 2).float() / self.d_model)
         ang = p[:, None] * w  # [s, d/2]
         return x + torch.stack((ang.sin(), ang.cos()), -1).flatten(-2).to(x.dtype)
+
+
+class ToyContentBias(PositionalScheme):
+    """Shaw-like bias ``q . a_{clip(m - n)} / sqrt(d_h)`` (linear in q: zero on average) plus a
+    Transformer-XL-like ``rotate`` that adds a global ``u`` to q (the same at every position; it
+    insists on ``num_heads`` heads)."""
+
+    name = "toy_content_bias"
+    hooks = ("rotate", "score_bias")
+    summary = "test-only content-dependent bias"
+
+    def __init__(self, num_heads: int, head_dim: int, max_distance: int = 4) -> None:
+        super().__init__()
+        self.num_heads, self.head_dim, self.max_distance = num_heads, head_dim, max_distance
+        g = torch.Generator().manual_seed(7)
+        self.rel = torch.nn.Parameter(torch.randn(2 * max_distance + 1, head_dim, generator=g))
+        self.u = torch.nn.Parameter(torch.randn(num_heads, head_dim, generator=g))
+
+    def rotate(self, q, k, q_positions=None, k_positions=None):
+        if q.shape[1] != self.num_heads:
+            raise ValueError(f"q must have {self.num_heads} heads, got {q.shape[1]}")
+        return q + self.u[None, :, None, :], k
+
+    def score_bias(self, q_positions, k_positions, q=None):
+        rel = (q_positions[:, None] - k_positions[None, :]).clamp(-self.max_distance, self.max_distance)
+        a = self.rel[rel + self.max_distance]  # [m, n, d_h]
+        return torch.einsum("bhmd,mnd->bhmn", q, a) / self.head_dim**0.5
+
+
+class ToyAxialRoPE(ToyRoPE):
+    """ToyRoPE that takes ``(row, col)`` coordinates ``[s, 2]`` and rotates by the row only."""
+
+    name = "toy_axial_rope"
+
+    def rotate(self, q, k, q_positions=None, k_positions=None):
+        for p in (q_positions, k_positions):
+            if p is None or p.dim() != 2 or p.shape[-1] != 2:
+                raise ValueError("positions must be (row, col) coordinates [s, 2]")
+        return self._rot(q, q_positions[:, 0]), self._rot(k, k_positions[:, 0])

@@ -168,3 +168,28 @@ def test_errors_name_the_argument():
         kernel_curve(torch.zeros(1, 2, 3))
     with pytest.raises(ValueError, match="unknown scheme 'nosuch'"):
         positional_kernel("nosuch", 4)
+
+
+def test_position_free_rotate_is_content_and_content_bias_falls_back_to_random():
+    from _analysis_toys import ToyContentBias
+    from posenc.analysis import display_kernel
+
+    probe = make_probe(ToyContentBias(4, 16), SMALL)
+    # rotate adds u to q at every position: no positional vector, no kernel term
+    assert not probe.rotates and not probe.has_vectors
+    mean = positional_kernel(probe, 6)
+    assert mean.shape == (4, 6, 6) and torch.equal(mean, torch.zeros_like(mean))  # bias linear in q: mean 0
+    shown, content = display_kernel(probe, 6)
+    assert content == "random" and shown.abs().max() > 0
+    torch.testing.assert_close(shown, positional_kernel(probe, 6, content="random"))
+
+
+def test_axial_rotate_is_probed_along_its_first_axis():
+    from _analysis_toys import ToyAxialRoPE
+
+    flat = positional_kernel(ToyRoPE(16), torch.tensor([0, 5, 9]), context=SMALL)
+    axial = positional_kernel(ToyAxialRoPE(16), torch.tensor([0, 5, 9]), context=SMALL)
+    torch.testing.assert_close(axial, flat)
+    torch.testing.assert_close(
+        rotation_frequencies(ToyAxialRoPE(16), SMALL), rotation_frequencies(ToyRoPE(16), SMALL)
+    )

@@ -114,3 +114,14 @@ def test_report_loads_in_headless_chromium(report):
     probe.write_text(path.read_text(encoding="utf-8").replace("</body>", CHECK), encoding="utf-8")
     checked = _chromium("--dump-dom", probe.resolve().as_uri())
     assert f"images loaded {expected}/{expected}" in checked.stdout, checked.stdout[-500:]
+
+
+def test_report_in_one_process_and_errors(tmp_path):
+    from posenc.analysis.report import report_html
+
+    page = report_html(["sinusoidal", "nope"], context=SMALL, workers=1)
+    assert page.count('<img src="data:image/png;base64,') == 4  # heatmap, frequencies, curve + comparison
+    with pytest.raises(ValueError, match="unknown scheme 'nosuch'"):
+        build_report(tmp_path, ["nosuch"])
+    with pytest.raises(ValueError, match="workers must be >= 1, got 0"):
+        report_html(["nope"], workers=0)

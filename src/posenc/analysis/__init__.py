@@ -10,6 +10,7 @@ Legend: ``h`` heads, ``m`` query positions, ``n`` key positions, ``s`` positions
 from .kernel import (
     DEFAULT_CONTEXT,
     Probe,
+    display_kernel,
     encodings,
     kernel_curve,
     make_probe,
@@ -35,6 +36,8 @@ __all__ = [
     "PropertyResult",
     "SeedClaim",
     "check",
+    "display_kernel",
+    "display_kernel",
     "encodings",
     "fit_shift_map",
     "kernel_curve",

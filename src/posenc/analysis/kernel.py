@@ -11,7 +11,9 @@ hook            kernel ``K(m, n)`` (one value per head ``h``)
 ``score_bias``  the bias itself, ``bias[h, m, n]`` (already on the scaled-logit scale)
 ==============  ===================================================================================
 
-and a scheme with several hooks gets the sum. Content is chosen by ``content``:
+and a scheme with several hooks gets the sum. A ``rotate`` hook that does not depend on position
+(Transformer-XL adds its global ``u`` to the queries there) is content, not position, and
+contributes nothing. Content is chosen by ``content``:
 
 * ``"mean"`` (default): the expectation over isotropic unit-variance content shared by query
   and key (``q = k = c``, ``E[c c^T] = I``). For a rotation this is exact and deterministic:
@@ -45,6 +47,7 @@ __all__ = [
     "CONTENT_MODES",
     "DEFAULT_CONTEXT",
     "Probe",
+    "display_kernel",
     "encodings",
     "kernel_curve",
     "make_probe",
@@ -103,9 +106,20 @@ class Probe:
         return any(p.requires_grad for p in self.scheme.parameters())
 
     @property
+    def rotates(self) -> bool:
+        """True when the scheme has a ``rotate`` hook whose output depends on position.
+
+        Transformer-XL uses ``rotate`` to add its global bias ``u`` to the queries: a content
+        term, the same at every position, so it contributes nothing positional.
+        """
+        if "rotates" not in self.cache:
+            self.cache["rotates"] = "rotate" in self.hooks and _rotate_moves(self)
+        return self.cache["rotates"]
+
+    @property
     def has_vectors(self) -> bool:
-        """True when each position has its own vector (``embed`` or ``rotate``)."""
-        return "embed" in self.hooks or "rotate" in self.hooks
+        """True when each position has its own vector (``embed``, or a positional ``rotate``)."""
+        return "embed" in self.hooks or self.rotates
 
 
 def _first_int_attr(obj: object, names: Sequence[str]) -> int | None:
@@ -204,17 +218,66 @@ def _embed_table(probe: Probe, pos: torch.Tensor, dtype: torch.dtype | None) -> 
         return module.embed(torch.zeros(1, s, d, dtype=dt), pos)[0]  # [1, s, d] -> [s, d]
 
 
+def _lift(pos: torch.Tensor, axes: int) -> torch.Tensor:
+    """Positions ``[s]`` as coordinates along the first of ``axes`` axes: ``[s]`` or ``[s, axes]``."""
+    if axes == 1:
+        return pos
+    coords = torch.zeros(pos.numel(), axes, dtype=torch.long)  # [s, n]: (p, 0, ..)
+    coords[:, 0] = pos
+    return coords
+
+
+def _attention_shape(probe: Probe, hook: str) -> tuple[int, int]:
+    """``(heads, axes)`` the scheme's ``rotate``/``score_bias`` accepts: 1 head or ``num_heads``;
+    ``[s]`` positions or ``[s, 2]``/``[s, 3]`` coordinates.
+
+    Found once by trying two-token calls, so axial schemes (2-D RoPE for image patches) are probed
+    along their first axis and per-head schemes get their head count.
+    """
+    key = f"shape_{hook}"
+    if key not in probe.cache:
+        first: Exception | None = None
+        heads_options = (1, probe.num_heads) if hook == "rotate" else (probe.num_heads,)
+        for axes in (1, 2, 3):
+            for heads in heads_options:
+                pos = _lift(torch.arange(2), axes)
+                x = torch.zeros(1, heads, 2, probe.head_dim)  # [1, h, 2, d_h]
+                try:
+                    with torch.no_grad():
+                        if hook == "rotate":
+                            probe.scheme.rotate(x, x, pos, pos)
+                        else:
+                            probe.scheme.score_bias(pos, pos, x)
+                except (ValueError, TypeError, RuntimeError, IndexError) as err:
+                    first = first or err
+                    continue
+                probe.cache[key] = (heads, axes)
+                return probe.cache[key]
+        raise ValueError(f"cannot probe {probe.name!r}.{hook} with 1-D or (p, 0[, 0]) positions: {first}")
+    return probe.cache[key]
+
+
+def _rotate_moves(probe: Probe) -> bool:
+    """Whether ``rotate`` changes with position: random content at positions 0 and 1 differ."""
+    x = torch.randn(2, probe.head_dim, generator=torch.Generator().manual_seed(2))  # [2, d_h]
+    q, k = _rotate_rows(probe, x, torch.tensor([0, 1]), None)  # [2, 2, d_h] each
+    moved = torch.cat([(q[:, 1] - q[:, 0]).abs(), (k[:, 1] - k[:, 0]).abs()])
+    return bool(moved.max() > 1e-6 * x.abs().max())
+
+
 def _rotate_rows(
     probe: Probe, content: torch.Tensor, pos: torch.Tensor, dtype: torch.dtype | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate each content vector at every position: ``content [c, d_h] -> (R q, R k) [c, s, d_h]``."""
+    heads, axes = _attention_shape(probe, "rotate")
+    coords = _lift(pos, axes)  # [s] or [s, n]
     module = _cast(probe, dtype)
     dt = dtype or torch.float32
     c = content.shape[0]
-    x = content.to(dt)[:, None, None, :].expand(c, 1, pos.numel(), content.shape[-1])  # [c, 1, s, d_h]
+    x = content.to(dt)[:, None, None, :].expand(c, heads, pos.numel(), content.shape[-1])  # [c, h, s, d_h]
     with torch.no_grad():
-        q, k = module.rotate(x.contiguous(), x.contiguous(), pos, pos)
-    return q[:, 0], k[:, 0]  # [c, 1, s, d_h] -> [c, s, d_h]
+        q, k = module.rotate(x.contiguous(), x.contiguous(), coords, coords)
+    return q[:, 0], k[:, 0]  # head 0: [c, h, s, d_h] -> [c, s, d_h]
 
 
 def encodings(
@@ -244,7 +307,7 @@ def encodings(
     pos = _positions(positions, "positions")
     if "embed" in probe.hooks:
         return _embed_table(probe, pos, dtype)
-    if "rotate" in probe.hooks:
+    if probe.rotates:
         u = torch.full((1, probe.head_dim), probe.head_dim**-0.5)  # [1, d_h]
         return _rotate_rows(probe, u, pos, dtype)[0][0]  # [1, s, d_h] -> [s, d_h]
     raise ValueError(
@@ -266,7 +329,7 @@ def rotation_frequencies(
         float64 ``[d_h / 2]``, sorted from highest to lowest frequency.
     """
     probe = _as_probe(scheme, context)
-    if "rotate" not in probe.hooks:
+    if not probe.rotates:
         raise ValueError(f"scheme {probe.name!r} has no 'rotate' hook (hooks: {list(probe.hooks) or 'none'})")
     eye = torch.eye(probe.head_dim)  # [d_h, d_h]: one basis vector per row
     q, _ = _rotate_rows(probe, eye, torch.tensor([1]), None)  # [d_h, 1, d_h]
@@ -314,8 +377,9 @@ def _rotate_kernel(probe: Probe, qp: torch.Tensor, kp: torch.Tensor, mode: str, 
 def _bias_kernel(probe: Probe, qp: torch.Tensor, kp: torch.Tensor, mode: str, seed: int) -> torch.Tensor:
     _, _, qc = _content(probe, mode, seed)
     q = qc.expand(1, probe.num_heads, qp.numel(), probe.head_dim).contiguous()  # [1, h, m, d_h]
+    _, axes = _attention_shape(probe, "score_bias")
     with torch.no_grad():
-        bias = probe.scheme.score_bias(qp, kp, q)
+        bias = probe.scheme.score_bias(_lift(qp, axes), _lift(kp, axes), q)
     if bias is None:
         return torch.zeros(1, qp.numel(), kp.numel(), dtype=torch.float64)
     return bias.double().reshape(-1, *bias.shape[-3:])[0]  # [b | 1, h, m, n] -> [h, m, n]
@@ -355,11 +419,31 @@ def positional_kernel(
     total = torch.zeros(1, qp.numel(), kp.numel(), dtype=torch.float64)  # [1, m, n]
     if "embed" in probe.hooks:
         total = total + _embed_kernel(probe, qp, kp, projection)
-    if "rotate" in probe.hooks:
+    if probe.rotates:
         total = total + _rotate_kernel(probe, qp, kp, content, seed)
     if "score_bias" in probe.hooks:
         total = total + _bias_kernel(probe, qp, kp, content, seed)  # [1, m, n] + [h, m, n] -> [h, m, n]
     return total
+
+
+def display_kernel(
+    probe: Probe,
+    q_positions: int | Sequence[int] | torch.Tensor,
+    k_positions: int | Sequence[int] | torch.Tensor | None = None,
+) -> tuple[torch.Tensor, str]:
+    """The kernel that plots and the decay/symmetry checks look at, and which content it used.
+
+    The mean-content kernel, except where it is identically zero while the scheme has a bias: a
+    bias that is linear in the query (Shaw et al. at init) averages to zero, so one seeded random
+    query shows what it does instead.
+
+    Returns:
+        (float64 ``[h, m, n]``, ``"mean"`` or ``"random"``).
+    """
+    k = positional_kernel(probe, q_positions, k_positions)
+    if "score_bias" in probe.hooks and not bool(k.abs().max() > 0):
+        return positional_kernel(probe, q_positions, k_positions, content="random"), "random"
+    return k, "mean"
 
 
 def kernel_curve(kernel: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -39,20 +39,28 @@ from matplotlib.figure import Figure
 from .._validate import check_choice
 from ..base import PositionalScheme
 from ..registry import config_keys
-from .kernel import Probe, encodings, kernel_curve, make_probe, positional_kernel
+from .kernel import Probe, display_kernel, encodings, kernel_curve, make_probe, positional_kernel
 from .properties import roformer_bound, scheme_frequencies
 
 __all__ = ["FORMATS", "PLOT_KINDS", "ROPE_SCALINGS", "PlotKind", "applicable_kinds", "plot", "render", "save"]
 
 FORMATS = (".png", ".svg")
 
-#: Rotary scalings compared by the ``scalings`` plot: label -> ``scaling`` config (factor 4).
+#: Rotary scalings compared by the ``scalings`` plot: label -> ``scaling`` config (HF's keys,
+#: factor 4; ``original_max_position_embeddings`` is set to the context length L when drawing).
+#: A scaling the scheme does not accept is left out of the plot.
 ROPE_SCALINGS: dict[str, dict[str, Any] | None] = {
     "none": None,
     "linear (PI)": {"rope_type": "linear", "factor": 4.0},
     "ntk": {"rope_type": "ntk", "factor": 4.0},
-    "yarn": {"rope_type": "yarn", "factor": 4.0},
-    "llama3": {"rope_type": "llama3", "factor": 4.0},
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": None},
+    "llama3": {
+        "rope_type": "llama3",
+        "factor": 4.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": None,
+    },
 }
 
 
@@ -88,7 +96,7 @@ def _bias_hook(probe: Probe) -> str | None:
 
 
 def _scaling_key(probe: Probe) -> str | None:
-    if "rotate" not in probe.hooks:
+    if not probe.rotates:
         return f"needs a 'rotate' hook; {probe.name!r} has {list(probe.hooks) or 'no hooks'}"
     try:
         keys = config_keys(probe.name)
@@ -192,7 +200,8 @@ def _surface(fig: Figure, probe: Probe) -> None:
 
 def _kernel(fig: Figure, probe: Probe) -> None:
     n = _n(probe, 128)
-    k = positional_kernel(probe, n).float()  # [h, n, n]
+    k, content = display_kernel(probe, n)  # [h, n, n]
+    k = k.float()
     heads = [0] if k.shape[0] == 1 else [0, k.shape[0] - 1]
     axes = fig.subplots(1, len(heads), squeeze=False)[0]
     for ax, h in zip(axes, heads):
@@ -204,25 +213,28 @@ def _kernel(fig: Figure, probe: Probe) -> None:
         ax.set_ylabel("query position m (tokens)")
         ax.set_title(f"head {h}" if k.shape[0] > 1 else "all heads")
         fig.colorbar(im, ax=ax, label="logit change (scaled-logit units)", shrink=0.9)
-    fig.suptitle(f"{probe.name}: positional kernel K(m, n)")
+    fig.suptitle(
+        f"{probe.name}: positional kernel K(m, n)" + (" (one random query)" if content == "random" else "")
+    )
 
 
 def _kernel_curve(fig: Figure, probe: Probe) -> None:
     n = _n(probe, 256)
     ax = fig.add_subplot()
-    r, curve = kernel_curve(positional_kernel(probe, n))  # [2n-1], [h, 2n-1]
+    kern, content = display_kernel(probe, n)
+    r, curve = kernel_curve(kern)  # [2n-1], [h, 2n-1]
     heads = range(curve.shape[0]) if curve.shape[0] <= 8 else range(0, curve.shape[0], curve.shape[0] // 8)
     for h in heads:
-        label = "mean content" if curve.shape[0] == 1 else f"head {h}"
+        label = f"{content} content" if curve.shape[0] == 1 else f"head {h}"
         ax.plot(r.numpy(), curve[h].numpy(), lw=1.3, label=label)
-    if "rotate" in probe.hooks:
+    if probe.rotates:
         rr, rc = kernel_curve(positional_kernel(probe, n, content="random", seed=0))
         ax.plot(rr.numpy(), rc[0].numpy(), lw=0.8, alpha=0.7, label="one random q, k")
     ax.set_xlabel("relative distance m − n (tokens; > 0: key before query)")
     ax.set_ylabel("mean K (scaled-logit units)")
     ax.set_title(f"{probe.name}: kernel against relative distance")
     ax.grid(alpha=0.3)
-    if "rotate" in probe.hooks:  # RoFormer's bound on a twin axis
+    if probe.rotates:  # RoFormer's bound on a twin axis
         from .kernel import rotation_frequencies
 
         dist = torch.arange(0, n)
@@ -245,7 +257,8 @@ def _kernel_curve(fig: Figure, probe: Probe) -> None:
 
 def _bias(fig: Figure, probe: Probe) -> None:
     n = _n(probe, 128)
-    r, curve = kernel_curve(positional_kernel(probe, n))  # [2n-1], [h, 2n-1]
+    kern, content = display_kernel(probe, n)
+    r, curve = kernel_curve(kern)  # [2n-1], [h, 2n-1]
     ax1, ax2 = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.2, 1]})
     vmax = float(curve.abs().max()) or 1.0
     im = ax1.imshow(
@@ -268,7 +281,10 @@ def _bias(fig: Figure, probe: Probe) -> None:
     ax2.set_ylabel("bias")
     ax2.set_title("one curve per head (dark = head 0)")
     ax2.grid(alpha=0.3)
-    fig.suptitle(f"{probe.name}: attention bias against distance")
+    fig.suptitle(
+        f"{probe.name}: attention bias against distance"
+        + (" (one random query)" if content == "random" else "")
+    )
 
 
 def _scalings(fig: Figure, probe: Probe) -> None:
@@ -281,6 +297,8 @@ def _scalings(fig: Figure, probe: Probe) -> None:
     }
     curves: dict[str, torch.Tensor] = {}
     for label, scaling in ROPE_SCALINGS.items():
+        if scaling and "original_max_position_embeddings" in scaling:
+            scaling = {**scaling, "original_max_position_embeddings": probe.nominal_len}
         try:
             p = make_probe(probe.name, ctx, {"scaling": scaling} if scaling else None)
             curves[label] = 2 * math.pi / scheme_frequencies(p)[0]

@@ -48,7 +48,15 @@ from .._validate import check_choice
 from ..absolute import sinusoidal_frequencies, sinusoidal_table
 from ..base import PositionalScheme
 from ..registry import schemes as registered_schemes
-from .kernel import Probe, encodings, kernel_curve, make_probe, positional_kernel, rotation_frequencies
+from .kernel import (
+    Probe,
+    display_kernel,
+    encodings,
+    kernel_curve,
+    make_probe,
+    positional_kernel,
+    rotation_frequencies,
+)
 
 __all__ = [
     "PROPERTIES",
@@ -233,7 +241,7 @@ def scheme_frequencies(probe: Probe) -> tuple[torch.Tensor, str]:
 
 
 def _frequencies(probe: Probe) -> tuple[torch.Tensor, str]:
-    if "rotate" in probe.hooks:
+    if probe.rotates:
         return rotation_frequencies(probe), "exact"
     if "embed" not in probe.hooks:
         raise ValueError(f"scheme {probe.name!r} has no per-position vector to read frequencies from")
@@ -318,7 +326,7 @@ def _bounded(probe: Probe) -> Measurement:
 def _bounded_promised(probe: Probe) -> bool:
     if probe.trainable:
         return False
-    if "rotate" in probe.hooks:  # promised when one step is a pure rotation
+    if probe.rotates:  # promised when one step is a pure rotation
         from .kernel import _rotate_rows
 
         x = torch.randn(1, probe.head_dim, generator=torch.Generator().manual_seed(1))
@@ -387,7 +395,8 @@ def _translation(probe: Probe) -> Measurement:
 def _decay(probe: Probe) -> Measurement:
     n = min(probe.nominal_len, 512)
     if "score_bias" in probe.hooks:
-        r, curve = kernel_curve(positional_kernel(probe, n))  # [2n-1], [h, 2n-1]
+        kern, content = display_kernel(probe, n)
+        r, curve = kernel_curve(kern)  # [2n-1], [h, 2n-1]
         past = curve[:, r >= 0]  # [h, n]: keys at distance 0..n-1 before the query
         rise = float((past[:, 1:] - past[:, :-1]).max())
         dist = torch.arange(n, dtype=torch.float64)
@@ -399,10 +408,10 @@ def _decay(probe: Probe) -> Measurement:
             rise / scale,
             1e-6,
             "largest rise of the mean bias from one key distance to the next (relative to max |bias|), "
-            f"keys 0..{n - 1} before the query",
+            f"keys 0..{n - 1} before the query ({content} content)",
             {"distance": dist.tolist(), "curve": past.tolist(), "slopes": slope.tolist()},
         )
-    if "rotate" in probe.hooks:
+    if probe.rotates:
         theta = rotation_frequencies(probe)
         dist = torch.arange(n + 1)
         bound = roformer_bound(theta, dist)
@@ -414,7 +423,7 @@ def _decay(probe: Probe) -> Measurement:
             f"mean over r in [{n // 2}, {n}] / B(0)",
             {"distance": dist.tolist(), "bound": bound.tolist()},
         )
-    r, curve = kernel_curve(positional_kernel(probe, n))
+    r, curve = kernel_curve(display_kernel(probe, n)[0])
     past = curve[0, r >= 0]  # [n]
     far = float(past[n // 2 :].abs().mean() / past[0].abs().clamp_min(1e-30))
     return Measurement(
@@ -427,10 +436,12 @@ def _decay(probe: Probe) -> Measurement:
 
 def _symmetry(probe: Probe) -> Measurement:
     n = min(probe.nominal_len, 128)
-    k = positional_kernel(probe, n)
+    k, content = display_kernel(probe, n)
     scale = float(k.abs().max())
     asym = float((k - k.transpose(-1, -2)).abs().max()) / scale if scale > 0 else 0.0
-    return Measurement(asym, 1e-6, f"max |K(m, n) - K(n, m)| / max |K| over {n} positions (mean content)")
+    return Measurement(
+        asym, 1e-6, f"max |K(m, n) - K(n, m)| / max |K| over {n} positions ({content} content)"
+    )
 
 
 def _beyond(probe: Probe) -> Measurement:
@@ -458,7 +469,7 @@ def _wavelengths_applies(probe: Probe) -> str | None:
     reason = _needs_vectors(probe)
     if reason:
         return reason
-    if "rotate" not in probe.hooks:
+    if not probe.rotates:
         lin = _relative_linear_applies(probe)
         if lin:
             return lin
@@ -498,7 +509,7 @@ def _formula(probe: Probe) -> bool:
 def _decay_promised(probe: Probe) -> bool:
     """Rotations (RoFormer's bound is a theorem) and fixed biases (ALiBi) promise decay; an added
     encoding's kernel need not decay (a 2-D encoding probed along one axis has constant dims)."""
-    return not probe.trainable and ("rotate" in probe.hooks or "score_bias" in probe.hooks)
+    return not probe.trainable and (probe.rotates or "score_bias" in probe.hooks)
 
 
 def _functional(probe: Probe) -> bool:
@@ -630,24 +641,30 @@ def _promised(prop: Property, probe: Probe) -> bool:
     return prop.promised(probe)
 
 
+_ERRORS = (ValueError, TypeError, RuntimeError, IndexError)
+
+
 def _run_one(prop: Property, probe: Probe) -> PropertyResult:
-    reason = prop.applies(probe)
-    if reason is not None:
-        return PropertyResult(probe.name, prop.name, False, None, None, prop.comparison, None, False, reason)
-    cmp = _comparison(prop, probe)
-    promised = _promised(prop, probe)
+    """One check. A scheme whose hooks raise while being probed fails the check (with the error
+    as the reason): the analysis must be able to call every hook it relies on."""
     try:
+        reason = prop.applies(probe)
+        if reason is not None:
+            return PropertyResult(
+                probe.name, prop.name, False, None, None, prop.comparison, None, False, reason
+            )
+        cmp, promised = _comparison(prop, probe), _promised(prop, probe)
         m = prop.measure(probe)
-    except (ValueError, TypeError, RuntimeError, IndexError) as err:
+    except _ERRORS as err:
         return PropertyResult(
             probe.name,
             prop.name,
             True,
             None,
             None,
-            cmp,
+            prop.comparison,
             False,
-            promised,
+            True,
             f"measurement raised {type(err).__name__}: {str(err).splitlines()[0]}",
         )
     passed = math.isfinite(m.value) and _COMPARE[cmp](m.value, m.threshold)

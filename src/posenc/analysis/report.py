@@ -11,8 +11,11 @@ from __future__ import annotations
 import base64
 import html
 import io
+import multiprocessing
+import os
 import time
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +23,10 @@ import matplotlib.pyplot as plt
 import torch
 
 from .. import __version__
+from .._validate import check_choice, check_int
 from ..registry import describe
 from ..registry import schemes as registered_schemes
-from .kernel import DEFAULT_CONTEXT, Probe, kernel_curve, make_probe, positional_kernel
+from .kernel import DEFAULT_CONTEXT, Probe, display_kernel, kernel_curve, make_probe
 from .plots import PLOT_KINDS, render
 from .properties import PROPERTIES, PropertyResult, check, seed_claims
 
@@ -138,31 +142,26 @@ def _property_notes() -> str:
     return "<ul>" + "".join(items) + "</ul>"
 
 
-def _comparison_figure(probes: Sequence[Probe]) -> str | None:
+def _mean_curve(probe: Probe) -> tuple[list[int], list[float]] | None:
+    """The scheme's kernel against key distance ``r >= 0`` (mean over heads), scaled to max 1."""
+    if not probe.hooks:
+        return None
+    n = min(probe.nominal_len, 256)
+    r, curve = kernel_curve(display_kernel(probe, n)[0])  # [2n-1], [h, 2n-1]
+    c = curve.mean(0)[r >= 0]  # [n]
+    scale = float(c.abs().max()) or 1.0
+    return list(range(n)), (c / scale).tolist()
+
+
+def _comparison_figure(curves: dict[str, tuple[list[int], list[float]] | None]) -> str | None:
     """Every scheme's kernel against distance on one axes, each scaled to max |K| = 1."""
+    drawn = {name: c for name, c in curves.items() if c is not None}
+    if not drawn:
+        return None
     fig = plt.figure(figsize=(9.5, 4.4), layout="constrained")
     ax = fig.add_subplot()
-    drawn = 0
-    for idx, probe in enumerate(probes):
-        if not probe.hooks:
-            continue
-        n = min(probe.nominal_len, 256)
-        r, curve = kernel_curve(positional_kernel(probe, n))  # [2n-1], [h, 2n-1]
-        c = curve.mean(0)
-        past = r >= 0
-        scale = float(c[past].abs().max()) or 1.0
-        ax.plot(
-            r[past].numpy(),
-            (c[past] / scale).numpy(),
-            lw=1.3,
-            label=probe.name,
-            color=f"C{idx % 10}",
-            ls="-" if idx < 10 else "--",
-        )
-        drawn += 1
-    if not drawn:
-        plt.close(fig)
-        return None
+    for idx, (name, (r, c)) in enumerate(drawn.items()):
+        ax.plot(r, c, lw=1.3, label=name, color=f"C{idx % 10}", ls="-" if idx < 10 else "--")
     ax.set_xlabel("key distance before the query, m − n (tokens)")
     ax.set_ylabel("mean kernel / max |kernel|")
     ax.set_title("Positional kernel against distance, every scheme (mean over heads and content)")
@@ -183,53 +182,82 @@ def _seed_table() -> str:
     )
 
 
+def _scheme_part(name: str, ctx: dict[str, Any], dpi: int) -> dict[str, Any]:
+    """Checks, figures and kernel curve of one scheme (runs in a worker process)."""
+    info = describe(name)
+    try:
+        probe = make_probe(name, ctx)
+    except (ValueError, TypeError) as err:
+        return {
+            "section": f"<h3 id='{html.escape(name)}'>{html.escape(name)}</h3>"
+            f"<p class='muted'>cannot be built from the report's context: {html.escape(str(err))}</p>",
+            "results": None,
+            "curve": None,
+        }
+    results = check(probe)
+    figs = []
+    for kind in report_kinds(probe, results):
+        spec = PLOT_KINDS[kind]
+        figs.append(_img(figure_data_uri(render(probe, kind), dpi=dpi), f"{name}: {spec.title}"))
+    broken = [r.property for r in results if r.broken_promise]
+    verdict = (
+        f"<b style='color:#b00'>breaks: {', '.join(broken)}</b>"
+        if broken
+        else "keeps every property it promises"
+    )
+    section = (
+        f"<h3 id='{html.escape(name)}'>{html.escape(name)}</h3>"
+        f"<p>{html.escape(info['summary'])}. Hooks: "
+        f"<code>{html.escape(', '.join(info['hooks']) or 'none')}</code>; "
+        f"nominal length {probe.nominal_len}; {verdict}.</p>"
+        + (
+            f"<div class='figs'>{''.join(figs)}</div>"
+            if figs
+            else "<p class='muted'>no positional hooks: nothing to plot (its kernel is zero).</p>"
+        )
+    )
+    return {"section": section, "results": results, "curve": _mean_curve(probe)}
+
+
+def _worker_init() -> None:
+    torch.set_num_threads(1)  # one process per core; as torch's DataLoader workers do
+
+
+def _parts(names: list[str], ctx: dict[str, Any], dpi: int, workers: int) -> list[dict[str, Any]]:
+    """:func:`_scheme_part` for every scheme, on ``workers`` forked processes (in order).
+
+    Forked workers inherit the registry, so schemes registered at run time are reported too.
+    Without ``fork`` (Windows, macOS default) or with one worker, runs in this process.
+    """
+    if workers > 1 and len(names) > 1 and "fork" in multiprocessing.get_all_start_methods():
+        ctx_fork = multiprocessing.get_context("fork")
+        with ProcessPoolExecutor(
+            min(workers, len(names)), mp_context=ctx_fork, initializer=_worker_init
+        ) as pool:
+            futures = [pool.submit(_scheme_part, n, ctx, dpi) for n in names]
+            return [f.result() for f in futures]
+    return [_scheme_part(n, ctx, dpi) for n in names]
+
+
 def report_html(
     schemes: Sequence[str] | None = None,
     *,
     context: dict[str, Any] | None = None,
     dpi: int = 72,
+    workers: int | None = None,
 ) -> str:
     """The report as one HTML string (see :func:`build_report`)."""
     t0 = time.perf_counter()
     ctx = {**DEFAULT_CONTEXT, **(context or {})}
     names = list(schemes) if schemes else registered_schemes()
-    probes: list[Probe] = []
-    sections: list[str] = []
-    results: dict[str, list[PropertyResult]] = {}
-    for name in names:
-        info = describe(name)
-        try:
-            probe = make_probe(name, ctx)
-        except (ValueError, TypeError) as err:
-            sections.append(
-                f"<h3 id='{html.escape(name)}'>{html.escape(name)}</h3>"
-                f"<p class='muted'>cannot be built from the report's context: {html.escape(str(err))}</p>"
-            )
-            continue
-        probes.append(probe)
-        results[name] = check(probe)
-        figs = []
-        for kind in report_kinds(probe, results[name]):
-            spec = PLOT_KINDS[kind]
-            figs.append(_img(figure_data_uri(render(probe, kind), dpi=dpi), f"{name}: {spec.title}"))
-        broken = [r.property for r in results[name] if r.broken_promise]
-        verdict = (
-            f"<b style='color:#b00'>breaks: {', '.join(broken)}</b>"
-            if broken
-            else "keeps every property it promises"
-        )
-        sections.append(
-            f"<h3 id='{html.escape(name)}'>{html.escape(name)}</h3>"
-            f"<p>{html.escape(info['summary'])}. Hooks: "
-            f"<code>{html.escape(', '.join(info['hooks']) or 'none')}</code>; "
-            f"nominal length {probe.nominal_len}; {verdict}.</p>"
-            + (
-                f"<div class='figs'>{''.join(figs)}</div>"
-                if figs
-                else "<p class='muted'>no positional hooks: nothing to plot (its kernel is zero).</p>"
-            )
-        )
-    comparison = _comparison_figure(probes)
+    for n in names:
+        check_choice(n, "scheme", registered_schemes())
+    workers = min(2, os.cpu_count() or 1) if workers is None else check_int(workers, "workers")
+    parts = _parts(names, ctx, dpi, workers)
+    sections = [p["section"] for p in parts]
+    results: dict[str, list[PropertyResult]] = {n: p["results"] for n, p in zip(names, parts) if p["results"]}
+    curves = {n: p["curve"] for n, p in zip(names, parts)}
+    comparison = _comparison_figure(curves)
     elapsed = time.perf_counter() - t0
     ctx_text = ", ".join(f"{k}={v}" for k, v in ctx.items())
     broken_all = [f"{r.scheme}.{r.property}" for res in results.values() for r in res if r.broken_promise]
@@ -309,6 +337,7 @@ def build_report(
     *,
     context: dict[str, Any] | None = None,
     dpi: int = 72,
+    workers: int | None = None,
 ) -> Path:
     """Write the self-contained report to ``out_dir/index.html`` and return its path.
 
@@ -317,9 +346,10 @@ def build_report(
         schemes: scheme names (default: every registered scheme).
         context: model sizes to build schemes with (default :data:`DEFAULT_CONTEXT`).
         dpi: resolution of the embedded PNGs.
+        workers: processes drawing schemes in parallel (default: 2, or 1 on a 1-core machine).
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "index.html"
-    path.write_text(report_html(schemes, context=context, dpi=dpi), encoding="utf-8")
+    path.write_text(report_html(schemes, context=context, dpi=dpi, workers=workers), encoding="utf-8")
     return path
