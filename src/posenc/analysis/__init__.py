@@ -37,7 +37,6 @@ __all__ = [
     "SeedClaim",
     "check",
     "display_kernel",
-    "display_kernel",
     "encodings",
     "fit_shift_map",
     "kernel_curve",
