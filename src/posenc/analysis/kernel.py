@@ -339,14 +339,16 @@ def rotation_frequencies(
 
 
 def _content(probe: Probe, mode: str, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Query/key contents for ``rotate`` (``[c, d_h]`` each) and the query fed to ``score_bias``."""
+    """Query/key contents for ``rotate`` (``[c, d_h]`` each) and the per-head query fed to
+    ``score_bias`` (``[h, d_h]``, the same at every position)."""
     d_h = probe.head_dim
     if mode == "mean":
         eye = torch.eye(d_h)  # trace(R_m^T R_n) = sum_j (R_m e_j).(R_n e_j)
-        return eye, eye, torch.zeros(d_h)
+        return eye, eye, torch.zeros(probe.num_heads, d_h)
     g = torch.Generator().manual_seed(seed)
     q, k = torch.randn(2, 1, d_h, generator=g)  # [1, d_h] each
-    return q, k, q[0]
+    qh = torch.cat([q, torch.randn(probe.num_heads - 1, d_h, generator=g)])  # [h, d_h]: head 0 uses q
+    return q, k, qh
 
 
 def _embed_kernel(probe: Probe, qp: torch.Tensor, kp: torch.Tensor, projection: Any) -> torch.Tensor:
@@ -376,7 +378,9 @@ def _rotate_kernel(probe: Probe, qp: torch.Tensor, kp: torch.Tensor, mode: str, 
 
 def _bias_kernel(probe: Probe, qp: torch.Tensor, kp: torch.Tensor, mode: str, seed: int) -> torch.Tensor:
     _, _, qc = _content(probe, mode, seed)
-    q = qc.expand(1, probe.num_heads, qp.numel(), probe.head_dim).contiguous()  # [1, h, m, d_h]
+    q = (
+        qc[None, :, None, :].expand(1, probe.num_heads, qp.numel(), probe.head_dim).contiguous()
+    )  # [1, h, m, d_h]
     _, axes = _attention_shape(probe, "score_bias")
     with torch.no_grad():
         bias = probe.scheme.score_bias(_lift(qp, axes), _lift(kp, axes), q)
@@ -403,7 +407,8 @@ def positional_kernel(
             values, including past the nominal length.
         k_positions: key positions ``[n]`` (default: the query positions).
         content: ``"mean"`` (expectation over shared isotropic content) or ``"random"`` (a seeded
-            independent ``q, k``); only ``rotate`` and content-dependent biases use it.
+            independent ``q, k``; biases get one random query per head, the same at every
+            position); only ``rotate`` and content-dependent biases use it.
         seed: the random content's seed.
         projection: for ``embed``: ``W [d, d']`` applied to both sides, or ``(W_q, W_k)``.
         context: sizes used when ``scheme`` is a name (see :func:`make_probe`).

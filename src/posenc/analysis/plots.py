@@ -232,7 +232,10 @@ def _kernel_curve(fig: Figure, probe: Probe) -> None:
         ax.plot(rr.numpy(), rc[0].numpy(), lw=0.8, alpha=0.7, label="one random q, k")
     ax.set_xlabel("relative distance m − n (tokens; > 0: key before query)")
     ax.set_ylabel("mean K (scaled-logit units)")
-    ax.set_title(f"{probe.name}: kernel against relative distance")
+    ax.set_title(
+        f"{probe.name}: kernel against relative distance"
+        + (" (one random query)" if content == "random" else "")
+    )
     ax.grid(alpha=0.3)
     if probe.rotates:  # RoFormer's bound on a twin axis
         from .kernel import rotation_frequencies

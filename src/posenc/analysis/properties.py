@@ -413,14 +413,15 @@ def _decay(probe: Probe) -> Measurement:
         )
     if probe.rotates:
         theta = rotation_frequencies(probe)
+        moving = theta[theta > 1e-9]  # pairs that rotate (partial rotary, the other axis of 2-D RoPE)
         dist = torch.arange(n + 1)
-        bound = roformer_bound(theta, dist)
+        bound = roformer_bound(moving, dist)
         far = float(bound[n // 2 :].mean() / bound[0])
         return Measurement(
             far,
             0.5,
-            f"RoFormer bound B(r) = mean_j |sum_(i<j) e^(i r theta_i)|: "
-            f"mean over r in [{n // 2}, {n}] / B(0)",
+            f"RoFormer bound B(r) = mean_j |sum_(i<j) e^(i r theta_i)| over the {moving.numel()} rotating "
+            f"pairs: mean over r in [{n // 2}, {n}] / B(0)",
             {"distance": dist.tolist(), "bound": bound.tolist()},
         )
     r, curve = kernel_curve(display_kernel(probe, n)[0])
