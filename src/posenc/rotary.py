@@ -720,6 +720,7 @@ class Rope2D(RotaryEmbedding):
     """
 
     name = "rope_2d"
+    position_dims = 2
     summary = "axial 2D RoPE for image patches: half the rotary pairs per axis (row, column)"
 
     def __init__(

@@ -164,9 +164,9 @@ class _Stack(nn.Module):
             config.check_causal()
         self.config, self.causal = config, causal
         first = self._build_scheme()
-        if getattr(first, "ndim", 1) != 1:
+        if first.position_dims != 1:
             raise ValueError(
-                f"position={config.position!r} encodes {first.ndim}-D grids, not token sequences; "
+                f"position={config.position!r} encodes {first.position_dims}-D grids, not token sequences; "
                 "use a 1-D scheme (posenc list) for a sequence model"
             )
         acts_in_attention = bool(set(first.hooks) & set(_ATTENTION_HOOKS)) or _overrides_relative_values(
