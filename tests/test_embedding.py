@@ -295,3 +295,23 @@ def test_shared_positions_added_in_place_match_embed():
         for pos in (None, torch.arange(5, 14), torch.arange(27).view(3, 9)):
             want = layer.position.embed(layer.token(ids), pos)
             assert torch.equal(layer(ids, pos), want), (scheme, pos)
+
+
+def test_dropout_module_is_nn_dropout_with_the_fast_path():
+    from posenc.embedding import Dropout
+
+    drop = Dropout(0.25)
+    assert isinstance(drop, nn.Dropout)
+    x = torch.randn(4, 64)
+    before = x.clone()
+    torch.manual_seed(0)
+    y = drop(x)
+    assert torch.equal(x, before)  # not in place unless asked
+    if dropout_cpu.available():
+        torch.manual_seed(0)
+        keep = dropout_cpu.keep_mask(x.shape, 0.25, dropout_cpu._draw_seed())
+        assert torch.equal(y, x * (keep.float() / 0.75))
+    assert drop(x, inplace=True) is x  # the caller owns x
+    drop.eval()
+    assert torch.equal(drop(before), before)
+    assert torch.equal(Dropout(0.0).train()(before), before)

@@ -25,7 +25,7 @@ from .kernels import dropout_cpu as _dropout_cpu
 from .kernels import embedding_cpu as _embedding_cpu
 from .registry import build_with_context, scheme_class
 
-__all__ = ["TIE_STRATEGIES", "InputEmbedding", "TokenEmbedding", "apply_tying", "tie_weights"]
+__all__ = ["TIE_STRATEGIES", "Dropout", "InputEmbedding", "TokenEmbedding", "apply_tying", "tie_weights"]
 
 
 def _scale_value(scale: str | float | None, d_model: int) -> float:
@@ -173,6 +173,25 @@ def apply_tying(
         tie_weights(decoder_embedding, output)  # type: ignore[arg-type]
 
 
+class Dropout(nn.Dropout):
+    """``nn.Dropout`` whose CPU training path is one pass with a counter-based generator.
+
+    Same arguments as ``nn.Dropout``. In training, on CPU tensors of dtype float32/float64/bfloat16
+    (outside ``torch.compile``), ``0 < p < 1``: :mod:`posenc.kernels.dropout_cpu` (PyTorch's dropout
+    arithmetic for the mask it draws, ``p`` quantized to a multiple of ``2^-32``, the mask recomputed
+    in backward instead of stored, seeded from PyTorch's generator). Elsewhere ``nn.Dropout`` itself.
+
+    Shapes: ``forward(x [...], inplace=None) -> [...]``; ``inplace`` overrides ``self.inplace`` for
+    one call (a caller that owns a fresh ``x``).
+    """
+
+    def forward(self, x: torch.Tensor, inplace: bool | None = None) -> torch.Tensor:
+        inplace = self.inplace if inplace is None else inplace
+        if self.training and 0.0 < self.p < 1.0 and _dropout_cpu.usable(x):
+            return _dropout_cpu.dropout(x, self.p, inplace=inplace)
+        return nn.functional.dropout(x, self.p, self.training, inplace)
+
+
 class InputEmbedding(nn.Module):
     """The input layer: token embedding x scale, + absolute positions, LayerNorm, dropout.
 
@@ -221,7 +240,7 @@ class InputEmbedding(nn.Module):
             self.position = None
         self.scheme_name = scheme if isinstance(scheme, str) else scheme.name
         self.norm = nn.LayerNorm(d_model) if layer_norm else nn.Identity()
-        self.dropout = nn.Dropout(check_probability(dropout, "dropout"))
+        self.dropout = Dropout(check_probability(dropout, "dropout"))
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         x = self.token(ids)  # [b, s] -> [b, s, d], scaled
@@ -230,12 +249,7 @@ class InputEmbedding(nn.Module):
         if self.position is not None:
             x = self._add_position(x, positions)  # [b, s, d] + positional part
         x = self.norm(x)
-        p = self.dropout.p
-        if self.training and p > 0 and _dropout_cpu.usable(x):
-            # Fast path (CPU): one pass, random bits from a counter-based generator, no mask stored
-            # (posenc.kernels.dropout_cpu); in place on LayerNorm's fresh output.
-            return _dropout_cpu.dropout(x, p, inplace=isinstance(self.norm, nn.LayerNorm))
-        return self.dropout(x)
+        return self.dropout(x, inplace=isinstance(self.norm, nn.LayerNorm))  # LayerNorm's output is fresh
 
     def _add_position(self, x: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
         """``self.position.embed(x, positions)``; for posenc's additive schemes with positions shared
