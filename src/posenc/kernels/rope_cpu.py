@@ -46,13 +46,17 @@ typedef int64_t i64;
 #define MAXD 8
 
 static inline float bf2f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
-/* round to nearest even, NaN -> 0x7FC0: c10::BFloat16's rounding */
-static inline uint16_t f2bf(float f) {
+/* round a float to bfloat16 precision, staying in 32-bit lanes (vectorizes to 5 integer ops). Same
+   rounding as c10::BFloat16 (round to nearest even) for every finite value and infinity; a NaN stays
+   a NaN here because every NaN in this kernel has zero low 16 bits (bf16 inputs widened, or x86's
+   default NaN), so the rounding never carries into its exponent. */
+static inline float rbf(float f) {
   uint32_t u; memcpy(&u, &f, 4);
-  if (f != f) return 0x7FC0;
-  return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+  u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+  memcpy(&f, &u, 4); return f;
 }
-static inline float rbf(float f) { return bf2f(f2bf(f)); }
+/* store a float already rounded by rbf: its low 16 bits are zero */
+static inline uint16_t f2bf_rounded(float f) { uint32_t u; memcpy(&u, &f, 4); return (uint16_t)(u >> 16); }
 
 /* One row: rotate r dims of xr (pairs (i, i+r/2) or (2i, 2i+1)) into orow, copy dims r..d if out != x.
    Iteration i reads and writes only the two elements of pair i, and orow is either xr itself or
@@ -81,8 +85,8 @@ ROWFN(row_f32_half, float, float, ID, ID, ID, HALF_A, HALF_B)
 ROWFN(row_f32_intl, float, float, ID, ID, ID, INTL_A, INTL_B)
 ROWFN(row_f64_half, double, double, ID, ID, ID, HALF_A, HALF_B)
 ROWFN(row_f64_intl, double, double, ID, ID, ID, INTL_A, INTL_B)
-ROWFN(row_bf16_half, uint16_t, float, bf2f, f2bf, rbf, HALF_A, HALF_B)
-ROWFN(row_bf16_intl, uint16_t, float, bf2f, f2bf, rbf, INTL_A, INTL_B)
+ROWFN(row_bf16_half, uint16_t, float, bf2f, f2bf_rounded, rbf, HALF_A, HALF_B)
+ROWFN(row_bf16_intl, uint16_t, float, bf2f, f2bf_rounded, rbf, INTL_A, INTL_B)
 
 typedef void (*rowfn)(const char*, char*, const char*, const char*, i64, i64, i64, float);
 static rowfn pick(int dtype, int interleaved) {
@@ -194,10 +198,6 @@ def available() -> bool:
     return _fn() is not None
 
 
-def _plain(t: torch.Tensor) -> bool:
-    return type(t) is torch.Tensor and t.layout == torch.strided and t.device.type == "cpu"
-
-
 def usable(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
     """Whether :func:`rotate` can take these (already validated) inputs.
 
@@ -205,18 +205,22 @@ def usable(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
     transform) of dtype float32/float64/bfloat16 with a contiguous last dim and at most
     ``8`` dims, whose ``cos``/``sin`` do not require grad, when the kernel is available.
     """
-    if torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.jit.is_scripting():
+    if type(x) is not torch.Tensor or type(cos) is not torch.Tensor or type(sin) is not torch.Tensor:
+        return False  # subclasses (FakeTensor, DTensor, ...) and Parameters take the reference path
+    if not (x.is_cpu and cos.is_cpu and sin.is_cpu) or x.layout != torch.strided or x.dtype not in _DTYPES:
         return False
-    if not (_plain(x) and _plain(cos) and _plain(sin)) or x.dtype not in _DTYPES:
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
         return False
-    if x.dim() < 2 or x.dim() > _MAX_DIMS or x.numel() == 0 or x.stride(-1) != 1:
+    if not 2 <= x.dim() <= _MAX_DIMS or x.stride(-1) != 1 or x.numel() == 0:
         return False
-    if torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad):
+    if (cos.requires_grad or sin.requires_grad) and torch.is_grad_enabled():
         return False
-    functorch = getattr(torch._C, "_functorch", None)
-    if functorch is not None and functorch.is_functorch_wrapped_tensor(x):
+    if _functorch is not None and _functorch.is_functorch_wrapped_tensor(x):
         return False
     return available()
+
+
+_functorch = getattr(torch._C, "_functorch", None)
 
 
 def _table_strides(t: torch.Tensor, nd: int) -> list[int]:
