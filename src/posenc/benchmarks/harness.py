@@ -9,9 +9,9 @@ memory system does *in the same run*:
 
 A case declares the bytes it moves (read + written, :func:`tensor_bytes`), so
 ``GB/s = bytes / median seconds`` and ``copy_fraction = GB/s / copy GB/s``. The two baselines move
-the same bytes: half read, half written. Implementations are timed round-robin (the order rotates
-every repeat) so that a noisy, shared machine slows all of them alike, and the median is reported
-with the interquartile range.
+the same bytes: half read, half written. Implementations are timed round-robin (in a new shuffled
+order every round) so that a noisy, shared machine slows all of them alike, and the median is
+reported with the interquartile range.
 
 Terms: ``impl`` an implementation of a case; ``kind`` ``"posenc"``, ``"peer"`` or ``"baseline"``;
 ``speedup[p][q] = median(q) / median(p)`` for a posenc impl ``p`` and a peer ``q`` (> 1: posenc
@@ -26,6 +26,7 @@ import datetime
 import gc
 import os
 import platform
+import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -291,8 +292,9 @@ def time_interleaved(
     """Seconds per call of each function, measured round-robin.
 
     Each function is warmed up (``warmup`` calls, then calibrated so that one measurement lasts at
-    least ``min_time``); then ``repeats`` rounds each time every function once, starting the round
-    at a different function each time. The garbage collector is off while timing.
+    least ``min_time``); then ``repeats`` rounds each time every function once, in an order shuffled
+    every round, so that no implementation always follows the same neighbour (one that frees a lot
+    of memory changes what the next allocation costs). The garbage collector is off while timing.
 
     Returns:
         ``{name: [seconds per call] * repeats}``.
@@ -310,7 +312,9 @@ def time_interleaved(
     gc.disable()
     try:
         for r in range(repeats):
-            for name in names[r % len(names) :] + names[: r % len(names)]:
+            order = list(names)
+            random.Random(r).shuffle(order)  # a new order each round (seeded: reproducible)
+            for name in order:
                 fn, n = fns[name], number[name]
                 t0 = time.perf_counter()
                 for _ in range(n):
