@@ -18,6 +18,19 @@ from .absolute import (
 )
 from .base import HOOKS, PositionalScheme
 from .embedding import TIE_STRATEGIES, InputEmbedding, TokenEmbedding, apply_tying, tie_weights
+from .model import (
+    Decoder,
+    Encoder,
+    EncoderDecoder,
+    KVCache,
+    LMOutput,
+    Memory,
+    ModelConfig,
+    MultiHeadAttention,
+    TransformerLM,
+    load_model,
+    save_model,
+)
 from .positions import arange_positions, positions_from_cu_seqlens, positions_from_mask
 from .registry import build, build_with_context, describe, register, schemes
 
@@ -26,8 +39,16 @@ __version__ = "0.1.0"
 __all__ = [
     "HOOKS",
     "TIE_STRATEGIES",
+    "Decoder",
+    "Encoder",
+    "EncoderDecoder",
     "InputEmbedding",
+    "KVCache",
+    "LMOutput",
     "LearnedPE",
+    "Memory",
+    "ModelConfig",
+    "MultiHeadAttention",
     "NoPE",
     "PositionalScheme",
     "ScaledSinusoidalPE",
@@ -36,15 +57,18 @@ __all__ = [
     "SinusoidalND",
     "SinusoidalPE",
     "TokenEmbedding",
+    "TransformerLM",
     "__version__",
     "apply_tying",
     "arange_positions",
     "build",
     "build_with_context",
     "describe",
+    "load_model",
     "positions_from_cu_seqlens",
     "positions_from_mask",
     "register",
+    "save_model",
     "schemes",
     "sinusoidal_frequencies",
     "sinusoidal_nd_table",

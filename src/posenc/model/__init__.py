@@ -1,0 +1,40 @@
+"""Models that take any positional scheme by name: attention, KV cache, Transformers, save/load.
+
+Legend: ``b`` batch, ``s`` sequence length, ``d`` model width, ``V`` vocabulary. See docs/model.md.
+"""
+
+from .attention import (
+    AttentionPlan,
+    KVCache,
+    MultiHeadAttention,
+    attend,
+    causal_mask,
+    plan_attention,
+    plan_cross_attention,
+)
+from .config import NORMS, ModelConfig
+from .io import MODEL_CLASSES, load_model, save_model
+from .transformer import MLP, Block, Decoder, Encoder, EncoderDecoder, LMOutput, Memory, TransformerLM
+
+__all__ = [
+    "MLP",
+    "MODEL_CLASSES",
+    "NORMS",
+    "AttentionPlan",
+    "Block",
+    "Decoder",
+    "Encoder",
+    "EncoderDecoder",
+    "KVCache",
+    "LMOutput",
+    "Memory",
+    "ModelConfig",
+    "MultiHeadAttention",
+    "TransformerLM",
+    "attend",
+    "causal_mask",
+    "load_model",
+    "plan_attention",
+    "plan_cross_attention",
+    "save_model",
+]

@@ -1,0 +1,184 @@
+"""The one configuration every posenc model is built from.
+
+A model takes its positional scheme *by name* (``position="alibi"``) plus the scheme's options,
+so the lab and the benchmarks can train every scheme the same way. Everything is validated at
+construction, with errors that name the field, the value and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._validate import check_choice, check_int, check_probability
+from ..embedding import TIE_STRATEGIES
+from ..registry import config_keys, scheme_class, schemes
+
+__all__ = ["NORMS", "ModelConfig"]
+
+#: Where each block's LayerNorm sits: before each sub-layer (GPT-2, stable) or after the residual
+#: sum (Vaswani et al. 2017, BERT).
+NORMS: dict[str, str] = {
+    "pre": "x + f(LayerNorm(x)), and a final LayerNorm before the output layer (GPT-2)",
+    "post": "LayerNorm(x + f(x)) (Vaswani et al. 2017, BERT)",
+}
+
+
+@dataclass
+class ModelConfig:
+    """Configuration of a posenc Transformer (:class:`~posenc.model.TransformerLM`, encoders, decoders).
+
+    Args:
+        vocab_size: ``V``, the (target) vocabulary size.
+        d_model: ``d``, the model width.
+        num_layers: blocks in the stack (in each of encoder and decoder for an encoder-decoder).
+        num_heads: ``h``, query heads; must divide ``d_model``.
+        num_kv_heads: key/value heads for grouped-query attention (GQA); must divide ``num_heads``.
+            ``None`` = ``num_heads`` (plain multi-head attention), 1 = multi-query attention.
+        d_ff: hidden width of the MLP; ``None`` = ``4 * d_model``.
+        position: a scheme name from :func:`posenc.schemes` (``"rope"``, ``"alibi"``, ``"learned"``...).
+        position_options: the scheme's own options (see ``posenc.describe(name)``); the model
+            supplies ``d_model``, ``num_heads``, ``head_dim``, ``max_len`` and ``causal``
+            when the scheme takes them and the options do not set them.
+        max_len: the nominal (trained) length. Learned positions need it and cannot run past it;
+            schemes with long-context scalings read it as their original length.
+        dropout: dropout rate on embeddings, attention probabilities and residual branches.
+        norm: ``"pre"`` or ``"post"`` (:data:`NORMS`).
+        tie: weight tying, a key of :data:`posenc.TIE_STRATEGIES`. A decoder-only LM takes
+            ``"none"`` or ``"output"``; an encoder-decoder any of the four.
+        share_position: one scheme instance shared by all layers (T5 shares its bias table);
+            ``False`` builds one per layer (each with its own parameters, if it has any).
+        embed_norm: LayerNorm right after token + position embedding (BERT-style).
+        memory_len: Transformer-XL segment recurrence: each layer also attends to up to this
+            many hidden states of the previous segments (detached). 0 = off.
+        bias: biases in the linear layers (attention projections and MLP).
+        src_vocab_size: source vocabulary of an encoder-decoder; ``None`` = ``vocab_size``.
+    """
+
+    vocab_size: int
+    d_model: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int | None = None
+    d_ff: int | None = None
+    position: str = "rope"
+    position_options: dict[str, Any] = field(default_factory=dict)
+    max_len: int | None = None
+    dropout: float = 0.0
+    norm: str = "pre"
+    tie: str = "output"
+    share_position: bool = True
+    embed_norm: bool = False
+    memory_len: int = 0
+    bias: bool = False
+    src_vocab_size: int | None = None
+
+    def __post_init__(self) -> None:
+        check_int(self.vocab_size, "vocab_size")
+        check_int(self.d_model, "d_model")
+        check_int(self.num_layers, "num_layers")
+        check_int(self.num_heads, "num_heads")
+        if self.d_model % self.num_heads:
+            raise ValueError(
+                f"num_heads={self.num_heads} does not divide d_model={self.d_model}: each head gets "
+                f"d_model / num_heads dims; choose num_heads among {_divisors(self.d_model)}"
+            )
+        if self.num_kv_heads is not None:
+            check_int(self.num_kv_heads, "num_kv_heads")
+            if self.num_heads % self.num_kv_heads:
+                raise ValueError(
+                    f"num_kv_heads={self.num_kv_heads} does not divide num_heads={self.num_heads}: each "
+                    f"key/value head serves a whole group of query heads; choose among {_divisors(self.num_heads)}"
+                )
+        if self.d_ff is not None:
+            check_int(self.d_ff, "d_ff")
+        if self.max_len is not None:
+            check_int(self.max_len, "max_len")
+        check_probability(self.dropout, "dropout")
+        check_choice(self.norm, "norm", NORMS)
+        check_choice(self.tie, "tie", TIE_STRATEGIES)
+        for name in ("share_position", "embed_norm", "bias"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        check_int(self.memory_len, "memory_len", minimum=0)
+        if self.src_vocab_size is not None:
+            check_int(self.src_vocab_size, "src_vocab_size")
+        if not isinstance(self.position_options, dict):
+            raise TypeError(
+                f"position_options must be a dict of the scheme's options, got {type(self.position_options).__name__}"
+            )
+        keys = config_keys(self.position)  # unknown name -> the registry's ValueError listing the valid ones
+        unknown = sorted(set(self.position_options) - set(keys))
+        if unknown:
+            raise ValueError(
+                f"unknown position_options {unknown} for position={self.position!r}; "
+                f"valid keys: {', '.join(keys) or '(none)'}"
+            )
+        if (
+            keys.get("max_len", None) is inspect.Parameter.empty
+            and self.max_len is None
+            and "max_len" not in self.position_options
+        ):
+            raise ValueError(
+                f"position={self.position!r} needs max_len (the length of its table); "
+                f"e.g. ModelConfig(..., position={self.position!r}, max_len=512)"
+            )
+
+    # ------------------------------------------------------------------------------------------
+    @property
+    def head_dim(self) -> int:
+        """``d_h = d_model / num_heads``."""
+        return self.d_model // self.num_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """``h_kv``: ``num_kv_heads``, or ``num_heads`` when it is None."""
+        return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
+
+    @property
+    def ffn_dim(self) -> int:
+        """The MLP hidden width: ``d_ff``, or ``4 * d_model`` when it is None."""
+        return 4 * self.d_model if self.d_ff is None else self.d_ff
+
+    def scheme_context(self, causal: bool) -> dict[str, Any]:
+        """What a model offers the scheme's constructor (see :func:`posenc.build_with_context`)."""
+        return {
+            "d_model": self.d_model,
+            "num_heads": self.num_heads,
+            "head_dim": self.head_dim,
+            "max_len": self.max_len,
+            "causal": causal,
+        }
+
+    def check_causal(self) -> None:
+        """Raise if the position scheme has no causal form (a decoder needs one)."""
+        cls = scheme_class(self.position)
+        if not cls.causal_ok:
+            raise ValueError(
+                f"position={self.position!r} has no causal form, so it cannot run in a decoder "
+                "(or decode with a KV cache); use it in an Encoder, or pick a causal scheme: "
+                + ", ".join(n for n in _causal_schemes())
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable dict (saved next to the weights by :func:`~posenc.model.save_model`)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
+        """Inverse of :meth:`to_dict`; unknown keys raise ``ValueError`` listing the valid ones."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(f"unknown ModelConfig field(s) {unknown}; valid: {', '.join(sorted(names))}")
+        return cls(**data)
+
+
+def _divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
+def _causal_schemes() -> list[str]:
+    return [n for n in schemes() if scheme_class(n).causal_ok]

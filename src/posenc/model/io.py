@@ -1,0 +1,92 @@
+"""Save and load posenc models with safetensors (never pickle): weights + config as JSON metadata.
+
+The file is an ordinary ``.safetensors`` file; its metadata holds ``posenc_model`` (the class
+name) and ``posenc_config`` (the :class:`~posenc.model.ModelConfig` as JSON), so
+:func:`load_model` rebuilds the model without any code execution. Tied weights (one Parameter
+reachable under several names) are stored once and re-tied by the model's constructor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import safetensors
+import safetensors.torch
+import torch
+from torch import nn
+
+from .config import ModelConfig
+from .transformer import Decoder, Encoder, EncoderDecoder, TransformerLM
+
+__all__ = ["MODEL_CLASSES", "load_model", "save_model"]
+
+#: The model classes :func:`load_model` can rebuild, by name.
+MODEL_CLASSES: dict[str, type[nn.Module]] = {
+    "TransformerLM": TransformerLM,
+    "EncoderDecoder": EncoderDecoder,
+    "Encoder": Encoder,
+    "Decoder": Decoder,
+}
+
+
+def save_model(model: nn.Module, path: str | os.PathLike) -> None:
+    """Write ``model``'s weights and config to ``path`` (a ``.safetensors`` file).
+
+    Raises:
+        TypeError: ``model`` is not one of :data:`MODEL_CLASSES`, or its ``position_options`` are
+            not JSON-serialisable.
+    """
+    name = type(model).__name__
+    if MODEL_CLASSES.get(name) is not type(model):
+        raise TypeError(f"save_model takes one of {', '.join(MODEL_CLASSES)}, got {name}")
+    try:
+        config_json = json.dumps(model.config.to_dict())
+    except TypeError as err:
+        raise TypeError(f"the model's config is not JSON-serialisable ({err}); use plain numbers, "
+                        "strings, lists and dicts in position_options") from None
+    extra = {"cross_attention": str(model.cross_attention)} if isinstance(model, Decoder) else {}
+    metadata = {"format": "pt", "posenc_model": name, "posenc_config": config_json, **extra}
+    safetensors.torch.save_model(model, str(path), metadata=metadata)  # drops duplicate (tied) names
+
+
+def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> nn.Module:
+    """Rebuild the model saved by :func:`save_model` at ``path`` and load its weights.
+
+    Returns the model in eval mode on ``device``.
+    """
+    with safetensors.safe_open(str(path), framework="pt") as f:
+        metadata = f.metadata() or {}
+    if "posenc_model" not in metadata or "posenc_config" not in metadata:
+        raise ValueError(f"{path} has no posenc metadata: it was not written by posenc.model.save_model")
+    name = metadata["posenc_model"]
+    if name not in MODEL_CLASSES:
+        raise ValueError(f"{path} holds an unknown model class {name!r}; known: {', '.join(MODEL_CLASSES)}")
+    config = ModelConfig.from_dict(json.loads(metadata["posenc_config"]))
+    with torch.device("meta"):  # no wasted initialisation: every weight comes from the file
+        if name == "Decoder":
+            model = Decoder(config, cross_attention=metadata.get("cross_attention", "True") == "True")
+        else:
+            model = MODEL_CLASSES[name](config)
+    model = model.to_empty(device=device)
+    state = safetensors.torch.load_file(str(path), device=str(device))
+    _load_tied(model, state)
+    return model.eval()
+
+
+def _load_tied(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Load ``state`` (each tied tensor under one of its names) into ``model``, re-using ties."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    params.update(dict(model.named_buffers(remove_duplicate=False)))
+    groups: dict[int, list[str]] = {}
+    for key, tensor in params.items():
+        groups.setdefault(id(tensor), []).append(key)
+    unexpected = sorted(set(state) - set(params))
+    if unexpected:
+        raise ValueError(f"the file has weights this model does not: {unexpected[:5]}")
+    with torch.no_grad():
+        for names in groups.values():
+            found = [n for n in names if n in state]
+            if not found:
+                raise ValueError(f"the file lacks the weights {names}")
+            params[names[0]].copy_(state[found[0]])
