@@ -1,0 +1,40 @@
+"""From text to vectors: tokenizers, corpora, synthetic tasks, the seeds' pipeline step by step.
+
+* :mod:`.tokenizer` - WordPiece / byte-level BPE / byte tokenizers on Hugging Face ``tokenizers``.
+* :mod:`.corpus` - the Python stdlib's own source and user files, split by document, byte views.
+* :mod:`.tasks` - copy, reverse, addition (Kazemnejad et al. 2023) for length generalization.
+* :mod:`.pipeline` - ids -> scaled embedding -> + positions -> LayerNorm -> dropout, each step kept.
+* :mod:`.projection` - a learned ``[V, d]`` embedding matrix projected to 2D (PCA, t-SNE).
+
+Heavy optional packages (``tokenizers``, ``scikit-learn``, ``matplotlib``) are imported only when
+a function needs them.
+"""
+
+from .corpus import CORPORA, Corpus, CorpusInfo, Document, load_corpus, split_documents
+from .tokenizer import (
+    TOKENIZER_KINDS,
+    Encoding,
+    Tokenizer,
+    build_tokenizer,
+    byte_tokenizer,
+    load_tokenizer,
+    train_bpe,
+    train_wordpiece,
+)
+
+__all__ = [
+    "CORPORA",
+    "TOKENIZER_KINDS",
+    "Corpus",
+    "CorpusInfo",
+    "Document",
+    "Encoding",
+    "Tokenizer",
+    "build_tokenizer",
+    "byte_tokenizer",
+    "load_corpus",
+    "load_tokenizer",
+    "split_documents",
+    "train_bpe",
+    "train_wordpiece",
+]
