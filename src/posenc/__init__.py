@@ -17,6 +17,7 @@ from .absolute import (
     sinusoidal_table,
 )
 from .base import HOOKS, PositionalScheme
+from .bias import ALiBi, T5RelativeBias, alibi_bias, alibi_slopes, relative_positions, t5_relative_bucket
 from .embedding import TIE_STRATEGIES, InputEmbedding, TokenEmbedding, apply_tying, tie_weights
 from .model import (
     Decoder,
@@ -33,12 +34,14 @@ from .model import (
 )
 from .positions import arange_positions, positions_from_cu_seqlens, positions_from_mask
 from .registry import build, build_with_context, describe, register, schemes
+from .relative import ShawRelative, TransformerXLRelative
 
 __version__ = "0.1.0"
 
 __all__ = [
     "HOOKS",
     "TIE_STRATEGIES",
+    "ALiBi",
     "Decoder",
     "Encoder",
     "EncoderDecoder",
@@ -52,13 +55,18 @@ __all__ = [
     "NoPE",
     "PositionalScheme",
     "ScaledSinusoidalPE",
+    "ShawRelative",
     "Sinusoidal2D",
     "Sinusoidal3D",
     "SinusoidalND",
     "SinusoidalPE",
+    "T5RelativeBias",
     "TokenEmbedding",
     "TransformerLM",
+    "TransformerXLRelative",
     "__version__",
+    "alibi_bias",
+    "alibi_slopes",
     "apply_tying",
     "arange_positions",
     "build",
@@ -68,10 +76,12 @@ __all__ = [
     "positions_from_cu_seqlens",
     "positions_from_mask",
     "register",
+    "relative_positions",
     "save_model",
     "schemes",
     "sinusoidal_frequencies",
     "sinusoidal_nd_table",
     "sinusoidal_table",
+    "t5_relative_bucket",
     "tie_weights",
 ]

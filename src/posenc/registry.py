@@ -20,6 +20,8 @@ from typing import Any
 
 from .absolute import LearnedPE, NoPE, ScaledSinusoidalPE, Sinusoidal2D, Sinusoidal3D, SinusoidalPE
 from .base import PositionalScheme
+from .bias import ALiBi, T5RelativeBias
+from .relative import ShawRelative, TransformerXLRelative
 
 __all__ = ["SCHEMES", "build", "build_with_context", "config_keys", "describe", "register", "scheme_class", "schemes"]
 
@@ -41,6 +43,8 @@ def register(cls: type[PositionalScheme], *, name: str | None = None) -> type[Po
 
 
 for _cls in (NoPE, SinusoidalPE, ScaledSinusoidalPE, LearnedPE, Sinusoidal2D, Sinusoidal3D):
+    register(_cls)
+for _cls in (ALiBi, T5RelativeBias, ShawRelative, TransformerXLRelative):  # bias.py, relative.py
     register(_cls)
 
 

@@ -1,0 +1,307 @@
+"""Attention biases from relative position alone: ALiBi and T5's bucketed bias (the ``score_bias`` hook).
+
+Both add a term that depends only on the distance between a query at position ``i`` and a key
+at position ``j`` to the scaled attention logits (``softmax(q k^T / sqrt(d_h) + bias)``):
+
+* **ALiBi** (Press et al. 2022): ``bias_h(i, j) = -m_h * (i - j)`` (causal form) or
+  ``-m_h * |i - j|`` (symmetric form, for encoders and cross-attention), with fixed head slopes
+  ``m_h = 2^(-8h/n)`` for ``n`` a power of two (see :func:`alibi_slopes` for other head counts).
+* **T5** (Raffel et al. 2020): ``bias_h(i, j) = B[bucket(j - i), h]`` with one learned scalar per
+  (bucket, head); exact buckets for small distances, logarithmic ones up to ``max_distance``
+  (see :func:`t5_relative_bucket`).
+
+Nothing ``O(s^2)`` is kept between calls: the bias is computed from the positions in each call.
+Positions may be any integers, ``[s]`` or per batch row ``[b, s]`` (packed documents, left
+padding, KV-cache offsets); only their differences matter.
+
+Legend: ``b`` batch, ``h`` heads, ``s_q``/``s_k`` query/key lengths.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ._validate import check_int, check_positive_float
+from .base import PositionalScheme
+from .positions import check_positions
+
+__all__ = [
+    "ALiBi",
+    "T5RelativeBias",
+    "alibi_bias",
+    "alibi_slopes",
+    "relative_positions",
+    "t5_relative_bucket",
+]
+
+
+# ----------------------------------------------------------------------------------------------
+# Shared: autocast off, positions -> relative positions
+# ----------------------------------------------------------------------------------------------
+def autocast_off(device: torch.device) -> torch.autocast:
+    """A context with autocast disabled on ``device`` (the meta device has no autocast: use cpu's)."""
+    return torch.autocast(device_type="cpu" if device.type == "meta" else device.type, enabled=False)
+
+
+def _check_pos(positions: object, name: str) -> torch.Tensor:
+    if not isinstance(positions, torch.Tensor):
+        raise TypeError(
+            f"{name} must be an integer tensor [s] or [b, s], got {type(positions).__name__}; "
+            "use torch.arange(s)"
+        )
+    return check_positions(positions, positions.shape[-1] if positions.dim() else -1, name=name)
+
+
+def relative_positions(q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
+    """``k_positions[j] - q_positions[i]`` (T5's ``memory_position - query_position``), exact in int64.
+
+    Args:
+        q_positions: ``[s_q]`` or ``[b, s_q]`` integer positions of the queries.
+        k_positions: ``[s_k]`` or ``[b, s_k]`` integer positions of the keys.
+
+    Returns:
+        int64 ``[1, s_q, s_k]`` when both are 1-D, else ``[b, s_q, s_k]``.
+
+    Raises:
+        TypeError: positions that are not integer tensors.
+        ValueError: positions with more than two dims, or batch sizes that differ (and are not 1).
+    """
+    q = _check_pos(q_positions, "q_positions")
+    k = _check_pos(k_positions, "k_positions")
+    q = q if q.dim() == 2 else q[None]  # [s_q] -> [1, s_q]
+    k = k if k.dim() == 2 else k[None]  # [s_k] -> [1, s_k]
+    if q.shape[0] != k.shape[0] and 1 not in (q.shape[0], k.shape[0]):
+        raise ValueError(
+            f"q_positions and k_positions have batch sizes {q.shape[0]} and {k.shape[0]}; "
+            "pass [s] positions or [b, s] positions with the same b"
+        )
+    return k[:, None, :] - q[:, :, None]  # [b|1, 1, s_k] - [b|1, s_q, 1] -> [b|1, s_q, s_k]
+
+
+# ----------------------------------------------------------------------------------------------
+# ALiBi
+# ----------------------------------------------------------------------------------------------
+def _power_of_two_slopes(n: int) -> list[float]:
+    # 2^(-8/n), 2^(-16/n), ..., 2^(-8): a geometric sequence whose ratio equals its start.
+    return [2.0 ** (-8.0 * h / n) for h in range(1, n + 1)]
+
+
+def alibi_slopes(
+    num_heads: int, *, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """ALiBi's head slopes ``m_h`` (Press et al. 2022, section 3).
+
+    For ``n`` a power of two, ``m_h = 2^(-8h/n)`` for ``h = 1..n``. For other head counts the
+    official code (ofirpress/attention_with_linear_biases, ``get_slopes``; HF Bloom's
+    ``build_alibi_tensor``) takes the ``n'`` slopes of the closest smaller power of two ``n'`` and
+    appends every other slope (the 1st, 3rd, ...) of ``2n'`` until there are ``n``.
+
+    Args:
+        num_heads: ``h``, the number of heads (>= 1).
+        dtype, device: of the result; the slopes are computed in float64 and cast.
+
+    Returns:
+        ``[h]`` slopes, all in ``(0, 1)``.
+    """
+    n = check_int(num_heads, "num_heads")
+    base = 2 ** math.floor(math.log2(n))
+    slopes = _power_of_two_slopes(base)
+    if base != n:
+        slopes += _power_of_two_slopes(2 * base)[0::2][: n - base]
+    return torch.tensor(slopes, dtype=torch.float64, device=device).to(dtype)
+
+
+def alibi_bias(
+    slopes: torch.Tensor, q_positions: torch.Tensor, k_positions: torch.Tensor, *, causal: bool = True
+) -> torch.Tensor:
+    """The ALiBi bias for given slopes and positions (pure function).
+
+    Args:
+        slopes: ``[h]`` head slopes (:func:`alibi_slopes`).
+        q_positions: ``[s_q]`` or ``[b, s_q]`` integer positions ``i``.
+        k_positions: ``[s_k]`` or ``[b, s_k]`` integer positions ``j``.
+        causal: True: ``-m_h (i - j)``, the paper's form (the model must mask keys with ``j > i``,
+            whose entries are positive). False: ``-m_h |i - j|``, symmetric, for encoders and
+            cross-attention.
+
+    Returns:
+        ``[b | 1, h, s_q, s_k]`` in the dtype of ``slopes`` (float32 or float64).
+    """
+    if not isinstance(slopes, torch.Tensor) or slopes.dim() != 1 or not slopes.is_floating_point():
+        raise TypeError("slopes must be a float tensor [h]; use posenc.alibi_slopes(num_heads)")
+    rel = relative_positions(q_positions, k_positions)  # [b|1, s_q, s_k] = j - i, exact int64
+    neg_dist = rel if causal else rel.abs().neg()  # -(i - j) = j - i, or -|i - j| (ints: no -0.0)
+    with autocast_off(rel.device):
+        # [b | 1, 1, s_q, s_k] * [1, h, 1, 1] -> [b | 1, h, s_q, s_k]
+        return neg_dist[:, None].to(slopes.dtype) * slopes[None, :, None, None]
+
+
+class ALiBi(PositionalScheme):
+    """Attention with Linear Biases (Press et al. 2022): a fixed, per-head linear distance penalty.
+
+    Args:
+        num_heads: ``h``, the number of attention heads.
+        causal: True for decoders (``-m_h (i - j)``, keys after the query must be masked by the
+            model); False for encoders and cross-attention (``-m_h |i - j|``, symmetric).
+
+    Shapes: ``score_bias(q_positions [s_q] | [b, s_q], k_positions [s_k] | [b, s_k])
+    -> [b | 1, h, s_q, s_k]`` float32. No parameters and no buffers: the slopes are recomputed
+    from ``num_heads`` each call (cheap), so ``module.to(torch.bfloat16)`` cannot round them.
+    """
+
+    name = "alibi"
+    hooks = ("score_bias",)
+    summary = "fixed per-head linear distance penalty on the logits (Press et al. 2022); any length"
+
+    def __init__(self, num_heads: int, causal: bool = True) -> None:
+        super().__init__()
+        self.num_heads = check_int(num_heads, "num_heads")
+        if not isinstance(causal, bool):
+            raise TypeError(f"causal must be a bool, got {type(causal).__name__} ({causal!r})")
+        self.causal = causal
+
+    def slopes(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """The float32 slopes ``[h]``."""
+        return alibi_slopes(self.num_heads, device=device)
+
+    def score_bias(
+        self, q_positions: torch.Tensor, k_positions: torch.Tensor, q: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        device = q_positions.device if isinstance(q_positions, torch.Tensor) else None
+        return alibi_bias(self.slopes(device), q_positions, k_positions, causal=self.causal)
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}, causal={self.causal}"
+
+
+# ----------------------------------------------------------------------------------------------
+# T5
+# ----------------------------------------------------------------------------------------------
+def _check_buckets(bidirectional: bool, num_buckets: int, max_distance: int) -> None:
+    if not isinstance(bidirectional, bool):
+        raise TypeError(
+            f"bidirectional must be a bool, got {type(bidirectional).__name__} ({bidirectional!r})"
+        )
+    check_int(num_buckets, "num_buckets", minimum=4 if bidirectional else 2)
+    if bidirectional and num_buckets % 2:
+        raise ValueError(
+            f"num_buckets must be even when bidirectional=True (half per direction), got {num_buckets}; "
+            f"use {num_buckets + 1}"
+        )
+    max_exact = (num_buckets // 2 if bidirectional else num_buckets) // 2
+    check_int(max_distance, "max_distance", minimum=max_exact + 1,
+              hint=f" (it must exceed the {max_exact} exact buckets of num_buckets={num_buckets})")
+
+
+def t5_relative_bucket(
+    relative_position: torch.Tensor,
+    bidirectional: bool = True,
+    num_buckets: int = 32,
+    max_distance: int = 128,
+) -> torch.Tensor:
+    """T5's bucket of each relative position (Raffel et al. 2020; Mesh TensorFlow, HF ``T5Attention``).
+
+    ``relative_position = memory_position - query_position`` (key minus query). Distances below
+    ``max_exact = n/2`` (``n`` = buckets per direction: ``num_buckets/2`` if bidirectional, else
+    ``num_buckets``) get a bucket each; larger ones share logarithmically wider buckets up to
+    ``max_distance``, beyond which all fall in the last bucket. Bidirectional: keys after the
+    query (``relative_position > 0``) use buckets ``n..2n-1``. Causal (``bidirectional=False``):
+    keys after the query are clipped to distance 0.
+
+    Args:
+        relative_position: integer tensor of any shape ``[...]``.
+        bidirectional: whether keys after the query are distinguished (encoders) or not (decoders).
+        num_buckets: total number of buckets (T5: 32). Even if ``bidirectional``.
+        max_distance: distance from which every position shares the last bucket (T5: 128).
+
+    Returns:
+        int64 ``[...]`` bucket ids in ``[0, num_buckets)``.
+    """
+    if not isinstance(relative_position, torch.Tensor):
+        raise TypeError(
+            f"relative_position must be an integer tensor, got {type(relative_position).__name__}"
+        )
+    if relative_position.is_floating_point() or relative_position.is_complex() or (
+        relative_position.dtype == torch.bool
+    ):
+        raise TypeError(
+            f"relative_position must be an integer tensor, got dtype {relative_position.dtype}; "
+            "pass e.g. (k_positions[None, :] - q_positions[:, None]).long()"
+        )
+    _check_buckets(bidirectional, num_buckets, max_distance)
+    rel = relative_position.long()
+    buckets = torch.zeros_like(rel)
+    n = num_buckets
+    if bidirectional:
+        n //= 2
+        buckets = buckets + (rel > 0).long() * n  # keys after the query: upper half
+        dist = rel.abs()
+    else:
+        dist = (-rel).clamp_min(0)  # keys after the query count as distance 0
+    max_exact = n // 2
+    is_small = dist < max_exact
+    # The same float32 operations, in the same order, as T5 (so boundaries round identically);
+    # clamping to max_exact first avoids log(0) where the exact branch is used anyway.
+    large = max_exact + (
+        torch.log(dist.clamp_min(max_exact).float() / max_exact)
+        / math.log(max_distance / max_exact)
+        * (n - max_exact)
+    ).long()
+    large = large.clamp_max(n - 1)
+    return buckets + torch.where(is_small, dist, large)
+
+
+class T5RelativeBias(PositionalScheme):
+    """T5's relative position bias: one learned scalar per (bucket, head), added to the logits.
+
+    Args:
+        num_heads: ``h``.
+        num_buckets: number of buckets (T5: 32).
+        max_distance: distance where the last bucket starts (T5: 128).
+        bidirectional: True for encoders (T5's encoder), False for causal decoders.
+        init_std: std of the normal initialisation of the ``[num_buckets, h]`` table.
+
+    Shapes: ``score_bias(q_positions [s_q] | [b, s_q], k_positions [s_k] | [b, s_k])
+    -> [b | 1, h, s_q, s_k]`` float32. T5 computes the bias in the first layer and shares it with
+    every layer; a model does that by reusing one instance (or builds one per layer).
+    """
+
+    name = "t5"
+    hooks = ("score_bias",)
+    summary = "learned scalar per (log-bucketed distance, head) on the logits (Raffel et al. 2020)"
+
+    def __init__(
+        self,
+        num_heads: int,
+        num_buckets: int = 32,
+        max_distance: int = 128,
+        bidirectional: bool = True,
+        init_std: float = 0.02,
+    ) -> None:
+        super().__init__()
+        self.num_heads = check_int(num_heads, "num_heads")
+        _check_buckets(bidirectional, num_buckets, max_distance)
+        self.num_buckets, self.max_distance, self.bidirectional = num_buckets, max_distance, bidirectional
+        self.init_std = check_positive_float(init_std, "init_std")
+        self.relative_attention_bias = nn.Embedding(num_buckets, self.num_heads)  # [buckets, h]
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.relative_attention_bias.weight, std=self.init_std)
+
+    def score_bias(
+        self, q_positions: torch.Tensor, k_positions: torch.Tensor, q: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        rel = relative_positions(q_positions, k_positions)  # [b|1, s_q, s_k]
+        buckets = t5_relative_bucket(rel, self.bidirectional, self.num_buckets, self.max_distance)
+        values = self.relative_attention_bias(buckets)  # [b|1, s_q, s_k, h]
+        return values.permute(0, 3, 1, 2).float()  # [b|1, s_q, s_k, h] -> [b|1, h, s_q, s_k]
+
+    def extra_repr(self) -> str:
+        return (
+            f"num_heads={self.num_heads}, num_buckets={self.num_buckets}, "
+            f"max_distance={self.max_distance}, bidirectional={self.bidirectional}"
+        )
