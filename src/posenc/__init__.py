@@ -38,6 +38,14 @@ from .relative import ShawRelative, TransformerXLRelative
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str):  # `posenc.text` loads lazily: it needs the optional `tokenizers`
+    if name == "text":
+        import importlib
+
+        return importlib.import_module(".text", __name__)
+    raise AttributeError(f"module 'posenc' has no attribute {name!r}")
+
 __all__ = [
     "HOOKS",
     "TIE_STRATEGIES",

@@ -106,6 +106,9 @@ def _show_run(args: argparse.Namespace) -> int:
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
     "list": ("list every scheme with its hooks", _list_args, _list_run),
     "show": ("print an absolute encoding's values as a table", _show_args, _show_run),
+    "encode": ("run a text through tokenizer, embedding, positions, LayerNorm, dropout, step by step",
+               lambda p: __import__("posenc.text.commands", fromlist=["_"]).encode_args(p),
+               lambda a: __import__("posenc.text.commands", fromlist=["_"]).encode_run(a)),
 }
 
 

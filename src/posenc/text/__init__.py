@@ -11,6 +11,9 @@ a function needs them.
 """
 
 from .corpus import CORPORA, Corpus, CorpusInfo, Document, load_corpus, split_documents
+from .pipeline import PipelineResult, encode_text, format_pipeline, plot_pipeline, run_pipeline
+from .projection import PROJECTIONS, plot_embedding_space, project_2d
+from .tasks import TASKS, TaskBatch, exact_match, generate_task
 from .tokenizer import (
     TOKENIZER_KINDS,
     Encoding,
@@ -24,16 +27,28 @@ from .tokenizer import (
 
 __all__ = [
     "CORPORA",
+    "PROJECTIONS",
+    "TASKS",
     "TOKENIZER_KINDS",
     "Corpus",
     "CorpusInfo",
     "Document",
     "Encoding",
+    "PipelineResult",
+    "TaskBatch",
     "Tokenizer",
     "build_tokenizer",
     "byte_tokenizer",
+    "encode_text",
+    "exact_match",
+    "format_pipeline",
+    "generate_task",
     "load_corpus",
     "load_tokenizer",
+    "plot_embedding_space",
+    "plot_pipeline",
+    "project_2d",
+    "run_pipeline",
     "split_documents",
     "train_bpe",
     "train_wordpiece",

@@ -1,0 +1,288 @@
+"""The seeds' input pipeline as data: every step from token ids to the vectors a Transformer sees.
+
+Seeds 002 and 003 walk one sentence through the input layer::
+
+    tokens -> ids [s] -> one_hot(ids) @ E == E[ids] [s, d] -> x sqrt(d) -> + PE [s, d]
+           -> LayerNorm (per token: mean 0, variance 1) -> dropout (train) / identity (eval)
+
+:func:`run_pipeline` performs each step with posenc's own :class:`~posenc.InputEmbedding` (its
+``token``, ``position``, ``norm`` and ``dropout`` submodules) and returns every intermediate tensor
+with its statistics, so the CLI (``posenc encode``), the docs and the tests read the same numbers.
+The final steps equal ``InputEmbedding.forward`` in eval mode and, for the same RNG state, in train
+mode (tested).
+
+Legend: ``s`` number of tokens, ``d`` model width (``d_model``), ``V`` vocabulary size.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .._validate import check_int, check_probability
+from ..embedding import InputEmbedding
+from ..registry import config_keys
+from .tokenizer import Tokenizer
+
+__all__ = ["PipelineResult", "Step", "encode_text", "format_pipeline", "plot_pipeline", "run_pipeline"]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of the pipeline: ``tensor`` is ``[s]`` (ids) or ``[s, d]`` / ``[s, V]``; ``stats`` are
+    plain numbers (and per-token lists) describing it."""
+
+    name: str
+    title: str
+    tensor: torch.Tensor
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PipelineResult:
+    """Every step of :func:`run_pipeline`, in order, keyed by name.
+
+    ``module`` is the :class:`~posenc.InputEmbedding` that produced them (in eval mode).
+    """
+
+    tokens: list[str]
+    ids: torch.Tensor
+    steps: dict[str, Step]
+    module: InputEmbedding
+    seed: int
+
+    def __getitem__(self, name: str) -> Step:
+        try:
+            return self.steps[name]
+        except KeyError:
+            raise KeyError(f"no step {name!r}; steps: {', '.join(self.steps)}") from None
+
+    @property
+    def output(self) -> torch.Tensor:
+        """``[s, d]``: the input layer's output in eval mode (= ``module.eval()(ids[None])[0]``)."""
+        return self.steps["dropout_eval"].tensor
+
+
+def _row_stats(x: torch.Tensor) -> dict[str, Any]:
+    """Per-token mean and (biased, as LayerNorm uses) variance of ``x`` ``[s, d]``, plus overall std."""
+    x64 = x.double()
+    return {
+        "mean_per_token": x64.mean(-1).tolist(),
+        "var_per_token": x64.var(-1, unbiased=False).tolist(),
+        "std": float(x64.std(unbiased=False)),
+        "abs_max": float(x64.abs().max()),
+    }
+
+
+def run_pipeline(
+    ids: torch.Tensor | Sequence[int],
+    vocab_size: int,
+    *,
+    tokens: Sequence[str] | None = None,
+    scheme: str = "sinusoidal",
+    d_model: int = 16,
+    dropout: float = 0.1,
+    seed: int = 0,
+    scheme_options: dict[str, Any] | None = None,
+) -> PipelineResult:
+    """Run ids through a freshly initialised :class:`~posenc.InputEmbedding` one step at a time.
+
+    Args:
+        ids: ``[s]`` token ids in ``[0, vocab_size)``.
+        vocab_size: ``V``, the rows of the embedding matrix ``E`` ``[V, d]``.
+        tokens: the token strings, for display (default: the ids as strings).
+        scheme: a scheme name; a scheme acting inside attention (rope, alibi, ...) adds nothing here,
+            and the ``positional`` step is then zero.
+        d_model: ``d``.
+        dropout: the dropout rate shown in the train-mode step.
+        seed: seeds the weights (``torch.manual_seed(seed)`` before building) and the dropout mask.
+        scheme_options: extra scheme options; ``max_len`` defaults to ``s`` for schemes that take it.
+
+    Returns:
+        :class:`PipelineResult` with steps ``ids``, ``one_hot``, ``lookup``, ``scaled``,
+        ``positional``, ``sum``, ``layer_norm``, ``dropout_train``, ``dropout_eval``.
+    """
+    ids = torch.as_tensor(ids)
+    if ids.dim() != 1:
+        raise ValueError(f"ids must have shape [s], got {tuple(ids.shape)}; run one text at a time")
+    if ids.numel() == 0:
+        raise ValueError("ids is empty: there is nothing to encode (is the text empty?)")
+    check_int(vocab_size, "vocab_size")
+    check_int(d_model, "d_model")
+    check_probability(dropout, "dropout")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__} ({seed!r})")
+    s = ids.numel()
+    tokens = [str(i) for i in ids.tolist()] if tokens is None else list(tokens)
+    if len(tokens) != s:
+        raise ValueError(f"tokens has {len(tokens)} entries but ids has {s}; they must match one to one")
+    options = dict(scheme_options or {})
+    if "max_len" in config_keys(scheme) and "max_len" not in options:
+        options["max_len"] = s
+    torch.manual_seed(seed)
+    module = InputEmbedding(vocab_size, d_model, scheme, dropout=dropout, scheme_options=options or None)
+    module.eval()
+    module.token.check_ids(ids)
+    steps: dict[str, Step] = {}
+
+    def add(name: str, title: str, tensor: torch.Tensor, **stats: Any) -> torch.Tensor:
+        steps[name] = Step(name, title, tensor.detach(), stats)
+        return tensor
+
+    with torch.no_grad():
+        weight = module.token.weight  # E [V, d]
+        add("ids", "token ids", ids, vocab_size=vocab_size)
+        one_hot = nn.functional.one_hot(ids.long(), vocab_size).to(weight.dtype)  # [s, V], one 1 per row
+        via_matmul = one_hot @ weight  # [s, V] @ [V, d] -> [s, d]
+        lookup = nn.functional.embedding(ids, weight)  # E[ids], the gather [s, d]
+        add("one_hot", "one_hot(ids) [s, V]", one_hot,
+            max_abs_diff=float((via_matmul - lookup).abs().max()),
+            equal=bool(torch.equal(via_matmul, lookup)),
+            matmul_flops=2 * s * vocab_size * d_model)
+        add("lookup", "E[ids]: embedding lookup", lookup, **_row_stats(lookup),
+            init_std=module.token.init_std)
+        x = module.token(ids[None])[0]  # [1, s] -> [1, s, d] -> [s, d], times the scale
+        add("scaled", f"E[ids] x {module.token.scale:.4g} (sqrt(d_model)={math.sqrt(d_model):.4g})", x,
+            **_row_stats(x), scale=module.token.scale)
+        if module.position is not None:
+            pe = module.position.embed(torch.zeros_like(x)[None])[0]  # the positional part alone [s, d]
+            summed = module.position.embed(x[None])[0]  # [1, s, d] -> [s, d]
+            note = f"{scheme} adds its table to the embeddings"
+        else:
+            pe = torch.zeros_like(x)
+            summed = x
+            note = f"{scheme} adds nothing here: it acts inside attention"
+        add("positional", f"positional part ({scheme})", pe, **_row_stats(pe), note=note)
+        add("sum", "token + positional", summed, **_row_stats(summed),
+            max_abs_diff_vs_x_plus_pe=float((summed - (x + pe)).abs().max()))
+        normed = module.norm(summed[None])[0]  # LayerNorm over d, per token
+        add("layer_norm", "LayerNorm (per token)", normed, **_row_stats(normed),
+            gamma_is_one=bool(isinstance(module.norm, nn.LayerNorm) and torch.all(module.norm.weight == 1)))
+        gen_state = torch.random.get_rng_state()
+        torch.manual_seed(seed)
+        module.dropout.train()
+        dropped = module.dropout(normed[None])[0]  # [s, d], zeros and 1/(1-p) scaling
+        module.dropout.eval()
+        torch.random.set_rng_state(gen_state)
+        zeros = int((dropped == 0).sum()) - int((normed == 0).sum())
+        add("dropout_train", f"dropout p={dropout} (train)", dropped,
+            **_row_stats(dropped), zeroed_fraction=zeros / dropped.numel(), keep_scale=1 / (1 - dropout))
+        add("dropout_eval", "dropout (eval): identity", module.dropout(normed[None])[0],
+            equal_to_layer_norm=True)
+    return PipelineResult(tokens=tokens, ids=ids, steps=steps, module=module, seed=seed)
+
+
+def encode_text(text: str, tokenizer: Tokenizer, **options: Any) -> PipelineResult:
+    """Tokenize ``text`` and :func:`run_pipeline` it. ``options`` go to :func:`run_pipeline`.
+
+    Raises:
+        ValueError: ``text`` is empty or only whitespace.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    if not text.strip():
+        raise ValueError(f"text is empty ({text!r}): give a sentence, e.g. \"The cat sat on the mat.\"")
+    enc = tokenizer.encode(text)
+    return run_pipeline(torch.tensor(enc.ids, dtype=torch.long), tokenizer.vocab_size, tokens=enc.tokens,
+                        **options)
+
+
+# ---------------------------------------------------------------------------------------------
+# Presentation
+# ---------------------------------------------------------------------------------------------
+def _fmt_row(values: Sequence[float], digits: int) -> str:
+    return "[" + ", ".join(f"{v:+.{digits}f}" for v in values) + "]"
+
+
+def _matrix_lines(result: PipelineResult, x: torch.Tensor, digits: int, columns: int) -> list[str]:
+    width = max(len(t) for t in result.tokens)
+    more = f" ... ({x.shape[1] - columns} more)" if x.shape[1] > columns else ""
+    return [f"    {t:<{width}} {_fmt_row(row[:columns], digits)}{more}"
+            for t, row in zip(result.tokens, x.tolist())]
+
+
+def format_pipeline(result: PipelineResult, digits: int = 3, columns: int = 6) -> str:
+    """Human-readable text of every step (what ``posenc encode`` prints)."""
+    st = result.steps
+    m = result.module
+    s, d = st["lookup"].tensor.shape
+    V = st["ids"].stats["vocab_size"]
+    lines = [f"1. tokens ({s}): {' '.join(result.tokens)}",
+             f"2. ids [s={s}]: {result.ids.tolist()}  (vocabulary V={V})"]
+    oh = st["one_hot"].stats
+    lines.append(f"3. one_hot(ids) [{s}, {V}] @ E [{V}, {d}] == E[ids] [{s}, {d}]: "
+                 f"max |diff| = {oh['max_abs_diff']:.3g} "
+                 f"({'bit-identical' if oh['equal'] else 'not identical'}); "
+                 f"the matmul costs {oh['matmul_flops']:,} flops, the lookup copies {s * d} numbers")
+    lk = st["lookup"].stats
+    lines.append(f"4. E[ids] [{s}, {d}]: std {lk['std']:.3f} (init std {lk['init_std']:.3f} = 1/sqrt(d))")
+    lines += _matrix_lines(result, st["lookup"].tensor, digits, columns)
+    sc = st["scaled"].stats
+    lines.append(f"5. x sqrt(d_model) = x {sc['scale']:.4g} -> std {sc['std']:.3f}")
+    lines += _matrix_lines(result, st["scaled"].tensor, digits, columns)
+    lines.append(f"6. positional part [{s}, {d}] ({st['positional'].stats['note']}), "
+                 f"|max| {st['positional'].stats['abs_max']:.3f}")
+    lines += _matrix_lines(result, st["positional"].tensor, digits, columns)
+    sm = st["sum"].stats
+    lines.append(f"7. sum [{s}, {d}]: std {sm['std']:.3f}")
+    lines += _matrix_lines(result, st["sum"].tensor, digits, columns)
+    ids = result.ids.tolist()
+    repeat = next((i for i in range(s) if ids.index(ids[i]) != i), None)
+    if repeat is not None:  # seed 003's point: the id alone cannot tell the two occurrences apart
+        first = ids.index(ids[repeat])
+        gap = float((st["sum"].tensor[repeat] - st["sum"].tensor[first]).norm())
+        lines.append(f"    {result.tokens[repeat]!r} at positions {first} and {repeat}: the same row of E, "
+                     f"but the sums differ by |diff| = {gap:.3f} (only the positional part tells them apart)")
+    ln = st["layer_norm"].stats
+    eps = getattr(m.norm, "eps", "-")
+    lines.append(f"8. LayerNorm over d={d}, per token (gamma=1, beta=0 at init; eps={eps}):")
+    width = max(len(t) for t in result.tokens)
+    for t, mu, var in zip(result.tokens, ln["mean_per_token"], ln["var_per_token"]):
+        lines.append(f"    {t:<{width}} mean {mu:+.2e}  var {var:.5f}")
+    dt = st["dropout_train"].stats
+    lines.append(f"9. dropout p={m.dropout.p}: train zeroes {dt['zeroed_fraction']:.1%} of {s * d} values, "
+                 f"scales the rest by 1/(1-p) = {dt['keep_scale']:.4g}; eval is the identity")
+    lines += _matrix_lines(result, st["dropout_train"].tensor, digits, columns)
+    lines.append(f"output [1, {s}, {d}] (eval) = posenc.InputEmbedding({V}, {d}, {m.scheme_name!r})(ids)")
+    return "\n".join(lines)
+
+
+#: The matrices drawn by :func:`plot_pipeline`, in order.
+PLOT_STEPS = ("lookup", "scaled", "positional", "sum", "layer_norm", "dropout_train")
+
+
+def plot_pipeline(result: PipelineResult, out_path: str | Path) -> Path:
+    """Write a figure of the token x dimension matrices ``[s, d]`` at each step to ``out_path``.
+
+    The format follows the file suffix (``.png``, ``.svg``, ``.pdf``). Needs matplotlib.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_path = Path(out_path)
+    if out_path.parent and not out_path.parent.exists():
+        raise ValueError(f"--plot folder {str(out_path.parent)!r} does not exist; create it first")
+    s, d = result.steps["lookup"].tensor.shape
+    fig, axes = plt.subplots(2, 3, figsize=(3 + 0.35 * d * 3, 1.5 + 0.4 * s * 2), squeeze=False)
+    for ax, name in zip(axes.flat, PLOT_STEPS):
+        step = result.steps[name]
+        x = step.tensor.float()
+        lim = float(x.abs().max()) or 1.0
+        im = ax.imshow(x.numpy(), cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto")
+        ax.set_title(step.title, fontsize=9)
+        ax.set_yticks(range(s), result.tokens, fontsize=7)
+        ax.set_xlabel("dimension")
+        fig.colorbar(im, ax=ax, fraction=0.046)
+    fig.suptitle(f"posenc encode: {s} tokens, d_model={d}, scheme {result.module.scheme_name!r}")
+    fig.tight_layout()
+    fig.savefig(out_path, dpi=120)
+    plt.close(fig)
+    return out_path
