@@ -109,6 +109,12 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callab
     "encode": ("run a text through tokenizer, embedding, positions, LayerNorm, dropout, step by step",
                lambda p: __import__("posenc.text.commands", fromlist=["_"]).encode_args(p),
                lambda a: __import__("posenc.text.commands", fromlist=["_"]).encode_run(a)),
+    "extrapolate": ("train short, test long: one LM per scheme, bits/byte (or task accuracy) vs length",
+                    lambda p: __import__("posenc.lab.commands", fromlist=["_"]).extrapolate_args(p),
+                    lambda a: __import__("posenc.lab.commands", fromlist=["_"]).extrapolate_run(a)),
+    "train": ("train one byte-level LM with checkpoints, resume and DDP (torchrun)",
+              lambda p: __import__("posenc.lab.commands", fromlist=["_"]).train_args(p),
+              lambda a: __import__("posenc.lab.commands", fromlist=["_"]).train_run(a)),
 }
 
 
