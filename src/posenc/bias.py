@@ -24,6 +24,7 @@ import math
 import torch
 from torch import nn
 
+from ._precision import autocast_off
 from ._validate import check_int, check_positive_float
 from .base import PositionalScheme
 from .positions import check_positions
@@ -41,11 +42,6 @@ __all__ = [
 # ----------------------------------------------------------------------------------------------
 # Shared: autocast off, positions -> relative positions
 # ----------------------------------------------------------------------------------------------
-def autocast_off(device: torch.device) -> torch.autocast:
-    """A context with autocast disabled on ``device`` (the meta device has no autocast: use cpu's)."""
-    return torch.autocast(device_type="cpu" if device.type == "meta" else device.type, enabled=False)
-
-
 def _check_pos(positions: object, name: str) -> torch.Tensor:
     if not isinstance(positions, torch.Tensor):
         raise TypeError(

@@ -7,6 +7,8 @@ function that runs it. ``posenc --help`` lists them.
 from __future__ import annotations
 
 import argparse
+import importlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -102,19 +104,38 @@ def _show_run(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- main
+Command = tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
+
+
+def _lazy(module: str, name: str) -> tuple[Callable, Callable]:
+    """``(add_args, run)`` for a command living in ``module`` as ``{name}_args``/``{name}_run``,
+    imported only when used, so ``posenc list`` does not load matplotlib or tokenizers."""
+
+    def add_args(parser: argparse.ArgumentParser) -> None:
+        getattr(importlib.import_module(module), f"{name}_args")(parser)
+
+    def run(args: argparse.Namespace) -> int:
+        return getattr(importlib.import_module(module), f"{name}_run")(args)
+
+    return add_args, run
+
+
 #: name -> (help, add arguments, run). Later features add entries here.
-COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
+COMMANDS: dict[str, Command] = {
     "list": ("list every scheme with its hooks", _list_args, _list_run),
     "show": ("print an absolute encoding's values as a table", _show_args, _show_run),
-    "encode": ("run a text through tokenizer, embedding, positions, LayerNorm, dropout, step by step",
-               lambda p: __import__("posenc.text.commands", fromlist=["_"]).encode_args(p),
-               lambda a: __import__("posenc.text.commands", fromlist=["_"]).encode_run(a)),
-    "extrapolate": ("train short, test long: one LM per scheme, bits/byte (or task accuracy) vs length",
-                    lambda p: __import__("posenc.lab.commands", fromlist=["_"]).extrapolate_args(p),
-                    lambda a: __import__("posenc.lab.commands", fromlist=["_"]).extrapolate_run(a)),
-    "train": ("train one byte-level LM with checkpoints, resume and DDP (torchrun)",
-              lambda p: __import__("posenc.lab.commands", fromlist=["_"]).train_args(p),
-              lambda a: __import__("posenc.lab.commands", fromlist=["_"]).train_run(a)),
+    "encode": (
+        "run a text through tokenizer, embedding, positions, LayerNorm, dropout, step by step",
+        *_lazy("posenc.text.commands", "encode"),
+    ),
+    "extrapolate": (
+        "train short, test long: one LM per scheme, bits/byte (or task accuracy) vs length",
+        *_lazy("posenc.lab.commands", "extrapolate"),
+    ),
+    "train": (
+        "train one byte-level LM with checkpoints, resume and DDP (torchrun)",
+        *_lazy("posenc.lab.commands", "train"),
+    ),
 }
 
 
@@ -140,6 +161,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CLIError, ValueError, TypeError) as err:
         print(f"posenc {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `posenc ... | head`: the reader left; not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -27,10 +27,11 @@ import math
 import torch
 from torch import nn
 
+from ._precision import autocast_off
 from ._validate import check_int, check_positive_float
 from .absolute import sinusoidal_table
 from .base import PositionalScheme
-from .bias import _check_pos, autocast_off, relative_positions
+from .bias import _check_pos, relative_positions
 
 __all__ = ["ShawRelative", "TransformerXLRelative"]
 
