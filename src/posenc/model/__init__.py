@@ -14,7 +14,17 @@ from .attention import (
 )
 from .config import NORMS, ModelConfig
 from .io import MODEL_CLASSES, load_model, save_model
-from .transformer import MLP, Block, Decoder, Encoder, EncoderDecoder, LMOutput, Memory, TransformerLM
+from .transformer import (
+    MLP,
+    Block,
+    Decoder,
+    Encoder,
+    EncoderDecoder,
+    LMOutput,
+    Memory,
+    TransformerLM,
+    sample_next,
+)
 
 __all__ = [
     "MLP",
@@ -36,5 +46,6 @@ __all__ = [
     "load_model",
     "plan_attention",
     "plan_cross_attention",
+    "sample_next",
     "save_model",
 ]

@@ -87,7 +87,9 @@ class AttentionPlan:
 
 def _check_mask(attention_mask: torch.Tensor, b: int, s: int) -> torch.Tensor:
     if not isinstance(attention_mask, torch.Tensor):
-        raise TypeError(f"attention_mask must be a bool/int tensor [b, s], got {type(attention_mask).__name__}")
+        raise TypeError(
+            f"attention_mask must be a bool/int tensor [b, s], got {type(attention_mask).__name__}"
+        )
     if attention_mask.is_floating_point() or attention_mask.is_complex():
         raise TypeError(
             f"attention_mask must be bool or integer (1 = token, 0 = padding), got {attention_mask.dtype}"
@@ -106,7 +108,10 @@ def _cat_positions(past: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor
         return new
     if past.dim() != new.dim():
         b = new.shape[0] if new.dim() == 2 else past.shape[0]
-        past, new = past.expand(b, -1) if past.dim() == 1 else past, new.expand(b, -1) if new.dim() == 1 else new
+        past, new = (
+            past.expand(b, -1) if past.dim() == 1 else past,
+            new.expand(b, -1) if new.dim() == 1 else new,
+        )
     return torch.cat((past, new), dim=-1)
 
 
@@ -158,8 +163,9 @@ def plan_attention(
                 f"cu_seqlens[-1] = {doc_pos.shape[0]} must equal the packed length s = {seq_len}"
             )
         q_pos = doc_pos if positions is None else check_positions(positions, seq_len)
-        doc = torch.searchsorted(cu_seqlens.to(device).long()[1:], torch.arange(seq_len, device=device),
-                                 right=True)  # [s]: document index of each token
+        doc = torch.searchsorted(
+            cu_seqlens.to(device).long()[1:], torch.arange(seq_len, device=device), right=True
+        )  # [s]: document index of each token
         keep = doc[:, None] == doc[None, :]  # [s, s] block diagonal
         if causal:
             keep = keep & causal_mask(seq_len, seq_len, device)
@@ -190,7 +196,9 @@ def plan_attention(
     if causal:
         keep = keep & causal_mask(seq_len, s_k, device)  # -> [b, 1, s, s_k]
     # A padding query would see no key at all (softmax of all -inf = NaN): let it see itself.
-    own_slot = torch.arange(s_k, device=device)[None, :] == torch.arange(seq_len, device=device)[:, None] + s_p
+    own_slot = (
+        torch.arange(s_k, device=device)[None, :] == torch.arange(seq_len, device=device)[:, None] + s_p
+    )
     keep = keep | (own_slot & ~new_ok[:, None, :, None])  # [s, s_k] & [b, 1, s, 1]
     return AttentionPlan(q_pos, k_pos, keep, False)
 
@@ -255,7 +263,10 @@ class KVCache:
         return int(self.positions[..., -1].max()) + 1  # one past the last cached position
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append this step's keys/values ``[b, h_kv, s, d_h]`` to ``layer``; return all ``[b, h_kv, s_k, d_h]``."""
+        """Append this step's keys/values ``[b, h_kv, s, d_h]`` to ``layer``.
+
+        Returns all of the layer's keys/values ``[b, h_kv, s_k, d_h]``.
+        """
         if self.keys[layer] is not None:
             k = torch.cat((self.keys[layer], k), dim=2)  # [b, h_kv, s_p + s, d_h]
             v = torch.cat((self.values[layer], v), dim=2)
@@ -269,10 +280,16 @@ class KVCache:
         if new_valid is None and self.valid is None:
             return
         s_p = self.positions.shape[-1] - (plan.q_positions.shape[-1])
-        old = self.valid if self.valid is not None else torch.ones(batch, s_p, dtype=torch.bool,
-                                                                    device=self.positions.device)
-        new = new_valid.bool() if new_valid is not None else torch.ones(
-            batch, plan.q_positions.shape[-1], dtype=torch.bool, device=self.positions.device)
+        old = (
+            self.valid
+            if self.valid is not None
+            else torch.ones(batch, s_p, dtype=torch.bool, device=self.positions.device)
+        )
+        new = (
+            new_valid.bool()
+            if new_valid is not None
+            else torch.ones(batch, plan.q_positions.shape[-1], dtype=torch.bool, device=self.positions.device)
+        )
         self.valid = torch.cat((old, new), dim=-1)  # [b, s_k]
 
     def past(self) -> dict:
@@ -343,12 +360,16 @@ def _attend_explicit(q, k, v, plan, bias, relative_values, dropout_p):
     p = F.dropout(scores.softmax(-1), dropout_p, training=dropout_p > 0).to(q.dtype)  # [b, h, s, s_k]
     out = p @ v  # [b, h, s, d_h]
     rv = relative_values.to(q.dtype)
-    equation = {3: "bhqk,qkd->bhqd", 4: "bhqk,hqkd->bhqd", 5: "bhqk,bhqkd->bhqd"}.get(rv.dim())
-    if equation is None:
-        raise ValueError(
-            f"relative_values must be [s, s_k, d_h], [h, s, s_k, d_h] or [b, h, s, s_k, d_h], got {tuple(rv.shape)}"
-        )
-    return out + torch.einsum(equation, p, rv)
+    if rv.dim() == 3:  # [s, s_k, d_h], the same for every batch row and head
+        return out + torch.einsum("bhqk,qkd->bhqd", p, rv)
+    if rv.dim() == 4:  # [h, s, s_k, d_h]
+        return out + torch.einsum("bhqk,hqkd->bhqd", p, rv)
+    if rv.dim() == 5:  # [b | 1, h | 1, s, s_k, d_h] (batched positions): broadcast, sum over keys
+        return out + (p.unsqueeze(-1) * rv).sum(-2)  # [b, h, s, s_k, 1] * [.., s, s_k, d_h] -> [b, h, s, d_h]
+    raise ValueError(
+        "relative_values must return [s, s_k, d_h], [h, s, s_k, d_h] or [b | 1, h | 1, s, s_k, d_h], "
+        f"got {tuple(rv.shape)}"
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -379,12 +400,16 @@ class MultiHeadAttention(nn.Module):
         self.dropout = config.dropout
 
     def project(self, x: torch.Tensor, kv: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
-        """Queries ``[b, h, s, d_h]`` from ``x`` and keys/values ``[b, h_kv, s_k, d_h]`` from ``kv`` (or ``x``)."""
+        """Queries ``[b, h, s, d_h]`` from ``x``; keys/values ``[b, h_kv, s_k, d_h]`` from ``kv`` or ``x``."""
         b, s, _ = x.shape
         src = x if kv is None else kv
         s_k = src.shape[1]
-        q = self.q_proj(x).view(b, s, self.num_heads, self.head_dim).transpose(1, 2)  # [b, s, d] -> [b, h, s, d_h]
-        k = self.k_proj(src).view(b, s_k, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [b, h_kv, s_k, d_h]
+        q = (
+            self.q_proj(x).view(b, s, self.num_heads, self.head_dim).transpose(1, 2)
+        )  # [b, s, d] -> [b, h, s, d_h]
+        k = (
+            self.k_proj(src).view(b, s_k, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        )  # [b, h_kv, s_k, d_h]
         v = self.v_proj(src).view(b, s_k, self.num_kv_heads, self.head_dim).transpose(1, 2)
         return q, k, v
 
@@ -412,14 +437,23 @@ class MultiHeadAttention(nn.Module):
         b, s, d = x.shape
         q, k, v = self.project(x, kv)
         q, k, v, bias, rel = self.apply_scheme(q, k, v, plan, scheme, cache, layer)
-        out = attend(q, k, v, plan=plan, bias=bias, relative_values=rel,
-                     dropout_p=self.dropout if self.training else 0.0)  # [b, h, s, d_h]
-        return self.o_proj(out.transpose(1, 2).reshape(b, s, d))  # [b, h, s, d_h] -> [b, s, h, d_h] -> [b, s, d]
+        out = attend(
+            q,
+            k,
+            v,
+            plan=plan,
+            bias=bias,
+            relative_values=rel,
+            dropout_p=self.dropout if self.training else 0.0,
+        )  # [b, h, s, d_h]
+        return self.o_proj(
+            out.transpose(1, 2).reshape(b, s, d)
+        )  # [b, h, s, d_h] -> [b, s, h, d_h] -> [b, s, d]
 
     def apply_scheme(self, q, k, v, plan, scheme, cache, layer):
         """Run the scheme's hooks on the projections and fill the cache (see the module docstring).
 
-        Returns ``(q, k, v, bias, relative_values)`` with ``k``/``v`` covering every key ``[b, h_kv, s_k, d_h]``.
+        Returns ``(q, k, v, bias, relative_values)``; ``k``/``v`` cover every key, ``[b, h_kv, s_k, d_h]``.
         """
         bias = rel = None
         if scheme is not None:
@@ -432,7 +466,9 @@ class MultiHeadAttention(nn.Module):
                 k, v = cache.update(layer, k, v)  # raw keys in the cache, rotated together below
             q, k = scheme.rotate(q, k, plan.q_positions, plan.k_positions)
         elif rotates:
-            new_k_pos = plan.k_positions[..., plan.k_positions.shape[-1] - k.shape[2]:]  # the new keys' positions
+            new_k_pos = plan.k_positions[
+                ..., plan.k_positions.shape[-1] - k.shape[2] :
+            ]  # the new keys' positions
             q, k = scheme.rotate(q, k, plan.q_positions, new_k_pos)  # each key rotated once, on entry
             k, v = cache.update(layer, k, v)
         elif cache is not None:
@@ -440,7 +476,9 @@ class MultiHeadAttention(nn.Module):
         return q, k, v, bias, rel
 
     @torch.no_grad()
-    def logits(self, x: torch.Tensor, plan: AttentionPlan, scheme: PositionalScheme | None = None) -> torch.Tensor:
+    def logits(
+        self, x: torch.Tensor, plan: AttentionPlan, scheme: PositionalScheme | None = None
+    ) -> torch.Tensor:
         """The pre-softmax logits ``q k^T / sqrt(d_h) + bias`` ``[b, h, s, s_k]``, unmasked (for analysis).
 
         Content-dependent value terms (Shaw's ``a^V``) are not logits and are not included.

@@ -90,7 +90,8 @@ class ModelConfig:
             if self.num_heads % self.num_kv_heads:
                 raise ValueError(
                     f"num_kv_heads={self.num_kv_heads} does not divide num_heads={self.num_heads}: each "
-                    f"key/value head serves a whole group of query heads; choose among {_divisors(self.num_heads)}"
+                    f"key/value head serves a whole group of query heads; choose among "
+                    f"{_divisors(self.num_heads)}"
                 )
         if self.d_ff is not None:
             check_int(self.d_ff, "d_ff")
@@ -107,7 +108,8 @@ class ModelConfig:
             check_int(self.src_vocab_size, "src_vocab_size")
         if not isinstance(self.position_options, dict):
             raise TypeError(
-                f"position_options must be a dict of the scheme's options, got {type(self.position_options).__name__}"
+                "position_options must be a dict of the scheme's options, got "
+                f"{type(self.position_options).__name__}"
             )
         keys = config_keys(self.position)  # unknown name -> the registry's ValueError listing the valid ones
         unknown = sorted(set(self.position_options) - set(keys))
@@ -143,14 +145,18 @@ class ModelConfig:
         return 4 * self.d_model if self.d_ff is None else self.d_ff
 
     def scheme_context(self, causal: bool) -> dict[str, Any]:
-        """What a model offers the scheme's constructor (see :func:`posenc.build_with_context`)."""
-        return {
+        """What a model offers the scheme's constructor (see :func:`posenc.build_with_context`).
+
+        ``max_len`` is offered only when set, so a scheme's own default applies otherwise."""
+        context = {
             "d_model": self.d_model,
             "num_heads": self.num_heads,
             "head_dim": self.head_dim,
-            "max_len": self.max_len,
             "causal": causal,
         }
+        if self.max_len is not None:
+            context["max_len"] = self.max_len
+        return context
 
     def check_causal(self) -> None:
         """Raise if the position scheme has no causal form (a decoder needs one)."""

@@ -43,8 +43,10 @@ def save_model(model: nn.Module, path: str | os.PathLike) -> None:
     try:
         config_json = json.dumps(model.config.to_dict())
     except TypeError as err:
-        raise TypeError(f"the model's config is not JSON-serialisable ({err}); use plain numbers, "
-                        "strings, lists and dicts in position_options") from None
+        raise TypeError(
+            f"the model's config is not JSON-serialisable ({err}); use plain numbers, "
+            "strings, lists and dicts in position_options"
+        ) from None
     extra = {"cross_attention": str(model.cross_attention)} if isinstance(model, Decoder) else {}
     metadata = {"format": "pt", "posenc_model": name, "posenc_config": config_json, **extra}
     safetensors.torch.save_model(model, str(path), metadata=metadata)  # drops duplicate (tied) names
@@ -63,12 +65,12 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> n
     if name not in MODEL_CLASSES:
         raise ValueError(f"{path} holds an unknown model class {name!r}; known: {', '.join(MODEL_CLASSES)}")
     config = ModelConfig.from_dict(json.loads(metadata["posenc_config"]))
-    with torch.device("meta"):  # no wasted initialisation: every weight comes from the file
+    # Built on the target device (not meta + to_empty, which would untie shared weights).
+    with torch.device(device):
         if name == "Decoder":
             model = Decoder(config, cross_attention=metadata.get("cross_attention", "True") == "True")
         else:
             model = MODEL_CLASSES[name](config)
-    model = model.to_empty(device=device)
     state = safetensors.torch.load_file(str(path), device=str(device))
     _load_tied(model, state)
     return model.eval()

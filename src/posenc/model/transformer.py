@@ -31,7 +31,17 @@ from ..registry import build_with_context
 from .attention import AttentionPlan, KVCache, MultiHeadAttention, plan_attention, plan_cross_attention
 from .config import ModelConfig
 
-__all__ = ["Block", "Decoder", "Encoder", "EncoderDecoder", "LMOutput", "MLP", "Memory", "TransformerLM"]
+__all__ = [
+    "MLP",
+    "Block",
+    "Decoder",
+    "Encoder",
+    "EncoderDecoder",
+    "LMOutput",
+    "Memory",
+    "TransformerLM",
+    "sample_next",
+]
 
 _ATTENTION_HOOKS = ("rotate", "score_bias")
 
@@ -40,7 +50,10 @@ _ATTENTION_HOOKS = ("rotate", "score_bias")
 # Building blocks
 # ----------------------------------------------------------------------------------------------
 class MLP(nn.Module):
-    """Position-wise feed-forward: ``Linear(d, d_ff) -> GELU -> Linear(d_ff, d)``; ``[b, s, d] -> [b, s, d]``."""
+    """Position-wise feed-forward ``Linear(d, d_ff) -> GELU -> Linear(d_ff, d)``: ``[b, s, d] -> [b, s, d]``.
+
+    ``d_ff`` is ``config.ffn_dim``.
+    """
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -130,6 +143,14 @@ class LMOutput:
     memory: Memory
 
 
+def _check_ids(ids: object, name: str = "ids") -> None:
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+        shape = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__
+        raise ValueError(
+            f"{name} must be an integer tensor [b, s], got {shape}; add a batch dim: {name}[None]"
+        )
+
+
 def _overrides_relative_values(scheme: PositionalScheme) -> bool:
     return type(scheme).relative_values is not PositionalScheme.relative_values
 
@@ -148,16 +169,22 @@ class _Stack(nn.Module):
                 f"position={config.position!r} encodes {first.ndim}-D grids, not token sequences; "
                 "use a 1-D scheme (posenc list) for a sequence model"
             )
-        acts_in_attention = bool(set(first.hooks) & set(_ATTENTION_HOOKS)) or _overrides_relative_values(first)
+        acts_in_attention = bool(set(first.hooks) & set(_ATTENTION_HOOKS)) or _overrides_relative_values(
+            first
+        )
         per_layer = not config.share_position and acts_in_attention
         # Schemes acting in attention live here (one, or one per layer); an embed-only scheme lives in the
         # input layer alone, so its parameters are not listed twice.
-        schemes = [first] + [self._build_scheme() for _ in range(config.num_layers - 1)] if per_layer else [first]
+        schemes = (
+            [first] + [self._build_scheme() for _ in range(config.num_layers - 1)] if per_layer else [first]
+        )
         self.schemes = nn.ModuleList(schemes if acts_in_attention else [])
         self.embed = InputEmbedding(
             vocab_size, config.d_model, first, layer_norm=config.embed_norm, dropout=config.dropout
         )
-        self.blocks = nn.ModuleList(Block(config, cross_attention=cross_attention) for _ in range(config.num_layers))
+        self.blocks = nn.ModuleList(
+            Block(config, cross_attention=cross_attention) for _ in range(config.num_layers)
+        )
         self.norm = nn.LayerNorm(config.d_model) if config.norm == "pre" else nn.Identity()
 
     def _build_scheme(self) -> PositionalScheme:
@@ -203,16 +230,20 @@ class _Stack(nn.Module):
         context_plan: AttentionPlan | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """ids ``[b, s]`` -> hidden states ``[b, s, d]`` and each layer's input ``L x [b, s, d]``."""
-        if ids.dim() != 2:
-            raise ValueError(f"ids must have shape [b, s], got {tuple(ids.shape)}")
         self.check_length(plan)
         x = self.embed(ids, plan.q_positions)  # [b, s] -> [b, s, d]
         inputs = []
         for i, block in enumerate(self.blocks):
             inputs.append(x)
             x = block(
-                x, plan, self.scheme(i), cache=cache, layer=i,
-                memory=None if memory is None else memory.states[i], context=context, context_plan=context_plan,
+                x,
+                plan,
+                self.scheme(i),
+                cache=cache,
+                layer=i,
+                memory=None if memory is None else memory.states[i],
+                context=context,
+                context_plan=context_plan,
             )
         return self.norm(x), inputs
 
@@ -232,14 +263,25 @@ class Encoder(_Stack):
     def __init__(self, config: ModelConfig) -> None:
         if config.memory_len:
             raise ValueError(f"memory_len={config.memory_len} applies to decoder-only models (TransformerLM)")
-        super().__init__(config, causal=False, cross_attention=False,
-                         vocab_size=config.src_vocab_size or config.vocab_size)
+        super().__init__(
+            config, causal=False, cross_attention=False, vocab_size=config.src_vocab_size or config.vocab_size
+        )
 
     def forward(
-        self, ids: torch.Tensor, positions: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        plan = plan_attention(ids.shape[0], ids.shape[1], ids.device, causal=False, positions=positions,
-                              attention_mask=attention_mask)
+        _check_ids(ids)
+        plan = plan_attention(
+            ids.shape[0],
+            ids.shape[1],
+            ids.device,
+            causal=False,
+            positions=positions,
+            attention_mask=attention_mask,
+        )
         return self.run(ids, plan)[0]
 
 
@@ -267,19 +309,32 @@ class Decoder(_Stack):
         cache: KVCache | None = None,
         memory: Memory | None = None,
     ) -> tuple[torch.Tensor, Memory | None]:
+        _check_ids(ids)
         b, s = ids.shape[0], ids.shape[-1]
         if self.cross_attention and context is None:
             raise ValueError("this Decoder has cross-attention: pass context=encoder_output [b, s_src, d]")
         if cache is not None and cache.num_layers != len(self.blocks):
-            raise ValueError(f"cache has {cache.num_layers} layers, the model {len(self.blocks)}: use "
-                             f"KVCache({len(self.blocks)}) or model.new_cache()")
+            raise ValueError(
+                f"cache has {cache.num_layers} layers, the model {len(self.blocks)}: use "
+                f"KVCache({len(self.blocks)}) or model.new_cache()"
+            )
         past = self._past(memory, cache, attention_mask, cu_seqlens, positions)
-        plan = plan_attention(b, s, ids.device, causal=True, positions=positions, attention_mask=attention_mask,
-                              cu_seqlens=cu_seqlens, **past)
+        plan = plan_attention(
+            b,
+            s,
+            ids.device,
+            causal=True,
+            positions=positions,
+            attention_mask=attention_mask,
+            cu_seqlens=cu_seqlens,
+            **past,
+        )
         context_plan = None
         if context is not None:
             context_plan = plan_cross_attention(b, s, context.shape[1], ids.device, context_mask)
-        x, inputs = self.run(ids, plan, cache=cache, memory=memory, context=context, context_plan=context_plan)
+        x, inputs = self.run(
+            ids, plan, cache=cache, memory=memory, context=context, context_plan=context_plan
+        )
         if cache is not None:
             cache.advance(plan, attention_mask)
         return x, self._next_memory(memory, inputs, s)
@@ -290,8 +345,10 @@ class Decoder(_Stack):
         if not self.config.memory_len:
             raise ValueError("memory was passed but config.memory_len is 0; set memory_len > 0 to use it")
         if cache is not None or attention_mask is not None or cu_seqlens is not None or positions is not None:
-            raise ValueError("a Transformer-XL memory cannot be combined with cache, attention_mask, cu_seqlens "
-                             "or explicit positions: segments are consecutive chunks of one stream")
+            raise ValueError(
+                "a Transformer-XL memory cannot be combined with cache, attention_mask, cu_seqlens "
+                "or explicit positions: segments are consecutive chunks of one stream"
+            )
         start, m = memory.next_position, len(memory)
         past = torch.arange(start - m, start, device=memory.states[0].device)  # [m]: just before the segment
         return {"past_positions": past, "offset": start}
@@ -303,9 +360,41 @@ class Decoder(_Stack):
         if memory is None:
             states, start = inputs, 0
         else:
-            states = [torch.cat((old, new), dim=1) for old, new in zip(memory.states, inputs)]  # [b, m + s, d]
+            states = [
+                torch.cat((old, new), dim=1) for old, new in zip(memory.states, inputs)
+            ]  # [b, m + s, d]
             start = memory.next_position
         return Memory([h[:, -m:].detach() for h in states], start + s)  # keep the last m, no gradient
+
+
+# ----------------------------------------------------------------------------------------------
+# Sampling
+# ----------------------------------------------------------------------------------------------
+def _check_sampling(max_new_tokens: object, temperature: object, top_k: object) -> None:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature < 0:
+        raise ValueError(f"temperature must be a number >= 0 (0 = greedy), got {temperature!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k must be None or an int >= 1, got {top_k!r}")
+
+
+def sample_next(
+    logits: torch.Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Pick next tokens from logits ``[b, V]``: argmax when ``temperature == 0``, otherwise sample
+    from ``softmax(logits / temperature)`` restricted to the ``top_k`` most likely. Returns ``[b, 1]``."""
+    logits = logits.float()
+    if temperature == 0:
+        return logits.argmax(-1, keepdim=True)
+    logits = logits / temperature
+    if top_k is not None:
+        kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]  # [b, 1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(logits.softmax(-1), 1, generator=generator)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -368,13 +457,21 @@ class TransformerLM(nn.Module):
             logits ``[b, s, V]``; with ``config.memory_len > 0`` an :class:`LMOutput` (logits and the
             memory for the next segment).
         """
-        x, new_memory = self.decoder(ids, positions=positions, attention_mask=attention_mask,
-                                     cu_seqlens=cu_seqlens, cache=cache, memory=memory)
+        x, new_memory = self.decoder(
+            ids,
+            positions=positions,
+            attention_mask=attention_mask,
+            cu_seqlens=cu_seqlens,
+            cache=cache,
+            memory=memory,
+        )
         logits = self.lm_head(x)  # [b, s, d] -> [b, s, V]
         return logits if new_memory is None else LMOutput(logits, new_memory)
 
-    def loss(self, ids: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100, **kwargs) -> torch.Tensor:
-        """Mean cross-entropy of ``targets`` ``[b, s]`` (``ignore_index`` skipped) given ``ids`` ``[b, s]``."""
+    def loss(
+        self, ids: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100, **kwargs
+    ) -> torch.Tensor:
+        """Mean cross-entropy of ``targets`` ``[b, s]`` given ``ids`` ``[b, s]`` (skips ``ignore_index``)."""
         out = self(ids, **kwargs)
         logits = out.logits if isinstance(out, LMOutput) else out
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=ignore_index)
@@ -398,26 +495,14 @@ class TransformerLM(nn.Module):
             top_k: sample only among the ``k`` most likely tokens.
             generator: a ``torch.Generator`` for reproducible sampling.
         """
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-        if not isinstance(temperature, (int, float)) or temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature!r}")
-        if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
-            raise ValueError(f"top_k must be None or an int >= 1, got {top_k!r}")
+        _check_sampling(max_new_tokens, temperature, top_k)
         cache, out, step_ids, mask = self.new_cache(), [ids], ids, attention_mask
         for _ in range(max_new_tokens):
             logits = self(step_ids, attention_mask=mask, cache=cache)
-            logits = (logits.logits if isinstance(logits, LMOutput) else logits)[:, -1].float()  # [b, V]
-            if temperature == 0:
-                step_ids = logits.argmax(-1, keepdim=True)  # [b, 1]
-            else:
-                logits = logits / temperature
-                if top_k is not None:
-                    kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]  # [b, 1]
-                    logits = logits.masked_fill(logits < kth, float("-inf"))
-                step_ids = torch.multinomial(logits.softmax(-1), 1, generator=generator)  # [b, 1]
+            logits = logits.logits if isinstance(logits, LMOutput) else logits
+            step_ids = sample_next(logits[:, -1], temperature, top_k, generator)  # [b, 1]
             out.append(step_ids)
-            mask = None
+            mask = None  # the new tokens are real; the cache remembers the prompt's padding
         return torch.cat(out, dim=1)
 
 
@@ -449,8 +534,12 @@ class EncoderDecoder(nn.Module):
         self.decoder = Decoder(config, cross_attention=True)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         nn.init.normal_(self.lm_head.weight, std=0.02)
-        apply_tying(config.tie, encoder_embedding=self.encoder.embed.token,
-                    decoder_embedding=self.decoder.embed.token, output=self.lm_head)
+        apply_tying(
+            config.tie,
+            encoder_embedding=self.encoder.embed.token,
+            decoder_embedding=self.decoder.embed.token,
+            output=self.lm_head,
+        )
 
     def new_cache(self) -> KVCache:
         """An empty :class:`KVCache` for the decoder's self-attention."""
@@ -480,3 +569,28 @@ class EncoderDecoder(nn.Module):
         tgt_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         return self.decode(tgt, self.encode(src, src_mask), src_mask, tgt_mask)
+
+    @torch.no_grad()
+    def generate(
+        self,
+        src: torch.Tensor,
+        bos_id: int,
+        max_new_tokens: int,
+        *,
+        src_mask: torch.Tensor | None = None,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Translate ``src`` ``[b, s_src]``: start from ``bos_id`` and add ``max_new_tokens`` tokens
+        (encoder run once, decoder with a KV cache). Returns ``[b, 1 + n]``; sampling as
+        :meth:`TransformerLM.generate`."""
+        _check_sampling(max_new_tokens, temperature, top_k)
+        context, cache = self.encode(src, src_mask), self.new_cache()
+        step_ids = torch.full((src.shape[0], 1), bos_id, dtype=torch.long, device=src.device)  # [b, 1]
+        out = [step_ids]
+        for _ in range(max_new_tokens):
+            logits = self.decode(step_ids, context, src_mask, cache=cache)  # [b, 1, V]
+            step_ids = sample_next(logits[:, -1], temperature, top_k, generator)
+            out.append(step_ids)
+        return torch.cat(out, dim=1)
