@@ -552,6 +552,8 @@ def run_study(
         train_data = task_batch_fn(config.mode, config.batch_size, config.train_len, config.seed)
         results["eval"] = {"examples": config.eval_examples, "metric": "exact match (teacher-forced argmax)"}
     tc = config.train_config(seq_len)
+    if out_dir is None:  # nowhere to write checkpoints
+        tc = dataclasses.replace(tc, checkpoint_every=0)
     results["train_config"] = tc.to_dict()
 
     runs: list[_Run] = []
