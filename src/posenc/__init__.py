@@ -35,6 +35,19 @@ from .model import (
 from .positions import arange_positions, positions_from_cu_seqlens, positions_from_mask
 from .registry import build, build_with_context, describe, register, schemes
 from .relative import ShawRelative, TransformerXLRelative
+from .rotary import (
+    ROPE_SCALINGS,
+    ROTARY_LAYOUTS,
+    Rope2D,
+    RotaryEmbedding,
+    XPos,
+    apply_rotary,
+    hf_rope_config,
+    permute_qk_weights,
+    rope_cos_sin,
+    rope_frequencies,
+    rope_from_hf,
+)
 
 __version__ = "0.1.0"
 
@@ -48,6 +61,8 @@ def __getattr__(name: str):  # `posenc.text` loads lazily: it needs the optional
 
 __all__ = [
     "HOOKS",
+    "ROPE_SCALINGS",
+    "ROTARY_LAYOUTS",
     "TIE_STRATEGIES",
     "ALiBi",
     "Decoder",
@@ -62,6 +77,8 @@ __all__ = [
     "MultiHeadAttention",
     "NoPE",
     "PositionalScheme",
+    "Rope2D",
+    "RotaryEmbedding",
     "ScaledSinusoidalPE",
     "ShawRelative",
     "Sinusoidal2D",
@@ -72,19 +89,26 @@ __all__ = [
     "TokenEmbedding",
     "TransformerLM",
     "TransformerXLRelative",
+    "XPos",
     "__version__",
     "alibi_bias",
     "alibi_slopes",
+    "apply_rotary",
     "apply_tying",
     "arange_positions",
     "build",
     "build_with_context",
     "describe",
+    "hf_rope_config",
     "load_model",
+    "permute_qk_weights",
     "positions_from_cu_seqlens",
     "positions_from_mask",
     "register",
     "relative_positions",
+    "rope_cos_sin",
+    "rope_frequencies",
+    "rope_from_hf",
     "save_model",
     "schemes",
     "sinusoidal_frequencies",

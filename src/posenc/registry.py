@@ -22,6 +22,7 @@ from .absolute import LearnedPE, NoPE, ScaledSinusoidalPE, Sinusoidal2D, Sinusoi
 from .base import PositionalScheme
 from .bias import ALiBi, T5RelativeBias
 from .relative import ShawRelative, TransformerXLRelative
+from .rotary import Rope2D, RotaryEmbedding, XPos
 
 __all__ = ["SCHEMES", "build", "build_with_context", "config_keys", "describe", "register", "scheme_class", "schemes"]
 
@@ -45,6 +46,8 @@ def register(cls: type[PositionalScheme], *, name: str | None = None) -> type[Po
 for _cls in (NoPE, SinusoidalPE, ScaledSinusoidalPE, LearnedPE, Sinusoidal2D, Sinusoidal3D):
     register(_cls)
 for _cls in (ALiBi, T5RelativeBias, ShawRelative, TransformerXLRelative):  # bias.py, relative.py
+    register(_cls)
+for _cls in (RotaryEmbedding, XPos, Rope2D):
     register(_cls)
 
 
