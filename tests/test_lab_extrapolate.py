@@ -213,18 +213,25 @@ def test_rope_scaling_rows_at_evaluation():
     assert "linear" in rotary.ROPE_SCALINGS
     model = tiny_lm("rope")
     tokens = torch.randint(0, 256, (33,), generator=torch.Generator().manual_seed(4)).to(torch.uint8)
-    plain = evaluate_lm(model, tokens, 16, train_len=8)
+    ids = tokens[None, :16].long()
     mc = model.config
-    for rule, changes in (("linear", False), ("linear", True)):
-        factor = 2.0 if changes else 1.0
-        options = {**mc.position_options, **ex.scaled_rope_options(rule, factor, 8)}
-        scaled = TransformerLM(ModelConfig(**{**mc.to_dict(), "position_options": options}))
-        scaled.load_state_dict(model.state_dict())
-        point = evaluate_lm(scaled.eval(), tokens, 16, train_len=8)
-        if changes:
-            assert point.bpb_all != pytest.approx(plain.bpb_all, rel=1e-6)
-        else:  # linear interpolation with factor 1 is plain RoPE
-            assert point.bpb_all == pytest.approx(plain.bpb_all, rel=1e-6)
+    with torch.no_grad():
+        plain = model(ids)
+        for factor in (1.0, 2.0):
+            options = {**mc.position_options, **ex.scaled_rope_options("linear", factor, 8)}
+            scaled = TransformerLM(ModelConfig(**{**mc.to_dict(), "position_options": options})).eval()
+            scaled.load_state_dict(model.state_dict())  # same weights, other frequencies
+            if factor == 1.0:  # linear interpolation with factor 1 is plain RoPE
+                torch.testing.assert_close(scaled(ids), plain, rtol=0, atol=0)
+            else:
+                assert not torch.allclose(scaled(ids), plain, rtol=0, atol=1e-7)
+    # the study adds rope+<rule> rows evaluated at every length (factor max(1, E / L))
+    config = StudyConfig(schemes=("rope",), train_len=8, eval_lens=(8, 16), rope_scalings=("linear", "yarn"))
+    rows = ex._scaled_rope_runs(config, model, mc, tokens, torch.device("cpu"), lambda _m: None)
+    assert [r.name for r in rows] == ["rope+linear", "rope+yarn"]
+    assert [p.note for p in rows[1].eval] == ["factor 1", "factor 2"]
+    linear_at_l = rows[0].eval[0].bpb_all
+    assert linear_at_l == pytest.approx(evaluate_lm(model, tokens, 8, train_len=8).bpb_all, rel=1e-6)
 
 
 # ---------------------------------------------------------------------------------------------- tasks

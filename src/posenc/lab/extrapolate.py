@@ -743,6 +743,8 @@ def plot_study(results: dict[str, Any], path: str | os.PathLike) -> list[Path]:
               if lm else [f"{cfg['mode']}: trained on lengths 1..{L}"])
     for ax, title in zip(axes[0], titles):
         ax.set_xscale("log", base=2)
+        ax.set_xticks(cfg["eval_lens"], [str(e) for e in cfg["eval_lens"]])
+        ax.minorticks_off()
         ax.axvline(L, color="grey", lw=0.8, ls=":")
         ax.set_xlabel("evaluation length (tokens)" if lm else "question length (digits)")
         ax.set_ylabel("bits per byte" if lm else "exact-match accuracy")
