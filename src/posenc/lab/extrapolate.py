@@ -225,7 +225,7 @@ class StudyConfig:
 PRESETS: dict[str, dict[str, Any]] = {
     "default": {},
     "quick": {
-        "d_model": 64, "num_layers": 2, "num_heads": 4, "train_len": 64, "batch_size": 16, "steps": 200,
+        "d_model": 64, "num_layers": 2, "num_heads": 4, "train_len": 64, "batch_size": 32, "steps": 300,
         "warmup_steps": 20, "eval_lens": (64, 128, 256, 512, 1024), "eval_tokens": 8192,
         "max_chars": 3_000_000,
     },
