@@ -119,8 +119,9 @@ class ToyContent(PositionalScheme):
     def relative_values(self, q_positions, k_positions):
         if self.rel_v is None:
             return None
-        a = self.rel_v[self._index(q_positions, k_positions)]  # [(b,) s_q, s_k, d_h]
-        return a if a.dim() == 3 else a[:, None]  # [s_q, s_k, d_h] or [b, 1, s_q, s_k, d_h]
+        # The contract gives 1-D positions here; the model splits batched (left-padded) positions.
+        assert q_positions.dim() == 1 and k_positions.dim() == 1, "relative_values takes [s] positions"
+        return self.rel_v[self._index(q_positions, k_positions)]  # [s_q, s_k, d_h]
 
 
 class ToyShaw(ToyContent):

@@ -493,3 +493,63 @@ def test_bfloat16_model_tracks_float32(position):
     assert got.dtype == torch.bfloat16
     # The logits reach |7|, where one bf16 ulp is 2^-5 = 0.031: measured max error 0.026 (2 layers).
     torch.testing.assert_close(got.float(), want, rtol=1e-2, atol=0.04)
+
+
+# ---------------------------------------------------------------------------------------------
+# Established implementations
+# ---------------------------------------------------------------------------------------------
+def test_nope_attention_matches_torch_multihead_attention():
+    """posenc's MHA with no scheme is torch.nn.MultiheadAttention (same weights, causal mask)."""
+    from posenc.model import MultiHeadAttention, plan_attention
+
+    torch.manual_seed(0)
+    ours = MultiHeadAttention(config("nope", num_kv_heads=None)).eval()
+    ref = torch.nn.MultiheadAttention(32, 4, bias=False, batch_first=True).eval()
+    with torch.no_grad():  # in_proj_weight is [q; k; v] stacked: [3 d, d]
+        ref.in_proj_weight.copy_(torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight]))
+        ref.out_proj.weight.copy_(ours.o_proj.weight)
+        x = torch.randn(2, 7, 32)
+        want = ref(x, x, x, attn_mask=~torch.ones(7, 7, dtype=torch.bool).tril(), need_weights=False)[0]
+        got = ours(x, plan_attention(2, 7, x.device, causal=True))
+    torch.testing.assert_close(got, want)
+
+
+class LucidrainsRoPE(posenc.PositionalScheme):
+    """A rotate scheme built on rotary-embedding-torch (test-only), to run the model's cache and
+    padding paths with an established RoPE implementation."""
+
+    name = "lucidrains_rope"
+    hooks = ("rotate",)
+
+    def __init__(self, head_dim: int) -> None:
+        super().__init__()
+        from rotary_embedding_torch import RotaryEmbedding
+
+        self.rope = RotaryEmbedding(dim=head_dim, cache_if_possible=False)
+
+    def _apply(self, x, positions):
+        from rotary_embedding_torch import apply_rotary_emb
+
+        freqs = self.rope(positions)  # [(b,) s, d_h]
+        freqs = freqs[:, None] if freqs.dim() == 3 else freqs  # [b, 1, s, d_h] broadcast over heads
+        return apply_rotary_emb(freqs, x)
+
+    def rotate(self, q, k, q_positions=None, k_positions=None):
+        return self._apply(q, q_positions), self._apply(k, k_positions)
+
+
+def test_established_rope_runs_through_cache_and_padding(monkeypatch):
+    monkeypatch.setitem(posenc.registry.SCHEMES, "lucidrains_rope", LucidrainsRoPE)
+    model = lm_or_skip("lucidrains_rope")
+    ids = ids_(2, 8)
+    cache = model.new_cache()
+    with torch.no_grad():
+        steps = torch.cat([model(ids[:, :5], cache=cache), model(ids[:, 5:], cache=cache)], dim=1)
+        torch.testing.assert_close(steps, model(ids))
+        padded = torch.cat([torch.zeros(2, 3, dtype=torch.long), ids], dim=1)
+        mask = torch.cat([torch.zeros(2, 3), torch.ones(2, 8)], dim=1).long()
+        torch.testing.assert_close(model(padded, attention_mask=mask)[:, 3:], model(ids))
+        # relative: shifting every position leaves the logits unchanged
+        torch.testing.assert_close(
+            model(ids, positions=torch.arange(8) + 100), model(ids), rtol=1e-4, atol=1e-4
+        )

@@ -402,6 +402,7 @@ class Sinusoidal2D(SinusoidalND):
     """:class:`SinusoidalND` for 2D grids: ``embed(x [b, x, y, c]) -> [b, x, y, c]``."""
 
     name = "sinusoidal_2d"
+    position_dims = 2
     summary = "sinusoidal per axis for 2D grids (image patches), channels last"
 
     def __init__(self, d_model: int, base: float = 10000.0) -> None:
@@ -412,6 +413,7 @@ class Sinusoidal3D(SinusoidalND):
     """:class:`SinusoidalND` for 3D grids: ``embed(x [b, x, y, z, c]) -> [b, x, y, z, c]``."""
 
     name = "sinusoidal_3d"
+    position_dims = 3
     summary = "sinusoidal per axis for 3D grids (video, volumes), channels last"
 
     def __init__(self, d_model: int, base: float = 10000.0) -> None:

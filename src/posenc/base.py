@@ -55,6 +55,8 @@ class PositionalScheme(nn.Module):
         max_len: the longest input it can encode, or ``None`` when positions are unbounded.
         causal_ok: whether the scheme can run in a causal decoder (with a KV cache).
         needs_unrotated_cache: the model must cache un-rotated keys (see the contract above).
+        position_dims: coordinates per position: 1 for token sequences, 2 for image grids, 3 for
+            volumes (whose positions are ``[..., s, 2]`` / grid coordinates). Sequence models take 1.
     """
 
     name: ClassVar[str] = "base"
@@ -62,6 +64,7 @@ class PositionalScheme(nn.Module):
     summary: ClassVar[str] = ""
     causal_ok: ClassVar[bool] = True
     needs_unrotated_cache: ClassVar[bool] = False
+    position_dims: ClassVar[int] = 1
     max_len: int | None = None
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:

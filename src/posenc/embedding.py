@@ -85,7 +85,7 @@ class TokenEmbedding(nn.Module):
             raise TypeError(f"ids must be an integer tensor [b, s], got {type(ids).__name__}")
         if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
             raise TypeError(f"ids must be an integer tensor, got dtype {ids.dtype}; pass e.g. ids.long()")
-        if torch.compiler.is_compiling() or ids.numel() == 0:
+        if torch.compiler.is_compiling() or ids.numel() == 0 or ids.is_meta:
             return
         lo, hi = int(ids.min()), int(ids.max())
         if lo < 0 or hi >= self.vocab_size:

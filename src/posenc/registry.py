@@ -24,7 +24,16 @@ from .bias import ALiBi, T5RelativeBias
 from .relative import ShawRelative, TransformerXLRelative
 from .rotary import Rope2D, RotaryEmbedding, XPos
 
-__all__ = ["SCHEMES", "build", "build_with_context", "config_keys", "describe", "register", "scheme_class", "schemes"]
+__all__ = [
+    "SCHEMES",
+    "build",
+    "build_with_context",
+    "config_keys",
+    "describe",
+    "register",
+    "scheme_class",
+    "schemes",
+]
 
 SCHEMES: dict[str, type[PositionalScheme]] = {}
 
@@ -43,11 +52,13 @@ def register(cls: type[PositionalScheme], *, name: str | None = None) -> type[Po
     return cls
 
 
-for _cls in (NoPE, SinusoidalPE, ScaledSinusoidalPE, LearnedPE, Sinusoidal2D, Sinusoidal3D):
-    register(_cls)
-for _cls in (ALiBi, T5RelativeBias, ShawRelative, TransformerXLRelative):  # bias.py, relative.py
-    register(_cls)
-for _cls in (RotaryEmbedding, XPos, Rope2D):
+_BUILTIN = (
+    NoPE, SinusoidalPE, ScaledSinusoidalPE, LearnedPE, Sinusoidal2D, Sinusoidal3D,  # absolute.py
+    RotaryEmbedding, XPos, Rope2D,  # rotary.py
+    ALiBi, T5RelativeBias,  # bias.py
+    ShawRelative, TransformerXLRelative,  # relative.py
+)  # fmt: skip
+for _cls in _BUILTIN:
     register(_cls)
 
 
@@ -112,7 +123,9 @@ def build(name: str, **config: Any) -> PositionalScheme:
     return scheme_class(name)(**config)
 
 
-def build_with_context(name: str, context: dict[str, Any], config: dict[str, Any] | None = None) -> PositionalScheme:
+def build_with_context(
+    name: str, context: dict[str, Any], config: dict[str, Any] | None = None
+) -> PositionalScheme:
     """Build scheme ``name`` inside a model.
 
     Args:

@@ -35,7 +35,6 @@ Legend: ``b`` batch, ``h`` query heads, ``h_kv`` key/value heads, ``s`` sequence
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -43,6 +42,7 @@ from typing import Any
 
 import torch
 
+from ._precision import autocast_off
 from ._validate import check_choice, check_int, check_positive_float
 from .absolute import _angle_dtype, sinusoidal_frequencies
 from .base import PositionalScheme
@@ -151,13 +151,6 @@ def apply_rotary(
     if r < x.shape[-1]:
         out = torch.cat((out, x[..., r:]), dim=-1)  # [..., s, r] ++ [..., s, d_h - r] -> [..., s, d_h]
     return out
-
-
-def _no_autocast(device: torch.device) -> contextlib.AbstractContextManager:
-    """Autocast off for ``device`` (the meta device has no autocast: nothing to turn off)."""
-    if device.type == "meta":
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, enabled=False)
 
 
 def _is_integer(t: torch.Tensor) -> bool:
@@ -478,7 +471,7 @@ def rope_cos_sin(
             "precision (bf16 cannot tell 257 from 256); pass e.g. positions.long()"
         )
     adt = _angle_dtype(dtype)
-    with _no_autocast(positions.device):
+    with autocast_off(positions.device):
         # [..., 1] * [r/2] -> [..., r/2]
         angles = positions.to(adt)[..., None] * inv_freq.to(positions.device, adt)
         cos, sin = torch.cos(angles), torch.sin(angles)
@@ -665,7 +658,7 @@ class XPos(RotaryEmbedding):
 
     def _scale(self, positions: torch.Tensor, sign: float) -> torch.Tensor:
         """``zeta^(sign * m / gamma)``: ``[..., s, r/2]`` float32."""
-        with _no_autocast(positions.device):
+        with autocast_off(positions.device):
             power = positions.float()[..., None] * (sign / self.scale_base)  # [..., s, 1]
             return torch.exp(power * self.log_zeta(positions.device))  # [..., s, 1] * [r/2] -> [..., s, r/2]
 
@@ -715,6 +708,7 @@ class Rope2D(RotaryEmbedding):
     """
 
     name = "rope_2d"
+    position_dims = 2
     summary = "axial 2D RoPE for image patches: half the rotary pairs per axis (row, column)"
 
     def __init__(

@@ -372,6 +372,22 @@ def _attend_explicit(q, k, v, plan, bias, relative_values, dropout_p):
     )
 
 
+def _relative_values(
+    scheme: PositionalScheme, q_pos: torch.Tensor, k_pos: torch.Tensor
+) -> torch.Tensor | None:
+    """``scheme.relative_values`` with the contract's 1-D positions; batched positions (left padding)
+    are handled one row at a time and stacked to ``[b, h | 1, s, s_k, d_h]``."""
+    if q_pos.dim() == 1 and k_pos.dim() == 1:
+        return scheme.relative_values(q_pos, k_pos)
+    b = q_pos.shape[0] if q_pos.dim() == 2 else k_pos.shape[0]
+    q_pos, k_pos = q_pos.expand(b, -1), k_pos.expand(b, -1)  # [b, s], [b, s_k]
+    rows = [scheme.relative_values(q_pos[i], k_pos[i]) for i in range(b)]
+    if rows[0] is None:
+        return None
+    rows = [r if r.dim() == 4 else r[None] for r in rows]  # [s, s_k, d_h] -> [1, s, s_k, d_h]
+    return torch.stack(rows)  # [b, h | 1, s, s_k, d_h]
+
+
 # ----------------------------------------------------------------------------------------------
 # The module
 # ----------------------------------------------------------------------------------------------
@@ -459,7 +475,7 @@ class MultiHeadAttention(nn.Module):
         if scheme is not None:
             if "score_bias" in scheme.hooks:
                 bias = scheme.score_bias(plan.q_positions, plan.k_positions, q)  # q before rotate
-            rel = scheme.relative_values(plan.q_positions, plan.k_positions)
+            rel = _relative_values(scheme, plan.q_positions, plan.k_positions)
         rotates = scheme is not None and "rotate" in scheme.hooks
         if rotates and (cache is None or scheme.needs_unrotated_cache):
             if cache is not None:

@@ -164,9 +164,9 @@ class _Stack(nn.Module):
             config.check_causal()
         self.config, self.causal = config, causal
         first = self._build_scheme()
-        if getattr(first, "ndim", 1) != 1:
+        if first.position_dims != 1:
             raise ValueError(
-                f"position={config.position!r} encodes {first.ndim}-D grids, not token sequences; "
+                f"position={config.position!r} encodes {first.position_dims}-D grids, not token sequences; "
                 "use a 1-D scheme (posenc list) for a sequence model"
             )
         acts_in_attention = bool(set(first.hooks) & set(_ATTENTION_HOOKS)) or _overrides_relative_values(
@@ -204,14 +204,12 @@ class _Stack(nn.Module):
             if limit is None:
                 continue
             pos = plan.q_positions
-            if torch.compiler.is_compiling():
+            if torch.compiler.is_compiling():  # no data-dependent checks in a graph: the length only
                 needed = pos.shape[-1]
-                if needed <= limit:
-                    continue
             else:
                 needed = int(pos.max()) + 1 if pos.numel() else 0
-                if needed <= limit:
-                    continue
+            if needed <= limit:
+                continue
             raise ValueError(
                 f"this input needs positions up to {needed - 1} (length {needed}), longer than "
                 f"max_len={limit} of position={self.config.position!r}: learned positions cannot run past "
