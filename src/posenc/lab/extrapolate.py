@@ -625,7 +625,8 @@ def _evaluate(config, model, mc, tokens, device, name, say) -> list[EvalPoint]:
                 continue
             points.append(evaluate_task(model, config.mode, e, config.eval_examples,
                                         seed=config.seed + 1_000_003 + e, device=device))
-    say(f"{name:>12}: " + "  ".join(_cell(p, config.lm) for p in points))
+    took = sum(p.wall_s for p in points)
+    say(f"{name:>12}: " + "  ".join(_cell(p, config.lm) for p in points) + f"  (eval {took:.0f} s)")
     return points
 
 
@@ -647,7 +648,8 @@ def _scaled_rope_runs(config, model, mc, tokens, device, say) -> list[_Run]:
                                 autocast=device.type == "cuda")
             point.note = f"factor {factor:g}"
             run.eval.append(point)
-        say(f"{run.name:>12}: " + "  ".join(_cell(p, True) for p in run.eval))
+        took = sum(p.wall_s for p in run.eval)
+        say(f"{run.name:>12}: " + "  ".join(_cell(p, True) for p in run.eval) + f"  (eval {took:.0f} s)")
         runs.append(run)
     return runs
 
