@@ -120,6 +120,8 @@ def _lazy(module: str, name: str) -> tuple[Callable, Callable]:
     return add_args, run
 
 
+_ANALYSIS = "posenc.analysis.commands"
+
 #: name -> (help, add arguments, run). Later features add entries here.
 COMMANDS: dict[str, Command] = {
     "list": ("list every scheme with its hooks", _list_args, _list_run),
@@ -128,6 +130,9 @@ COMMANDS: dict[str, Command] = {
         "run a text through tokenizer, embedding, positions, LayerNorm, dropout, step by step",
         *_lazy("posenc.text.commands", "encode"),
     ),
+    "verify": ("check every scheme's properties (exit 1 on a broken promise)", *_lazy(_ANALYSIS, "verify")),
+    "plot": ("draw one plot of a scheme to a PNG or SVG", *_lazy(_ANALYSIS, "plot")),
+    "report": ("write the HTML report comparing every scheme", *_lazy(_ANALYSIS, "report")),
     "extrapolate": (
         "train short, test long: one LM per scheme, bits/byte (or task accuracy) vs length",
         *_lazy("posenc.lab.commands", "extrapolate"),

@@ -1,0 +1,101 @@
+"""``posenc verify``, ``posenc plot`` and ``posenc report``: argument parsers and runners.
+
+``cli.py`` imports this module only when one of these commands runs, so ``import posenc`` and
+``posenc list`` never import matplotlib.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+__all__ = ["plot_args", "plot_run", "report_args", "report_run", "verify_args", "verify_run"]
+
+
+# ---------------------------------------------------------------------------------------------- verify
+def verify_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("schemes", nargs="*", metavar="SCHEME", help="schemes to check (default: all registered)")
+    p.add_argument(
+        "--property",
+        action="append",
+        dest="properties",
+        metavar="NAME",
+        help="check only this property (repeatable); default: all",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def verify_run(args: argparse.Namespace) -> int:
+    """Print the property table; exit 1 when a scheme breaks a property it promises."""
+    from .properties import verify
+
+    results = verify(args.schemes or None, args.properties)
+    broken = [r for r in results if r.broken_promise]
+    if args.json:
+        print(json.dumps([r.to_json() for r in results], indent=2))
+        return 1 if broken else 0
+    w_s = max(len("scheme"), *(len(r.scheme) for r in results))
+    w_p = max(len("property"), *(len(r.property) for r in results))
+    print(f"{'scheme':<{w_s}}  {'property':<{w_p}}  {'status':<6}  {'value':>10}  {'threshold':>12}  detail")
+    for r in results:
+        value = "-" if r.value is None else f"{r.value:.3g}"
+        thr = "-" if r.threshold is None else f"{r.comparison} {r.threshold:.3g}"
+        mark = r.status + ("" if r.promised or not r.applies else "*")
+        print(f"{r.scheme:<{w_s}}  {r.property:<{w_p}}  {mark:<6}  {value:>10}  {thr:>12}  {r.reason}")
+    print(
+        "\n* not promised by the scheme (informational). "
+        + (
+            f"{len(broken)} broken promise(s): " + ", ".join(f"{r.scheme}.{r.property}" for r in broken)
+            if broken
+            else "Every scheme keeps every property it promises."
+        )
+    )
+    return 1 if broken else 0
+
+
+# ---------------------------------------------------------------------------------------------- plot
+def plot_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("scheme", help="a registered scheme, e.g. sinusoidal")
+    p.add_argument(
+        "--kind",
+        required=True,
+        metavar="KIND",
+        help="heatmap, waves, similarity, frequencies, surface, kernel, kernel_curve, bias, scalings",
+    )
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help="output image, .png or .svg")
+
+
+def plot_run(args: argparse.Namespace) -> int:
+    from .plots import plot
+
+    path = plot(args.scheme, args.kind, args.output)
+    print(f"wrote {path}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- report
+def report_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "-o",
+        "--output",
+        default="report",
+        metavar="DIR",
+        help="output folder; the page is DIR/index.html (default: report)",
+    )
+    p.add_argument(
+        "schemes", nargs="*", metavar="SCHEME", help="schemes to include (default: all registered)"
+    )
+
+
+def report_run(args: argparse.Namespace) -> int:
+    from .report import build_report
+
+    t0 = time.perf_counter()
+    path = build_report(args.output, args.schemes or None)
+    print(
+        f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB, {time.perf_counter() - t0:.1f} s)",
+        file=sys.stdout,
+    )
+    return 0

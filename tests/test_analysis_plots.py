@@ -1,0 +1,64 @@
+"""Tests of posenc.analysis.plots: every kind renders for every scheme it applies to, and writes a
+non-empty PNG/SVG; errors name the kind and list the valid ones."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import matplotlib.pyplot as plt
+import pytest
+
+import posenc
+from _analysis_toys import ToyALiBi, ToyRoPE, registered
+from posenc.analysis import make_probe
+from posenc.analysis.plots import PLOT_KINDS, applicable_kinds, plot, render, save
+
+SMALL = {"d_model": 32, "head_dim": 16, "num_heads": 4, "max_len": 64}
+
+
+def test_every_kind_renders_for_every_applicable_registered_scheme(tmp_path):
+    written = {}
+    with registered():
+        for name in posenc.schemes():
+            probe = make_probe(name, SMALL)
+            for kind in applicable_kinds(probe):
+                path = save(render(probe, kind), tmp_path / f"{name}-{kind}.png", dpi=50)  # small: fast
+                data = path.read_bytes()
+                assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 2000, (name, kind)
+                written.setdefault(kind, []).append(name)
+    assert set(written) == set(PLOT_KINDS)  # every kind was drawn for at least one scheme
+    assert "toy_alibi" in written["bias"] and "toy_rope" in written["scalings"]
+    assert all("nope" not in names for names in written.values())
+    assert not plt.get_fignums()  # every figure was closed
+
+
+def test_svg_output_and_kinds_by_hook(tmp_path):
+    path = plot("sinusoidal", "surface", tmp_path / "s.svg", context=SMALL)
+    text = path.read_text()
+    assert text.lstrip().startswith("<?xml") and "<svg" in text and len(text) > 5000
+    with registered(ToyALiBi, ToyRoPE):
+        assert "bias" in applicable_kinds("toy_alibi", SMALL) and "heatmap" not in applicable_kinds(
+            "toy_alibi", SMALL
+        )
+        assert {"heatmap", "frequencies", "scalings"} <= set(applicable_kinds("toy_rope", SMALL))
+    assert "frequencies" not in applicable_kinds("learned", SMALL)  # a random table has no frequencies
+    assert applicable_kinds("nope", SMALL) == []
+
+
+def test_errors_list_the_kinds(tmp_path):
+    with pytest.raises(ValueError, match="unknown plot kind 'heat'; valid values: 'heatmap'"):
+        render("sinusoidal", "heat", context=SMALL)
+    with pytest.raises(
+        ValueError, match=r"plot kind 'bias' does not apply to 'sinusoidal'.*applicable kinds: heatmap"
+    ):
+        render("sinusoidal", "bias", context=SMALL)
+    with pytest.raises(ValueError, match=r"must end in \.png or \.svg"):
+        plot("sinusoidal", "heatmap", tmp_path / "x.jpg", context=SMALL)
+    assert not plt.get_fignums()
+
+
+def test_import_posenc_stays_light():
+    code = "import sys, posenc, posenc.cli; print('matplotlib' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
