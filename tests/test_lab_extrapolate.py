@@ -339,3 +339,14 @@ def test_cli_list_flag_errors(capsys):
     assert "--eval-lens '128,abc' is not a comma list of ints" in capsys.readouterr().err
     assert main(["extrapolate", "--schemes", ","]) == 2
     assert "--schemes ',' is empty" in capsys.readouterr().err
+
+
+def test_cli_resume_needs_out(capsys):
+    assert main(["extrapolate", "--schemes", "alibi", "--resume"]) == 2
+    assert "--resume needs --out" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_cli_cuda_without_a_gpu(capsys, tmp_path):
+    assert main(["extrapolate", "--schemes", "alibi", "--device", "cuda", "--out", str(tmp_path)]) == 2
+    assert "--device cuda but torch sees no CUDA device" in capsys.readouterr().err

@@ -384,3 +384,8 @@ def test_configure_threads():
             configure_threads(0)
     finally:
         torch.set_num_threads(old)
+
+
+def test_stop_at_must_be_a_step():
+    with pytest.raises(ValueError, match="stop_at must be >= 0"):
+        train(TransformerLM(tiny_config()), tiny_data(), TrainConfig(steps=2), progress=False, stop_at=-1)
