@@ -198,8 +198,9 @@ def test_format_table_marks_missing_values():
 
 def test_t5_gets_unidirectional_buckets_in_the_study():
     config = StudyConfig(schemes=("t5",), eval_lens=(128,))
-    assert study_model_config(config, "t5").position_options == {"bidirectional": False}
-    assert study_model_config(config, "alibi").position_options == {}
+    lm = TransformerLM(study_model_config(config, "t5"))
+    assert lm.decoder.scheme(0).bidirectional is False
+    assert TransformerLM(study_model_config(config, "alibi")).decoder.scheme(0).causal is True
 
 
 # ---------------------------------------------------------------------------------------------- RoPE scalings

@@ -89,10 +89,9 @@ MODES: dict[str, str] = {
     "addition": "add two n-digit numbers; exact-match accuracy vs n",
 }
 
-#: Options the study gives a scheme in a decoder. T5's bias takes ``bidirectional``, not the
-#: model's ``causal`` flag, so a decoder must ask for unidirectional buckets itself (otherwise
-#: half of the 32 buckets would be reserved for future keys it never sees).
-SCHEME_OPTIONS: dict[str, dict[str, Any]] = {"t5": {"bidirectional": False}}
+#: Extra options the study gives a scheme (none today: a decoder already builds T5 with
+#: one-directional buckets and ALiBi in its causal form, from the model's build context).
+SCHEME_OPTIONS: dict[str, dict[str, Any]] = {}
 
 
 # ----------------------------------------------------------------------------------------------
