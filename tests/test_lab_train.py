@@ -389,3 +389,23 @@ def test_configure_threads():
 def test_stop_at_must_be_a_step():
     with pytest.raises(ValueError, match="stop_at must be >= 0"):
         train(TransformerLM(tiny_config()), tiny_data(), TrainConfig(steps=2), progress=False, stop_at=-1)
+
+
+def test_load_trained_model_from_checkpoint_and_model_file(tmp_path):
+    from posenc.lab.train import load_trained_model
+
+    torch.manual_seed(0)
+    model = TransformerLM(ModelConfig(vocab_size=32, d_model=16, num_layers=1, num_heads=2, position="alibi"))
+    config = TrainConfig(steps=1)
+    save_checkpoint(tmp_path / "ck.safetensors", model, make_optimizer(model, config), 1, train_config=config)
+    save_model(model, tmp_path / "model.safetensors")
+    ids = torch.randint(0, 32, (1, 8))
+    for name in ("ck.safetensors", "model.safetensors"):
+        loaded = load_trained_model(tmp_path / name)
+        assert not loaded.training
+        torch.testing.assert_close(loaded(ids), model.eval()(ids), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="no checkpoint at"):
+        load_trained_model(tmp_path / "missing.safetensors")
+    (tmp_path / "junk.safetensors").write_bytes(b"not a tensor file")
+    with pytest.raises(ValueError, match="is not a safetensors file"):
+        load_trained_model(tmp_path / "junk.safetensors")

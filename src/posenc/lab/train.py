@@ -619,6 +619,35 @@ def load_checkpoint(
     )
 
 
+def load_trained_model(path: str | os.PathLike) -> nn.Module:
+    """A model from a training checkpoint (:func:`save_checkpoint`) or a model file
+    (:func:`posenc.model.save_model`), in eval mode, for analysis (no optimizer, RNG untouched).
+
+    Raises:
+        ValueError: the file is missing or is neither kind of posenc file.
+    """
+    import safetensors
+
+    from .. import model as models
+
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"no checkpoint at {str(path)!r}")
+    try:
+        with safetensors.safe_open(str(path), framework="pt") as fh:
+            meta = fh.metadata() or {}
+    except Exception as err:  # safetensors raises its own error types for non-safetensors files
+        raise ValueError(f"{str(path)!r} is not a safetensors file: {err}") from None
+    if meta.get("posenc_checkpoint") != CHECKPOINT_FORMAT:
+        return models.load_model(path).eval()  # a save_model file, or its clear error
+    cls = getattr(models, meta.get("model_class", ""), None)
+    if cls is None or not meta.get("model_config") or meta["model_config"] == "null":
+        raise ValueError(f"{str(path)!r} does not record a posenc model class and config")
+    model = cls(models.ModelConfig.from_dict(json.loads(meta["model_config"])))
+    load_checkpoint(path, model, restore_rng=False)
+    return model.eval()
+
+
 # ----------------------------------------------------------------------------------------------
 # The loop
 # ----------------------------------------------------------------------------------------------
