@@ -191,3 +191,127 @@ def test_embed_hooks_identity_for_base_scheme():
     assert scheme.rotate(q, k) == (q, k)
     assert scheme.score_bias(torch.arange(3), torch.arange(3)) is None
     assert math.isclose(TokenEmbedding(3, 49).scale, 7.0)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Fast path (CPU, train mode): dropout by posenc.kernels.dropout_cpu; same numbers as the reference
+# composition for the same mask, eval mode unchanged.
+# ---------------------------------------------------------------------------------------------------
+from posenc.kernels import dropout_cpu  # noqa: E402
+
+needs_kernel = pytest.mark.skipif(not dropout_cpu.available(), reason="no C compiler: reference path only")
+
+
+def _reference(layer, ids, keep=None):
+    """The pipeline written out with PyTorch ops; ``keep`` applies dropout with that mask."""
+    d = layer.token.d_model
+    x = nn.functional.embedding(ids, layer.token.weight) * layer.token.scale
+    x = x + sinusoidal_table(ids.shape[1], d)
+    x = nn.functional.layer_norm(x, (d,), layer.norm.weight, layer.norm.bias)
+    if keep is None:
+        return x
+    noise = keep.float()
+    noise.div_(1 - layer.dropout.p)  # aten's dropout: x * (keep / (1 - p))
+    return x * noise
+
+
+@needs_kernel
+def test_fast_train_forward_equals_reference_for_its_mask():
+    layer = InputEmbedding(100, 48, "sinusoidal", dropout=0.2).train()
+    ids = torch.randint(0, 100, (3, 11))
+    torch.manual_seed(42)
+    out = layer(ids)
+    torch.manual_seed(42)
+    keep = dropout_cpu.keep_mask(out.shape, 0.2, dropout_cpu._draw_seed())  # the seed forward drew
+    assert torch.equal(out, _reference(layer, ids, keep))
+    assert 0.1 < 1 - keep.float().mean().item() < 0.3
+
+
+@needs_kernel
+def test_fast_train_gradients_equal_reference():
+    layer = InputEmbedding(50, 16, "sinusoidal", dropout=0.3).train()
+    ids = torch.randint(0, 50, (2, 9))
+    g = torch.randn(2, 9, 16)
+    torch.manual_seed(1)
+    layer(ids).backward(g)
+    fast = [p.grad.clone() for p in layer.parameters()]
+    layer.zero_grad()
+    torch.manual_seed(1)
+    keep = dropout_cpu.keep_mask((2, 9, 16), 0.3, dropout_cpu._draw_seed())
+    _reference(layer, ids, keep).backward(g)
+    for a, (name, p) in zip(fast, layer.named_parameters()):
+        torch.testing.assert_close(a, p.grad, rtol=1e-6, atol=1e-7, msg=name)
+
+
+def test_eval_mode_is_exactly_the_reference():
+    layer = InputEmbedding(100, 32, "sinusoidal", dropout=0.5).eval()
+    ids = torch.randint(0, 100, (2, 7))
+    assert torch.equal(layer(ids), _reference(layer, ids))
+
+
+def test_train_mode_without_the_kernel_uses_nn_dropout(monkeypatch):
+    monkeypatch.setitem(dropout_cpu._state, "fn", None)
+    layer = InputEmbedding(100, 64, dropout=0.5).train()
+    ids = torch.randint(0, 100, (4, 32))
+    torch.manual_seed(3)
+    out = layer(ids)
+    torch.manual_seed(3)
+    ref = nn.functional.dropout(_reference(layer, ids), 0.5, True)
+    assert torch.equal(out, ref)
+
+
+def test_train_mode_compiles():
+    layer = InputEmbedding(64, 16, "sinusoidal", dropout=0.25).train()
+    out = torch.compile(layer, fullgraph=True)(torch.randint(0, 64, (2, 8)))
+    assert out.shape == (2, 8, 16) and 0 < (out == 0).sum() < out.numel()
+
+
+@pytest.mark.parametrize("padding_idx", [None, 3])
+def test_huge_page_gather_equals_nn_embedding(monkeypatch, padding_idx):
+    """kernels.embedding_cpu (used for large outputs): same rows, same weight gradient."""
+    from posenc.kernels import _memory, embedding_cpu
+
+    monkeypatch.setattr(embedding_cpu, "_MIN_BYTES", 0)
+    monkeypatch.setattr(_memory, "hugepages_enabled", lambda: True)
+    emb = TokenEmbedding(40, 8, padding_idx=padding_idx)
+    ids = torch.tensor([[3, 1, 3, 39], [0, 3, 7, 7]])
+    assert embedding_cpu.usable(emb.weight, ids)
+    g = torch.randn(2, 4, 8)
+    out = emb(ids)
+    out.backward(g)
+    ref_weight = emb.weight.detach().clone().requires_grad_()
+    ref = nn.functional.embedding(ids, ref_weight, padding_idx) * emb.scale
+    ref.backward(g)
+    assert torch.equal(out, ref)
+    assert torch.equal(emb.weight.grad, ref_weight.grad)
+
+
+def test_shared_positions_added_in_place_match_embed():
+    """Sinusoidal/learned tables for positions shared by the batch are added in place: same numbers
+    as scheme.embed(x, positions); per-row positions [b, s] take embed itself."""
+    for scheme, opts in (("sinusoidal", None), ("learned", {"max_len": 40}), ("scaled_sinusoidal", None)):
+        layer = InputEmbedding(30, 16, scheme, layer_norm=False, dropout=0.0, scheme_options=opts)
+        ids = torch.randint(0, 30, (3, 9))
+        for pos in (None, torch.arange(5, 14), torch.arange(27).view(3, 9)):
+            want = layer.position.embed(layer.token(ids), pos)
+            assert torch.equal(layer(ids, pos), want), (scheme, pos)
+
+
+def test_dropout_module_is_nn_dropout_with_the_fast_path():
+    from posenc.embedding import Dropout
+
+    drop = Dropout(0.25)
+    assert isinstance(drop, nn.Dropout)
+    x = torch.randn(4, 64)
+    before = x.clone()
+    torch.manual_seed(0)
+    y = drop(x)
+    assert torch.equal(x, before)  # not in place unless asked
+    if dropout_cpu.available():
+        torch.manual_seed(0)
+        keep = dropout_cpu.keep_mask(x.shape, 0.25, dropout_cpu._draw_seed())
+        assert torch.equal(y, x * (keep.float() / 0.75))
+    assert drop(x, inplace=True) is x  # the caller owns x
+    drop.eval()
+    assert torch.equal(drop(before), before)
+    assert torch.equal(Dropout(0.0).train()(before), before)

@@ -19,10 +19,13 @@ import torch
 from torch import nn
 
 from ._validate import check_int, check_positive_float, check_probability
+from .absolute import LearnedPE, ScaledSinusoidalPE, SinusoidalPE
 from .base import PositionalScheme
+from .kernels import dropout_cpu as _dropout_cpu
+from .kernels import embedding_cpu as _embedding_cpu
 from .registry import build_with_context, scheme_class
 
-__all__ = ["TIE_STRATEGIES", "InputEmbedding", "TokenEmbedding", "apply_tying", "tie_weights"]
+__all__ = ["TIE_STRATEGIES", "Dropout", "InputEmbedding", "TokenEmbedding", "apply_tying", "tie_weights"]
 
 
 def _scale_value(scale: str | float | None, d_model: int) -> float:
@@ -98,8 +101,12 @@ class TokenEmbedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         self.check_ids(ids)
-        out = nn.functional.embedding(ids, self.weight, self.padding_idx)  # [..., d]
-        return out * self.scale if self.scale != 1.0 else out
+        if _embedding_cpu.usable(self.weight, ids):  # same gather into huge pages (kernels.embedding_cpu)
+            out = _embedding_cpu.gather(self.weight, ids, self.padding_idx)  # [..., d]
+        else:
+            out = nn.functional.embedding(ids, self.weight, self.padding_idx)  # [..., d], a fresh tensor
+        # in place: the gather's backward does not need its output, and one [..., d] allocation fewer
+        return out.mul_(self.scale) if self.scale != 1.0 else out
 
     def extra_repr(self) -> str:
         return f"{self.vocab_size}, {self.d_model}, scale={self.scale:.4g}, padding_idx={self.padding_idx}"
@@ -166,6 +173,25 @@ def apply_tying(
         tie_weights(decoder_embedding, output)  # type: ignore[arg-type]
 
 
+class Dropout(nn.Dropout):
+    """``nn.Dropout`` whose CPU training path is one pass with a counter-based generator.
+
+    Same arguments as ``nn.Dropout``. In training, on CPU tensors of dtype float32/float64/bfloat16
+    (outside ``torch.compile``), ``0 < p < 1``: :mod:`posenc.kernels.dropout_cpu` (PyTorch's dropout
+    arithmetic for the mask it draws, ``p`` quantized to a multiple of ``2^-32``, the mask recomputed
+    in backward instead of stored, seeded from PyTorch's generator). Elsewhere ``nn.Dropout`` itself.
+
+    Shapes: ``forward(x [...], inplace=None) -> [...]``; ``inplace`` overrides ``self.inplace`` for
+    one call (a caller that owns a fresh ``x``).
+    """
+
+    def forward(self, x: torch.Tensor, inplace: bool | None = None) -> torch.Tensor:
+        inplace = self.inplace if inplace is None else inplace
+        if self.training and 0.0 < self.p < 1.0 and _dropout_cpu.usable(x):
+            return _dropout_cpu.dropout(x, self.p, inplace=inplace)
+        return nn.functional.dropout(x, self.p, self.training, inplace)
+
+
 class InputEmbedding(nn.Module):
     """The input layer: token embedding x scale, + absolute positions, LayerNorm, dropout.
 
@@ -181,6 +207,12 @@ class InputEmbedding(nn.Module):
         scheme_options: extra options for a scheme given by name (e.g. ``{"max_len": 512}``).
 
     Shapes: ``forward(ids [b, s], positions [s] | [b, s] | None) -> [b, s, d]``.
+
+    Speed: in training on a CPU, dropout runs as one pass with a counter-based random generator
+    (:mod:`posenc.kernels.dropout_cpu`): the same arithmetic as ``nn.Dropout`` for its mask, the
+    mask recomputed in backward instead of stored, ``p`` quantized to a multiple of ``2^-32``; the
+    masks differ from ``nn.Dropout``'s (another generator, seeded from PyTorch's). Eval mode, other
+    devices and ``torch.compile`` use the plain modules.
     """
 
     def __init__(
@@ -208,12 +240,26 @@ class InputEmbedding(nn.Module):
             self.position = None
         self.scheme_name = scheme if isinstance(scheme, str) else scheme.name
         self.norm = nn.LayerNorm(d_model) if layer_norm else nn.Identity()
-        self.dropout = nn.Dropout(check_probability(dropout, "dropout"))
+        self.dropout = Dropout(check_probability(dropout, "dropout"))
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         x = self.token(ids)  # [b, s] -> [b, s, d], scaled
         if x.dim() != 3:
             raise ValueError(f"ids must have shape [b, s], got {tuple(ids.shape)}")
         if self.position is not None:
-            x = self.position.embed(x, positions)  # [b, s, d] + positional part
-        return self.dropout(self.norm(x))
+            x = self._add_position(x, positions)  # [b, s, d] + positional part
+        x = self.norm(x)
+        return self.dropout(x, inplace=isinstance(self.norm, nn.LayerNorm))  # LayerNorm's output is fresh
+
+    def _add_position(self, x: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
+        """``self.position.embed(x, positions)``; for posenc's additive schemes with positions shared
+        by the batch, the positional part is made once (``embed`` of zeros ``[1, s, d]``, exactly the
+        table) and added in place to the fresh token embeddings: one ``[b, s, d]`` tensor fewer."""
+        if type(self.position) in _SHARED_TABLE and (positions is None or positions.dim() == 1):
+            pe = self.position.embed(x.new_zeros(1, *x.shape[1:]), positions)  # [1, s, d] = 0 + PE
+            return x.add_(pe)  # [b, s, d] + [1, s, d], in place
+        return self.position.embed(x, positions)
+
+
+#: schemes whose ``embed`` is ``x + table(positions)``, so ``embed(0) + x`` gives the same numbers
+_SHARED_TABLE = (SinusoidalPE, ScaledSinusoidalPE, LearnedPE)

@@ -46,6 +46,7 @@ from ._precision import autocast_off
 from ._validate import check_choice, check_int, check_positive_float
 from .absolute import _angle_dtype, sinusoidal_frequencies
 from .base import PositionalScheme
+from .kernels import rope_cpu as _rope_cpu
 from .positions import resolve_positions
 
 __all__ = [
@@ -96,6 +97,7 @@ def apply_rotary(
     *,
     layout: str = "half",
     rotary_dim: int | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Rotate the first ``r`` dims of ``x`` pairwise by the angles whose cos/sin are given.
 
@@ -107,10 +109,17 @@ def apply_rotary(
         layout: ``"half"`` pairs dims ``(i, i + r/2)`` (HF Llama, GPT-NeoX); ``"interleaved"``
             pairs ``(2i, 2i + 1)`` (RoFormer, GPT-J, Meta). See :func:`permute_qk_weights`.
         rotary_dim: ``r``; default ``2 * cos.shape[-1]``. Dims ``r..d_h`` are returned bit-identical.
+        out: for inference, where to write the result: ``x`` itself (in place, no new memory) or a
+            tensor of ``x``'s shape and dtype. Not differentiable (``ValueError`` if ``x`` requires
+            grad while grad mode is on).
 
     Returns:
-        ``[..., s, d_h]``, same dtype as ``x``. Linear in ``x``, so gradients flow to ``x`` (and to
-        ``cos``/``sin``).
+        ``[..., s, d_h]``, same dtype as ``x`` (``out`` when given). Linear in ``x``, so gradients
+        flow to ``x`` (and to ``cos``/``sin``).
+
+    On CPU (float32/float64/bfloat16) the rotation runs as one pass over memory in a small C kernel
+    (:mod:`posenc.kernels.rope_cpu`), bit-identical to the PyTorch expression below, which runs
+    everywhere else (GPU, ``torch.compile``, other dtypes).
     """
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
         raise TypeError(f"x must be a floating-point tensor [..., s, d_h], got {_describe(x)}")
@@ -138,19 +147,22 @@ def apply_rotary(
             "cos/sin are half width: [..., s, r/2] with 2 <= r <= d_h"
         )
     target = (*x.shape[:-1], r // 2)
-    try:
-        grown = torch.broadcast_shapes(target, cos.shape) != torch.Size(target)
-    except RuntimeError:
-        grown = True
-    if grown:
+    # broadcasts to target without growing it (a plain loop: torch.broadcast_shapes costs ~50 us)
+    pairs = zip(reversed(cos.shape), reversed(target))
+    fits = cos.dim() <= len(target) and all(c in (1, t) for c, t in pairs)
+    if not fits:
         raise ValueError(
             f"cos/sin of shape {tuple(cos.shape)} do not broadcast to x[..., :r/2] of shape {target}; use "
             "[s, r/2] for positions [s] or [b, 1, s, r/2] for positions [b, s] with x [b, h, s, d_h]"
         )
-    out = rotate(x, cos.to(x.dtype), sin.to(x.dtype), r)  # [..., s, r]
+    if out is not None:
+        _rope_cpu.check_out(x, out)
+    if _rope_cpu.usable(x, cos, sin):
+        return _rope_cpu.rotate(x, cos, sin, layout, out)  # one pass, same numbers as below
+    y = rotate(x, cos.to(x.dtype), sin.to(x.dtype), r)  # [..., s, r]
     if r < x.shape[-1]:
-        out = torch.cat((out, x[..., r:]), dim=-1)  # [..., s, r] ++ [..., s, d_h - r] -> [..., s, d_h]
-    return out
+        y = torch.cat((y, x[..., r:]), dim=-1)  # [..., s, r] ++ [..., s, d_h - r] -> [..., s, d_h]
+    return y if out is None else out.copy_(y)
 
 
 def _is_integer(t: torch.Tensor) -> bool:

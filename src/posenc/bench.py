@@ -1,0 +1,119 @@
+"""``posenc bench``: posenc against its peers, in one run, next to a same-run copy of the same bytes.
+
+Cases live in :mod:`posenc.benchmarks` (``rope``, ``sinusoidal``, ``embedding``, ``bias``,
+``train_step``); ``benchmarks/*.py`` in the repository are thin runners of the same code.
+
+JSON (``--json``, or ``--out FILE``)::
+
+    {"schema": 1, "quick": false, "environment": {cpu, cores, torch, threads, allocator,
+     malloc_env, loadavg, ...},
+     "cases": [{"case", "description", "params", "bytes",
+                "results": {impl: {"kind", "layout", "note", "median_s", "q1_s", "q3_s", "gbps",
+                                   "copy_fraction"}},
+                "copy_gbps", "clone_gbps",
+                "speedup": {posenc impl: {peer impl: peer median / posenc median}},
+                "skipped": {impl: reason}, "loadavg_before", "loadavg_after"}]}
+
+Speed is never asserted anywhere: figures depend on the machine and its load, which the output
+records with every case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+__all__ = ["bench_args", "bench_run", "run"]
+
+SCHEMA = 1
+
+
+def bench_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("cases", nargs="*", metavar="CASE",
+                   help="groups (rope, sinusoidal, embedding, bias, train_step) or single cases; default all")
+    p.add_argument("--quick", action="store_true", help="tiny shapes, 3 repeats, no torch.compile")
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    p.add_argument("--out", default=None, help="also write the JSON to this file")
+    p.add_argument("--repeats", type=int, default=None, help="timed rounds per case (default 7; --quick 3)")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    p.add_argument("--allocator", default="system", help="system (default) or keep: glibc keeps freed memory")
+    p.add_argument("--list", action="store_true", help="list the cases and exit")
+
+
+def run(
+    names: list[str] | None = None,
+    *,
+    quick: bool = False,
+    repeats: int | None = None,
+    threads: int | None = None,
+    allocator: str = "system",
+    progress=None,
+) -> dict:
+    """Run cases and return the JSON-ready report (see the module docstring).
+
+    Args:
+        names: group or case names (:func:`posenc.benchmarks.select`); None or empty = all.
+        quick: tiny shapes and few repeats (what tests run).
+        repeats: timed rounds per case.
+        threads: intra-op threads for the run.
+        allocator: a key of :data:`posenc.benchmarks.harness.ALLOCATORS`.
+        progress: optional callable receiving each finished :class:`CaseResult`.
+    """
+    import torch
+
+    from .benchmarks import select
+    from .benchmarks.harness import environment, run_case, set_allocator
+
+    set_allocator(allocator)
+    if threads is not None:
+        if threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
+        torch.set_num_threads(threads)
+    repeats = repeats if repeats is not None else (3 if quick else 7)
+    builders = select(list(names or []), quick)
+    report = {"schema": SCHEMA, "quick": quick, "environment": environment(), "cases": []}
+    for build in builders.values():
+        case = build()
+        result = run_case(case, repeats=repeats, warmup=1, min_time=0.001 if quick else 0.005)
+        del case
+        report["cases"].append(result.to_json())
+        if progress is not None:
+            progress(result)
+    report["environment_after"] = environment()
+    return report
+
+
+def bench_run(args: argparse.Namespace) -> int:
+    from .benchmarks import all_cases
+    from .benchmarks.harness import environment_line, format_case
+
+    if args.list:
+        for name in all_cases(args.quick):
+            print(name)
+        return 0
+    if args.repeats is not None and args.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+
+    def show(result) -> None:
+        if not args.json:
+            print(format_case(result), flush=True)
+
+    if not args.json:
+        import torch
+
+        from .benchmarks.harness import set_allocator
+
+        set_allocator(args.allocator)
+        if args.threads is not None and args.threads >= 1:
+            torch.set_num_threads(args.threads)
+        print(environment_line(), flush=True)
+    report = run(args.cases, quick=args.quick, repeats=args.repeats, threads=args.threads,
+                 allocator=args.allocator, progress=show)
+    text = json.dumps(report, indent=2)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    if args.json:
+        sys.stdout.write(text + "\n")
+    return 0

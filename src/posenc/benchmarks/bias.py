@@ -1,0 +1,101 @@
+"""Causal attention with a positional bias (ALiBi, T5), the bias built on every call, against causal
+SDPA without any bias (the yardstick: a bias can at best cost nothing).
+
+Implementations (q, k, v ``[b, h, s, d_h]`` float32):
+
+* ``sdpa_causal_no_bias``: ``scaled_dot_product_attention(..., is_causal=True)``;
+* ``posenc_<scheme>_full``: what ``posenc.model``'s attention does today: ``scheme.score_bias`` for
+  all ``s x s`` pairs, ``-inf`` above the diagonal, SDPA with that float mask;
+* ``posenc_<scheme>_blocked``: :func:`posenc.kernels.attention_cpu.causal_attention_with_bias`,
+  the bias built and applied one query block at a time, future keys skipped;
+* ALiBi peers: HF Bloom's ``build_alibi_tensor`` (the key-only ``m_h * j`` form, which relies on
+  softmax's shift invariance) plus the causal mask; x-transformers' ``AlibiPositionalBias``
+  (it keeps the ``[h, s, s]`` table in a buffer after its first call: not rebuilt per call);
+* T5 peer: x-transformers' ``RelativePositionBias`` (causal buckets).
+
+Bytes: q, k, v read and the output written (attention is compute-bound: read the times).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from .harness import Case, Impl, no_grad_case, tensor_bytes
+from .rope import _optional
+
+__all__ = ["cases"]
+
+
+def _sdpa_masked(q, k, v, bias: torch.Tensor) -> torch.Tensor:
+    """SDPA with ``bias`` where ``j <= i`` and ``-inf`` above the diagonal (one float mask)."""
+    s = q.shape[2]
+    future = torch.ones(s, s, dtype=torch.bool, device=q.device).triu_(1)  # [s, s], True above the diagonal
+    mask = bias.to(q.dtype).masked_fill(future, float("-inf"))  # [b | 1, h, s, s]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def _case(name: str, scheme_name: str, shape: tuple[int, int, int, int], block_size: int) -> Case:
+    import posenc
+    from posenc.kernels.attention_cpu import causal_attention_with_bias, scheme_bias_fn
+
+    b, h, s, _ = shape
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(shape, generator=gen) for _ in range(3))
+    pos = torch.arange(s)
+    scheme = posenc.build(scheme_name, num_heads=h)
+    impls = [
+        Impl("sdpa_causal_no_bias", lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), "peer",
+             None, "the yardstick: no positional bias at all"),
+        Impl(f"posenc_{scheme_name}_full", lambda: _sdpa_masked(q, k, v, scheme.score_bias(pos, pos)),
+             "posenc", None, "score_bias [1, h, s, s] + -inf mask + SDPA (posenc.model's path)"),
+        Impl(f"posenc_{scheme_name}_blocked",
+             lambda: causal_attention_with_bias(q, k, v, scheme_bias_fn(scheme, pos, pos),
+                                                block_size=block_size),
+             "posenc", None, f"kernels.attention_cpu, {block_size} queries per block"),
+    ]
+    skipped: dict[str, str] = {}
+    xt, why = _optional("x_transformers.x_transformers")
+    if scheme_name == "alibi":
+        bloom, why_bloom = _optional("transformers.models.bloom.modeling_bloom")
+        if bloom is None:
+            skipped["hf_bloom_alibi"] = why_bloom
+        else:
+            ones = torch.ones(b, s)
+
+            def bloom_attention() -> torch.Tensor:
+                alibi = bloom.build_alibi_tensor(ones, h, q.dtype)  # type: ignore[attr-defined]  # [b h, 1, s]
+                return _sdpa_masked(q, k, v, alibi.view(b, h, 1, s))  # m_h * j, broadcast over queries
+
+            impls.append(Impl("hf_bloom_alibi", bloom_attention, "peer", None,
+                              "build_alibi_tensor (m_h * j) + causal mask + SDPA"))
+        if xt is None:
+            skipped["x_transformers_alibi"] = why
+        else:
+            alibi = xt.AlibiPositionalBias(h)  # type: ignore[attr-defined]
+            impls.append(Impl("x_transformers_alibi", lambda: _sdpa_masked(q, k, v, alibi(s, s)), "peer",
+                              None, "AlibiPositionalBias (cached table after the first call) + mask + SDPA"))
+    elif xt is None:
+        skipped["x_transformers_t5"] = why
+    else:
+        rel = xt.RelativePositionBias(scale=1.0, causal=True, heads=h)  # type: ignore[attr-defined]
+        impls.append(Impl("x_transformers_t5", lambda: _sdpa_masked(q, k, v, rel(s, s)), "peer", None,
+                          "RelativePositionBias (causal buckets) + mask + SDPA"))
+    nbytes = 4 * tensor_bytes(q)
+    params = {"shape": list(shape), "scheme": scheme_name, "block_size": block_size, "dtype": "float32"}
+    return Case(name, f"causal attention with {scheme_name} bias, q/k/v {list(shape)}", nbytes, impls, params,
+                skipped)
+
+
+def cases(quick: bool) -> dict[str, Callable[[], Case]]:
+    """The attention-bias cases (``quick``: tiny shapes)."""
+    big = (1, 2, 32, 8) if quick else (2, 16, 2048, 64)
+    lab = (2, 4, 16, 8) if quick else (32, 4, 128, 32)
+    blk = 8 if quick else 256
+    return {
+        "bias_alibi": no_grad_case(lambda: _case("bias_alibi", "alibi", big, blk)),
+        "bias_t5": no_grad_case(lambda: _case("bias_t5", "t5", big, blk)),
+        "bias_alibi_lab": no_grad_case(lambda: _case("bias_alibi_lab", "alibi", lab, min(blk, lab[2]))),
+    }

@@ -1,0 +1,416 @@
+"""Benchmark harness: interleaved timing, medians, effective GB/s, same-run copy baselines.
+
+The hot paths of posenc are memory-bound, so every figure is reported next to what the machine's
+memory system does *in the same run*:
+
+* ``copy``  -- ``dst.copy_(src)`` of the case's bytes into an existing buffer (no allocation);
+* ``clone`` -- ``src.clone()`` of the same bytes (a fresh allocation: on glibc a large one is
+  served by fresh ``mmap`` pages, so it also pays the page faults every out-of-place result pays).
+
+A case declares the bytes it moves (read + written, :func:`tensor_bytes`), so
+``GB/s = bytes / median seconds`` and ``copy_fraction = GB/s / copy GB/s``. The two baselines move
+the same bytes: half read, half written. Implementations are timed round-robin (in a new shuffled
+order every round) so that a noisy, shared machine slows all of them alike, and the median is
+reported with the interquartile range.
+
+Terms: ``impl`` an implementation of a case; ``kind`` ``"posenc"``, ``"peer"`` or ``"baseline"``;
+``speedup[p][q] = median(q) / median(p)`` for a posenc impl ``p`` and a peer ``q`` (> 1: posenc
+faster).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import datetime
+import gc
+import os
+import platform
+import random
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = [
+    "ALLOCATORS",
+    "Case",
+    "CaseResult",
+    "Impl",
+    "environment",
+    "gbps",
+    "no_grad_case",
+    "run_case",
+    "set_allocator",
+    "tensor_bytes",
+    "time_interleaved",
+]
+
+KINDS = ("posenc", "peer", "baseline")
+
+
+# ----------------------------------------------------------------------------------------------
+# Bytes and bandwidth
+# ----------------------------------------------------------------------------------------------
+def tensor_bytes(*tensors: torch.Tensor) -> int:
+    """Total bytes of ``tensors`` (``numel * element_size`` each; broadcast views count once per
+    element of the view, so pass the tensors actually read or written)."""
+    total = 0
+    for t in tensors:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"tensor_bytes takes tensors, got {type(t).__name__}")
+        total += t.numel() * t.element_size()
+    return total
+
+
+def gbps(nbytes: int, seconds: float) -> float:
+    """Effective bandwidth in GB/s (10^9 bytes per second): ``nbytes / seconds / 1e9``."""
+    if seconds <= 0:
+        raise ValueError(f"seconds must be > 0, got {seconds}")
+    return nbytes / seconds / 1e9
+
+
+# ----------------------------------------------------------------------------------------------
+# Allocator
+# ----------------------------------------------------------------------------------------------
+# glibc mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
+
+#: allocator setting -> what it does. ``keep`` is what ``MALLOC_MMAP_MAX_=0
+#: MALLOC_TRIM_THRESHOLD_=<large>`` in the environment does, applied from inside the process.
+ALLOCATORS: dict[str, str] = {
+    "system": "the allocator as the process started (glibc default: large blocks are fresh mmap pages)",
+    "keep": "glibc mallopt(M_MMAP_MAX=0, M_TRIM_THRESHOLD=2^40): freed memory is kept and reused, "
+    "so large temporaries stop paying page faults",
+}
+
+_allocator_state = {"setting": "system"}
+
+
+def set_allocator(setting: str) -> str:
+    """Apply an allocator setting from :data:`ALLOCATORS` to this process (glibc only).
+
+    Call it before the large tensors of a benchmark exist. ``"system"`` changes nothing (glibc
+    cannot go back once memory was kept). Returns the setting in force.
+
+    Raises:
+        ValueError: an unknown setting, or ``"keep"`` where glibc's ``mallopt`` is not available.
+    """
+    if setting not in ALLOCATORS:
+        raise ValueError(f"unknown allocator {setting!r}; valid: {', '.join(ALLOCATORS)}")
+    if setting == "keep":
+        name = ctypes.util.find_library("c")
+        libc = ctypes.CDLL(name) if name else None
+        mallopt = getattr(libc, "mallopt", None)
+        if mallopt is None or platform.libc_ver()[0] != "glibc":
+            raise ValueError("allocator 'keep' needs glibc's mallopt; set MALLOC_* variables instead")
+        ok = mallopt(_M_MMAP_MAX, 0) and mallopt(_M_TRIM_THRESHOLD, 2**40)
+        if not ok:
+            raise ValueError("glibc mallopt refused M_MMAP_MAX/M_TRIM_THRESHOLD")
+        _allocator_state["setting"] = "keep"
+    return _allocator_state["setting"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Environment
+# ----------------------------------------------------------------------------------------------
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _load() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def environment() -> dict[str, Any]:
+    """What a figure depends on: CPU model, cores, torch version and threads, allocator, load."""
+    return {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "threads": torch.get_num_threads(),
+        "allocator": _allocator_state["setting"],
+        "malloc_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("MALLOC_")},
+        "loadavg": _load(),
+    }
+
+
+def environment_line(env: dict[str, Any] | None = None) -> str:
+    """One line for a table header."""
+    e = env or environment()
+    malloc = " ".join(f"{k}={v}" for k, v in e["malloc_env"].items()) or "none"
+    load = "/".join(str(x) for x in e["loadavg"]) if e["loadavg"] else "?"
+    return (
+        f"{e['cpu']}, {e['cores']} cores ({e['cpu_capability']}), torch {e['torch']}, "
+        f"{e['threads']} threads, allocator {e['allocator']} (MALLOC_* env: {malloc}), load {load}"
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Cases
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class Impl:
+    """One implementation of a case: ``fn()`` does the whole operation once.
+
+    ``layout`` (optional) groups implementations that compute the same thing the same way (e.g. the
+    RoPE pairing), so speed-ups can be read for like against like.
+    """
+
+    name: str
+    fn: Callable[[], object]
+    kind: str = "peer"
+    layout: str | None = None
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown impl kind {self.kind!r}; valid: {', '.join(KINDS)}")
+
+
+@dataclass
+class Case:
+    """A benchmark case: what it measures, the bytes it moves and its implementations.
+
+    ``nbytes`` is the traffic of the operation (bytes read + bytes written by an ideal
+    implementation), the same for every implementation. ``skipped`` maps an implementation that
+    could not run (peer not installed, ...) to the reason.
+    """
+
+    name: str
+    description: str
+    nbytes: int
+    impls: list[Impl]
+    params: dict[str, Any] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+    baselines: bool = True
+
+
+@dataclass
+class CaseResult:
+    """Measured medians of one case, ready for a table or JSON."""
+
+    name: str
+    description: str
+    nbytes: int
+    params: dict[str, Any]
+    results: dict[str, dict[str, Any]]
+    skipped: dict[str, str]
+    load_before: list[float] | None
+    load_after: list[float] | None
+
+    @property
+    def copy_gbps(self) -> float | None:
+        r = self.results.get("copy")
+        return None if r is None else r["gbps"]
+
+    @property
+    def clone_gbps(self) -> float | None:
+        r = self.results.get("clone")
+        return None if r is None else r["gbps"]
+
+    def speedups(self) -> dict[str, dict[str, float]]:
+        """``{posenc impl: {peer impl: peer median / posenc median}}``."""
+        mine = {n: r for n, r in self.results.items() if r["kind"] == "posenc"}
+        peers = {n: r for n, r in self.results.items() if r["kind"] == "peer"}
+        return {p: {q: qr["median_s"] / pr["median_s"] for q, qr in peers.items()} for p, pr in mine.items()}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "case": self.name,
+            "description": self.description,
+            "params": self.params,
+            "bytes": self.nbytes,
+            "results": self.results,
+            "copy_gbps": self.copy_gbps,
+            "clone_gbps": self.clone_gbps,
+            "speedup": self.speedups(),
+            "skipped": self.skipped,
+            "loadavg_before": self.load_before,
+            "loadavg_after": self.load_after,
+        }
+
+
+def no_grad_case(build: Callable[[], Case]) -> Callable[[], Case]:
+    """Wrap a case builder so that every implementation runs under ``torch.no_grad()``."""
+
+    def call(fn: Callable[[], object]) -> Callable[[], object]:
+        def run() -> object:
+            with torch.no_grad():
+                return fn()
+
+        return run
+
+    def wrapped() -> Case:
+        case = build()
+        for impl in case.impls:
+            impl.fn = call(impl.fn)
+        return case
+
+    return wrapped
+
+
+# ----------------------------------------------------------------------------------------------
+# Timing
+# ----------------------------------------------------------------------------------------------
+def _calibrate(fn: Callable[[], object], min_time: float) -> int:
+    """Calls per measurement so that one measurement takes at least ``min_time`` seconds."""
+    number = 1
+    while True:
+        t0 = time.perf_counter()
+        for _ in range(number):
+            fn()
+        dt = time.perf_counter() - t0
+        if dt >= min_time or number >= 1 << 20:
+            return number
+        number *= 2 if dt <= 0 else max(2, min(10, int(min_time / dt) + 1))
+
+
+def time_interleaved(
+    fns: dict[str, Callable[[], object]],
+    *,
+    repeats: int = 7,
+    warmup: int = 1,
+    min_time: float = 0.005,
+) -> dict[str, list[float]]:
+    """Seconds per call of each function, measured round-robin.
+
+    Each function is warmed up (``warmup`` calls, then calibrated so that one measurement lasts at
+    least ``min_time``); then ``repeats`` rounds each time every function once, in an order shuffled
+    every round, so that no implementation always follows the same neighbour (one that frees a lot
+    of memory changes what the next allocation costs). The garbage collector is off while timing.
+
+    Returns:
+        ``{name: [seconds per call] * repeats}``.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    names = list(fns)
+    for name in names:
+        for _ in range(warmup):
+            fns[name]()
+    number = {name: _calibrate(fns[name], min_time) for name in names}
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    gc.collect()
+    gc_was_on = gc.isenabled()
+    gc.disable()
+    try:
+        for r in range(repeats):
+            order = list(names)
+            random.Random(r).shuffle(order)  # a new order each round (seeded: reproducible)
+            for name in order:
+                fn, n = fns[name], number[name]
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    fn()
+                samples[name].append((time.perf_counter() - t0) / n)
+    finally:
+        if gc_was_on:
+            gc.enable()
+    return samples
+
+
+def _baselines(nbytes: int) -> list[Impl]:
+    """``copy`` and ``clone`` of ``nbytes / 2`` bytes: ``nbytes`` of traffic, half read, half written."""
+    n = max(1, nbytes // 2)
+    src = torch.empty(n, dtype=torch.uint8).fill_(1)
+    dst = torch.empty_like(src).fill_(0)  # touched: no page faults in the timed copies
+    return [
+        Impl("copy", lambda: dst.copy_(src), "baseline", note="dst.copy_(src), existing buffer"),
+        Impl("clone", lambda: src.clone(), "baseline", note="src.clone(), fresh allocation"),
+    ]
+
+
+def _quantiles(xs: Sequence[float]) -> tuple[float, float]:
+    if len(xs) < 2:
+        return xs[0], xs[0]
+    q = statistics.quantiles(xs, n=4, method="inclusive")
+    return q[0], q[2]
+
+
+def run_case(case: Case, *, repeats: int = 7, warmup: int = 1, min_time: float = 0.005) -> CaseResult:
+    """Time every implementation of ``case`` (and the copy/clone baselines) in one interleaved run."""
+    impls = (_baselines(case.nbytes) if case.baselines else []) + list(case.impls)
+    names = [i.name for i in impls]
+    if len(set(names)) != len(names):
+        raise ValueError(f"case {case.name!r} has duplicate implementation names: {names}")
+    load_before = _load()
+    samples = time_interleaved(
+        {i.name: i.fn for i in impls}, repeats=repeats, warmup=warmup, min_time=min_time
+    )
+    load_after = _load()
+    results: dict[str, dict[str, Any]] = {}
+    for impl in impls:
+        xs = samples[impl.name]
+        med = statistics.median(xs)
+        q1, q3 = _quantiles(xs)
+        results[impl.name] = {
+            "kind": impl.kind,
+            "layout": impl.layout,
+            "note": impl.note,
+            "median_s": med,
+            "q1_s": q1,
+            "q3_s": q3,
+            "gbps": gbps(case.nbytes, med) if case.nbytes else None,
+        }
+    copy = results.get("copy")
+    for r in results.values():
+        r["copy_fraction"] = None if copy is None or r["gbps"] is None else r["gbps"] / copy["gbps"]
+    return CaseResult(
+        case.name, case.description, case.nbytes, dict(case.params), results, dict(case.skipped),
+        load_before, load_after,
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Tables
+# ----------------------------------------------------------------------------------------------
+def _fmt_time(s: float) -> str:
+    if s >= 1:
+        return f"{s:.3f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s * 1e6:.1f} us"
+
+
+def format_case(result: CaseResult) -> str:
+    """A plain-text table of one case: impl, median, IQR, GB/s, fraction of copy, speed-ups."""
+    lines = [f"== {result.name}: {result.description}"]
+    load = "/".join(map(str, result.load_before or [])) + " -> " + "/".join(map(str, result.load_after or []))
+    moved = f"{result.nbytes / 1e6:.1f} MB moved per call" if result.nbytes else "no byte count"
+    lines.append(f"   {moved}; load {load}")
+    mine = [n for n, r in result.results.items() if r["kind"] == "posenc"]
+    speed = result.speedups()
+    width = max(len(n) for n in result.results)
+    head = f"{'median':>10}  {'IQR':>19}  {'GB/s':>7}  {'of copy':>7}  posenc speed-up"
+    lines.append(f"   {'impl':<{width}}  {head}")
+    for name, r in result.results.items():
+        iqr = f"{_fmt_time(r['q1_s'])}..{_fmt_time(r['q3_s'])}"
+        frac = "" if r["copy_fraction"] is None else f"{r['copy_fraction'] * 100:.0f}%"
+        vs = ""
+        if r["kind"] == "peer" and mine:
+            same = [p for p in mine if result.results[p]["layout"] == r["layout"]] or mine
+            best = min(same, key=lambda p: result.results[p]["median_s"])
+            vs = f"{speed[best][name]:.2f}x ({best})"
+        med = _fmt_time(r["median_s"])
+        rate = "" if r["gbps"] is None else f"{r['gbps']:7.2f}"
+        lines.append(f"   {name:<{width}}  {med:>10}  {iqr:>19}  {rate:>7}  {frac:>7}  {vs}")
+    for name, why in result.skipped.items():
+        lines.append(f"   {name:<{width}}  skipped: {why}")
+    return "\n".join(lines)

@@ -1,0 +1,100 @@
+"""One training step of the lab's language model against an x-transformers model of the same size
+and positional scheme.
+
+The lab's model (DESIGN.md section 6): byte-level (V = 256), ``d = 128``, 4 layers, 4 heads
+(``d_h = 32``), MLP ``4d`` with GELU, pre-LayerNorm, output layer tied to the token embedding, no
+dropout, sequences of ``L = 128``, batch 32. x-transformers' ``TransformerWrapper(Decoder(...))``
+is configured to match: ``attn_dim_head=32``, ``tie_embedding=True``, ``ff_no_bias=True``, no
+absolute positions. Its LayerNorms have no bias, so it has ``3 d`` fewer parameters (0.05% at the
+lab's size; both counts are in ``params``). It is timed twice: with its default attention (explicit
+einsum softmax) and with ``attn_flash=True`` (PyTorch's SDPA, as posenc uses).
+
+One step: forward, mean next-token cross-entropy, backward, global-norm gradient clipping at 1.0,
+AdamW (lr 3e-3, weight decay 0.1), ``zero_grad``. Bytes are not meaningful here (no copy
+baseline): compare the times.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .harness import Case, Impl
+from .rope import _optional
+
+__all__ = ["cases"]
+
+#: posenc scheme -> x-transformers Decoder keyword arguments for the same scheme
+XT_SCHEMES: dict[str, dict[str, object]] = {
+    "rope": {"rotary_pos_emb": True},
+    "alibi": {"alibi_pos_bias": True},
+    "t5": {"rel_pos_bias": True},
+}
+
+
+def _step(model: nn.Module, ids: torch.Tensor, targets: torch.Tensor) -> Callable[[], object]:
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
+
+    def step() -> float:
+        logits = model(ids)  # [b, s, V]
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    return step
+
+
+def _count(model: nn.Module) -> int:
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def _case(name: str, scheme: str, b: int, s: int, d: int, layers: int, heads: int) -> Case:
+    from posenc.model import ModelConfig, TransformerLM
+
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, 256, (b, s + 1), generator=gen)
+    ids, targets = tokens[:, :-1], tokens[:, 1:]
+    mine = TransformerLM(ModelConfig(vocab_size=256, d_model=d, num_layers=layers, num_heads=heads,
+                                     position=scheme, max_len=s)).train()
+    impls = [Impl(f"posenc_{scheme}", _step(mine, ids, targets), "posenc", None, "model.TransformerLM")]
+    params: dict[str, object] = {"b": b, "L": s, "d_model": d, "layers": layers, "heads": heads,
+                                 "scheme": scheme, "params_posenc": _count(mine)}
+    skipped: dict[str, str] = {}
+    xt, why = _optional("x_transformers")
+    if xt is None:
+        skipped[f"x_transformers_{scheme}"] = why
+    else:
+        for suffix, flash in (("", False), ("_flash", True)):
+            torch.manual_seed(0)
+            try:
+                decoder = xt.Decoder(  # type: ignore[attr-defined]
+                    dim=d, depth=layers, heads=heads, attn_dim_head=d // heads, ff_no_bias=True,
+                    attn_flash=flash, **XT_SCHEMES[scheme],
+                )
+            except AssertionError as err:  # x-transformers refuses some combinations (T5 bias + flash)
+                skipped[f"x_transformers_{scheme}{suffix}"] = f"x-transformers: {err}"
+                continue
+            other = xt.TransformerWrapper(  # type: ignore[attr-defined]
+                num_tokens=256, max_seq_len=s, tie_embedding=True, use_abs_pos_emb=False, attn_layers=decoder,
+            ).train()
+            params["params_x_transformers"] = _count(other)
+            note = f"TransformerWrapper(Decoder({', '.join(XT_SCHEMES[scheme])}, attn_flash={flash}))"
+            step = _step(other, ids, targets)
+            impls.append(Impl(f"x_transformers_{scheme}{suffix}", step, "peer", None, note))
+    case = Case(name, f"one training step, {scheme}, batch {b} x L={s}", 0, impls, params, skipped)
+    case.baselines = False
+    return case
+
+
+def cases(quick: bool) -> dict[str, Callable[[], Case]]:
+    """The training-step cases (``quick``: a 1-layer d=16 model on 2 x 8 tokens)."""
+    b, s, d, layers, heads = (2, 8, 16, 1, 2) if quick else (32, 128, 128, 4, 4)
+    return {f"train_step_{sch}": (lambda sch=sch: _case(f"train_step_{sch}", sch, b, s, d, layers, heads))
+            for sch in XT_SCHEMES}

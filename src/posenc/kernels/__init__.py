@@ -1,0 +1,11 @@
+"""Optional fast paths behind posenc's pure functions (users never call a different API).
+
+* :mod:`posenc.kernels.rope_cpu` -- one-pass CPU rotation for :func:`posenc.apply_rotary`
+  (in place or out of place, bit-identical to the reference);
+* :mod:`posenc.kernels.dropout_cpu` -- counter-based dropout for :class:`posenc.InputEmbedding`;
+* :mod:`posenc.kernels.attention_cpu` -- causal attention with a bias built per query block.
+
+C kernels are built on first use (:mod:`posenc.kernels._cbuild`); where that is impossible, or
+with ``POSENC_C_KERNELS=0``, every caller runs its reference PyTorch path. On GPUs the reference
+paths run (a Triton kernel is future work).
+"""

@@ -1,0 +1,137 @@
+"""Build and load posenc's small C kernels (CPU fast paths), once per machine, with a safe fallback.
+
+A kernel is a few dozen lines of plain C99 (no Python or torch headers) that works on raw pointers
+and strides. It is compiled with the system C compiler on first use (well under a second) into a
+cache directory and loaded with :mod:`ctypes`; ctypes releases the GIL during the call. Later
+processes load the cached library directly.
+
+* The cache key hashes the source, the flags, the compiler's version and the CPU's feature flags
+  (the code is built with ``-march=native``), so a shared home directory across machines is safe.
+* ``-ffp-contract=off``, no SLP vectorization and no fast-math: every product and sum is rounded
+  exactly as PyTorch's elementwise ops round them, so a kernel can give bit-identical results to
+  the reference path (callers also check that on first use, see ``rope_cpu``).
+* OpenMP when the compiler has it (the process then shares PyTorch's ``libgomp``), else serial.
+* No compiler, a failed build, or ``POSENC_C_KERNELS=0`` in the environment: :func:`load` returns
+  ``None`` and the callers use their reference (pure PyTorch) path. ``POSENC_KERNEL_CACHE`` sets the
+  cache directory (default ``$XDG_CACHE_HOME/posenc/kernels`` or ``~/.cache/posenc/kernels``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+
+__all__ = ["cache_dir", "enabled", "load"]
+
+# -ffp-contract=off: no fused multiply-add, every product is rounded as PyTorch rounds it.
+# -fno-tree-slp-vectorize: GCC's SLP pass recognises complex-multiply patterns and emits
+# vfmaddsub even with contraction off (seen with GCC 12), which changes the last bit.
+_BASE_FLAGS = (
+    "-O3", "-std=gnu99", "-shared", "-fPIC",
+    "-ffp-contract=off", "-fno-tree-slp-vectorize", "-fno-math-errno",
+)
+_lock = threading.Lock()
+_loaded: dict[str, ctypes.CDLL | None] = {}
+
+
+def enabled() -> bool:
+    """False when ``POSENC_C_KERNELS`` is ``0``/``false``/``no``/``off`` (reference paths only)."""
+    return os.environ.get("POSENC_C_KERNELS", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def cache_dir() -> Path:
+    """Where compiled kernels live (``POSENC_KERNEL_CACHE`` overrides)."""
+    if os.environ.get("POSENC_KERNEL_CACHE"):
+        return Path(os.environ["POSENC_KERNEL_CACHE"])
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(root) / "posenc" / "kernels"
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def _cpu_signature() -> str:
+    """The CPU's model and feature flags (what ``-march=native`` depends on)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = [ln for ln in f if ln.startswith(("flags", "model name", "Features", "CPU part"))]
+        return "".join(sorted(set(lines)))
+    except OSError:
+        return platform.processor() + platform.machine()
+
+
+def _version(cc: str) -> str:
+    try:
+        return subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def _build(name: str, source: str) -> ctypes.CDLL | None:
+    if platform.system() not in ("Linux", "Darwin"):
+        return None
+    cc = _compiler()
+    if cc is None:
+        return None
+    arch = ("-march=native",) if platform.machine() in ("x86_64", "AMD64") else ("-mcpu=native",)
+    version = _version(cc)
+    errors = []
+    for extra in (("-fopenmp",), ()):  # OpenMP if the compiler has it, else a serial build
+        flags = (*_BASE_FLAGS, *arch, *extra)
+        key = hashlib.sha256("\0".join((source, " ".join(flags), version, _cpu_signature())).encode())
+        path = cache_dir() / f"{name}-{key.hexdigest()[:20]}.so"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+                src, lib = Path(tmp) / f"{name}.c", Path(tmp) / f"{name}.so"
+                src.write_text(source)
+                proc = subprocess.run(
+                    [cc, *flags, str(src), "-o", str(lib), "-lm"], capture_output=True, text=True, timeout=300
+                )
+                if proc.returncode != 0:
+                    errors.append(proc.stderr.strip()[-2000:])
+                    continue
+                os.replace(lib, path)  # atomic: concurrent processes never load a half-written file
+        try:
+            return ctypes.CDLL(str(path))
+        except OSError as err:
+            errors.append(str(err))
+    warnings.warn(
+        f"posenc: could not build the C kernel {name!r}; using the PyTorch reference path "
+        f"(set POSENC_C_KERNELS=0 to silence). Compiler said: {errors[-1] if errors else '?'}",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+    return None
+
+
+def load(name: str, source: str) -> ctypes.CDLL | None:
+    """The compiled library for ``source`` (built on first use), or ``None`` where it cannot be.
+
+    One library per ``name`` per process; the build happens under a lock.
+    """
+    if not enabled():
+        return None
+    if name in _loaded:
+        return _loaded[name]
+    with _lock:
+        if name not in _loaded:
+            try:
+                _loaded[name] = _build(name, source)
+            except (OSError, subprocess.SubprocessError) as err:
+                warnings.warn(f"posenc: C kernel {name!r} unavailable ({err}); using the reference path",
+                              RuntimeWarning, stacklevel=2)
+                _loaded[name] = None
+    return _loaded[name]

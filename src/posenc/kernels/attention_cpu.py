@@ -1,0 +1,184 @@
+"""Causal attention with a positional bias (ALiBi, T5, ...), built and applied one query block at a time.
+
+The direct way -- build the ``[b | 1, h, s, s]`` bias, mask the future with ``-inf``, hand it to
+``scaled_dot_product_attention`` -- costs three things on a CPU: the ``s^2`` table itself (built by
+several full-size ops, each a fresh allocation), and SDPA with an explicit mask cannot skip the
+masked upper triangle, so it does twice the work of ``is_causal=True``.
+
+Here queries are taken ``block_size`` at a time: the block ``[q0, q1)`` sees keys ``[0, k1)`` only
+(``k1 = q1 + s_k - s_q``), so the bias is built for that rectangle alone and the future keys past
+``k1`` are never computed. Summed over blocks this is about half the full table and half the
+attention work (plus the diagonal blocks), and at most one block's bias is alive at a time.
+The numbers are those of the full-table path up to float rounding: every query sees the same keys
+with the same bias; only SDPA's internal blocking of the key axis differs.
+
+Legend: ``b`` batch, ``h`` query heads, ``h_kv`` key/value heads, ``s_q``/``s_k`` query/key
+lengths (``s_k >= s_q``: a KV-cache prefix of ``s_k - s_q`` keys precedes the queries), ``d_h``
+head width.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from . import _memory
+
+__all__ = ["BiasFn", "causal_attention_with_bias", "scheme_bias_fn"]
+
+#: ``bias_fn(q0, q1, k1) -> [b | 1, h, q1 - q0, k1]``: the additive bias (on the scaled logits) of
+#: queries ``q0..q1-1`` against keys ``0..k1-1``. It may return a tensor it keeps writing into on
+#: later calls (the ALiBi builder does): each result is consumed before the next call.
+BiasFn = Callable[[int, int, int], torch.Tensor]
+
+
+class _AlibiBlocks:
+    """ALiBi's bias for one block at a time, written into buffers reused by every block (no
+    allocation, hence no page faults, after the first block).
+
+    The values are those of :func:`posenc.alibi_bias` bit for bit: the relative position
+    ``j - i`` is formed exactly in int64, converted to float32 and multiplied by the float32 slope.
+    """
+
+    def __init__(self, scheme: torch.nn.Module, q_positions: torch.Tensor, k_positions: torch.Tensor) -> None:
+        self.slopes = scheme.slopes(q_positions.device)[:, None, None]  # [h, 1, 1]
+        self.causal = scheme.causal
+        # [s] -> [1, s]; [b, s] stays: one row of positions per batch row (or one shared)
+        self.qp = q_positions if q_positions.dim() == 2 else q_positions[None]
+        self.kp = k_positions if k_positions.dim() == 2 else k_positions[None]
+        self.rows = max(self.qp.shape[0], self.kp.shape[0])
+        self.buffers: dict[str, torch.Tensor] = {}
+
+    def _buffer(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        n = math.prod(shape)
+        buf = self.buffers.get(name)
+        if buf is None or buf.numel() < n:
+            buf = self.buffers[name] = _memory.empty(n, dtype=dtype, device=self.qp.device)
+        return buf[:n].view(shape)
+
+    def __call__(self, q0: int, q1: int, k1: int) -> torch.Tensor:
+        n = q1 - q0
+        rel64 = self._buffer("rel64", (self.rows, n, k1), torch.int64)
+        torch.sub(self.kp[:, None, :k1], self.qp[:, q0:q1, None], out=rel64)  # j - i, exact
+        if not self.causal:
+            rel64.abs_().neg_()  # -|i - j|
+        rel = self._buffer("rel", (self.rows, 1, n, k1), torch.float32)
+        rel.copy_(rel64[:, None])  # int64 -> float32, as alibi_bias's .to(float32)
+        out = self._buffer("bias", (self.rows, self.slopes.shape[0], n, k1), torch.float32)
+        return torch.mul(rel, self.slopes, out=out)  # [b|1, h, n, k1] = (j - i) * m_h in float32
+
+
+#: scheme class name -> builder of a block-bias function that writes into a reused buffer
+#: (for schemes whose bias is a closed form of positions). Others use their ``score_bias``.
+_FAST_BIAS: dict[str, Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], BiasFn]] = {
+    "ALiBi": _AlibiBlocks,
+}
+
+
+def scheme_bias_fn(
+    scheme: torch.nn.Module,
+    q_positions: torch.Tensor,
+    k_positions: torch.Tensor,
+    q: torch.Tensor | None = None,
+) -> BiasFn:
+    """A :data:`BiasFn` from a scheme's ``score_bias`` hook (``posenc.base`` contract).
+
+    ALiBi (no gradient, closed form) gets a builder that writes every block into one reused buffer;
+    every other scheme calls ``scheme.score_bias`` on the block's positions (and queries).
+
+    Args:
+        scheme: a positional scheme with the ``score_bias`` hook (``alibi``, ``t5``, ``shaw``, ...).
+        q_positions: ``[s_q]`` or ``[b, s_q]`` integer positions of the queries.
+        k_positions: ``[s_k]`` or ``[b, s_k]`` integer positions of the keys.
+        q: ``[b, h, s_q, d_h]`` queries before rotation, for content-dependent biases.
+    """
+    fast = _FAST_BIAS.get(type(scheme).__name__)
+    if fast is not None and type(scheme).__module__ == "posenc.bias":
+        return fast(scheme, q_positions, k_positions)
+
+    def bias(q0: int, q1: int, k1: int) -> torch.Tensor:
+        qb = None if q is None else q[..., q0:q1, :]  # [b, h, q1 - q0, d_h]
+        return scheme.score_bias(q_positions[..., q0:q1], k_positions[..., :k1], qb)
+
+    return bias
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size: int) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4 or not t.is_floating_point():
+            raise ValueError(f"{name} must be a float tensor [b, h, s, d_h], got {getattr(t, 'shape', t)!r}")
+    if k.shape[:3] != v.shape[:3]:
+        raise ValueError(f"k and v must agree on [b, h_kv, s_k], got {tuple(k.shape)} and {tuple(v.shape)}")
+    if q.shape[-1] != k.shape[-1] or q.shape[0] != k.shape[0] or q.shape[1] % k.shape[1]:
+        raise ValueError(
+            f"q {tuple(q.shape)} and k {tuple(k.shape)} must share b and d_h, and h_kv must divide h"
+        )
+    if k.shape[2] < q.shape[2]:
+        raise ValueError(f"causal attention needs s_k >= s_q, got s_q={q.shape[2]}, s_k={k.shape[2]}")
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size must be an int >= 1, got {block_size!r}")
+
+
+def _writable(t: torch.Tensor) -> bool:
+    """Whether ``masked_fill_`` may write into ``t``: no autograd history to protect, no aliased
+    (stride-0) elements."""
+    return not t.requires_grad and all(st or n == 1 for st, n in zip(t.stride(), t.shape))
+
+
+def causal_attention_with_bias(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias_fn: BiasFn,
+    *,
+    block_size: int = 256,
+    dropout_p: float = 0.0,
+) -> torch.Tensor:
+    """``softmax(q k^T / sqrt(d_h) + bias + causal mask) v``, one block of queries at a time.
+
+    Args:
+        q: ``[b, h, s_q, d_h]`` queries (rotated already, if the scheme rotates).
+        k, v: ``[b, h_kv, s_k, d_h]``, ``s_k >= s_q``; query ``i`` sits at key index
+            ``i + s_k - s_q`` and sees keys up to and including it.
+        bias_fn: see :data:`BiasFn`; e.g. :func:`scheme_bias_fn`. Called once per block.
+        block_size: queries per block. Smaller blocks skip more of the masked future but call SDPA
+            more often; 256 suits CPUs.
+        dropout_p: attention dropout (training).
+
+    Returns:
+        ``[b, h, s_q, d_h]``, dtype of ``q`` (a ``[b, s_q, h, d_h]`` buffer seen through a transpose,
+        the layout SDPA itself returns on CPU).
+    """
+    _check(q, k, v, block_size)
+    b, h, s_q, _ = q.shape
+    s_k = k.shape[2]
+    offset = s_k - s_q
+    gqa = h != k.shape[1]
+    # the block's future keys all lie in its last (q1 - q0) columns, where j > i is this triangle;
+    # added (x + -inf = -inf, x + 0 = x exactly): a vectorized add, cheaper than masked_fill_
+    tri = torch.zeros(block_size, block_size, dtype=q.dtype, device=q.device)
+    tri.masked_fill_(torch.ones_like(tri, dtype=torch.bool).triu_(1), float("-inf"))  # [n, n]
+    out = None
+    for q0 in range(0, s_q, block_size):
+        q1 = min(q0 + block_size, s_q)
+        n, k1 = q1 - q0, q1 + offset  # block length; keys visible to the block's last query
+        bias = bias_fn(q0, q1, k1)  # [b | 1, h, n, k1]
+        if bias.shape[-2:] != (n, k1):
+            raise ValueError(f"bias_fn({q0}, {q1}, {k1}) returned shape {tuple(bias.shape)}, "
+                             f"expected [b | 1, h, {n}, {k1}]")
+        mask = bias.to(q.dtype)
+        if not (_writable(mask) and (mask is not bias or _writable(bias))):
+            mask = mask.clone()
+        mask[..., k1 - n:].add_(tri[:n, :n])  # -inf on future keys, in place
+        o = F.scaled_dot_product_attention(
+            q[:, :, q0:q1], k[:, :, :k1], v[:, :, :k1], attn_mask=mask, dropout_p=dropout_p, enable_gqa=gqa,
+        )  # [b, h, n, d_h]
+        if q1 - q0 == s_q:
+            return o  # a single block
+        if out is None:
+            out = _memory.empty(b, s_q, h, o.shape[-1], dtype=o.dtype, device=o.device)  # SDPA's layout
+        out[:, q0:q1].copy_(o.transpose(1, 2))  # [b, h, n, d_v] -> [b, n, h, d_v]
+    return out.transpose(1, 2)  # [b, s_q, h, d_v] -> [b, h, s_q, d_v]

@@ -1,0 +1,205 @@
+"""Dropout whose random bits cost almost nothing: a counter-based generator in a one-pass C kernel.
+
+PyTorch's CPU dropout draws one Bernoulli sample per element from a stateful generator
+(``bernoulli_``) into a float noise tensor, then multiplies: on an input embedding of
+``[8, 2048, 768]`` the mask generation alone took 73 of 173 ms (DESIGN.md section 7). Here the
+keep/drop decision of element ``i`` is a pure function of ``(seed, i)``::
+
+    u_i = SplitMix64(seed + (i // 2 + 1) * 0x9E3779B97F4A7C15)  -> two 32-bit halves, one per element
+    keep_i = u_i >= t,  t = round(p * 2^32)
+
+so the forward pass computes and applies it in the same pass over ``x`` (in place when allowed),
+and the backward pass recomputes it from the seed instead of storing a mask (no saved tensor).
+The seed is drawn from PyTorch's default generator on every call, so ``torch.manual_seed`` makes
+runs reproducible (the masks differ from ``nn.Dropout``'s, which uses another generator).
+
+**A correct dropout.** Each element is kept with probability ``1 - t / 2^32``, i.e. ``p`` is
+quantized to a multiple of ``2^-32`` (at most ``1.2e-10`` away), and kept elements are scaled by
+``1 / (1 - p)``, computed and applied exactly as ``torch.nn.functional.dropout`` does
+(``x * (1 / (1 - p))`` with the scale rounded to ``x``'s dtype): given the same mask, the output is
+bit-identical to PyTorch's, including signed zeros and NaN propagation. SplitMix64 is the
+generator Java's ``SplittableRandom`` uses; its outputs pass BigCrush.
+
+Legend: ``n`` number of elements of ``x`` (any shape; the mask follows the contiguous order).
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from . import _cbuild, _memory
+
+__all__ = ["available", "dropout", "usable"]
+
+_SOURCE = r"""
+#include <stdint.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+typedef int64_t i64;
+typedef uint64_t u64;
+
+static inline float bf2f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
+static inline uint16_t f2bf(float f) {
+  uint32_t u; memcpy(&u, &f, 4);
+  if (f != f) return 0x7FC0;
+  return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+static inline u64 mix(u64 z) {  /* SplitMix64's output function */
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+/* out[i] = x[i] * (keep_i ? scale : 0) for i in [lo, hi), lo even; pairs (2j, 2j+1) share one
+   64-bit draw. x and out may be the same array (each element is read, then written). */
+#define DROPFN(NAME, T, F, LOAD, STORE)                                                     \
+static void NAME(const T* x, T* out, i64 lo, i64 hi, uint32_t thr, F scale, u64 seed) {   \
+  i64 j0 = lo / 2, j1 = hi / 2;                                                             \
+  _Pragma("GCC ivdep")                                                                      \
+  for (i64 j = j0; j < j1; ++j) {                                                           \
+    u64 r = mix(seed + (u64)(j + 1) * 0x9E3779B97F4A7C15ull);                               \
+    F k0 = (uint32_t)r >= thr ? scale : (F)0, k1 = (uint32_t)(r >> 32) >= thr ? scale : (F)0; \
+    out[2 * j] = STORE(LOAD(x[2 * j]) * k0);                                                \
+    out[2 * j + 1] = STORE(LOAD(x[2 * j + 1]) * k1);                                        \
+  }                                                                                         \
+  if (hi & 1) {  /* odd end: the first half of the last pair */                             \
+    u64 r = mix(seed + (u64)(j1 + 1) * 0x9E3779B97F4A7C15ull);                              \
+    out[hi - 1] = STORE(LOAD(x[hi - 1]) * ((uint32_t)r >= thr ? scale : (F)0));              \
+  }                                                                                         \
+}
+#define ID(v) (v)
+DROPFN(drop_f32, float, float, ID, ID)
+DROPFN(drop_f64, double, double, ID, ID)
+DROPFN(drop_bf16, uint16_t, float, bf2f, f2bf)
+
+/* dtype: 0 f32, 1 f64, 2 bf16; scale already rounded to the dtype (as PyTorch's noise tensor is). */
+int posenc_dropout(int dtype, const char* x, char* out, i64 n, uint32_t thr, double scale, u64 seed,
+                   int nthreads) {
+  if (dtype < 0 || dtype > 2) return 1;
+#ifdef _OPENMP
+  #pragma omp parallel num_threads(nthreads) if (nthreads > 1)
+#endif
+  {
+    int tid = 0, nt = 1;
+#ifdef _OPENMP
+    tid = omp_get_thread_num(); nt = omp_get_num_threads();
+#endif
+    i64 pairs = (n + 1) / 2, chunk = (pairs + nt - 1) / nt;
+    i64 lo = 2 * tid * chunk, hi = 2 * (tid + 1) * chunk;
+    if (hi > n) hi = n;
+    if (lo < hi) {
+      if (dtype == 0) drop_f32((const float*)x, (float*)out, lo, hi, thr, (float)scale, seed);
+      else if (dtype == 1) drop_f64((const double*)x, (double*)out, lo, hi, thr, scale, seed);
+      else drop_bf16((const uint16_t*)x, (uint16_t*)out, lo, hi, thr, (float)scale, seed);
+    }
+  }
+  return 0;
+}
+"""
+
+_DTYPES = {torch.float32: 0, torch.float64: 1, torch.bfloat16: 2}
+_SERIAL_NUMEL = 1 << 20
+_state: dict[str, object] = {}
+
+
+def _fn():
+    if "fn" not in _state:
+        lib = _cbuild.load("dropout_cpu", _SOURCE)
+        fn = None
+        if lib is not None:
+            fn = lib.posenc_dropout
+            fn.restype = ctypes.c_int
+            fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint32,
+                           ctypes.c_double, ctypes.c_uint64, ctypes.c_int]
+        _state["fn"] = fn
+    return _state["fn"]
+
+
+def available() -> bool:
+    """Whether the C kernel could be built and loaded on this machine."""
+    return _fn() is not None
+
+
+def usable(x: torch.Tensor) -> bool:
+    """Whether :func:`dropout` runs the kernel for ``x``: a plain contiguous CPU tensor of dtype
+    float32/float64/bfloat16, outside ``torch.compile``/tracing/functorch, kernel available."""
+    if torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.jit.is_scripting():
+        return False
+    if type(x) is not torch.Tensor or x.device.type != "cpu" or x.layout != torch.strided:
+        return False
+    if x.dtype not in _DTYPES or not x.is_contiguous() or x.numel() == 0:
+        return False
+    functorch = getattr(torch._C, "_functorch", None)
+    if functorch is not None and functorch.is_functorch_wrapped_tensor(x):
+        return False
+    return available()
+
+
+def threshold(p: float) -> int:
+    """``round(p * 2^32)``: an element is dropped when its 32-bit draw is below it."""
+    return min(round(p * 2.0**32), 2**32 - 1)
+
+
+def _scale(p: float, dtype: torch.dtype) -> float:
+    """``1 / (1 - p)`` computed as PyTorch's dropout computes its noise value: in ``dtype``."""
+    return (torch.ones((), dtype=dtype) / (1 - p)).item()
+
+
+def _launch(x: torch.Tensor, out: torch.Tensor, p: float, seed: int) -> torch.Tensor:
+    n = x.numel()
+    nthreads = 1 if n < _SERIAL_NUMEL else torch.get_num_threads()
+    err = _fn()(_DTYPES[x.dtype], x.data_ptr(), out.data_ptr(), n, threshold(p), _scale(p, x.dtype),
+                seed, nthreads)
+    if err:  # pragma: no cover - usable() rules this out
+        raise RuntimeError(f"posenc dropout kernel rejected dtype {x.dtype}")
+    return out
+
+
+def _draw_seed() -> int:
+    """A 64-bit seed from PyTorch's default CPU generator (advances it, like any random op)."""
+    return int(torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64)) % 2**64
+
+
+class _Dropout(torch.autograd.Function):
+    """``x * keep(seed) / (1 - p)``; backward recomputes the mask from the seed (nothing saved)."""
+
+    @staticmethod
+    def forward(ctx, x, p, seed, inplace):  # type: ignore[override]
+        ctx.p, ctx.seed = p, seed
+        if inplace:
+            ctx.mark_dirty(x)
+            return _launch(x, x, p, seed)
+        return _launch(x, _memory.empty_like(x), p, seed)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        grad = grad.contiguous()
+        return _Dropout.apply(grad, ctx.p, ctx.seed, False), None, None, None
+
+
+def dropout(x: torch.Tensor, p: float, *, inplace: bool = False, seed: int | None = None) -> torch.Tensor:
+    """Training-mode dropout of ``x`` with the counter-based kernel (call only when :func:`usable`).
+
+    Args:
+        x: any shape, contiguous.
+        p: drop probability in ``(0, 1)``.
+        inplace: overwrite ``x`` (it must not be needed by anything else).
+        seed: the 64-bit stream to use; default a fresh one from PyTorch's generator.
+
+    Returns:
+        ``x`` scaled by ``1 / (1 - p)`` where kept, zero where dropped; differentiable in ``x``.
+    """
+    seed = _draw_seed() if seed is None else seed % 2**64
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _Dropout.apply(x, p, seed, inplace)
+    return _launch(x, x if inplace else _memory.empty_like(x), p, seed)
+
+
+def keep_mask(shape: tuple[int, ...], p: float, seed: int) -> torch.Tensor:
+    """The boolean keep-mask that :func:`dropout` applies for ``seed`` (for tests and inspection)."""
+    ones = torch.ones(shape, dtype=torch.float64)
+    return _launch(ones, ones, p, seed % 2**64) != 0

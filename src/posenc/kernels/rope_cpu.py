@@ -1,0 +1,334 @@
+"""Fast CPU path of :func:`posenc.apply_rotary`: one pass over memory, in place or out of place.
+
+The reference rotation (``posenc.rotary``) is several elementwise PyTorch ops; each one reads and
+writes the whole tensor and allocates a fresh temporary, so on a CPU it runs at a fraction of the
+memory bandwidth (DESIGN.md section 7). This module does the same arithmetic in one pass: a small
+C kernel (built on first use, see :mod:`posenc.kernels._cbuild`) reads each row of ``x`` once and
+writes the rotated row once, in place (``out is x``) or into ``out``.
+
+**Same numbers.** Each output is computed with the reference's operations in the reference's
+order, with the reference's roundings: in float32/float64 ``x1*cos - x2*sin`` is three correctly
+rounded operations (the kernel is built without FMA contraction); in bfloat16 every product and
+sum is rounded to bfloat16, exactly as PyTorch's bf16 elementwise ops round. The result is
+bit-identical to the reference path (tests check ``torch.equal``).
+
+**Autograd.** The rotation is linear in ``x``; its gradient is the rotation by the opposite angle,
+i.e. the same kernel with ``-sin``. :class:`_RotaryFunction` uses that (and is itself
+differentiable, so double backward works). Gradients with respect to ``cos``/``sin`` are not
+provided here: :func:`usable` says no when they require grad, and the reference path runs.
+
+Used for: CPU tensors of dtype float32, float64 or bfloat16 with a contiguous last dim, outside
+``torch.compile`` (Inductor fuses the reference ops itself) and outside tracing. Everything else
+takes the reference path.
+
+Legend: ``s`` sequence length, ``d_h`` head width, ``r`` rotary width (even, ``<= d_h``), ``...``
+leading dims (``[b, h]`` for attention tensors).
+"""
+
+from __future__ import annotations
+
+import array
+import ctypes
+import warnings
+
+import torch
+
+from . import _cbuild, _memory
+
+__all__ = ["available", "check_out", "rotate", "usable"]
+
+_SOURCE = r"""
+#include <stdint.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+typedef int64_t i64;
+#define MAXD 8
+
+static inline float bf2f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
+/* round a float to bfloat16 precision, staying in 32-bit lanes (vectorizes to 5 integer ops). Same
+   rounding as c10::BFloat16 (round to nearest even) for every finite value and infinity; a NaN stays
+   a NaN here because every NaN in this kernel has zero low 16 bits (bf16 inputs widened, or x86's
+   default NaN), so the rounding never carries into its exponent. */
+static inline float rbf(float f) {
+  uint32_t u; memcpy(&u, &f, 4);
+  u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+  memcpy(&f, &u, 4); return f;
+}
+/* store a float already rounded by rbf: its low 16 bits are zero */
+static inline uint16_t f2bf_rounded(float f) { uint32_t u; memcpy(&u, &f, 4); return (uint16_t)(u >> 16); }
+
+/* One row: rotate r dims of xr (pairs (i, i+r/2) or (2i, 2i+1)) into orow, copy dims r..d if out != x.
+   Iteration i reads and writes only the two elements of pair i, and orow is either xr itself or
+   disjoint from it, so there is no dependence between iterations (ivdep lets the loop vectorize). */
+#define ROWFN(NAME, T, F, LOAD, STORE, RND, IA, IB)                                        \
+static void NAME(const char* xp, char* op, const char* cp, const char* sp,                \
+                 i64 h, i64 d, i64 r, float sgn) {                                          \
+  const T* xr = (const T*)xp; T* orow = (T*)op; const T* c = (const T*)cp;                  \
+  const T* s = (const T*)sp;                                                                \
+  _Pragma("GCC ivdep")                                                                      \
+  for (i64 i = 0; i < h; ++i) {                                                             \
+    F a = LOAD(xr[IA(i)]), b = LOAD(xr[IB(i)]);                                             \
+    F cc = LOAD(c[i]), ss = (F)sgn * LOAD(s[i]);                                            \
+    orow[IA(i)] = STORE(RND(RND(a * cc) - RND(b * ss)));                                    \
+    orow[IB(i)] = STORE(RND(RND(b * cc) + RND(a * ss)));                                    \
+  }                                                                                         \
+  if (orow != xr) for (i64 i = r; i < d; ++i) orow[i] = xr[i];                              \
+}
+
+#define ID(v) (v)
+#define HALF_A(i) (i)
+#define HALF_B(i) ((i) + h)
+#define INTL_A(i) (2 * (i))
+#define INTL_B(i) (2 * (i) + 1)
+ROWFN(row_f32_half, float, float, ID, ID, ID, HALF_A, HALF_B)
+ROWFN(row_f32_intl, float, float, ID, ID, ID, INTL_A, INTL_B)
+ROWFN(row_f64_half, double, double, ID, ID, ID, HALF_A, HALF_B)
+ROWFN(row_f64_intl, double, double, ID, ID, ID, INTL_A, INTL_B)
+ROWFN(row_bf16_half, uint16_t, float, bf2f, f2bf_rounded, rbf, HALF_A, HALF_B)
+ROWFN(row_bf16_intl, uint16_t, float, bf2f, f2bf_rounded, rbf, INTL_A, INTL_B)
+
+typedef void (*rowfn)(const char*, char*, const char*, const char*, i64, i64, i64, float);
+static rowfn pick(int dtype, int interleaved) {
+  static const rowfn table[3][2] = {{row_f32_half, row_f32_intl}, {row_f64_half, row_f64_intl},
+                                     {row_bf16_half, row_bf16_intl}};
+  return table[dtype][interleaved];
+}
+
+/* geo = [d, r, shape[nd], xs[nd], os[nd], cs[nd], ss[nd]]: the row dims (all dims but the last)
+   and each tensor's strides over them, in elements (broadcast dims of cos/sin have stride 0).
+   Rows are split evenly over threads and walked with an odometer (no division per row).
+   dtype: 0 f32, 1 f64, 2 bf16. Returns nonzero for arguments it cannot take. */
+int posenc_rope(int dtype, int interleaved, const char* x, char* out, const char* cs, const char* sn,
+                const i64* geo, i64 nd, float sgn, int nthreads) {
+  static const i64 esize[3] = {4, 8, 2};
+  if (nd < 1 || nd > MAXD || dtype < 0 || dtype > 2) return 1;
+  rowfn f = pick(dtype, interleaved != 0);
+  i64 d = geo[0], r = geo[1], h = r / 2, e = esize[dtype];
+  const i64* shape = geo + 2;
+  i64 xs[MAXD], os[MAXD], cst[MAXD], sst[MAXD], rows = 1;
+  for (i64 k = 0; k < nd; ++k) {
+    rows *= shape[k];
+    xs[k] = geo[2 + nd + k] * e; os[k] = geo[2 + 2 * nd + k] * e;
+    cst[k] = geo[2 + 3 * nd + k] * e; sst[k] = geo[2 + 4 * nd + k] * e;
+  }
+#ifdef _OPENMP
+  #pragma omp parallel num_threads(nthreads) if (nthreads > 1)
+#endif
+  {
+    int tid = 0, nt = 1;
+#ifdef _OPENMP
+    tid = omp_get_thread_num(); nt = omp_get_num_threads();
+#endif
+    i64 chunk = (rows + nt - 1) / nt, lo = tid * chunk, hi = lo + chunk < rows ? lo + chunk : rows;
+    if (lo < hi) {
+      i64 idx[MAXD], rem = lo, xo = 0, oo = 0, co = 0, so = 0;
+      for (i64 k = nd - 1; k >= 0; --k) { idx[k] = rem % shape[k]; rem /= shape[k]; }
+      for (i64 k = 0; k < nd; ++k) {
+        xo += idx[k] * xs[k]; oo += idx[k] * os[k]; co += idx[k] * cst[k]; so += idx[k] * sst[k];
+      }
+      for (i64 row = lo; row < hi; ++row) {
+        f(x + xo, out + oo, cs + co, sn + so, h, d, r, sgn);
+        for (i64 k = nd - 1; k >= 0; --k) {
+          xo += xs[k]; oo += os[k]; co += cst[k]; so += sst[k];
+          if (++idx[k] < shape[k]) break;
+          xo -= xs[k] * shape[k]; oo -= os[k] * shape[k]; co -= cst[k] * shape[k]; so -= sst[k] * shape[k];
+          idx[k] = 0;
+        }
+      }
+    }
+  }
+  return 0;
+}
+
+/* All arguments in one int64 array (one ctypes conversion per call instead of ten):
+   [dtype, interleaved, x, out, cos, sin, nd, nthreads, sign (+1/-1), geo...] */
+int posenc_rope_packed(const i64* a) {
+  return posenc_rope((int)a[0], (int)a[1], (const char*)(intptr_t)a[2], (char*)(intptr_t)a[3],
+                     (const char*)(intptr_t)a[4], (const char*)(intptr_t)a[5], a + 9, a[6],
+                     (float)a[8], (int)a[7]);
+}
+"""
+
+_DTYPES = {torch.float32: 0, torch.float64: 1, torch.bfloat16: 2}
+_LAYOUTS = {"half": 0, "interleaved": 1}
+_MAX_DIMS = 8
+#: below this many elements one thread does the work: waking a second OpenMP thread costs
+#: microseconds on an idle machine and milliseconds on a loaded one, more than small work takes
+_SERIAL_NUMEL = 1 << 20
+_I64 = ctypes.c_int64
+_P = ctypes.c_void_p
+_state: dict[str, object] = {}
+
+
+def _fn():
+    """The C entry point (built and self-checked on first use), or None."""
+    if "fn" not in _state:
+        lib = _cbuild.load("rope_cpu", _SOURCE)
+        fn = None
+        if lib is not None:
+            fn = lib.posenc_rope_packed
+            fn.restype = ctypes.c_int
+            fn.argtypes = [_P]
+        _state["fn"] = fn
+        if fn is not None and not _self_check():
+            warnings.warn(
+                "posenc: the RoPE C kernel does not reproduce the reference bit for bit with this compiler; "
+                "using the PyTorch reference path", RuntimeWarning, stacklevel=3,
+            )
+            _state["fn"] = None
+    return _state["fn"]
+
+
+def _self_check() -> bool:
+    """Run the kernel once per dtype and layout against PyTorch's ops (the reference's arithmetic)."""
+    gen = torch.Generator().manual_seed(1234)
+    with torch.no_grad():
+        for dtype in _DTYPES:
+            x = torch.randn(3, 5, 2 * 67 + 3, generator=gen, dtype=torch.float64).to(dtype)
+            angles = torch.rand(5, 67, generator=gen, dtype=torch.float64) * 100
+            cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+            for layout in _LAYOUTS:
+                want = x.clone()
+                first, second = (slice(0, 67), slice(67, 134)) if layout == "half" else (
+                    slice(0, 134, 2), slice(1, 134, 2))
+                a, b, wa, wb = x[..., first], x[..., second], want[..., first], want[..., second]
+                wa.copy_(a * cos - b * sin)
+                wb.copy_(b * cos + a * sin)
+                got = _launch(x, cos, sin, torch.empty_like(x), layout, 1.0)
+                if not torch.equal(got, want):
+                    return False
+    return True
+
+
+def available() -> bool:
+    """Whether the C kernel could be built and loaded on this machine (builds it on first call)."""
+    return _fn() is not None
+
+
+def usable(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    """Whether :func:`rotate` can take these (already validated) inputs.
+
+    True for plain CPU tensors (no subclass, not under ``torch.compile``, tracing or a functorch
+    transform) of dtype float32/float64/bfloat16 with a contiguous last dim and at most
+    ``8`` dims, whose ``cos``/``sin`` do not require grad, when the kernel is available.
+    """
+    if type(x) is not torch.Tensor or type(cos) is not torch.Tensor or type(sin) is not torch.Tensor:
+        return False  # subclasses (FakeTensor, DTensor, ...) and Parameters take the reference path
+    if not (x.is_cpu and cos.is_cpu and sin.is_cpu) or x.layout != torch.strided or x.dtype not in _DTYPES:
+        return False
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return False
+    if not 2 <= x.dim() <= _MAX_DIMS or x.stride(-1) != 1 or x.numel() == 0:
+        return False
+    if (cos.requires_grad or sin.requires_grad) and torch.is_grad_enabled():
+        return False
+    if _functorch is not None and _functorch.is_functorch_wrapped_tensor(x):
+        return False
+    return available()
+
+
+_functorch = getattr(torch._C, "_functorch", None)
+
+
+def _table_strides(t: torch.Tensor, nd: int) -> list[int]:
+    """Element strides of a ``[..., s, r/2]`` table over ``nd`` row dims, right-aligned like
+    broadcasting; broadcast dims (size 1 or missing) get stride 0."""
+    lead = t.dim() - 1  # the table's own row dims
+    strides = [0] * nd
+    for k in range(min(lead, nd)):
+        if t.shape[lead - 1 - k] != 1:
+            strides[nd - 1 - k] = t.stride(lead - 1 - k)
+    return strides
+
+
+def _launch(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor, layout: str, sign: float
+) -> torch.Tensor:
+    half = cos.shape[-1]  # r/2
+    rows = x.shape[:-1]  # [..., s]: one C row per vector of d_h values
+    nd = len(rows)
+    # the tables in x's dtype (as the reference casts them), last dim contiguous; their row dims are
+    # walked with stride 0 where they broadcast
+    c = cos if cos.dtype == x.dtype and cos.stride(-1) == 1 else cos.to(x.dtype).contiguous()
+    s = sin if sin.dtype == x.dtype and sin.stride(-1) == 1 else sin.to(x.dtype).contiguous()
+    nthreads = 1 if x.numel() < _SERIAL_NUMEL else torch.get_num_threads()
+    args = array.array("q", (  # int64s (array.array: 4x cheaper to build than a ctypes array)
+        _DTYPES[x.dtype], _LAYOUTS[layout], x.data_ptr(), out.data_ptr(), c.data_ptr(), s.data_ptr(), nd,
+        nthreads, 1 if sign > 0 else -1,  # the call's scalars, then its geometry:
+        x.shape[-1], 2 * half, *rows, *x.stride()[:nd], *out.stride()[:nd], *_table_strides(c, nd),
+        *_table_strides(s, nd),
+    ))
+    err = _fn()(args.buffer_info()[0])
+    if err:  # pragma: no cover - usable() rules these out
+        raise RuntimeError(f"posenc rope kernel rejected shape {tuple(x.shape)} dtype {x.dtype}")
+    return out
+
+
+class _RotaryFunction(torch.autograd.Function):
+    """Out-of-place rotation by the kernel; backward is the rotation by ``-angle``."""
+
+    @staticmethod
+    def forward(ctx, x, cos, sin, layout, sign):  # type: ignore[override]
+        ctx.save_for_backward(cos, sin)
+        ctx.layout, ctx.sign = layout, sign
+        return _launch(x, cos, sin, _memory.empty_like(x), layout, sign)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        cos, sin = ctx.saved_tensors
+        if grad.stride(-1) != 1:
+            grad = grad.contiguous()
+        return _RotaryFunction.apply(grad, cos, sin, ctx.layout, -ctx.sign), None, None, None, None
+
+
+def check_out(x: torch.Tensor, out: object) -> None:
+    """Validate ``out=`` of :func:`posenc.apply_rotary`: ``x`` itself (in place) or a separate tensor
+    of ``x``'s shape/dtype/device with a contiguous last dim; never under autograd."""
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"out must be a tensor like x (or x itself, in place), got {type(out).__name__}")
+    if out.shape != x.shape or out.dtype != x.dtype or out.device != x.device:
+        raise ValueError(
+            f"out must match x: shape {tuple(x.shape)}, dtype {x.dtype}, device {x.device}; got shape "
+            f"{tuple(out.shape)}, dtype {out.dtype}, device {out.device}"
+        )
+    if torch.is_grad_enabled() and (x.requires_grad or out.requires_grad):
+        raise ValueError(
+            "out= is for inference and does not record gradients, but x or out requires grad: drop out= "
+            "when training, or call under torch.no_grad()/torch.inference_mode()"
+        )
+    if out.stride(-1) != 1:
+        raise ValueError(f"out must have a contiguous last dim (out.stride(-1) == 1), got {out.stride()}")
+    same = out is x or (out.data_ptr() == x.data_ptr() and out.stride() == x.stride())
+    shared = out.device.type != "meta" and out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+    if shared and not same:
+        raise ValueError("out shares memory with x without being x: pass out=x (in place) or another tensor")
+
+
+def rotate(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    layout: str,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Rotate the first ``r = 2 * cos.shape[-1]`` dims of ``x`` (inputs validated by
+    :func:`posenc.apply_rotary`, ``out`` by :func:`check_out`, and :func:`usable` true).
+
+    Args:
+        x: ``[..., s, d_h]`` with ``x.stride(-1) == 1``.
+        cos, sin: ``[..., s, r/2]`` broadcastable to ``x[..., :r/2]`` (any float dtype: cast to
+            ``x.dtype`` first, as the reference does).
+        layout: ``"half"`` or ``"interleaved"``.
+        out: None (a new tensor with ``x``'s strides; differentiable in ``x``), ``x`` itself (in
+            place), or a tensor of ``x``'s shape and dtype to write into.
+
+    Returns:
+        ``[..., s, d_h]``: the new tensor, or ``out``.
+    """
+    if out is not None:
+        return _launch(x, cos, sin, out, layout, 1.0)
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _RotaryFunction.apply(x, cos, sin, layout, 1.0)
+    return _launch(x, cos, sin, _memory.empty_like(x), layout, 1.0)

@@ -1,0 +1,172 @@
+"""The benchmark harness and `posenc bench`: byte counts, GB/s, ratios, JSON keys. No timing
+assertions: speed depends on the machine and its load and is never asserted."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from posenc.bench import SCHEMA, run
+from posenc.benchmarks import GROUPS, select
+from posenc.benchmarks.harness import (
+    ALLOCATORS,
+    Case,
+    CaseResult,
+    Impl,
+    format_case,
+    gbps,
+    run_case,
+    set_allocator,
+    tensor_bytes,
+    time_interleaved,
+)
+from posenc.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_tensor_bytes_and_gbps():
+    a = torch.empty(4, 32, 2048, 128)  # 33554432 float32 = 134217728 bytes
+    b = torch.empty(10, dtype=torch.bfloat16)
+    assert tensor_bytes(a) == 4 * 32 * 2048 * 128 * 4 == 134217728
+    assert tensor_bytes(a, b) == 134217728 + 20
+    # RoPE on q and k: both read and both written
+    assert gbps(2 * tensor_bytes(a, a), 0.016) == pytest.approx(536870912 / 0.016 / 1e9)
+    with pytest.raises(ValueError, match="seconds must be > 0"):
+        gbps(10, 0.0)
+    with pytest.raises(TypeError, match="tensor_bytes takes tensors"):
+        tensor_bytes([1, 2])
+
+
+def test_time_interleaved_counts_calls():
+    calls = {"a": 0, "b": 0}
+
+    def make(name):
+        def fn():
+            calls[name] += 1
+        return fn
+
+    samples = time_interleaved({"a": make("a"), "b": make("b")}, repeats=4, warmup=2, min_time=0.0)
+    assert {k: len(v) for k, v in samples.items()} == {"a": 4, "b": 4}
+    assert all(t >= 0 for v in samples.values() for t in v)
+    assert calls["a"] >= 2 + 1 + 4  # warmup, calibration, repeats
+    with pytest.raises(ValueError, match="repeats must be >= 1"):
+        time_interleaved({"a": make("a")}, repeats=0)
+
+
+def _fake_result():
+    results = {
+        "copy": {"kind": "baseline", "layout": None, "median_s": 0.010, "gbps": 10.0},
+        "mine": {"kind": "posenc", "layout": "half", "median_s": 0.020, "gbps": 5.0},
+        "theirs": {"kind": "peer", "layout": "half", "median_s": 0.100, "gbps": 1.0},
+    }
+    for r in results.values():
+        r.update(note="", q1_s=r["median_s"], q3_s=r["median_s"], copy_fraction=r["gbps"] / 10.0)
+    return CaseResult("fake", "a fake case", 100_000_000, {}, results, {"gone": "not installed"}, None, None)
+
+
+def test_speedups_and_table():
+    result = _fake_result()
+    assert result.speedups() == {"mine": {"theirs": pytest.approx(5.0)}}
+    assert result.copy_gbps == 10.0 and result.clone_gbps is None
+    table = format_case(result)
+    assert "5.00x (mine)" in table and "skipped: not installed" in table and "50%" in table
+
+
+def test_run_case_bytes_baselines_and_ratios():
+    x = torch.randn(1000)
+    y = torch.empty_like(x)
+    impls = [Impl("mine", lambda: torch.mul(x, 2, out=y), "posenc"), Impl("theirs", lambda: x * 2, "peer")]
+    case = Case("tiny", "x * 2", 2 * tensor_bytes(x), impls)
+    result = run_case(case, repeats=3, min_time=0.0)
+    assert list(result.results) == ["copy", "clone", "mine", "theirs"]
+    for r in result.results.values():
+        assert r["gbps"] == pytest.approx(8000 / r["median_s"] / 1e9)
+        assert r["q1_s"] <= r["median_s"] <= r["q3_s"]
+    assert result.results["copy"]["copy_fraction"] == pytest.approx(1.0)
+    ratio = result.results["theirs"]["median_s"] / result.results["mine"]["median_s"]
+    assert result.speedups()["mine"]["theirs"] == pytest.approx(ratio)
+    with pytest.raises(ValueError, match="duplicate implementation names"):
+        run_case(Case("dup", "", 8, [Impl("copy", lambda: None, "posenc")]), repeats=1)
+
+
+def test_impl_kind_and_allocator_errors():
+    with pytest.raises(ValueError, match="unknown impl kind 'mine'"):
+        Impl("x", lambda: None, "mine")
+    with pytest.raises(ValueError, match="unknown allocator 'jemalloc'; valid: system, keep"):
+        set_allocator("jemalloc")
+    assert set(ALLOCATORS) == {"system", "keep"}
+
+
+def test_select_groups_and_cases():
+    assert set(select(["sinusoidal"], quick=True)) == {"sinusoidal_table", "sinusoidal_embed"}
+    assert list(select(["rope_decode"], quick=True)) == ["rope_decode"]
+    with pytest.raises(ValueError, match="unknown benchmark case 'rope_fast'; valid: groups rope"):
+        select(["rope_fast"], quick=True)
+    assert set(GROUPS) == {"rope", "sinusoidal", "embedding", "bias", "train_step"}
+
+
+CASE_KEYS = {"case", "description", "params", "bytes", "results", "copy_gbps", "clone_gbps", "speedup",
+             "skipped", "loadavg_before", "loadavg_after"}
+RESULT_KEYS = {"kind", "layout", "note", "median_s", "q1_s", "q3_s", "gbps", "copy_fraction"}
+
+
+def test_cli_quick_json_has_the_documented_keys(capsys, tmp_path):
+    out_file = tmp_path / "bench.json"
+    argv = ["bench", "sinusoidal_embed", "rope_decode", "--quick", "--json", "--out", str(out_file)]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report == json.loads(out_file.read_text())
+    assert report["schema"] == SCHEMA and report["quick"] is True
+    env = report["environment"]
+    assert {"cpu", "cores", "torch", "threads", "allocator", "malloc_env", "loadavg"} <= set(env)
+    assert [c["case"] for c in report["cases"]] == ["sinusoidal_embed", "rope_decode"]
+    for case in report["cases"]:
+        assert set(case) == CASE_KEYS
+        assert case["bytes"] > 0 and case["copy_gbps"] > 0
+        for name, r in case["results"].items():
+            assert set(r) == RESULT_KEYS, name
+            assert r["median_s"] > 0 and r["gbps"] == pytest.approx(case["bytes"] / r["median_s"] / 1e9)
+        mine = [n for n, r in case["results"].items() if r["kind"] == "posenc"]
+        peers = [n for n, r in case["results"].items() if r["kind"] == "peer"]
+        assert mine and set(case["speedup"]) == set(mine)
+        for p in mine:
+            assert set(case["speedup"][p]) == set(peers)
+    rope = report["cases"][1]
+    assert {"posenc_half", "posenc_half_inplace", "hf_eager", "meta_complex"} <= set(rope["results"])
+    assert rope["skipped"]["hf_compiled"] == "--quick: no torch.compile"
+
+
+def test_cli_table_list_and_errors(capsys):
+    assert main(["bench", "--list"]) == 0
+    listed = capsys.readouterr().out.split()
+    assert "rope_prefill_fp32" in listed and "train_step_alibi" in listed and "bias_alibi" in listed
+    assert main(["bench", "sinusoidal_table", "--quick", "--repeats", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "cores" in out.splitlines()[0] and "torch" in out.splitlines()[0]  # the environment line
+    assert "== sinusoidal_table" in out and "posenc_vaswani" in out and "allocator system" in out
+    assert main(["bench", "nonsense"]) == 2
+    assert "unknown benchmark case 'nonsense'" in capsys.readouterr().err
+    assert main(["bench", "rope", "--repeats", "0"]) == 2
+    assert "--repeats must be >= 1" in capsys.readouterr().err
+
+
+def test_run_api_train_step_without_byte_count():
+    report = run(["train_step_rope"], quick=True, repeats=1)
+    (case,) = report["cases"]
+    assert case["bytes"] == 0 and case["copy_gbps"] is None
+    mine, theirs = case["params"]["params_posenc"], case["params"]["params_x_transformers"]
+    assert abs(mine - theirs) == 3 * 16  # same model; x-transformers' LayerNorms have no bias
+    assert all(r["gbps"] is None for r in case["results"].values())
+
+
+def test_benchmarks_scripts_are_thin_runners():
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/bench_sinusoidal.py"), "--quick", "--json", "--repeats=2"],
+        capture_output=True, text=True, check=True, cwd=ROOT,
+    )
+    report = json.loads(result.stdout)
+    assert [c["case"] for c in report["cases"]] == ["sinusoidal_table", "sinusoidal_embed"]

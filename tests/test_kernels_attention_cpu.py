@@ -1,0 +1,136 @@
+"""Blocked causal attention with a positional bias == the full-table path (and a float64 reference)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import posenc
+from posenc.kernels.attention_cpu import causal_attention_with_bias, scheme_bias_fn
+
+
+def full_path(q, k, v, bias):
+    """What posenc.model does: the whole [.., s_q, s_k] bias, -inf on future keys, one SDPA call."""
+    s_q, s_k = q.shape[2], k.shape[2]
+    future = torch.arange(s_k)[None, :] > torch.arange(s_q)[:, None] + (s_k - s_q)  # [s_q, s_k]
+    mask = bias.to(q.dtype).masked_fill(future, float("-inf"))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
+
+
+def reference64(q, k, v, bias):
+    """softmax(q k^T / sqrt(d_h) + bias, future masked) v, in float64 with explicit loops over nothing."""
+    q, k, v, bias = q.double(), k.double(), v.double(), bias.double()
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    s_q, s_k = q.shape[2], k.shape[2]
+    logits = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5 + bias  # [b, h, s_q, s_k]
+    future = torch.arange(s_k)[None, :] > torch.arange(s_q)[:, None] + (s_k - s_q)
+    return logits.masked_fill(future, float("-inf")).softmax(-1) @ v
+
+
+@pytest.mark.parametrize("scheme_name", ["alibi", "t5"])
+@pytest.mark.parametrize("block", [1, 5, 16, 64])
+def test_blocked_equals_full_table(scheme_name, block):
+    b, h, s, d = 2, 4, 37, 8
+    q, k, v = (torch.randn(b, h, s, d) for _ in range(3))
+    scheme = posenc.build(scheme_name, num_heads=h)
+    pos = torch.arange(s)
+    out = causal_attention_with_bias(q, k, v, scheme_bias_fn(scheme, pos, pos), block_size=block)
+    bias = scheme.score_bias(pos, pos)
+    torch.testing.assert_close(out, full_path(q, k, v, bias), rtol=2e-6, atol=2e-6)
+    torch.testing.assert_close(out.double(), reference64(q, k, v, bias), rtol=1e-5, atol=1e-5)
+
+
+@settings(deadline=None, max_examples=20)
+@given(
+    b=st.integers(1, 2),
+    kv=st.sampled_from([1, 2]),
+    group=st.sampled_from([1, 2]),
+    s_q=st.integers(1, 20),
+    prefix=st.integers(0, 9),
+    block=st.integers(1, 8),
+    per_row=st.booleans(),
+)
+def test_kv_prefix_gqa_and_per_row_positions(b, kv, group, s_q, prefix, block, per_row):
+    """Queries after a cached prefix, grouped-query heads, positions [b, s] with a per-row offset."""
+    h, d, s_k = kv * group, 4, s_q + prefix
+    q = torch.randn(b, h, s_q, d, dtype=torch.float64)
+    k, v = torch.randn(b, kv, s_k, d, dtype=torch.float64), torch.randn(b, kv, s_k, d, dtype=torch.float64)
+    kp = torch.arange(s_k) + (torch.arange(b)[:, None] * 3 if per_row else 0)  # [s_k] or [b, s_k]
+    qp = kp[..., prefix:]
+    scheme = posenc.build("alibi", num_heads=h)
+    out = causal_attention_with_bias(q, k, v, scheme_bias_fn(scheme, qp, kp), block_size=block)
+    bias = scheme.score_bias(qp, kp).double()
+    torch.testing.assert_close(out, reference64(q, k, v, bias), rtol=1e-9, atol=1e-9)
+
+
+def test_content_dependent_bias_gets_its_query_block():
+    """Shaw's bias reads q: each block must see its own queries (before rotation)."""
+    b, h, s, d = 1, 2, 13, 8
+    scheme = posenc.build("shaw", head_dim=d, num_heads=h, max_relative_position=4)
+    q, k, v = (torch.randn(b, h, s, d) for _ in range(3))
+    pos = torch.arange(s)
+    out = causal_attention_with_bias(q, k, v, scheme_bias_fn(scheme, pos, pos, q), block_size=4)
+    torch.testing.assert_close(out, full_path(q, k, v, scheme.score_bias(pos, pos, q)), rtol=2e-6, atol=2e-6)
+
+
+def test_gradients_match_the_full_path():
+    b, h, s, d = 1, 2, 20, 8
+    scheme = posenc.build("t5", num_heads=h)
+    q, k, v = (torch.randn(b, h, s, d, requires_grad=True) for _ in range(3))
+    pos = torch.arange(s)
+    g = torch.randn(b, h, s, d)
+    grads_blocked = torch.autograd.grad(
+        causal_attention_with_bias(q, k, v, scheme_bias_fn(scheme, pos, pos), block_size=6),
+        (q, k, v, *scheme.parameters()), g)
+    grads_full = torch.autograd.grad(full_path(q, k, v, scheme.score_bias(pos, pos)),
+                                     (q, k, v, *scheme.parameters()), g)
+    for a, b_ in zip(grads_blocked, grads_full):
+        torch.testing.assert_close(a, b_, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"q": torch.randn(2, 3, 8)}, r"q must be a float tensor \[b, h, s, d_h\]"),
+        ({"k": torch.randn(1, 2, 3, 8), "v": torch.randn(1, 2, 3, 8)}, "causal attention needs s_k >= s_q"),
+        ({"v": torch.randn(1, 2, 4, 8)}, "k and v must agree"),
+        ({"q": torch.randn(1, 3, 5, 8)}, "h_kv must divide h"),
+        ({"block_size": 0}, "block_size must be an int >= 1"),
+        ({"bias_fn": lambda a, z, e: torch.zeros(1, 2, 1, 1)}, r"bias_fn\(0, 5, 5\) returned shape"),
+    ],
+)
+def test_errors(kwargs, match):
+    args = {"q": torch.randn(1, 2, 5, 8), "k": torch.randn(1, 2, 5, 8), "v": torch.randn(1, 2, 5, 8),
+            "bias_fn": lambda a, z, e: torch.zeros(1, 2, z - a, e), "block_size": 8}
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        causal_attention_with_bias(args["q"], args["k"], args["v"], args["bias_fn"],
+                                   block_size=args["block_size"])
+
+
+@settings(deadline=None, max_examples=25)
+@given(
+    per_row=st.booleans(),
+    causal=st.booleans(),
+    h=st.integers(1, 12),
+    big=st.booleans(),
+    q0=st.integers(0, 6),
+    n=st.integers(1, 5),
+)
+def test_alibi_block_builder_is_bit_identical_to_alibi_bias(per_row, causal, h, big, q0, n):
+    """The reused-buffer ALiBi builder returns exactly posenc.alibi_bias's values for each block,
+    also for positions beyond float32's exact integers (2^24) and per-row positions."""
+    s = 12
+    base = (2**30 if big else 0) + torch.arange(s)
+    pos = base + (torch.arange(2)[:, None] * 7 if per_row else 0)  # [s] or [2, s]
+    scheme = posenc.build("alibi", num_heads=h, causal=causal)
+    build = scheme_bias_fn(scheme, pos, pos)
+    q1 = min(q0 + n, s)
+    k1 = q1
+    want = posenc.alibi_bias(scheme.slopes(), pos[..., q0:q1], pos[..., :k1], causal=causal)
+    got = build(q0, q1, k1)
+    assert torch.equal(got, want)
+    first = posenc.alibi_bias(scheme.slopes(), pos[..., :1], pos[..., :1], causal=causal)
+    assert torch.equal(build(0, 1, 1), first)  # the reused buffer, smaller view

@@ -1,0 +1,118 @@
+"""The counter-based dropout kernel: a correct dropout (rate, scale, independence), bit-identical to
+PyTorch's arithmetic for a given mask, reproducible from torch's seed, mask recomputed in backward."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from posenc.kernels import dropout_cpu
+
+pytestmark = pytest.mark.skipif(not dropout_cpu.available(), reason="no C compiler: reference path only")
+
+
+def torch_dropout_with_mask(x, keep, p):
+    """PyTorch's CPU dropout arithmetic (aten _dropout): noise = keep / (1 - p) in x's dtype, x * noise."""
+    noise = keep.to(x.dtype)
+    noise.div_(1 - p)
+    return x * noise
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_output_is_pytorch_dropout_of_its_own_mask(dtype, p):
+    x = torch.randn(4, 33, 17).to(dtype)
+    x[0, 0, :3] = torch.tensor([float("nan"), -0.0, float("inf")])
+    seed = 2**63 + 12345
+    keep = dropout_cpu.keep_mask(x.shape, p, seed)
+    y = dropout_cpu.dropout(x, p, seed=seed)
+    want = torch_dropout_with_mask(x, keep, p)
+    torch.testing.assert_close(y, want, rtol=0, atol=0, equal_nan=True)
+    real = ~want.isnan()  # NaN payloads differ even inside PyTorch (vectorized bf16 NaN is 0xFFFF)
+    assert torch.equal(torch.signbit(y[real]), torch.signbit(want[real]))  # signed zeros kept
+
+
+@pytest.mark.parametrize("p", [0.05, 0.1, 0.5])
+def test_drop_rate_within_statistical_tolerance(p):
+    n = 1 << 22
+    rate = 1.0 - dropout_cpu.keep_mask((n,), p, 7).double().mean().item()
+    sigma = math.sqrt(p * (1 - p) / n)
+    assert abs(rate - p) < 5 * sigma, (rate, p, sigma)
+
+
+def test_threshold_quantizes_p_to_2_pow_minus_32():
+    for p in (1e-9, 0.1, 0.5, 0.999):
+        assert abs(dropout_cpu.threshold(p) / 2**32 - p) <= 2**-33
+
+
+def test_neighbours_and_calls_are_independent():
+    """Keep decisions of adjacent elements (same 64-bit draw) and of two seeds are uncorrelated."""
+    n, p = 1 << 21, 0.5
+    a = dropout_cpu.keep_mask((n,), p, 1).double()
+    b = dropout_cpu.keep_mask((n,), p, 2).double()
+    sigma = 1 / math.sqrt(n)  # std of a correlation estimate between independent +-1 sequences
+    for u, v in ((a[0::2], a[1::2]), (a[:-1], a[1:]), (a, b)):
+        corr = torch.corrcoef(torch.stack((u, v)))[0, 1].item()
+        assert abs(corr) < 6 * sigma * math.sqrt(2), corr
+
+
+@settings(deadline=None, max_examples=25)
+@given(n=st.integers(1, 5000), p=st.floats(0.01, 0.99), seed=st.integers(0, 2**64 - 1))
+def test_mask_depends_only_on_seed_and_index(n, p, seed):
+    """Any length (odd ends included), any seed: the prefix of a longer mask is the shorter mask."""
+    short = dropout_cpu.keep_mask((n,), p, seed)
+    long = dropout_cpu.keep_mask((n + 3,), p, seed)
+    assert torch.equal(short, long[:n])
+
+
+def test_threads_do_not_change_the_mask():
+    x = torch.randn(3, 1 << 19)  # above the serial threshold: split over threads at pair boundaries
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        y2 = dropout_cpu.dropout(x, 0.3, seed=99)
+        torch.set_num_threads(1)
+        y1 = dropout_cpu.dropout(x, 0.3, seed=99)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(y1, y2)
+
+
+def test_seed_comes_from_torch_generator():
+    x = torch.randn(1000)
+    torch.manual_seed(5)
+    a = dropout_cpu.dropout(x, 0.2)
+    torch.manual_seed(5)
+    b = dropout_cpu.dropout(x, 0.2)
+    c = dropout_cpu.dropout(x, 0.2)
+    assert torch.equal(a, b) and not torch.equal(b, c)
+
+
+def test_in_place_and_backward_recomputes_the_mask():
+    x = torch.randn(6, 50, requires_grad=True)
+    h = x * 2.0  # a fresh intermediate that dropout may overwrite
+    y = dropout_cpu.dropout(h, 0.4, inplace=True, seed=11)
+    assert y is h
+    g = torch.randn(6, 50)
+    y.backward(g)
+    keep = dropout_cpu.keep_mask(x.shape, 0.4, 11)
+    torch.testing.assert_close(x.grad, 2.0 * torch_dropout_with_mask(g, keep, 0.4), rtol=0, atol=0)
+
+
+def test_gradcheck_and_noncontiguous_grad():
+    x = torch.randn(3, 7, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: dropout_cpu.dropout(t, 0.3, seed=4), (x,))
+    assert torch.autograd.gradgradcheck(lambda t: dropout_cpu.dropout(t, 0.3, seed=4), (x,))
+    dropout_cpu.dropout(x, 0.3, seed=4).sum().backward()  # grad of sum: an expanded (stride 0) tensor
+    keep = dropout_cpu.keep_mask(x.shape, 0.3, 4)
+    torch.testing.assert_close(x.grad, torch_dropout_with_mask(torch.ones_like(x), keep, 0.3))
+
+
+def test_usable_rejects_what_the_kernel_cannot_take():
+    assert dropout_cpu.usable(torch.randn(4, 4))
+    assert not dropout_cpu.usable(torch.randn(4, 4).t())  # non-contiguous
+    assert not dropout_cpu.usable(torch.randn(4, 4, dtype=torch.float16))
+    assert not dropout_cpu.usable(torch.empty(4, 4, device="meta"))
+    assert not dropout_cpu.usable(torch.empty(0))

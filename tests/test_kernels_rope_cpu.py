@@ -1,0 +1,222 @@
+"""The one-pass CPU RoPE kernel behind posenc.apply_rotary: bit-identical to the reference path,
+in place and out=, autograd, fallbacks and errors."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import posenc
+from posenc.kernels import _cbuild, rope_cpu
+from posenc.rotary import ROTARY_LAYOUTS
+
+pytestmark = pytest.mark.skipif(not rope_cpu.available(), reason="no C compiler: reference path only")
+
+DTYPES = [torch.float32, torch.float64, torch.bfloat16]
+
+
+def reference(x, cos, sin, layout):
+    """posenc's reference expression (rotary.ROTARY_LAYOUTS), never the kernel."""
+    r = 2 * cos.shape[-1]
+    y = ROTARY_LAYOUTS[layout](x, cos.to(x.dtype), sin.to(x.dtype), r)
+    return torch.cat((y, x[..., r:]), dim=-1) if r < x.shape[-1] else y
+
+
+def rotation64(x, angles, layout):
+    """Independent float64 reference from the definition: rotate each pair by its angle."""
+    x = x.double()
+    r = 2 * angles.shape[-1]
+    if layout == "half":
+        a, b = x[..., : r // 2], x[..., r // 2 : r]
+    else:
+        a, b = x[..., 0:r:2], x[..., 1:r:2]
+    c, s = angles.cos(), angles.sin()
+    ya, yb = a * c - b * s, a * s + b * c
+    y = x.clone()
+    if layout == "half":
+        y[..., : r // 2], y[..., r // 2 : r] = ya, yb
+    else:
+        y[..., 0:r:2], y[..., 1:r:2] = ya, yb
+    return y
+
+
+def tables(angles, dtype):
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("r", [64, 16])
+def test_kernel_is_bit_identical_to_reference(dtype, layout, r):
+    x = torch.randn(2, 3, 37, 64, dtype=torch.float64).to(dtype)
+    angles = torch.rand(37, r // 2, dtype=torch.float64) * 100
+    cos, sin = tables(angles, dtype)
+    assert rope_cpu.usable(x, cos, sin)
+    out = posenc.apply_rotary(x, cos, sin, layout=layout)
+    assert out.dtype == dtype and out.shape == x.shape
+    assert torch.equal(out, reference(x, cos, sin, layout))
+    # and the maths: float64 from the definition (bf16: within its rounding of the inputs' tables)
+    tol = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 6e-2}[dtype]
+    torch.testing.assert_close(out.double(), rotation64(x, angles, layout), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_in_place_and_out(dtype, layout):
+    x = torch.randn(2, 4, 9, 32).to(dtype)
+    cos, sin = tables(torch.rand(9, 16, dtype=torch.float64) * 9, dtype)
+    expected = reference(x, cos, sin, layout)
+    y = x.clone()
+    assert posenc.apply_rotary(y, cos, sin, layout=layout, out=y) is y
+    assert torch.equal(y, expected)
+    buf = torch.full_like(x, float("nan"))
+    assert posenc.apply_rotary(x, cos, sin, layout=layout, out=buf) is buf
+    assert torch.equal(buf, expected)
+
+
+def test_partial_rotary_out_copies_the_pass_through_dims():
+    x = torch.randn(2, 3, 5, 32)
+    cos, sin = tables(torch.rand(5, 4, dtype=torch.float64), torch.float32)
+    buf = torch.full_like(x, float("nan"))
+    posenc.apply_rotary(x, cos, sin, out=buf)
+    assert torch.equal(buf[..., 8:], x[..., 8:])
+    assert torch.equal(buf, reference(x, cos, sin, "half"))
+
+
+@settings(deadline=None, max_examples=30)
+@given(
+    b=st.integers(1, 3),
+    h=st.integers(1, 3),
+    s=st.integers(1, 19),
+    pairs=st.integers(1, 70),
+    extra=st.integers(0, 5),
+    per_token=st.booleans(),
+    transposed=st.booleans(),
+    layout=st.sampled_from(["half", "interleaved"]),
+    dtype=st.sampled_from(DTYPES),
+)
+def test_any_shape_stride_and_broadcast(b, h, s, pairs, extra, per_token, transposed, layout, dtype):
+    """Shapes that cross the kernel's 64-pair staging blocks, per-token tables [b, 1, s, r/2],
+    and q as a transposed view of a [b, s, h, d_h] projection (non-contiguous rows)."""
+    d = 2 * pairs + extra
+    x = torch.randn(b, s, h, d).to(dtype).transpose(1, 2) if transposed else torch.randn(b, h, s, d).to(dtype)
+    angles = torch.rand((b, 1, s, pairs) if per_token else (s, pairs), dtype=torch.float64) * 50
+    cos, sin = tables(angles, dtype)
+    assert torch.equal(posenc.apply_rotary(x, cos, sin, layout=layout), reference(x, cos, sin, layout))
+    y = x.clone()
+    posenc.apply_rotary(y, cos, sin, layout=layout, out=y)
+    assert torch.equal(y, reference(x, cos, sin, layout))
+
+
+def test_float32_tables_with_bf16_x_are_cast_first_like_the_reference():
+    x = torch.randn(1, 2, 7, 16, dtype=torch.bfloat16)
+    cos, sin = tables(torch.rand(7, 8, dtype=torch.float64) * 30, torch.float32)
+    assert torch.equal(posenc.apply_rotary(x, cos, sin), reference(x, cos, sin, "half"))
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_gradients_match_the_reference(layout):
+    x = torch.randn(2, 3, 11, 24, requires_grad=True)
+    cos, sin = tables(torch.rand(11, 8, dtype=torch.float64) * 9, torch.float32)
+    g = torch.randn(2, 3, 11, 24)
+    (gx,) = torch.autograd.grad(posenc.apply_rotary(x, cos, sin, layout=layout), x, g)
+    (gr,) = torch.autograd.grad(reference(x, cos, sin, layout), x, g)
+    assert torch.equal(gx, gr)
+
+
+def test_gradcheck_and_double_backward():
+    x = torch.randn(1, 2, 5, 8, dtype=torch.float64, requires_grad=True)
+    cos, sin = tables(torch.rand(5, 3, dtype=torch.float64) * 7, torch.float64)
+
+    def f(t):
+        return posenc.apply_rotary(t, cos, sin, layout="interleaved")
+
+    assert torch.autograd.gradcheck(f, (x,))
+    assert torch.autograd.gradgradcheck(f, (x,))
+
+
+def test_tables_requiring_grad_take_the_reference_path():
+    x = torch.randn(1, 1, 4, 8)
+    angles = torch.rand(4, 4, requires_grad=True)
+    cos, sin = angles.cos(), angles.sin()
+    assert not rope_cpu.usable(x, cos, sin)
+    posenc.apply_rotary(x, cos, sin).sum().backward()
+    assert angles.grad is not None and angles.grad.abs().sum() > 0
+
+
+def test_two_threads_give_the_same_bits():
+    x = torch.randn(4, 8, 64, 64)  # > 32768 elements: the kernel splits the rows over threads
+    cos, sin = tables(torch.rand(64, 32, dtype=torch.float64) * 60, torch.float32)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        out = posenc.apply_rotary(x, cos, sin)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(out, reference(x, cos, sin, "half"))
+
+
+@pytest.mark.parametrize(
+    ("out", "grad", "err", "match"),
+    [
+        ([1.0], False, TypeError, "out must be a tensor like x"),
+        (torch.empty(1, 2, 3, 7), False, ValueError, r"out must match x: shape \(1, 2, 3, 8\)"),
+        (torch.empty(1, 2, 3, 8, dtype=torch.float64), False, ValueError, "dtype torch.float32"),
+        (torch.empty(1, 2, 8, 3).transpose(-1, -2), False, ValueError, "out must have a contiguous last dim"),
+        (None, True, ValueError, "out= is for inference"),
+    ],
+)
+def test_out_errors(out, grad, err, match):
+    x = torch.randn(1, 2, 3, 8, requires_grad=grad)
+    cos, sin = tables(torch.rand(3, 4, dtype=torch.float64), torch.float32)
+    with pytest.raises(err, match=match):
+        posenc.apply_rotary(x, cos, sin, out=x if out is None else out)
+
+
+def test_out_overlapping_x_is_refused():
+    x = torch.randn(1, 2, 4, 8)
+    cos, sin = tables(torch.rand(3, 4, dtype=torch.float64), torch.float32)
+    with pytest.raises(ValueError, match="out shares memory with x without being x"):
+        posenc.apply_rotary(x[:, :, :3], cos, sin, out=x[:, :, 1:])
+
+
+def test_reference_path_serves_other_dtypes_and_out():
+    x = torch.randn(1, 2, 3, 8, dtype=torch.float16)
+    cos, sin = tables(torch.rand(3, 4, dtype=torch.float64), torch.float16)
+    assert not rope_cpu.usable(x, cos, sin)
+    y = x.clone()
+    posenc.apply_rotary(y, cos, sin, out=y)
+    assert torch.equal(y, reference(x, cos, sin, "half"))
+
+
+def test_disabled_kernels_fall_back(monkeypatch):
+    x = torch.randn(1, 2, 3, 8)
+    cos, sin = tables(torch.rand(3, 4, dtype=torch.float64), torch.float32)
+    monkeypatch.setitem(rope_cpu._state, "fn", None)
+    assert not rope_cpu.usable(x, cos, sin)
+    assert torch.equal(posenc.apply_rotary(x, cos, sin), reference(x, cos, sin, "half"))
+    monkeypatch.setenv("POSENC_C_KERNELS", "0")
+    assert not _cbuild.enabled() and _cbuild.load("posenc_test_disabled", "int f(void){return 1;}") is None
+
+
+def test_cbuild_caches_and_survives_a_missing_compiler(tmp_path, monkeypatch):
+    monkeypatch.setenv("POSENC_KERNEL_CACHE", str(tmp_path))
+    lib = _cbuild.load("posenc_test_seven", "int seven(void) { return 7; }")
+    assert lib is not None and lib.seven() == 7
+    assert len(list(tmp_path.glob("posenc_test_seven-*.so"))) == 1
+    monkeypatch.setattr(_cbuild, "_compiler", lambda: None)
+    assert _cbuild._build("posenc_test_nocc", "int f(void){return 1;}") is None
+
+
+def test_compile_uses_the_reference_and_matches():
+    x = torch.randn(1, 2, 6, 16)
+    cos, sin = tables(torch.rand(6, 8, dtype=torch.float64) * 5, torch.float32)
+    compiled = torch.compile(lambda t: posenc.apply_rotary(t, cos, sin), fullgraph=True)
+    torch.testing.assert_close(compiled(x), posenc.apply_rotary(x, cos, sin), rtol=1e-6, atol=1e-6)
+
+
+def test_meta_tensors_use_the_reference_path():
+    x = torch.empty(2, 3, 5, 8, device="meta")
+    cos = torch.empty(5, 4, device="meta")
+    assert not rope_cpu.usable(x, cos, cos)
+    assert posenc.apply_rotary(x, cos, cos).shape == (2, 3, 5, 8)
