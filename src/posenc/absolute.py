@@ -202,6 +202,15 @@ def sinusoidal_nd_table(
     return torch.cat(parts, dim=-1)[..., :channels]  # n x [..., c_a] -> [..., n c_a] -> [..., c]
 
 
+def init_table_(weight: torch.Tensor, std: float, padding_idx: int | None = None) -> None:
+    """Initialise an embedding table ``[n, d]`` in place from ``N(0, std^2)``, with row
+    ``padding_idx`` (if any) set to zero. Shared by learned positions and token embeddings."""
+    nn.init.normal_(weight, std=std)
+    if padding_idx is not None:
+        with torch.no_grad():
+            weight[padding_idx].zero_()
+
+
 # ----------------------------------------------------------------------------------------------
 # Modules
 # ----------------------------------------------------------------------------------------------
@@ -318,10 +327,7 @@ class LearnedPE(PositionalScheme):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        nn.init.normal_(self.weight, std=self.init_std)
-        if self.padding_idx is not None:
-            with torch.no_grad():
-                self.weight[self.padding_idx].zero_()
+        init_table_(self.weight, self.init_std, self.padding_idx)
 
     def _past_table(self, what: str) -> ValueError:
         return ValueError(

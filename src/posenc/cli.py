@@ -133,6 +133,14 @@ COMMANDS: dict[str, Command] = {
     "verify": ("check every scheme's properties (exit 1 on a broken promise)", *_lazy(_ANALYSIS, "verify")),
     "plot": ("draw one plot of a scheme to a PNG or SVG", *_lazy(_ANALYSIS, "plot")),
     "report": ("write the HTML report comparing every scheme", *_lazy(_ANALYSIS, "report")),
+    "extrapolate": (
+        "train short, test long: one LM per scheme, bits/byte (or task accuracy) vs length",
+        *_lazy("posenc.lab.commands", "extrapolate"),
+    ),
+    "train": (
+        "train one byte-level LM with checkpoints, resume and DDP (torchrun)",
+        *_lazy("posenc.lab.commands", "train"),
+    ),
     "bench": ("time posenc against its peers next to a same-run copy", *_lazy("posenc.bench", "bench")),
 }
 

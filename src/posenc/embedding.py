@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from ._validate import check_int, check_positive_float, check_probability
-from .absolute import LearnedPE, ScaledSinusoidalPE, SinusoidalPE
+from .absolute import LearnedPE, ScaledSinusoidalPE, SinusoidalPE, init_table_
 from .base import PositionalScheme
 from .kernels import dropout_cpu as _dropout_cpu
 from .kernels import embedding_cpu as _embedding_cpu
@@ -77,10 +77,7 @@ class TokenEmbedding(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        nn.init.normal_(self.weight, std=self.init_std)
-        if self.padding_idx is not None:
-            with torch.no_grad():
-                self.weight[self.padding_idx].zero_()
+        init_table_(self.weight, self.init_std, self.padding_idx)
 
     def check_ids(self, ids: torch.Tensor) -> None:
         """Raise a clear error for non-integer ids or ids outside ``[0, V)`` (eager mode only)."""

@@ -57,17 +57,38 @@ def verify_run(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------------------- plot
 def plot_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("scheme", help="a registered scheme, e.g. sinusoidal")
+    p.add_argument(
+        "scheme", help="a registered scheme, e.g. sinusoidal; or `embeddings` (needs --checkpoint)"
+    )
     p.add_argument(
         "--kind",
-        required=True,
         metavar="KIND",
         help="heatmap, waves, similarity, frequencies, surface, kernel, kernel_curve, bias, scalings",
     )
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="output image, .png or .svg")
+    emb = p.add_argument_group("posenc plot embeddings: a trained model's token space")
+    emb.add_argument(
+        "--checkpoint", metavar="PATH", help="a `posenc train`/`extrapolate` checkpoint or model file"
+    )
+    emb.add_argument("--method", choices=("pca", "tsne"), default="pca", help="2D projection (default pca)")
+    emb.add_argument(
+        "--tokenizer", metavar="PATH", help="tokenizer.json for labels (byte-level models need none)"
+    )
+    emb.add_argument(
+        "--top-k", type=int, default=300, help="project the K most frequent tokens (default 300)"
+    )
 
 
 def plot_run(args: argparse.Namespace) -> int:
+    if args.scheme == "embeddings":
+        from ..text.commands import plot_embeddings_run
+
+        return plot_embeddings_run(args)
+    if args.kind is None:
+        raise ValueError(
+            "--kind is required: heatmap, waves, similarity, frequencies, surface, kernel, "
+            "kernel_curve, bias, scalings"
+        )
     from .plots import plot
 
     path = plot(args.scheme, args.kind, args.output)

@@ -35,12 +35,16 @@ def resolve_tokenizer(spec: str, vocab_size: int = DEFAULT_VOCAB, train_chars: i
         tok = build_tokenizer(spec, corpus.texts, vocab_size=vocab_size)
         took = time.perf_counter() - t0
         info = corpus.info
-        return tok, (f"{spec} trained in {took:.2f} s on {info.n_chars:,} chars of the Python "
-                     f"{info.python_version} stdlib (sha256 {info.sha256[:12]}), V={tok.vocab_size}")
+        return tok, (
+            f"{spec} trained in {took:.2f} s on {info.n_chars:,} chars of the Python "
+            f"{info.python_version} stdlib (sha256 {info.sha256[:12]}), V={tok.vocab_size}"
+        )
     path = Path(spec)
     if not path.exists():
-        raise ValueError(f"--tokenizer {spec!r} is neither a kind ({', '.join(TOKENIZER_KINDS)}) "
-                         "nor an existing tokenizer.json path")
+        raise ValueError(
+            f"--tokenizer {spec!r} is neither a kind ({', '.join(TOKENIZER_KINDS)}) "
+            "nor an existing tokenizer.json path"
+        )
     tok = load_tokenizer(path)
     return tok, f"{tok.kind} loaded from {spec}, V={tok.vocab_size}"
 
@@ -48,14 +52,21 @@ def resolve_tokenizer(spec: str, vocab_size: int = DEFAULT_VOCAB, train_chars: i
 def encode_args(p: argparse.ArgumentParser) -> None:
     """Arguments of ``posenc encode``."""
     p.add_argument("text", help='the text to encode, e.g. "The cat sat on the mat."')
-    p.add_argument("--tokenizer", default="wordpiece",
-                   help="wordpiece (default; trained on the stdlib in ~1 s), bpe, byte, or a tokenizer.json")
+    p.add_argument(
+        "--tokenizer",
+        default="wordpiece",
+        help="wordpiece (default; trained on the stdlib in ~1 s), bpe, byte, or a tokenizer.json",
+    )
     p.add_argument("--scheme", default="sinusoidal", help="positional scheme (default sinusoidal)")
     p.add_argument("--d-model", type=int, default=16, help="model width d (default 16)")
     p.add_argument("--dropout", type=float, default=0.1, help="dropout rate (default 0.1)")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and the dropout mask (default 0)")
-    p.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB,
-                   help=f"vocabulary size when training a tokenizer (default {DEFAULT_VOCAB})")
+    p.add_argument(
+        "--vocab-size",
+        type=int,
+        default=DEFAULT_VOCAB,
+        help=f"vocabulary size when training a tokenizer (default {DEFAULT_VOCAB})",
+    )
     p.add_argument("--columns", type=int, default=6, help="dimensions printed per token (default 6)")
     p.add_argument("--digits", type=int, default=3, help="decimal digits (default 3)")
     p.add_argument("--plot", default=None, metavar="FILE", help="write a figure of each step's [s, d] matrix")
@@ -66,14 +77,65 @@ def encode_run(args: argparse.Namespace) -> int:
     from .pipeline import encode_text, format_pipeline, plot_pipeline
 
     if not args.text.strip():
-        raise ValueError(f"TEXT is empty ({args.text!r}): give a sentence, e.g. \"The cat sat on the mat.\"")
+        raise ValueError(f'TEXT is empty ({args.text!r}): give a sentence, e.g. "The cat sat on the mat."')
     if args.columns < 1 or args.digits < 0:
         raise ValueError(f"--columns must be >= 1 and --digits >= 0, got {args.columns} and {args.digits}")
     tok, how = resolve_tokenizer(args.tokenizer, vocab_size=args.vocab_size)
     print(f"tokenizer: {how}")
-    result = encode_text(args.text, tok, scheme=args.scheme, d_model=args.d_model, dropout=args.dropout,
-                         seed=args.seed)
+    result = encode_text(
+        args.text, tok, scheme=args.scheme, d_model=args.d_model, dropout=args.dropout, seed=args.seed
+    )
     print(format_pipeline(result, digits=args.digits, columns=args.columns))
     if args.plot:
         print(f"figure written to {plot_pipeline(result, args.plot)}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- embeddings
+def _byte_label(i: int) -> str:
+    ch = chr(i)
+    if ch == " ":
+        return "␣"
+    return ch if ch.isprintable() and i < 128 else repr(bytes([i]))[2:-1]  # e.g. \\n, \\xe2
+
+
+def plot_embeddings_run(args: argparse.Namespace) -> int:
+    """``posenc plot embeddings --checkpoint PATH``: a trained model's token space in 2D.
+
+    Labels come from ``--tokenizer`` or, for a 256-token (byte-level) model, from the bytes; token
+    frequencies (which tokens to show and label) from the stdlib corpus for byte-level models.
+    """
+    import torch
+
+    from ..embedding import TokenEmbedding
+    from ..lab.train import load_trained_model
+    from .projection import plot_embedding_space
+
+    if not args.checkpoint:
+        raise ValueError("posenc plot embeddings needs --checkpoint PATH (a lab checkpoint or model file)")
+    model = load_trained_model(args.checkpoint)
+    tokens = [m for m in model.modules() if isinstance(m, TokenEmbedding)]
+    if not tokens:
+        raise ValueError(f"{args.checkpoint!r} holds no posenc TokenEmbedding to project")
+    weight = tokens[-1].weight.detach().float()  # [V, d] (the decoder's, for encoder-decoders)
+    V = weight.shape[0]
+    counts = None
+    if args.tokenizer:
+        tok = resolve_tokenizer(args.tokenizer)
+        if tok.vocab_size != V:
+            raise ValueError(
+                f"--tokenizer has {tok.vocab_size} tokens but the model has {V}; use the model's tokenizer"
+            )
+        labels = [tok.id_to_token(i) or f"<{i}>" for i in range(V)]
+    elif V == 256:
+        labels = [_byte_label(i) for i in range(V)]
+        from .corpus import load_corpus
+
+        counts = torch.bincount(load_corpus("stdlib", max_chars=2_000_000).train_bytes.long(), minlength=256)
+    else:
+        raise ValueError(f"the model has {V} tokens: pass --tokenizer PATH (its tokenizer.json) for labels")
+    out = plot_embedding_space(
+        weight, labels, args.output, method=args.method, top_k=min(args.top_k, V), counts=counts
+    )
+    print(f"wrote {out} ({args.method}, {min(args.top_k, V)} of {V} tokens)")
     return 0

@@ -1,0 +1,201 @@
+"""``posenc extrapolate`` and ``posenc train``: the lab from the command line.
+
+Both run unchanged under ``torchrun --nproc-per-node N`` (DistributedDataParallel, gloo on CPU,
+NCCL on CUDA; the global batch stays ``--batch-size``). Imported only when a lab command runs, so
+``import posenc`` stays light.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["extrapolate_args", "extrapolate_run", "parse_list", "train_args", "train_run"]
+
+
+def parse_list(spec: str, kind: type = str, *, flag: str) -> tuple:
+    """``"a,b,c"`` -> ``("a", "b", "c")`` (converted with ``kind``); a clear error naming ``flag``."""
+    items = [x.strip() for x in spec.split(",") if x.strip()]
+    if not items:
+        example = "128,256" if kind is int else "a,b"
+        raise ValueError(f"{flag} {spec!r} is empty; give a comma list like {example}")
+    try:
+        return tuple(kind(x) for x in items)
+    except ValueError:
+        raise ValueError(f"{flag} {spec!r} is not a comma list of {kind.__name__}s (e.g. 128,256)") from None
+
+
+def _common_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--train-len", type=int, default=None,
+                   help="train length L (default 128; task mode: 8 digits)")
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps per scheme (default 600)")
+    p.add_argument("--batch-size", type=int, default=None, help="global batch in windows (default 32)")
+    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default 3e-3)")
+    p.add_argument("--seed", type=int, default=None, help="seed of weights, batches, tasks (default 0)")
+    p.add_argument("--corpus", default=None, help="stdlib (default: this Python's stdlib source) or a path")
+    p.add_argument("--max-chars", type=int, default=None, help="use only the first ~N chars of the corpus")
+    p.add_argument("--d-model", type=int, default=None, help="model width (default 128)")
+    p.add_argument("--layers", type=int, default=None, help="Transformer layers (default 4)")
+    p.add_argument("--heads", type=int, default=None, help="attention heads (default 4)")
+    p.add_argument("--dropout", type=float, default=None, help="dropout (default 0)")
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda (bf16 autocast); under torchrun "
+                   "each process takes cuda:LOCAL_RANK")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads per process (default: free cores, see docs/lab.md)")
+    p.add_argument("--resume", action="store_true", help="continue from the checkpoints in --out")
+    p.add_argument("--checkpoint-every", type=int, default=None, help="checkpoint interval (default 100)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars (default: on a terminal)")
+
+
+_FLAG_TO_FIELD = {
+    "train_len": "train_len", "steps": "steps", "batch_size": "batch_size", "lr": "lr", "seed": "seed",
+    "corpus": "corpus", "max_chars": "max_chars", "d_model": "d_model", "layers": "num_layers",
+    "heads": "num_heads", "dropout": "dropout", "checkpoint_every": "checkpoint_every",
+}
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    given = {flag: getattr(args, flag) for flag in _FLAG_TO_FIELD}
+    return {_FLAG_TO_FIELD[flag]: value for flag, value in given.items() if value is not None}
+
+
+def _setup(args: argparse.Namespace):
+    import torch
+
+    from .train import configure_threads, init_distributed
+
+    info, device = init_distributed(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda but torch sees no CUDA device; use --device cpu")
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", info.world_size))
+    threads = configure_threads(args.threads, world_size=local) if device.type == "cpu" else None
+    return info, device, threads
+
+
+def _teardown() -> None:
+    import torch
+
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------------------- extrapolate
+def extrapolate_args(p: argparse.ArgumentParser) -> None:
+    """Arguments of ``posenc extrapolate``."""
+    from .extrapolate import DEFAULT_SCHEMES, MODES
+
+    p.add_argument("--schemes", default=None,
+                   help=f"comma list of schemes (default {','.join(DEFAULT_SCHEMES)})")
+    p.add_argument("--eval-lens", default=None, help="comma list of evaluation lengths (default 128,..,2048)")
+    p.add_argument("--quick", action="store_true", help="a ~2-minute smoke version (smaller model, L=64)")
+    p.add_argument("--out", default=None, help="folder for results.json, extrapolation.png/svg, checkpoints")
+    p.add_argument("--task", default="lm", choices=list(MODES),
+                   help="lm (default: bits/byte on a corpus) or a synthetic task (exact-match accuracy)")
+    p.add_argument("--eval-tokens", type=int, default=None,
+                   help="size of the fixed validation slice in tokens (default 16 x the longest length)")
+    p.add_argument("--stride", type=int, default=None, help="sliding-window evaluation with this stride")
+    p.add_argument("--rope-scalings", default=None,
+                   help="RoPE scalings applied at evaluation to the rope model (default linear,ntk,yarn)")
+    _common_args(p)
+
+
+def extrapolate_run(args: argparse.Namespace) -> int:
+    """Run ``posenc extrapolate``: train, evaluate, print the table, write the JSON and plot."""
+    from .extrapolate import PRESETS, TASK_DEFAULTS, StudyConfig, format_table, run_study
+
+    fields: dict[str, Any] = dict(PRESETS["quick" if args.quick else "default"])
+    if args.task != "lm":
+        fields.update(TASK_DEFAULTS)
+        fields.pop("max_chars", None)
+    fields["mode"] = args.task
+    fields.update(_overrides(args))
+    if args.schemes is not None:
+        fields["schemes"] = parse_list(args.schemes, flag="--schemes")
+    if args.eval_lens is not None:
+        fields["eval_lens"] = parse_list(args.eval_lens, int, flag="--eval-lens")
+    if args.eval_tokens is not None:
+        fields["eval_tokens"] = args.eval_tokens
+    if args.stride is not None:
+        fields["stride"] = args.stride
+    if args.rope_scalings is not None:
+        fields["rope_scalings"] = () if args.rope_scalings == "none" else parse_list(
+            args.rope_scalings, flag="--rope-scalings")
+    config = StudyConfig(**fields)
+    if args.resume and args.out is None:
+        raise ValueError("--resume needs --out (the folder holding the checkpoints)")
+    info, device, threads = _setup(args)
+    try:
+        progress = False if args.no_progress else None
+        results = run_study(config, out=args.out, device=device, resume=args.resume, progress=progress,
+                            threads=threads)
+    finally:
+        _teardown()
+    if info.is_main:
+        print()
+        print(format_table(results))
+        env = results["environment"]
+        print(f"\nwall time {results['wall_s']:.0f} s on {env['device']} ({env['threads']} threads, "
+              f"{env['world_size']} process(es)); load average at start/end "
+              f"{env.get('load_avg_start', ['?'])[0]:.2f}/{env.get('load_avg_end', ['?'])[0]:.2f}")
+        if args.out is not None:
+            out = Path(args.out)
+            print(f"wrote {out / 'results.json'} and {out / 'extrapolation.png'} (and .svg)")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------- train
+def train_args(p: argparse.ArgumentParser) -> None:
+    """Arguments of ``posenc train``."""
+    p.add_argument("--scheme", default="rope", help="positional scheme (default rope)")
+    p.add_argument("--out", required=True,
+                   help="folder for checkpoint.safetensors (resumable), model.safetensors, train.json")
+    p.add_argument("--autocast", default="auto", choices=["auto", "bf16", "off"],
+                   help="auto (default: bf16 on CUDA), bf16 or off")
+    _common_args(p)
+
+
+def train_run(args: argparse.Namespace) -> int:
+    """Run ``posenc train``: one byte-level LM, checkpointed and resumable."""
+    import dataclasses
+
+    from ..model import TransformerLM, save_model
+    from ..text import load_corpus
+    from .extrapolate import StudyConfig, study_model_config
+    from .train import seed_everything, train
+
+    fields = {"schemes": (args.scheme,), "eval_lens": (1,), "rope_scalings": (), **_overrides(args)}
+    fields["eval_lens"] = (fields.get("train_len", 128),)
+    study = StudyConfig(**fields)
+    tc = dataclasses.replace(study.train_config(), autocast=args.autocast)
+    mc = study_model_config(study, args.scheme)
+    out = Path(args.out)
+    info, device, threads = _setup(args)
+    try:
+        corpus = load_corpus(study.corpus, max_chars=study.max_chars, seed=study.seed)
+        seed_everything(study.seed)
+        model = TransformerLM(mc).to(device)
+        t0 = time.perf_counter()
+        ckpt = out / "checkpoint.safetensors"
+        result = train(model, corpus.train_bytes, tc, device=device, checkpoint=ckpt, resume=args.resume,
+                       progress=False if args.no_progress else None, desc=args.scheme)
+        if info.is_main:
+            save_model(model, out / "model.safetensors")
+            record = {
+                "model_config": mc.to_dict(), "train_config": tc.to_dict(),
+                "corpus": dataclasses.asdict(corpus.info), "world_size": info.world_size, "threads": threads,
+                "device": str(device), "start_step": result.start_step, "end_step": result.end_step,
+                "wall_s": time.perf_counter() - t0, "tokens_per_s": result.tokens_per_s,
+                "losses": result.losses,
+            }
+            (out / "train.json").write_text(json.dumps(record, indent=1))
+            last = result.losses[-1] if result.losses else float("nan")
+            print(f"{args.scheme}: steps {result.start_step}->{result.end_step} in {result.wall_s:.1f} s "
+                  f"({result.tokens_per_s:,.0f} tok/s, {info.world_size} process(es)), last loss {last:.4f}; "
+                  f"wrote {out / 'model.safetensors'}")
+    finally:
+        _teardown()
+    return 0

@@ -1,0 +1,411 @@
+"""Tests of posenc.lab.train: schedule, batches, checkpoints, resume, DDP, memory check.
+
+Models are tiny (d=16, 1 layer) so the whole file runs in well under a minute; the three
+subprocess tests (kill-and-resume, torchrun with 2 gloo processes) dominate its time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import safetensors
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from posenc.cli import main
+from posenc.lab import (
+    InsufficientMemoryError,
+    TrainConfig,
+    batch_at,
+    check_memory,
+    configure_threads,
+    estimate_memory,
+    load_checkpoint,
+    lr_at,
+    make_optimizer,
+    save_checkpoint,
+    seed_everything,
+    train,
+)
+from posenc.model import ModelConfig, TransformerLM, load_model, save_model
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+
+def tiny_config(position: str = "alibi", dropout: float = 0.0, **kw) -> ModelConfig:
+    return ModelConfig(vocab_size=64, d_model=16, num_layers=1, num_heads=2, position=position, max_len=16,
+                       dropout=dropout, **kw)
+
+
+def tiny_data(n: int = 4000) -> torch.Tensor:
+    return torch.randint(0, 64, (n,), generator=torch.Generator().manual_seed(1)).to(torch.uint8)
+
+
+def states_equal(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+# ---------------------------------------------------------------------------------------------- schedule
+def test_lr_schedule_reference():
+    # Written plainly: linear warmup to the peak, then half a cosine from lr to min_lr.
+    c = TrainConfig(steps=100, warmup_steps=10, lr=1e-3, min_lr=1e-4)
+    assert lr_at(0, c) == pytest.approx(1e-4)
+    assert lr_at(9, c) == pytest.approx(1e-3)
+    assert lr_at(10, c) == pytest.approx(1e-3)
+    assert lr_at(55, c) == pytest.approx(1e-4 + 0.9e-3 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    assert lr_at(99, c) == pytest.approx(1e-4 + 0.9e-3 * 0.5 * (1 + math.cos(math.pi * 89 / 90)))
+
+
+@settings(deadline=None, max_examples=30)
+@given(steps=st.integers(2, 500), warm=st.integers(0, 50))
+def test_lr_schedule_properties(steps, warm):
+    c = TrainConfig(steps=steps, warmup_steps=min(warm, steps), lr=2e-3, min_lr=2e-4)
+    lrs = [lr_at(s, c) for s in range(steps)]
+    before, after = lrs[: c.warmup_steps], lrs[c.warmup_steps :]
+    assert all(0 < x <= c.lr * (1 + 1e-12) for x in before)
+    assert all(c.min_lr * (1 - 1e-12) <= x <= c.lr * (1 + 1e-12) for x in after)
+    assert all(a >= b - 1e-15 for a, b in itertools.pairwise(after))  # non-increasing after warmup
+    assert all(a < b for a, b in itertools.pairwise(before))  # increasing during warmup
+
+
+# ---------------------------------------------------------------------------------------------- batches
+def test_batch_at_is_pure_and_shifted():
+    data = tiny_data()
+    ids, targets = batch_at(data, 3, 8, 16, seed=5)
+    ids2, targets2 = batch_at(data, 3, 8, 16, seed=5)
+    assert ids.shape == targets.shape == (8, 16) and ids.dtype == torch.long
+    assert torch.equal(ids, ids2) and torch.equal(targets, targets2)
+    assert torch.equal(ids[:, 1:], targets[:, :-1])  # targets are the next tokens
+    assert not torch.equal(ids, batch_at(data, 4, 8, 16, seed=5)[0])  # another step, another batch
+    assert not torch.equal(ids, batch_at(data, 3, 8, 16, seed=6)[0])  # another seed, another batch
+    # every window is a real slice of the data
+    for row_ids, row_t in zip(ids, targets):
+        window = torch.cat((row_ids, row_t[-1:]))
+        starts = [i for i in range(len(data) - 16) if torch.equal(data[i : i + 17].long(), window)]
+        assert starts
+
+
+@settings(deadline=None, max_examples=25)
+@given(step=st.integers(0, 10_000), world=st.sampled_from([1, 2, 4]), seed=st.integers(0, 2**31))
+def test_batch_at_ranks_partition_the_global_batch(step, world, seed):
+    data = tiny_data(500)
+    full = batch_at(data, step, 8, 12, seed)
+    parts = [batch_at(data, step, 8, 12, seed, rank=r, world_size=world) for r in range(world)]
+    assert torch.equal(torch.cat([p[0] for p in parts]), full[0])
+    assert torch.equal(torch.cat([p[1] for p in parts]), full[1])
+
+
+def test_batch_at_errors():
+    with pytest.raises(ValueError, match="too few for windows"):
+        batch_at(tiny_data(10), 0, 2, 16)
+    with pytest.raises(ValueError, match="divisible by world_size=3"):
+        batch_at(tiny_data(), 0, 8, 16, world_size=3)
+    with pytest.raises(ValueError, match="1-D integer token tensor"):
+        batch_at(torch.rand(100), 0, 2, 4)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"steps": 0}, ValueError, "steps must be >= 1"),
+        ({"batch_size": 2.0}, TypeError, "batch_size must be an int"),
+        ({"lr": -1.0}, ValueError, "lr must be a finite number > 0"),
+        ({"lr": 1e-4, "min_lr": 1e-3}, ValueError, "min_lr=0.001 must be <= lr"),
+        ({"weight_decay": 1.5}, ValueError, "weight_decay must be a number in"),
+        ({"betas": (0.9,)}, ValueError, "betas must be two numbers"),
+        ({"grad_clip": -1}, ValueError, "grad_clip must be a number >= 0"),
+        ({"autocast": "fp8"}, ValueError, "unknown autocast 'fp8'; valid values: 'auto', 'bf16', 'off'"),
+    ],
+)
+def test_train_config_errors(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        TrainConfig(**kwargs)
+
+
+def test_train_config_round_trip():
+    c = TrainConfig(steps=7, betas=(0.8, 0.9))
+    assert TrainConfig.from_dict(json.loads(json.dumps(c.to_dict()))) == c
+    with pytest.raises(ValueError, match=r"unknown TrainConfig field\(s\) \['nope'\]"):
+        TrainConfig.from_dict({"nope": 1})
+
+
+def test_optimizer_groups_decay_matrices_only():
+    model = TransformerLM(tiny_config())
+    opt = make_optimizer(model, TrainConfig(weight_decay=0.1))
+    decay, no_decay = opt.param_groups
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() < 2 for p in no_decay["params"])
+    n_unique = len({id(p) for p in model.parameters()})
+    assert len(decay["params"]) + len(no_decay["params"]) == n_unique  # tied weights once
+
+
+# ---------------------------------------------------------------------------------------------- training
+def test_training_lowers_the_loss_on_learnable_data():
+    # A repeating pattern is learnable: the loss must fall well below the uniform log(64).
+    data = torch.arange(4000).remainder(7).to(torch.uint8)
+    seed_everything(0)
+    model = TransformerLM(tiny_config())
+    result = train(model, data, TrainConfig(steps=60, batch_size=8, seq_len=16, warmup_steps=5, lr=1e-2,
+                                            min_lr=1e-3, log_every=5), progress=False)
+    assert result.completed and len(result.losses) == 60
+    assert result.losses[0] > 3.0 and sum(result.losses[-5:]) / 5 < 0.5
+    assert result.tokens_per_s > 0
+
+
+def test_same_seed_same_run():
+    data = tiny_data()
+    cfg = TrainConfig(steps=5, batch_size=4, seq_len=16, warmup_steps=1)
+    runs = []
+    for _ in range(2):
+        seed_everything(3)
+        model = TransformerLM(tiny_config(dropout=0.1))
+        runs.append((model, train(model, data, cfg, progress=False)))
+    assert states_equal(runs[0][0], runs[1][0]) and runs[0][1].losses == runs[1][1].losses
+
+
+def test_checkpoint_round_trip(tmp_path):
+    data = tiny_data()
+    cfg = TrainConfig(steps=3, batch_size=4, seq_len=16, warmup_steps=1)
+    seed_everything(0)
+    model = TransformerLM(tiny_config())
+    assert model.lm_head.weight is model.decoder.embed.token.weight  # tied: stored once
+    train(model, data, cfg, progress=False)
+    opt = make_optimizer(model, cfg)
+    model(batch_at(data, 0, 2, 16)[0]).sum().backward()
+    opt.step()  # some optimizer state to save
+    path = tmp_path / "c.safetensors"
+    save_checkpoint(path, model, opt, 3, train_config=cfg, losses=[1.0, 2.0, 3.0], elapsed_s=1.5)
+    after_save = torch.rand(3)
+
+    seed_everything(99)
+    fresh = TransformerLM(tiny_config())
+    fresh_opt = make_optimizer(fresh, cfg)
+    state = load_checkpoint(path, fresh, fresh_opt)
+    assert state.step == 3 and state.losses == [1.0, 2.0, 3.0] and state.elapsed_s == 1.5
+    assert state.train_config == cfg.to_dict() and state.model_config == model.config.to_dict()
+    assert states_equal(model, fresh)
+    assert fresh.lm_head.weight is fresh.decoder.embed.token.weight  # still tied
+    a, b = opt.state_dict(), fresh_opt.state_dict()
+    for index, values in a["state"].items():
+        for key, value in values.items():
+            assert torch.equal(value, b["state"][index][key])
+    assert torch.equal(torch.rand(3), after_save)  # the RNG continues where the saved run was
+    assert not list(tmp_path.glob(".*tmp*"))  # no temporary file left behind
+
+
+def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
+    import safetensors.torch
+
+    cfg = TrainConfig(steps=2)
+    model = TransformerLM(tiny_config())
+    opt = make_optimizer(model, cfg)
+    path = tmp_path / "c.safetensors"
+    save_checkpoint(path, model, opt, 1, train_config=cfg)
+    before = path.read_bytes()
+
+    def crash(tensors, filename, metadata=None):  # a write that dies half-way
+        Path(filename).write_bytes(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", crash)
+    with torch.no_grad():
+        model.lm_head.weight.add_(1.0)
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint(path, model, opt, 2, train_config=cfg)
+    assert path.read_bytes() == before  # the previous checkpoint is intact
+    assert [p.name for p in tmp_path.iterdir()] == ["c.safetensors"]
+
+
+def test_load_checkpoint_errors(tmp_path):
+    model = TransformerLM(tiny_config())
+    with pytest.raises(ValueError, match="no checkpoint at"):
+        load_checkpoint(tmp_path / "missing.safetensors", model)
+    save_model(model, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match="is not a posenc training checkpoint"):
+        load_checkpoint(tmp_path / "model.safetensors", model)
+    cfg = TrainConfig(steps=1)
+    save_checkpoint(tmp_path / "c.safetensors", model, make_optimizer(model, cfg), 1, train_config=cfg)
+    other = TransformerLM(tiny_config(position="learned"))
+    with pytest.raises(ValueError, match="does not match this model"):
+        load_checkpoint(tmp_path / "c.safetensors", other)
+
+
+def test_resume_refuses_a_changed_config(tmp_path):
+    data, ckpt = tiny_data(), tmp_path / "c.safetensors"
+    model = TransformerLM(tiny_config())
+    cfg = TrainConfig(steps=4, batch_size=4, seq_len=16)
+    train(model, data, cfg, checkpoint=ckpt, progress=False, stop_at=2)
+    with pytest.raises(ValueError, match=r"training config changed \(lr: checkpoint 0.003 vs now 0.001\)"):
+        train(model, data, TrainConfig(steps=4, batch_size=4, seq_len=16, lr=1e-3), checkpoint=ckpt,
+              resume=True, progress=False)
+
+
+def test_checkpoint_every_needs_a_path():
+    with pytest.raises(ValueError, match="checkpoint_every=5 needs a checkpoint path"):
+        train(TransformerLM(tiny_config()), tiny_data(), TrainConfig(steps=2, checkpoint_every=5),
+              progress=False)
+
+
+def test_stop_and_resume_in_fresh_objects_is_bit_identical(tmp_path):
+    # Dropout on: the RNG state must be restored too.
+    data = tiny_data()
+    cfg = TrainConfig(steps=12, batch_size=4, seq_len=16, warmup_steps=3, checkpoint_every=4, log_every=3)
+
+    def run(ckpt, stop_at=None, resume=False):
+        seed_everything(0)
+        model = TransformerLM(tiny_config(dropout=0.2))
+        return model, train(model, data, cfg, checkpoint=ckpt, resume=resume, stop_at=stop_at, progress=False)
+
+    full, full_result = run(tmp_path / "a.safetensors")
+    _, first = run(tmp_path / "b.safetensors", stop_at=6)  # "preempted" after step 6 (checkpoint written)
+    assert not first.completed and first.end_step == 6
+    resumed, second = run(tmp_path / "b.safetensors", resume=True)
+    assert second.start_step == 6 and second.completed
+    assert states_equal(full, resumed)
+    assert second.losses == full_result.losses  # the history spans both halves
+
+
+def _train_cli_args(corpus: Path, out: Path, steps: int, **extra) -> list[str]:
+    args = ["train", "--scheme", "alibi", "--corpus", str(corpus), "--out", str(out), "--steps", str(steps),
+            "--train-len", "16", "--batch-size", "4", "--d-model", "16", "--layers", "1", "--heads", "2",
+            "--threads", "1", "--no-progress"]
+    for key, value in extra.items():
+        args += [f"--{key.replace('_', '-')}", str(value)]
+    return args
+
+
+@pytest.fixture(scope="module")
+def text_corpus(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("corpus")
+    source = Path(__file__).read_text()
+    for i in range(12):
+        (folder / f"doc{i}.txt").write_text(source[i * 900 : i * 900 + 6000])
+    return folder
+
+
+def test_killed_run_resumes_to_identical_weights(tmp_path, text_corpus):
+    """SIGKILL a real ``posenc train`` process after its first checkpoint, resume it in a fresh
+    process, and compare with an uninterrupted run: bit-identical weights and loss history."""
+    steps = 300
+    killed_dir, full_dir = tmp_path / "killed", tmp_path / "full"
+    env = {**os.environ, "PYTHONPATH": SRC}
+    args = _train_cli_args(text_corpus, killed_dir, steps, checkpoint_every=10)
+    cmd = [sys.executable, "-m", "posenc", *args]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    ckpt = killed_dir / "checkpoint.safetensors"
+    deadline = time.monotonic() + 120
+    while not ckpt.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    _, err = proc.communicate()
+    assert proc.returncode == -signal.SIGKILL, f"the run ended before being killed: {err.decode()[-500:]}"
+    with safetensors.safe_open(str(ckpt), framework="pt") as fh:
+        killed_at = int(fh.metadata()["step"])
+    assert 0 < killed_at < steps
+    assert not (killed_dir / "model.safetensors").exists()
+
+    assert main([*args, "--resume"]) == 0
+    assert main(_train_cli_args(text_corpus, full_dir, steps)) == 0
+    resumed, full = load_model(killed_dir / "model.safetensors"), load_model(full_dir / "model.safetensors")
+    assert states_equal(resumed, full)
+    record = json.loads((killed_dir / "train.json").read_text())
+    assert record["start_step"] == killed_at and record["end_step"] == steps
+    assert record["losses"] == json.loads((full_dir / "train.json").read_text())["losses"]
+
+
+def test_two_gloo_processes_match_one(tmp_path, text_corpus):
+    """``torchrun --nproc-per-node 2 posenc train`` (DDP, gloo) == 1 process, same global batch."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    args = _train_cli_args(text_corpus, two, 8, checkpoint_every=4)
+    env = {**os.environ, "PYTHONPATH": SRC}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "posenc", *args]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "2 process(es)" in done.stdout
+    assert main(_train_cli_args(text_corpus, one, 8, checkpoint_every=4)) == 0
+    a = load_model(one / "model.safetensors").state_dict()
+    b = load_model(two / "model.safetensors").state_dict()
+    for key in a:  # float summation order differs (gradients averaged over ranks), nothing else
+        torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6)
+    la = json.loads((one / "train.json").read_text())["losses"]
+    lb = json.loads((two / "train.json").read_text())["losses"]
+    assert json.loads((two / "train.json").read_text())["world_size"] == 2
+    torch.testing.assert_close(torch.tensor(la), torch.tensor(lb), rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------- memory
+def test_memory_estimate_grows_with_batch_length_and_training():
+    c = tiny_config()
+    small = estimate_memory(c, 2, 16)
+    assert estimate_memory(c, 4, 16).activations > small.activations
+    assert estimate_memory(c, 2, 64).activations > 4 * small.activations  # attention is quadratic
+    inference = estimate_memory(c, 2, 16, training=False)
+    assert inference.grads == inference.optimizer == 0 and inference.total < small.total
+    assert small.optimizer == 2 * small.weights  # AdamW's two moments
+
+
+def test_memory_check_message():
+    estimate = estimate_memory(tiny_config(), 8, 2048)
+    with pytest.raises(InsufficientMemoryError, match=r"would not fit in memory: it needs about .* but only "
+                       r"1.0 MiB is free on cpu\. Reduce the batch size"):
+        check_memory(estimate, "cpu", available=2**20)
+    check_memory(estimate, "cpu", available=2**40)  # fits: no error
+
+
+def test_train_refuses_a_run_that_does_not_fit_before_starting():
+    model = TransformerLM(tiny_config(position="alibi"))
+    cfg = TrainConfig(steps=1, batch_size=2**16, seq_len=2**14)  # ~10^14 bytes of attention
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(InsufficientMemoryError, match=r"training train .* would not fit in memory"):
+        train(model, tiny_data(), cfg, progress=False)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert issubclass(InsufficientMemoryError, ValueError)  # the CLI reports it as a clear error
+
+
+def test_configure_threads():
+    old = torch.get_num_threads()
+    try:
+        assert configure_threads(1) == 1 and torch.get_num_threads() == 1
+        auto = configure_threads()
+        assert 1 <= auto <= (os.cpu_count() or 1)
+        with pytest.raises(ValueError, match="num_threads must be >= 1"):
+            configure_threads(0)
+    finally:
+        torch.set_num_threads(old)
+
+
+def test_stop_at_must_be_a_step():
+    with pytest.raises(ValueError, match="stop_at must be >= 0"):
+        train(TransformerLM(tiny_config()), tiny_data(), TrainConfig(steps=2), progress=False, stop_at=-1)
+
+
+def test_load_trained_model_from_checkpoint_and_model_file(tmp_path):
+    from posenc.lab.train import load_trained_model
+
+    torch.manual_seed(0)
+    model = TransformerLM(ModelConfig(vocab_size=32, d_model=16, num_layers=1, num_heads=2, position="alibi"))
+    config = TrainConfig(steps=1)
+    save_checkpoint(tmp_path / "ck.safetensors", model, make_optimizer(model, config), 1, train_config=config)
+    save_model(model, tmp_path / "model.safetensors")
+    ids = torch.randint(0, 32, (1, 8))
+    for name in ("ck.safetensors", "model.safetensors"):
+        loaded = load_trained_model(tmp_path / name)
+        assert not loaded.training
+        torch.testing.assert_close(loaded(ids), model.eval()(ids), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="no checkpoint at"):
+        load_trained_model(tmp_path / "missing.safetensors")
+    (tmp_path / "junk.safetensors").write_bytes(b"not a tensor file")
+    with pytest.raises(ValueError, match="is not a safetensors file"):
+        load_trained_model(tmp_path / "junk.safetensors")
