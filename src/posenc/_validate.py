@@ -42,3 +42,14 @@ def check_probability(value: object, name: str) -> float:
     if not 0.0 <= value < 1.0:
         raise ValueError(f"{name} must be in [0, 1), got {value}")
     return float(value)
+
+
+def check_fields(cls: type, data: dict) -> None:
+    """Raise ``ValueError`` listing the valid fields when ``data`` has keys that dataclass ``cls``
+    does not (for ``from_dict`` of configs read from JSON)."""
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} field(s) {unknown}; valid: {', '.join(sorted(names))}")

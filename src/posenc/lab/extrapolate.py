@@ -125,16 +125,17 @@ class StudyConfig:
 
     schemes: tuple[str, ...] = DEFAULT_SCHEMES
     mode: str = "lm"
-    train_len: int = 128
+    train_len: int = TrainConfig.seq_len
     eval_lens: tuple[int, ...] = (128, 256, 512, 1024, 2048)
-    steps: int = 600
-    batch_size: int = 32
-    lr: float = 3e-3
-    min_lr: float = 3e-4
-    warmup_steps: int = 30
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
-    seed: int = 0
+    # the optimisation defaults are TrainConfig's, stated once there
+    steps: int = TrainConfig.steps
+    batch_size: int = TrainConfig.batch_size
+    lr: float = TrainConfig.lr
+    min_lr: float = TrainConfig.min_lr
+    warmup_steps: int = TrainConfig.warmup_steps
+    weight_decay: float = TrainConfig.weight_decay
+    grad_clip: float = TrainConfig.grad_clip
+    seed: int = TrainConfig.seed
     corpus: str = "stdlib"
     max_chars: int | None = None
     d_model: int = 128

@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._validate import check_choice, check_int, check_positive_float
+from .._validate import check_choice, check_fields, check_int, check_positive_float
 
 __all__ = [
     "AUTOCAST_MODES",
@@ -167,10 +167,7 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
         """Inverse of :meth:`to_dict`; unknown keys raise ``ValueError`` listing the valid ones."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise ValueError(f"unknown TrainConfig field(s) {unknown}; valid: {', '.join(sorted(names))}")
+        check_fields(cls, data)
         data = dict(data)
         if "betas" in data:
             data["betas"] = tuple(data["betas"])

@@ -12,7 +12,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._validate import check_choice, check_int, check_probability
+from .._validate import check_choice, check_fields, check_int, check_probability
 from ..embedding import TIE_STRATEGIES
 from ..registry import config_keys, scheme_class, schemes
 
@@ -176,10 +176,7 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
         """Inverse of :meth:`to_dict`; unknown keys raise ``ValueError`` listing the valid ones."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise ValueError(f"unknown ModelConfig field(s) {unknown}; valid: {', '.join(sorted(names))}")
+        check_fields(cls, data)
         return cls(**data)
 
 
