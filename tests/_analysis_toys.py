@@ -130,6 +130,7 @@ class ToyContentBias(PositionalScheme):
     insists on ``num_heads`` heads)."""
 
     name = "toy_content_bias"
+    score_bias_uses_query = True
     hooks = ("rotate", "score_bias")
     summary = "test-only content-dependent bias"
 

@@ -95,6 +95,7 @@ class ToyContent(PositionalScheme):
     optionally with relative value vectors (then the model takes its explicit-softmax path)."""
 
     name = "toy_content"
+    score_bias_uses_query = True
     hooks = ("score_bias",)
 
     def __init__(self, head_dim: int, clip: int = 3, values: bool = False) -> None:

@@ -444,7 +444,8 @@ def test_load_rejects_files_without_posenc_metadata(tmp_path):
 
 def test_compiled_forward_matches_eager():
     torch.manual_seed(0)
-    model = TransformerLM(config("toy_alibi", num_layers=1)).eval()  # bias + GQA: the float-mask path
+    # bias + GQA: the float-mask path; two layers share the bias computed once in the forward
+    model = TransformerLM(config("toy_alibi", num_layers=2)).eval()
     ids = ids_(2, 8)
     compiled = torch.compile(model, fullgraph=True, dynamic=False)
     with torch.no_grad():
@@ -553,3 +554,30 @@ def test_established_rope_runs_through_cache_and_padding(monkeypatch):
         torch.testing.assert_close(
             model(ids, positions=torch.arange(8) + 100), model(ids), rtol=1e-4, atol=1e-4
         )
+
+
+@pytest.mark.parametrize(
+    ("position", "share", "expected"),
+    [("alibi", True, 1), ("t5", True, 1), ("alibi", False, 3), ("toy_content", True, 3), ("shaw", True, 3)],
+)
+def test_content_free_bias_is_computed_once_per_forward(position, share, expected):
+    """A shared bias that does not read q is built once per forward, not once per layer."""
+    torch.manual_seed(0)
+    model = TransformerLM(config(position, num_layers=3, share_position=share)).eval()
+    calls = []
+    for scheme in model.decoder.schemes:
+        original = scheme.score_bias
+
+        def counting(*args, _original=original, **kwargs):
+            calls.append(1)
+            return _original(*args, **kwargs)
+
+        scheme.score_bias = counting
+    ids = ids_(2, 6)
+    with torch.no_grad():
+        out = model(ids)
+        assert len(calls) == expected
+        cache = model.new_cache()
+        model(ids[:, :4], cache=cache)  # a new forward plans (and builds) its bias anew
+        assert len(calls) == 2 * expected
+        torch.testing.assert_close(model(ids[:, 4:], cache=cache), out[:, 4:], rtol=1e-4, atol=1e-4)

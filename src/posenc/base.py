@@ -55,6 +55,9 @@ class PositionalScheme(nn.Module):
         max_len: the longest input it can encode, or ``None`` when positions are unbounded.
         causal_ok: whether the scheme can run in a causal decoder (with a KV cache).
         needs_unrotated_cache: the model must cache un-rotated keys (see the contract above).
+        score_bias_uses_query: ``score_bias`` reads ``q`` (Shaw, Transformer-XL). When False the bias
+            depends on positions only, so a model computes it once per forward for all layers
+            that share the scheme.
         position_dims: coordinates per position: 1 for token sequences, 2 for image grids, 3 for
             volumes (whose positions are ``[..., s, 2]`` / grid coordinates). Sequence models take 1.
     """
@@ -64,6 +67,7 @@ class PositionalScheme(nn.Module):
     summary: ClassVar[str] = ""
     causal_ok: ClassVar[bool] = True
     needs_unrotated_cache: ClassVar[bool] = False
+    score_bias_uses_query: ClassVar[bool] = False
     position_dims: ClassVar[int] = 1
     max_len: int | None = None
 

@@ -91,6 +91,7 @@ class ShawRelative(PositionalScheme):
     """
 
     name = "shaw"
+    score_bias_uses_query = True
     hooks = ("score_bias",)
     summary = "learned vectors for clipped distances, dotted with the query (Shaw et al. 2018)"
 
@@ -215,6 +216,7 @@ class TransformerXLRelative(PositionalScheme):
     """
 
     name = "transformer_xl"
+    score_bias_uses_query = True
     hooks = ("rotate", "score_bias")
     summary = "sinusoidal relative distance through W_R, with global u, v biases (Dai et al. 2019)"
 

@@ -24,7 +24,7 @@ Legend: ``b`` batch, ``s`` new tokens (queries), ``s_p`` past tokens (cache or m
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -75,6 +75,18 @@ class AttentionPlan:
     k_positions: torch.Tensor
     mask: torch.Tensor | None
     is_causal: bool
+    # content-free biases computed in this forward, one per scheme instance (layers sharing a
+    # scheme share its bias); lives and dies with the plan, never on a module
+    _biases: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def score_bias(self, scheme: PositionalScheme, q: torch.Tensor) -> torch.Tensor | None:
+        """``scheme.score_bias`` for this forward's positions ``[b | 1, h, s, s_k]``; a bias that
+        does not read ``q`` is computed once and reused by every layer sharing ``scheme``."""
+        if scheme.score_bias_uses_query:
+            return scheme.score_bias(self.q_positions, self.k_positions, q)
+        if scheme not in self._biases:
+            self._biases[scheme] = scheme.score_bias(self.q_positions, self.k_positions, q)
+        return self._biases[scheme]
 
     def keep(self, s_q: int, s_k: int, device: torch.device) -> torch.Tensor | None:
         """The mask as an explicit bool tensor (``[.., s, s_k]``), or None when nothing is masked."""
@@ -474,7 +486,7 @@ class MultiHeadAttention(nn.Module):
         bias = rel = None
         if scheme is not None:
             if "score_bias" in scheme.hooks:
-                bias = scheme.score_bias(plan.q_positions, plan.k_positions, q)  # q before rotate
+                bias = plan.score_bias(scheme, q)  # q before rotate
             rel = _relative_values(scheme, plan.q_positions, plan.k_positions)
         rotates = scheme is not None and "rotate" in scheme.hooks
         if rotates and (cache is None or scheme.needs_unrotated_cache):
