@@ -75,9 +75,12 @@ def test_content_dependent_bias_gets_its_query_block():
     torch.testing.assert_close(out, full_path(q, k, v, scheme.score_bias(pos, pos, q)), rtol=2e-6, atol=2e-6)
 
 
-def test_gradients_match_the_full_path():
+@pytest.mark.parametrize("scheme_name", ["t5", "alibi"])
+def test_gradients_match_the_full_path(scheme_name):
+    """T5's bias carries gradients; ALiBi's is written into scratch buffers that SDPA's backward
+    must not see overwritten by the next block (it once raised "modified by an inplace operation")."""
     b, h, s, d = 1, 2, 20, 8
-    scheme = posenc.build("t5", num_heads=h)
+    scheme = posenc.build(scheme_name, num_heads=h)
     q, k, v = (torch.randn(b, h, s, d, requires_grad=True) for _ in range(3))
     pos = torch.arange(s)
     g = torch.randn(b, h, s, d)
@@ -86,8 +89,20 @@ def test_gradients_match_the_full_path():
         (q, k, v, *scheme.parameters()), g)
     grads_full = torch.autograd.grad(full_path(q, k, v, scheme.score_bias(pos, pos)),
                                      (q, k, v, *scheme.parameters()), g)
+    assert len(grads_blocked) == 3 + len(list(scheme.parameters()))
     for a, b_ in zip(grads_blocked, grads_full):
         torch.testing.assert_close(a, b_, rtol=1e-5, atol=1e-6)
+
+
+def test_a_bias_the_scheme_keeps_is_not_written_into():
+    """A bias_fn may hand back a view of a table it keeps: the causal -inf must go into a copy."""
+    h, s, d = 2, 12, 4
+    table = torch.randn(1, h, 64, 64)
+    kept = table.clone()
+    q, k, v = (torch.randn(1, h, s, d) for _ in range(3))
+    out = causal_attention_with_bias(q, k, v, lambda q0, q1, k1: table[:, :, q0:q1, :k1], block_size=5)
+    assert torch.equal(table, kept)
+    torch.testing.assert_close(out, full_path(q, k, v, table[:, :, :s, :s]), rtol=2e-6, atol=2e-6)
 
 
 @pytest.mark.parametrize(

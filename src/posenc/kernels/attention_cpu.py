@@ -30,8 +30,9 @@ from . import _memory
 __all__ = ["BiasFn", "causal_attention_with_bias", "scheme_bias_fn"]
 
 #: ``bias_fn(q0, q1, k1) -> [b | 1, h, q1 - q0, k1]``: the additive bias (on the scaled logits) of
-#: queries ``q0..q1-1`` against keys ``0..k1-1``. It may return a tensor it keeps writing into on
-#: later calls (the ALiBi builder does): each result is consumed before the next call.
+#: queries ``q0..q1-1`` against keys ``0..k1-1``. The result is read-only for the caller, unless
+#: ``bias_fn.returns_scratch`` is True: then it is a buffer that ``bias_fn`` rewrites on its next
+#: call (the ALiBi builder does), which the caller may overwrite and must copy to keep.
 BiasFn = Callable[[int, int, int], torch.Tensor]
 
 
@@ -42,6 +43,8 @@ class _AlibiBlocks:
     The values are those of :func:`posenc.alibi_bias` bit for bit: the relative position
     ``j - i`` is formed exactly in int64, converted to float32 and multiplied by the float32 slope.
     """
+
+    returns_scratch = True  # each call rewrites the same buffers (see BiasFn)
 
     def __init__(self, scheme: torch.nn.Module, q_positions: torch.Tensor, k_positions: torch.Tensor) -> None:
         self.slopes = scheme.slopes(q_positions.device)[:, None, None]  # [h, 1, 1]
@@ -157,6 +160,8 @@ def causal_attention_with_bias(
     s_k = k.shape[2]
     offset = s_k - s_q
     gqa = h != k.shape[1]
+    saves_mask = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    scratch = getattr(bias_fn, "returns_scratch", False)
     # the block's future keys all lie in its last (q1 - q0) columns, where j > i is this triangle;
     # added (x + -inf = -inf, x + 0 = x exactly): a vectorized add, cheaper than masked_fill_
     tri = torch.zeros(block_size, block_size, dtype=q.dtype, device=q.device)
@@ -170,7 +175,12 @@ def causal_attention_with_bias(
             raise ValueError(f"bias_fn({q0}, {q1}, {k1}) returned shape {tuple(bias.shape)}, "
                              f"expected [b | 1, h, {n}, {k1}]")
         mask = bias.to(q.dtype)
-        if not (_writable(mask) and (mask is not bias or _writable(bias))):
+        # The mask is written in place below and SDPA keeps it for the backward pass. Write into it
+        # only when it is ours: a fresh dtype conversion, or bias_fn's scratch buffer while nothing
+        # keeps it (bias_fn rewrites its scratch next block). Anything else bias_fn returned may be
+        # the scheme's own tensor or carry autograd history: copy it.
+        ours = _writable(mask) if mask is not bias else (scratch and not saves_mask)
+        if not ours:
             mask = mask.clone()
         mask[..., k1 - n:].add_(tri[:n, :n])  # -inf on future keys, in place
         o = F.scaled_dot_product_attention(
