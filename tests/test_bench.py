@@ -163,6 +163,14 @@ def test_run_api_train_step_without_byte_count():
     assert all(r["gbps"] is None for r in case["results"].values())
 
 
+def test_long_train_step_times_the_blocked_and_the_full_table_paths():
+    report = run(["train_step_long_alibi"], quick=True, repeats=1)
+    (case,) = report["cases"]
+    assert case["params"]["L"] == 300  # more than one 256-query block
+    assert {"posenc_alibi", "posenc_alibi_full_table"} <= set(case["results"])
+    assert all(r["median_s"] > 0 for r in case["results"].values())
+
+
 def test_benchmarks_scripts_are_thin_runners():
     result = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks/bench_sinusoidal.py"), "--quick", "--json", "--repeats=2"],

@@ -149,3 +149,23 @@ def test_alibi_block_builder_is_bit_identical_to_alibi_bias(per_row, causal, h, 
     assert torch.equal(got, want)
     first = posenc.alibi_bias(scheme.slopes(), pos[..., :1], pos[..., :1], causal=causal)
     assert torch.equal(build(0, 1, 1), first)  # the reused buffer, smaller view
+
+
+def test_reuse_keeps_a_content_free_bias_per_block_for_later_calls():
+    """With reuse=True (the layers of one forward sharing T5's bias) score_bias runs once per block,
+    however many attention calls follow; without, once per block per call."""
+    h, s, d = 2, 30, 4
+    scheme = posenc.build("t5", num_heads=h)
+    calls = []
+    original = scheme.score_bias
+    scheme.score_bias = lambda *a: calls.append(1) or original(*a)
+    pos = torch.arange(s)
+    q, k, v = (torch.randn(1, h, s, d) for _ in range(3))
+    for reuse, expected in ((True, 3), (False, 6)):
+        calls.clear()
+        fn = scheme_bias_fn(scheme, pos, pos, reuse=reuse)
+        first = causal_attention_with_bias(q, k, v, fn, block_size=10)
+        second = causal_attention_with_bias(q, k, v, fn, block_size=10)
+        assert len(calls) == expected
+        torch.testing.assert_close(first, second, rtol=0, atol=0)
+        torch.testing.assert_close(first, full_path(q, k, v, original(pos, pos)), rtol=2e-6, atol=2e-6)

@@ -560,8 +560,10 @@ def test_established_rope_runs_through_cache_and_padding(monkeypatch):
     ("position", "share", "expected"),
     [("alibi", True, 1), ("t5", True, 1), ("alibi", False, 3), ("toy_content", True, 3), ("shaw", True, 3)],
 )
-def test_content_free_bias_is_computed_once_per_forward(position, share, expected):
-    """A shared bias that does not read q is built once per forward, not once per layer."""
+def test_content_free_bias_is_computed_once_per_forward(position, share, expected, monkeypatch):
+    """A shared bias that does not read q is built once per forward, not once per layer (the
+    full-table path; the blocked CPU path is counted in the next test)."""
+    monkeypatch.setenv("POSENC_C_KERNELS", "0")
     torch.manual_seed(0)
     model = TransformerLM(config(position, num_layers=3, share_position=share)).eval()
     calls = []
@@ -581,3 +583,76 @@ def test_content_free_bias_is_computed_once_per_forward(position, share, expecte
         model(ids[:, :4], cache=cache)  # a new forward plans (and builds) its bias anew
         assert len(calls) == 2 * expected
         torch.testing.assert_close(model(ids[:, 4:], cache=cache), out[:, 4:], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("position", "share", "expected"),
+    [("alibi", True, 1), ("t5", True, 1), ("alibi", False, 3), ("toy_content", True, 3)],
+)
+def test_block_bias_builder_is_made_once_per_forward(position, share, expected, monkeypatch):
+    """On the blocked CPU path a content-free scheme's block builder (with its scratch buffers) is
+    made once per forward and shared by the layers sharing the scheme; a bias reading q gets one
+    builder per layer."""
+    from posenc.kernels import attention_cpu
+
+    monkeypatch.setenv("POSENC_C_KERNELS", "1")
+    made = []
+    original = attention_cpu.scheme_bias_fn
+
+    def counting(*args, **kwargs):
+        made.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(attention_cpu, "scheme_bias_fn", counting)
+    torch.manual_seed(0)
+    model = TransformerLM(config(position, num_layers=3, share_position=share, max_len=512)).eval()
+    ids = ids_(1, attention_cpu.BLOCK_SIZE + 10)  # two query blocks: the blocked path is taken
+    with torch.no_grad():
+        model(ids)
+        assert len(made) == expected
+        model(ids)
+        assert len(made) == 2 * expected
+
+
+@pytest.mark.parametrize("position", ["alibi", "t5", "transformer_xl", "toy_content", "toy_alibi"])
+def test_blocked_cpu_bias_path_equals_the_full_table_path(position, monkeypatch):
+    """The model's blocked causal attention (kernels.attention_cpu, 256 queries per block) gives the
+    logits and gradients of the full-table path (POSENC_C_KERNELS=0), for a sequence of three blocks
+    and for a chunked prefill after a cache."""
+    from posenc.kernels import attention_cpu
+
+    blocked_calls = []
+    original = attention_cpu.causal_attention_with_bias
+
+    def counting(*args, **kwargs):
+        blocked_calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(attention_cpu, "causal_attention_with_bias", counting)
+    torch.manual_seed(0)
+    model = TransformerLM(config(position, max_len=1024))
+    model.train(False)
+    ids = ids_(2, 600)
+
+    def run(fast: str):
+        monkeypatch.setenv("POSENC_C_KERNELS", fast)
+        blocked_calls.clear()
+        model.zero_grad()
+        logits = model(ids)
+        (logits.square().mean()).backward()
+        grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        with torch.no_grad():
+            cache = model.new_cache()
+            model(ids[:, :300], cache=cache)
+            chunk = model(ids[:, 300:], cache=cache)  # 300 queries after 300 cached keys: 2 blocks
+        # one call per layer and forward (forward, prefill, chunk) on the fast path, none without
+        assert len(blocked_calls) == (3 * model.config.num_layers if fast == "1" else 0)
+        return logits.detach(), grads, chunk
+
+    fast, slow = run("1"), run("0")
+    torch.testing.assert_close(fast[0], slow[0], rtol=1e-5, atol=1e-5)
+    assert len(fast[1]) == len(slow[1]) > 0
+    for a, b in zip(fast[1], slow[1]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(fast[2], slow[0][:, 300:], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(slow[2], slow[0][:, 300:], rtol=1e-4, atol=1e-4)

@@ -9,6 +9,12 @@ absolute positions. Its LayerNorms have no bias, so it has ``3 d`` fewer paramet
 lab's size; both counts are in ``params``). It is timed twice: with its default attention (explicit
 einsum softmax) and with ``attn_flash=True`` (PyTorch's SDPA, as posenc uses).
 
+The ``train_step_long_<scheme>`` cases take the same model to ``L = 1024`` (batch 4), where
+posenc's attention applies a bias one query block at a time
+(:mod:`posenc.kernels.attention_cpu`); ``posenc_<scheme>_full_table`` is the same posenc model
+forced onto the full-table path (``attention_cpu.usable`` patched to False for its step), so the
+case also shows what the blocked path is worth inside a training step.
+
 One step: forward, mean next-token cross-entropy, backward, global-norm gradient clipping at 1.0,
 AdamW (lr 3e-3, weight decay 0.1), ``zero_grad``. Bytes are not meaningful here (no copy
 baseline): compare the times.
@@ -50,6 +56,19 @@ def _step(model: nn.Module, ids: torch.Tensor, targets: torch.Tensor) -> Callabl
     return step
 
 
+def _full_table(step: Callable[[], object]) -> Callable[[], object]:
+    """``step`` with posenc's attention kept on its full-table bias path."""
+    from unittest import mock
+
+    from posenc.kernels import attention_cpu
+
+    def run() -> object:
+        with mock.patch.object(attention_cpu, "usable", lambda q: False):
+            return step()
+
+    return run
+
+
 def _count(model: nn.Module) -> int:
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
 
@@ -64,6 +83,9 @@ def _case(name: str, scheme: str, b: int, s: int, d: int, layers: int, heads: in
     mine = TransformerLM(ModelConfig(vocab_size=256, d_model=d, num_layers=layers, num_heads=heads,
                                      position=scheme, max_len=s)).train()
     impls = [Impl(f"posenc_{scheme}", _step(mine, ids, targets), "posenc", None, "model.TransformerLM")]
+    if s > 256 and scheme != "rope":  # more than one query block: the blocked bias path is taken
+        impls.append(Impl(f"posenc_{scheme}_full_table", _full_table(_step(mine, ids, targets)), "posenc",
+                          None, "the same model on the full-table bias path"))
     params: dict[str, object] = {"b": b, "L": s, "d_model": d, "layers": layers, "heads": heads,
                                  "scheme": scheme, "params_posenc": _count(mine)}
     skipped: dict[str, str] = {}
@@ -94,7 +116,12 @@ def _case(name: str, scheme: str, b: int, s: int, d: int, layers: int, heads: in
 
 
 def cases(quick: bool) -> dict[str, Callable[[], Case]]:
-    """The training-step cases (``quick``: a 1-layer d=16 model on 2 x 8 tokens)."""
+    """The training-step cases (``quick``: a 1-layer d=16 model on 2 x 8 (long: 1 x 300) tokens)."""
     b, s, d, layers, heads = (2, 8, 16, 1, 2) if quick else (32, 128, 128, 4, 4)
-    return {f"train_step_{sch}": (lambda sch=sch: _case(f"train_step_{sch}", sch, b, s, d, layers, heads))
-            for sch in XT_SCHEMES}
+    long_b, long_s = (1, 300) if quick else (4, 1024)
+    out = {f"train_step_{sch}": (lambda sch=sch: _case(f"train_step_{sch}", sch, b, s, d, layers, heads))
+           for sch in XT_SCHEMES}
+    for sch in ("alibi", "t5"):
+        name = f"train_step_long_{sch}"
+        out[name] = lambda sch=sch, name=name: _case(name, sch, long_b, long_s, d, layers, heads)
+    return out

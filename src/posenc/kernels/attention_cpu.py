@@ -25,15 +25,32 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from . import _memory
+from . import _cbuild, _memory
 
-__all__ = ["BiasFn", "causal_attention_with_bias", "scheme_bias_fn"]
+__all__ = ["BLOCK_SIZE", "BiasFn", "causal_attention_with_bias", "scheme_bias_fn", "usable"]
 
 #: ``bias_fn(q0, q1, k1) -> [b | 1, h, q1 - q0, k1]``: the additive bias (on the scaled logits) of
 #: queries ``q0..q1-1`` against keys ``0..k1-1``. The result is read-only for the caller, unless
 #: ``bias_fn.returns_scratch`` is True: then it is a buffer that ``bias_fn`` rewrites on its next
 #: call (the ALiBi builder does), which the caller may overwrite and must copy to keep.
 BiasFn = Callable[[int, int, int], torch.Tensor]
+
+
+#: queries per block of :func:`causal_attention_with_bias` unless told otherwise
+BLOCK_SIZE = 256
+
+
+def usable(q: torch.Tensor) -> bool:
+    """Whether a model should take this path for queries ``q`` ``[b, h, s_q, d_h]``: plain CPU
+    tensors with more than one block of queries (``s_q > BLOCK_SIZE``; a single block skips no
+    future keys, and the full-table path then shares one bias between layers), outside
+    ``torch.compile``/tracing (a compiled graph fuses the full-table path itself), and fast paths
+    not switched off (``POSENC_C_KERNELS=0`` runs every reference path)."""
+    if torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.jit.is_scripting():
+        return False
+    return (
+        type(q) is torch.Tensor and q.device.type == "cpu" and q.shape[-2] > BLOCK_SIZE and _cbuild.enabled()
+    )
 
 
 class _AlibiBlocks:
@@ -86,6 +103,8 @@ def scheme_bias_fn(
     q_positions: torch.Tensor,
     k_positions: torch.Tensor,
     q: torch.Tensor | None = None,
+    *,
+    reuse: bool = False,
 ) -> BiasFn:
     """A :data:`BiasFn` from a scheme's ``score_bias`` hook (``posenc.base`` contract).
 
@@ -97,14 +116,24 @@ def scheme_bias_fn(
         q_positions: ``[s_q]`` or ``[b, s_q]`` integer positions of the queries.
         k_positions: ``[s_k]`` or ``[b, s_k]`` integer positions of the keys.
         q: ``[b, h, s_q, d_h]`` queries before rotation, for content-dependent biases.
+        reuse: the function will serve several attention calls (the layers of one forward that share
+            ``scheme``): a content-free bias (``q`` None) computed by ``score_bias`` is kept per block
+            and handed out again (about half the ``[s_q, s_k]`` table in all, the part attention
+            uses), instead of being recomputed for every call.
     """
     fast = _FAST_BIAS.get(type(scheme).__name__)
     if fast is not None and type(scheme).__module__ == "posenc.bias":
         return fast(scheme, q_positions, k_positions)
+    kept: dict[tuple[int, int, int], torch.Tensor] = {}
 
     def bias(q0: int, q1: int, k1: int) -> torch.Tensor:
+        if (q0, q1, k1) in kept:
+            return kept[q0, q1, k1]
         qb = None if q is None else q[..., q0:q1, :]  # [b, h, q1 - q0, d_h]
-        return scheme.score_bias(q_positions[..., q0:q1], k_positions[..., :k1], qb)
+        out = scheme.score_bias(q_positions[..., q0:q1], k_positions[..., :k1], qb)
+        if reuse and q is None:
+            kept[q0, q1, k1] = out
+        return out
 
     return bias
 
@@ -137,7 +166,7 @@ def causal_attention_with_bias(
     v: torch.Tensor,
     bias_fn: BiasFn,
     *,
-    block_size: int = 256,
+    block_size: int = BLOCK_SIZE,
     dropout_p: float = 0.0,
 ) -> torch.Tensor:
     """``softmax(q k^T / sqrt(d_h) + bias + causal mask) v``, one block of queries at a time.

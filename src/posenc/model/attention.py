@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..base import PositionalScheme
+from ..kernels import attention_cpu as _attention_cpu
 from ..positions import arange_positions, check_positions, positions_from_cu_seqlens, positions_from_mask
 from .config import ModelConfig
 
@@ -69,15 +70,20 @@ class AttentionPlan:
         mask: ``[b | 1, 1, s, s_k]`` bool, True = may attend; ``None`` = no masking beyond
             ``is_causal``.
         is_causal: use the plain causal mask (``s == s_k``, no padding): SDPA's fast path.
+        causal_prefix: the mask is exactly "query ``i`` sees keys ``0 .. s_k - s + i``" (causal,
+            after a cache or memory of ``s_k - s`` keys, no padding, no packing), so a bias can be
+            applied one query block at a time (:meth:`bias_blocks`).
     """
 
     q_positions: torch.Tensor
     k_positions: torch.Tensor
     mask: torch.Tensor | None
     is_causal: bool
-    # content-free biases computed in this forward, one per scheme instance (layers sharing a
-    # scheme share its bias); lives and dies with the plan, never on a module
+    causal_prefix: bool = False
+    # content-free biases (and block-bias builders) made in this forward, one per scheme instance
+    # (layers sharing a scheme share them); they live and die with the plan, never on a module
     _biases: dict = field(default_factory=dict, repr=False, compare=False)
+    _bias_blocks: dict = field(default_factory=dict, repr=False, compare=False)
 
     def score_bias(self, scheme: PositionalScheme, q: torch.Tensor) -> torch.Tensor | None:
         """``scheme.score_bias`` for this forward's positions ``[b | 1, h, s, s_k]``; a bias that
@@ -87,6 +93,25 @@ class AttentionPlan:
         if scheme not in self._biases:
             self._biases[scheme] = scheme.score_bias(self.q_positions, self.k_positions, q)
         return self._biases[scheme]
+
+    def bias_blocks(self, scheme: PositionalScheme, q: torch.Tensor) -> _attention_cpu.BiasFn | None:
+        """The scheme's bias one query block at a time, for :func:`posenc.kernels.attention_cpu.
+        causal_attention_with_bias`, when this forward can take that path (a ``causal_prefix`` plan,
+        CPU queries ``[b, h, s, d_h]`` of more than one block, outside ``torch.compile``: see
+        :func:`~posenc.kernels.attention_cpu.usable`); else None.
+
+        It never builds the ``[s, s_k]`` table and skips the masked future: on a CPU, 1.1-1.6x the
+        time of causal SDPA without a bias against ~2-3x for the full table (benchmarks/RESULTS.md).
+        """
+        if not (self.causal_prefix and _attention_cpu.usable(q)):
+            return None
+        if scheme.score_bias_uses_query:
+            return _attention_cpu.scheme_bias_fn(scheme, self.q_positions, self.k_positions, q)
+        if scheme not in self._bias_blocks:
+            self._bias_blocks[scheme] = _attention_cpu.scheme_bias_fn(
+                scheme, self.q_positions, self.k_positions, reuse=True
+            )
+        return self._bias_blocks[scheme]
 
     def keep(self, s_q: int, s_k: int, device: torch.device) -> torch.Tensor | None:
         """The mask as an explicit bool tensor (``[.., s, s_k]``), or None when nothing is masked."""
@@ -194,11 +219,14 @@ def plan_attention(
     k_pos = _cat_positions(past_positions, q_pos)
 
     if past_valid is None and valid_new is None:  # no padding anywhere
-        if not causal or (s_p and seq_len == 1):  # encoder, or one new token that sees the whole cache
+        if not causal:
             return AttentionPlan(q_pos, k_pos, None, False)
+        if s_p and seq_len == 1:  # one new token that sees the whole cache
+            return AttentionPlan(q_pos, k_pos, None, False, causal_prefix=True)
         if s_p == 0:
-            return AttentionPlan(q_pos, k_pos, None, True)
-        return AttentionPlan(q_pos, k_pos, causal_mask(seq_len, s_k, device)[None, None], False)
+            return AttentionPlan(q_pos, k_pos, None, True, causal_prefix=True)
+        mask = causal_mask(seq_len, s_k, device)[None, None]  # [s, s_k] -> [1, 1, s, s_k]
+        return AttentionPlan(q_pos, k_pos, mask, False, causal_prefix=True)
 
     ones = torch.ones(batch, 1, dtype=torch.bool, device=device)
     past_ok = None if s_p == 0 else (past_valid if past_valid is not None else ones.expand(batch, s_p))
@@ -464,30 +492,32 @@ class MultiHeadAttention(nn.Module):
         """
         b, s, d = x.shape
         q, k, v = self.project(x, kv)
-        q, k, v, bias, rel = self.apply_scheme(q, k, v, plan, scheme, cache, layer)
-        out = attend(
-            q,
-            k,
-            v,
-            plan=plan,
-            bias=bias,
-            relative_values=rel,
-            dropout_p=self.dropout if self.training else 0.0,
-        )  # [b, h, s, d_h]
+        q, k, v, bias, rel = self.apply_scheme(q, k, v, plan, scheme, cache, layer, blocked=True)
+        dropout_p = self.dropout if self.training else 0.0
+        if callable(bias):  # a per-block bias (plan.bias_blocks): causal, no padding, CPU
+            out = _attention_cpu.causal_attention_with_bias(q, k, v, bias, dropout_p=dropout_p)
+        else:
+            out = attend(q, k, v, plan=plan, bias=bias, relative_values=rel, dropout_p=dropout_p)
+        # out: [b, h, s, d_h]
         return self.o_proj(
             out.transpose(1, 2).reshape(b, s, d)
         )  # [b, h, s, d_h] -> [b, s, h, d_h] -> [b, s, d]
 
-    def apply_scheme(self, q, k, v, plan, scheme, cache, layer):
+    def apply_scheme(self, q, k, v, plan, scheme, cache, layer, blocked=False):
         """Run the scheme's hooks on the projections and fill the cache (see the module docstring).
 
-        Returns ``(q, k, v, bias, relative_values)``; ``k``/``v`` cover every key, ``[b, h_kv, s_k, d_h]``.
+        Returns ``(q, k, v, bias, relative_values)``; ``k``/``v`` cover every key, ``[b, h_kv, s_k, d_h]``;
+        ``bias`` is ``[b | 1, h, s, s_k]``, or with ``blocked`` a per-query-block function
+        (:meth:`AttentionPlan.bias_blocks`) where the plan allows it.
         """
         bias = rel = None
         if scheme is not None:
-            if "score_bias" in scheme.hooks:
-                bias = plan.score_bias(scheme, q)  # q before rotate
             rel = _relative_values(scheme, plan.q_positions, plan.k_positions)
+            if "score_bias" in scheme.hooks:  # q before rotate
+                if blocked and rel is None:
+                    bias = plan.bias_blocks(scheme, q)
+                if bias is None:
+                    bias = plan.score_bias(scheme, q)
         rotates = scheme is not None and "rotate" in scheme.hooks
         if rotates and (cache is None or scheme.needs_unrotated_cache):
             if cache is not None:
