@@ -173,6 +173,16 @@ def test_out_errors(out, grad, err, match):
         posenc.apply_rotary(x, cos, sin, out=x if out is None else out)
 
 
+def test_in_place_on_a_strided_last_dim_takes_the_reference_path():
+    """out=x skips out's own checks (it is x); a last dim the kernel cannot walk still works."""
+    x = torch.randn(2, 3, 8, 6).transpose(-1, -2)  # [2, 3, 6, 8], last-dim stride 6
+    cos, sin = tables(torch.rand(6, 4, dtype=torch.float64), torch.float32)
+    want = reference(x.contiguous(), cos, sin, "half")
+    with torch.no_grad():
+        got = posenc.apply_rotary(x, cos, sin, out=x)
+    assert got is x and torch.equal(x, want)
+
+
 def test_out_overlapping_x_is_refused():
     x = torch.randn(1, 2, 4, 8)
     cos, sin = tables(torch.rand(3, 4, dtype=torch.float64), torch.float32)

@@ -213,23 +213,26 @@ def usable(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
     True for plain CPU tensors (no subclass, not under ``torch.compile``, tracing or a functorch
     transform) of dtype float32/float64/bfloat16 with a contiguous last dim and at most
     ``8`` dims, whose ``cos``/``sin`` do not require grad, when the kernel is available.
+    (Ordered so the common case costs ~1 us: this runs on every decoding step.)
     """
     if type(x) is not torch.Tensor or type(cos) is not torch.Tensor or type(sin) is not torch.Tensor:
         return False  # subclasses (FakeTensor, DTensor, ...) and Parameters take the reference path
-    if not (x.is_cpu and cos.is_cpu and sin.is_cpu) or x.layout != torch.strided or x.dtype not in _DTYPES:
-        return False
-    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+    if x.dtype not in _DTYPES or not (x.is_cpu and cos.is_cpu and sin.is_cpu) or x.layout != torch.strided:
         return False
     if not 2 <= x.dim() <= _MAX_DIMS or x.stride(-1) != 1 or x.numel() == 0:
         return False
     if (cos.requires_grad or sin.requires_grad) and torch.is_grad_enabled():
         return False
+    if _compiling() or torch.jit.is_tracing():
+        return False
     if _functorch is not None and _functorch.is_functorch_wrapped_tensor(x):
         return False
-    return available()
+    fn = _state.get("fn", _state)  # _state itself: not looked up yet
+    return (fn is not _state and fn is not None) or available()
 
 
 _functorch = getattr(torch._C, "_functorch", None)
+_compiling = torch.compiler.is_compiling
 
 
 def _table_strides(t: torch.Tensor, nd: int) -> list[int]:
@@ -237,28 +240,32 @@ def _table_strides(t: torch.Tensor, nd: int) -> list[int]:
     broadcasting; broadcast dims (size 1 or missing) get stride 0."""
     lead = t.dim() - 1  # the table's own row dims
     strides = [0] * nd
+    shape, tstride = t.shape, t.stride()
     for k in range(min(lead, nd)):
-        if t.shape[lead - 1 - k] != 1:
-            strides[nd - 1 - k] = t.stride(lead - 1 - k)
+        if shape[lead - 1 - k] != 1:
+            strides[nd - 1 - k] = tstride[lead - 1 - k]
     return strides
 
 
 def _launch(
     x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor, layout: str, sign: float
 ) -> torch.Tensor:
-    half = cos.shape[-1]  # r/2
-    rows = x.shape[:-1]  # [..., s]: one C row per vector of d_h values
-    nd = len(rows)
+    shape = x.shape
+    nd = len(shape) - 1  # row dims [..., s]: one C row per vector of d_h values
     # the tables in x's dtype (as the reference casts them), last dim contiguous; their row dims are
     # walked with stride 0 where they broadcast
-    c = cos if cos.dtype == x.dtype and cos.stride(-1) == 1 else cos.to(x.dtype).contiguous()
-    s = sin if sin.dtype == x.dtype and sin.stride(-1) == 1 else sin.to(x.dtype).contiguous()
+    dtype = x.dtype
+    c = cos if cos.dtype == dtype and cos.stride(-1) == 1 else cos.to(dtype).contiguous()
+    s = sin if sin.dtype == dtype and sin.stride(-1) == 1 else sin.to(dtype).contiguous()
+    c_strides = _table_strides(c, nd)
+    s_strides = c_strides if s.shape == c.shape and s.stride() == c.stride() else _table_strides(s, nd)
+    x_strides = x.stride()[:nd]
+    o_strides = x_strides if out is x else out.stride()[:nd]
     nthreads = 1 if x.numel() < _SERIAL_NUMEL else torch.get_num_threads()
     args = array.array("q", (  # int64s (array.array: 4x cheaper to build than a ctypes array)
-        _DTYPES[x.dtype], _LAYOUTS[layout], x.data_ptr(), out.data_ptr(), c.data_ptr(), s.data_ptr(), nd,
+        _DTYPES[dtype], _LAYOUTS[layout], x.data_ptr(), out.data_ptr(), c.data_ptr(), s.data_ptr(), nd,
         nthreads, 1 if sign > 0 else -1,  # the call's scalars, then its geometry:
-        x.shape[-1], 2 * half, *rows, *x.stride()[:nd], *out.stride()[:nd], *_table_strides(c, nd),
-        *_table_strides(s, nd),
+        shape[-1], 2 * c.shape[-1], *shape[:-1], *x_strides, *o_strides, *c_strides, *s_strides,
     ))
     err = _fn()(args.buffer_info()[0])
     if err:  # pragma: no cover - usable() rules these out
@@ -286,6 +293,13 @@ class _RotaryFunction(torch.autograd.Function):
 def check_out(x: torch.Tensor, out: object) -> None:
     """Validate ``out=`` of :func:`posenc.apply_rotary`: ``x`` itself (in place) or a separate tensor
     of ``x``'s shape/dtype/device with a contiguous last dim; never under autograd."""
+    if out is x:  # in place: only autograd can object
+        if torch.is_grad_enabled() and x.requires_grad:
+            raise ValueError(
+                "out= is for inference and does not record gradients, but x requires grad: drop out= when "
+                "training, or call under torch.no_grad()/torch.inference_mode()"
+            )
+        return
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"out must be a tensor like x (or x itself, in place), got {type(out).__name__}")
     if out.shape != x.shape or out.dtype != x.dtype or out.device != x.device:
