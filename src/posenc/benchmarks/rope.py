@@ -158,6 +158,8 @@ def cases(quick: bool) -> dict[str, Callable[[], Case]]:
                                            compile_peers=cp),
         "rope_decode": lambda: _case("rope_decode", "one decode step at cache offset 32767, float32", decode,
                                      torch.float32, offset=32767, compile_peers=cp),
+        "rope_decode_bf16": lambda: _case("rope_decode_bf16", "one decode step at offset 32767, bfloat16",
+                                          decode, torch.bfloat16, offset=32767, compile_peers=cp),
         "rope_long_prefill": lambda: _case("rope_long_prefill", "long prefill, bfloat16", long,
                                            torch.bfloat16, compile_peers=cp),
         "rope_partial": lambda: _case("rope_partial", "partial rotary r = d_h/4 (GPT-NeoX), float32", big,
