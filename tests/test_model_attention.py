@@ -256,6 +256,42 @@ def test_cache_holds_keys_rotated_once_or_raw_for_length_dependent_schemes():
         torch.testing.assert_close(cache.keys[0], expect)
 
 
+def test_cache_appends_in_place_into_doubling_buffers():
+    """Appending writes only the new slots of a buffer that doubles when full; the keys/values are
+    those of concatenation, and views handed out earlier keep their values."""
+    gen = torch.Generator().manual_seed(0)
+    cache = KVCache(2)
+    steps = [5, 1, 1, 3, 1, 7, 1]  # a prefill, then decode steps and chunks
+    seen_k, seen_v, handed_out, pointers = [], [], [], []
+    with torch.no_grad():
+        for n in steps:
+            k, v = torch.randn(2, 3, n, 4, generator=gen), torch.randn(2, 3, n, 4, generator=gen)
+            seen_k.append(k)
+            seen_v.append(v)
+            got_k, got_v = cache.update(1, k, v)
+            torch.testing.assert_close(got_k, torch.cat(seen_k, dim=2), rtol=0, atol=0)
+            torch.testing.assert_close(got_v, torch.cat(seen_v, dim=2), rtol=0, atol=0)
+            handed_out.append((got_k, got_k.clone()))
+            pointers.append(got_k.data_ptr())
+    for view, copy in handed_out:
+        assert torch.equal(view, copy)
+    # lengths 5, 6, 7, 10, 11, 18, 19: capacity 5, then 10 (at 6), then 20 (at 11)
+    p = pointers
+    assert p[0] != p[1] == p[2] == p[3] != p[4] == p[5] == p[6]
+    assert cache.keys[0] is None  # the other layer untouched
+
+
+def test_cache_concatenates_when_keys_carry_gradients():
+    cache = KVCache(1)
+    k = torch.randn(1, 2, 3, 4, requires_grad=True)
+    cache.update(0, k, k.detach())
+    k2 = torch.randn(1, 2, 1, 4, requires_grad=True)
+    keys, _ = cache.update(0, k2, k2.detach())
+    keys.sum().backward()
+    assert k.grad is not None and torch.equal(k.grad, torch.ones_like(k))
+    assert torch.equal(k2.grad, torch.ones_like(k2))
+
+
 def test_unrotated_cache_is_what_makes_length_dependent_rotations_exact(monkeypatch):
     """Sensitivity check: caching rotated keys for toy_dynamic breaks incremental == prefix forward."""
     torch.manual_seed(0)

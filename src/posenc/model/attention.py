@@ -277,8 +277,11 @@ class KVCache:
         positions: ``[s_p]`` or ``[b, s_p]`` positions of the cached tokens.
         valid: ``[b, s_p]`` bool, False for padding slots; ``None`` while there is no padding.
 
-    Tokens are appended by concatenation (simple and exact; a preallocated ring buffer would avoid
-    the copies for long generations).
+    Keys and values live in per-layer buffers whose length doubles when full, and ``keys[layer]`` /
+    ``values[layer]`` are views of their first ``s_p`` slots: appending a token writes only its own
+    slot (amortised O(1); concatenation copied the whole cache at every step). When the new keys
+    carry gradients (training through a cache) they are concatenated instead, so autograd sees no
+    in-place writes.
     """
 
     def __init__(self, num_layers: int) -> None:
@@ -289,6 +292,8 @@ class KVCache:
         self.values: list[torch.Tensor | None] = [None] * num_layers
         self.positions: torch.Tensor | None = None
         self.valid: torch.Tensor | None = None
+        # per layer: [b, h_kv, capacity, d_h] storage behind keys/values (None: not allocated)
+        self._buffers: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * num_layers
 
     def __len__(self) -> int:
         """``s_p``, the number of cached slots (padding included)."""
@@ -307,11 +312,30 @@ class KVCache:
 
         Returns all of the layer's keys/values ``[b, h_kv, s_k, d_h]``.
         """
-        if self.keys[layer] is not None:
-            k = torch.cat((self.keys[layer], k), dim=2)  # [b, h_kv, s_p + s, d_h]
-            v = torch.cat((self.values[layer], v), dim=2)
-        self.keys[layer], self.values[layer] = k, v
-        return k, v
+        past_k, past_v = self.keys[layer], self.values[layer]
+        if torch.is_grad_enabled() and (k.requires_grad or v.requires_grad):  # no in-place writes
+            self._buffers[layer] = None
+            if past_k is not None:
+                k, v = torch.cat((past_k, k), dim=2), torch.cat((past_v, v), dim=2)  # [b, h_kv, s_p + s, d_h]
+            self.keys[layer], self.values[layer] = k, v
+            return k, v
+        s_p = 0 if past_k is None else past_k.shape[2]
+        s_k = s_p + k.shape[2]
+        bufs = self._buffers[layer]
+        if not _fits(bufs, k, v, s_k):  # grow: double the capacity, copy the past once
+            capacity = max(s_k, 2 * (bufs[0].shape[2] if bufs is not None else 0))
+            bufs = (_grown(k, capacity), _grown(v, capacity))  # [b, h_kv, capacity, d_h]
+            if s_p:
+                bufs[0][:, :, :s_p].copy_(past_k)
+                bufs[1][:, :, :s_p].copy_(past_v)
+            self._buffers[layer] = bufs
+        elif s_p and (past_k.data_ptr(), past_v.data_ptr()) != (bufs[0].data_ptr(), bufs[1].data_ptr()):
+            bufs[0][:, :, :s_p].copy_(past_k)  # keys were replaced from outside: take them in
+            bufs[1][:, :, :s_p].copy_(past_v)
+        bufs[0][:, :, s_p:s_k].copy_(k)  # the new tokens' slots only
+        bufs[1][:, :, s_p:s_k].copy_(v)
+        self.keys[layer], self.values[layer] = bufs[0][:, :, :s_k], bufs[1][:, :, :s_k]  # views
+        return self.keys[layer], self.values[layer]
 
     def advance(self, plan: AttentionPlan, new_valid: torch.Tensor | None) -> None:
         """Record the new tokens' positions (and padding) once every layer has been updated."""
@@ -335,6 +359,24 @@ class KVCache:
     def past(self) -> dict:
         """Keyword arguments for :func:`plan_attention` describing the cached tokens."""
         return {"past_positions": self.positions, "past_valid": self.valid, "offset": self.offset()}
+
+
+def _fits(bufs, k: torch.Tensor, v: torch.Tensor, s_k: int) -> bool:
+    """Whether a layer's buffers can hold ``s_k`` slots of keys/values like ``k``/``v``."""
+    if bufs is None:
+        return False
+    kb, vb = bufs
+    return (
+        kb.shape[2] >= s_k
+        and kb.shape[:2] == k.shape[:2] and kb.shape[3] == k.shape[3] and vb.shape[3] == v.shape[3]
+        and kb.dtype == k.dtype and vb.dtype == v.dtype and kb.device == k.device
+    )
+
+
+def _grown(x: torch.Tensor, capacity: int) -> torch.Tensor:
+    """An empty ``[b, h_kv, capacity, d_h]`` buffer like ``x``."""
+    b, h, _, d = x.shape
+    return x.new_empty(b, h, capacity, d)
 
 
 # ----------------------------------------------------------------------------------------------
