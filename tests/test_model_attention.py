@@ -281,6 +281,24 @@ def test_cache_appends_in_place_into_doubling_buffers():
     assert cache.keys[0] is None  # the other layer untouched
 
 
+def test_cache_filled_under_inference_mode_keeps_working_outside_it():
+    cache = KVCache(1)
+    ks = [torch.randn(1, 2, n, 4) for n in (3, 1, 1)]
+    with torch.inference_mode():
+        cache.update(0, ks[0], ks[0])
+        cache.update(0, ks[1], ks[1])  # capacity 6: room left in an inference tensor
+    with torch.no_grad():
+        keys, _ = cache.update(0, ks[2], ks[2])
+    assert torch.equal(keys, torch.cat(ks, dim=2))
+
+
+def test_cache_refuses_keys_of_another_batch():
+    cache = KVCache(1)
+    cache.update(0, torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4))
+    with pytest.raises(ValueError, match=r"must agree in b, h_kv and d_h \(use a new KVCache"):
+        cache.update(0, torch.randn(2, 2, 1, 4), torch.randn(2, 2, 1, 4))
+
+
 def test_cache_concatenates_when_keys_carry_gradients():
     cache = KVCache(1)
     k = torch.randn(1, 2, 3, 4, requires_grad=True)

@@ -313,6 +313,11 @@ class KVCache:
         Returns all of the layer's keys/values ``[b, h_kv, s_k, d_h]``.
         """
         past_k, past_v = self.keys[layer], self.values[layer]
+        if past_k is not None and (past_k.shape[:2] != k.shape[:2] or past_k.shape[3] != k.shape[3]):
+            raise ValueError(
+                f"cache layer {layer} holds keys [b, h_kv, s_p, d_h] = {list(past_k.shape)}; new keys "
+                f"{list(k.shape)} must agree in b, h_kv and d_h (use a new KVCache for a new batch)"
+            )
         if torch.is_grad_enabled() and (k.requires_grad or v.requires_grad):  # no in-place writes
             self._buffers[layer] = None
             if past_k is not None:
@@ -366,6 +371,8 @@ def _fits(bufs, k: torch.Tensor, v: torch.Tensor, s_k: int) -> bool:
     if bufs is None:
         return False
     kb, vb = bufs
+    if kb.is_inference() and not torch.is_inference_mode_enabled():
+        return False  # filled under inference_mode, written outside it: a normal tensor is needed
     return (
         kb.shape[2] >= s_k
         and kb.shape[:2] == k.shape[:2] and kb.shape[3] == k.shape[3] and vb.shape[3] == v.shape[3]
