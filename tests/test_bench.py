@@ -154,6 +154,21 @@ def test_cli_table_list_and_errors(capsys):
     assert "--repeats must be >= 1" in capsys.readouterr().err
 
 
+def test_saved_run_renders_as_markdown_without_running(capsys, tmp_path):
+    out_file = tmp_path / "run.json"
+    assert main(["bench", "sinusoidal_table", "--quick", "--repeats", "2", "--out", str(out_file)]) == 0
+    text = capsys.readouterr().out
+    assert main(["bench", "--from", str(out_file), "--markdown"]) == 0
+    md = capsys.readouterr().out
+    assert "**sinusoidal_table**" in md and "| impl | median | IQR | GB/s | of copy | posenc speed-up |" in md
+    assert "| **posenc_vaswani** |" in md and "| copy |" in md
+    assert main(["bench", "--from", str(out_file)]) == 0  # the plain tables of the run, as printed then
+    assert capsys.readouterr().out.split("\n")[1:] == text.split("\n")[1:]
+    (tmp_path / "other.json").write_text('{"cases": []}')
+    assert main(["bench", "--from", str(tmp_path / "other.json")]) == 2
+    assert "not a posenc bench report" in capsys.readouterr().err
+
+
 def test_run_api_train_step_without_byte_count():
     report = run(["train_step_rope"], quick=True, repeats=1)
     (case,) = report["cases"]

@@ -39,6 +39,9 @@ def bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--allocator", default="system", help="system (default) or keep: glibc keeps freed memory")
     p.add_argument("--list", action="store_true", help="list the cases and exit")
+    p.add_argument("--markdown", action="store_true", help="Markdown tables (as in benchmarks/RESULTS.md)")
+    p.add_argument("--from", dest="from_file", default=None, metavar="JSON",
+                   help="run nothing: print the tables of a saved run (--out or --json output)")
 
 
 def run(
@@ -86,8 +89,18 @@ def run(
 
 def bench_run(args: argparse.Namespace) -> int:
     from .benchmarks import all_cases
-    from .benchmarks.harness import environment_line, format_case
+    from .benchmarks.harness import case_result_from_json, environment_line, format_case
 
+    if args.from_file:
+        with open(args.from_file) as f:
+            saved = json.load(f)
+        if not isinstance(saved, dict) or saved.get("schema") != SCHEMA or "cases" not in saved:
+            raise ValueError(f"--from {args.from_file}: not a posenc bench report (schema {SCHEMA})")
+        env = saved["environment"]
+        print(environment_line(env) + f"; started {env.get('date', '?')}")
+        for case in saved["cases"]:
+            print(("\n" if args.markdown else "") + format_case(case_result_from_json(case), args.markdown))
+        return 0
     if args.list:
         for name in all_cases(args.quick):
             print(name)
@@ -97,7 +110,7 @@ def bench_run(args: argparse.Namespace) -> int:
 
     def show(result) -> None:
         if not args.json:
-            print(format_case(result), flush=True)
+            print(("\n" if args.markdown else "") + format_case(result, args.markdown), flush=True)
 
     if not args.json:
         import torch

@@ -389,28 +389,45 @@ def _fmt_time(s: float) -> str:
     return f"{s * 1e6:.1f} us"
 
 
-def format_case(result: CaseResult) -> str:
-    """A plain-text table of one case: impl, median, IQR, GB/s, fraction of copy, speed-ups."""
-    lines = [f"== {result.name}: {result.description}"]
+def format_case(result: CaseResult, markdown: bool = False) -> str:
+    """A table of one case: impl, median, IQR, GB/s, fraction of copy, speed-ups; plain text, or
+    Markdown (as in ``benchmarks/RESULTS.md``)."""
     load = "/".join(map(str, result.load_before or [])) + " -> " + "/".join(map(str, result.load_after or []))
     moved = f"{result.nbytes / 1e6:.1f} MB moved per call" if result.nbytes else "no byte count"
-    lines.append(f"   {moved}; load {load}")
     mine = [n for n, r in result.results.items() if r["kind"] == "posenc"]
     speed = result.speedups()
-    width = max(len(n) for n in result.results)
-    head = f"{'median':>10}  {'IQR':>19}  {'GB/s':>7}  {'of copy':>7}  posenc speed-up"
-    lines.append(f"   {'impl':<{width}}  {head}")
+    rows = []
     for name, r in result.results.items():
-        iqr = f"{_fmt_time(r['q1_s'])}..{_fmt_time(r['q3_s'])}"
         frac = "" if r["copy_fraction"] is None else f"{r['copy_fraction'] * 100:.0f}%"
         vs = ""
         if r["kind"] == "peer" and mine:
             same = [p for p in mine if result.results[p]["layout"] == r["layout"]] or mine
             best = min(same, key=lambda p: result.results[p]["median_s"])
             vs = f"{speed[best][name]:.2f}x ({best})"
-        med = _fmt_time(r["median_s"])
-        rate = "" if r["gbps"] is None else f"{r['gbps']:7.2f}"
-        lines.append(f"   {name:<{width}}  {med:>10}  {iqr:>19}  {rate:>7}  {frac:>7}  {vs}")
+        rate = "" if r["gbps"] is None else f"{r['gbps']:.2f}"
+        rows.append((name, r["kind"], _fmt_time(r["median_s"]), _fmt_time(r["q1_s"]), _fmt_time(r["q3_s"]),
+                     rate, frac, vs))
+    if markdown:
+        params = ", ".join(f"{k}={v}" for k, v in result.params.items())
+        lines = [f"**{result.name}** — {result.description}; {params}; {moved}; load {load}", "",
+                 "| impl | median | IQR | GB/s | of copy | posenc speed-up |", "|---|---|---|---|---|---|"]
+        for name, kind, med, q1, q3, rate, frac, vs in rows:
+            label = f"**{name}**" if kind == "posenc" else name
+            lines.append(f"| {label} | {med} | {q1}–{q3} | {rate} | {frac} | {vs} |")
+        lines += [f"| {name} | skipped: {why} | | | | |" for name, why in result.skipped.items()]
+        return "\n".join(lines)
+    lines = [f"== {result.name}: {result.description}", f"   {moved}; load {load}"]
+    width = max(len(n) for n in result.results)
+    head = f"{'median':>10}  {'IQR':>19}  {'GB/s':>7}  {'of copy':>7}  posenc speed-up"
+    lines.append(f"   {'impl':<{width}}  {head}")
+    for name, _, med, q1, q3, rate, frac, vs in rows:
+        lines.append(f"   {name:<{width}}  {med:>10}  {q1 + '..' + q3:>19}  {rate:>7}  {frac:>7}  {vs}")
     for name, why in result.skipped.items():
         lines.append(f"   {name:<{width}}  skipped: {why}")
     return "\n".join(lines)
+
+
+def case_result_from_json(case: dict[str, Any]) -> CaseResult:
+    """The :class:`CaseResult` of one entry of a report's ``cases`` (to re-render a saved run)."""
+    return CaseResult(case["case"], case["description"], case["bytes"], case["params"], case["results"],
+                      case["skipped"], case.get("loadavg_before"), case.get("loadavg_after"))
