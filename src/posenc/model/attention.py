@@ -100,8 +100,9 @@ class AttentionPlan:
         CPU queries ``[b, h, s, d_h]`` of more than one block, outside ``torch.compile``: see
         :func:`~posenc.kernels.attention_cpu.usable`); else None.
 
-        It never builds the ``[s, s_k]`` table and skips the masked future: on a CPU, 1.1-1.6x the
-        time of causal SDPA without a bias against ~2-3x for the full table (benchmarks/RESULTS.md).
+        It never builds the ``[s, s_k]`` table and skips the masked future: on a CPU, ALiBi costs
+        1.2-1.5x (T5 ~2x) the time of causal SDPA without a bias, against 3-5x for the full table
+        (benchmarks/RESULTS.md).
         """
         if not (self.causal_prefix and _attention_cpu.usable(q)):
             return None
