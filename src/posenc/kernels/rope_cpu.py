@@ -227,8 +227,7 @@ def usable(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
         return False
     if _functorch is not None and _functorch.is_functorch_wrapped_tensor(x):
         return False
-    fn = _state.get("fn", _state)  # _state itself: not looked up yet
-    return (fn is not _state and fn is not None) or available()
+    return available()
 
 
 _functorch = getattr(torch._C, "_functorch", None)
