@@ -614,6 +614,20 @@ def test_block_bias_builder_is_made_once_per_forward(position, share, expected, 
         assert len(made) == 2 * expected
 
 
+@pytest.mark.parametrize("position", ["transformer_xl", "alibi"])
+def test_blocked_path_with_a_memory_equals_a_full_forward(position, monkeypatch):
+    """Transformer-XL memory before 300 new queries (two blocks): the same logits as one forward."""
+    monkeypatch.setenv("POSENC_C_KERNELS", "1")
+    torch.manual_seed(0)
+    model = TransformerLM(config(position, memory_len=300, max_len=1024)).eval()
+    ids = ids_(1, 600)
+    with torch.no_grad():
+        first = model(ids[:, :300])
+        second = model(ids[:, 300:], memory=first.memory)
+        full = model(ids).logits
+    torch.testing.assert_close(torch.cat((first.logits, second.logits), dim=1), full, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("position", ["alibi", "t5", "transformer_xl", "toy_content", "toy_alibi"])
 def test_blocked_cpu_bias_path_equals_the_full_table_path(position, monkeypatch):
     """The model's blocked causal attention (kernels.attention_cpu, 256 queries per block) gives the
