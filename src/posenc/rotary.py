@@ -47,6 +47,7 @@ from ._validate import check_choice, check_int, check_positive_float
 from .absolute import _angle_dtype, sinusoidal_frequencies
 from .base import PositionalScheme
 from .kernels import rope_cpu as _rope_cpu
+from .kernels import rope_triton as _rope_triton
 from .positions import resolve_positions
 
 __all__ = [
@@ -159,6 +160,8 @@ def apply_rotary(
         _rope_cpu.check_out(x, out)
     if _rope_cpu.usable(x, cos, sin):
         return _rope_cpu.rotate(x, cos, sin, layout, out)  # one pass, same numbers as below
+    if x.is_cuda and _rope_triton.usable(x, cos, sin):
+        return _rope_triton.rotate(x, cos, sin, layout, out)  # Triton, same numbers (self-checked)
     y = rotate(x, cos.to(x.dtype), sin.to(x.dtype), r)  # [..., s, r]
     if r < x.shape[-1]:
         y = torch.cat((y, x[..., r:]), dim=-1)  # [..., s, r] ++ [..., s, d_h - r] -> [..., s, d_h]
