@@ -256,13 +256,14 @@ def test_cache_holds_keys_rotated_once_or_raw_for_length_dependent_schemes():
         torch.testing.assert_close(cache.keys[0], expect)
 
 
-def test_cache_appends_in_place_into_doubling_buffers():
-    """Appending writes only the new slots of a buffer that doubles when full; the keys/values are
-    those of concatenation, and views handed out earlier keep their values."""
+def test_cache_appends_in_place_into_growing_buffers():
+    """Appending writes only the new slots of a buffer that grows by a quarter (at least 256 slots)
+    when full; the keys/values are those of concatenation, and views handed out earlier keep their
+    values."""
     gen = torch.Generator().manual_seed(0)
     cache = KVCache(2)
-    steps = [5, 1, 1, 3, 1, 7, 1]  # a prefill, then decode steps and chunks
-    seen_k, seen_v, handed_out, pointers = [], [], [], []
+    steps = [5, 1, 1, 3, 1, 7, 1, 300]  # a prefill, decode steps and chunks
+    seen_k, seen_v, handed_out, capacity = [], [], [], []
     with torch.no_grad():
         for n in steps:
             k, v = torch.randn(2, 3, n, 4, generator=gen), torch.randn(2, 3, n, 4, generator=gen)
@@ -272,12 +273,11 @@ def test_cache_appends_in_place_into_doubling_buffers():
             torch.testing.assert_close(got_k, torch.cat(seen_k, dim=2), rtol=0, atol=0)
             torch.testing.assert_close(got_v, torch.cat(seen_v, dim=2), rtol=0, atol=0)
             handed_out.append((got_k, got_k.clone()))
-            pointers.append(got_k.data_ptr())
+            capacity.append(got_k.untyped_storage().nbytes() // (2 * 3 * 4 * 4))  # slots of the buffer
     for view, copy in handed_out:
         assert torch.equal(view, copy)
-    # lengths 5, 6, 7, 10, 11, 18, 19: capacity 5, then 10 (at 6), then 20 (at 11)
-    p = pointers
-    assert p[0] != p[1] == p[2] == p[3] != p[4] == p[5] == p[6]
+    # lengths 5, 6, 7, 10, 11, 18, 19, 319: exact at the prefill, then 5 + 256, then 261 + 256
+    assert capacity == [5, 261, 261, 261, 261, 261, 261, 517]
     assert cache.keys[0] is None  # the other layer untouched
 
 

@@ -278,9 +278,10 @@ class KVCache:
         positions: ``[s_p]`` or ``[b, s_p]`` positions of the cached tokens.
         valid: ``[b, s_p]`` bool, False for padding slots; ``None`` while there is no padding.
 
-    Keys and values live in per-layer buffers whose length doubles when full, and ``keys[layer]`` /
-    ``values[layer]`` are views of their first ``s_p`` slots: appending a token writes only its own
-    slot (amortised O(1); concatenation copied the whole cache at every step). When the new keys
+    Keys and values live in per-layer buffers that grow by a quarter (at least 256 slots) when full,
+    and ``keys[layer]`` / ``values[layer]`` are views of their first ``s_p`` slots: appending a token
+    writes only its own slot (amortised O(1); concatenation copied the whole cache at every step),
+    for at most ~25% more memory than the tokens need (a prefill is allocated exactly). When the new keys
     carry gradients (training through a cache) they are concatenated instead, so autograd sees no
     in-place writes.
     """
@@ -328,8 +329,9 @@ class KVCache:
         s_p = 0 if past_k is None else past_k.shape[2]
         s_k = s_p + k.shape[2]
         bufs = self._buffers[layer]
-        if not _fits(bufs, k, v, s_k):  # grow: double the capacity, copy the past once
-            capacity = max(s_k, 2 * (bufs[0].shape[2] if bufs is not None else 0))
+        if not _fits(bufs, k, v, s_k):  # grow by a quarter (>= 256 slots), copy the past once
+            old = 0 if bufs is None else bufs[0].shape[2]
+            capacity = s_k if old == 0 else max(s_k, old + max(old // 4, _MIN_GROWTH))
             bufs = (_grown(k, capacity), _grown(v, capacity))  # [b, h_kv, capacity, d_h]
             if s_p:
                 bufs[0][:, :, :s_p].copy_(past_k)
@@ -365,6 +367,10 @@ class KVCache:
     def past(self) -> dict:
         """Keyword arguments for :func:`plan_attention` describing the cached tokens."""
         return {"past_positions": self.positions, "past_valid": self.valid, "offset": self.offset()}
+
+
+#: slots a full KV-cache buffer grows by at least (a quarter of its size otherwise)
+_MIN_GROWTH = 256
 
 
 def _fits(bufs, k: torch.Tensor, v: torch.Tensor, s_k: int) -> bool:
