@@ -147,10 +147,14 @@ def apply_rotary(
             f"cos/sin cover r = {r} dims (r/2 = {cos.shape[-1]} pairs) but x has d_h = {x.shape[-1]}; "
             "cos/sin are half width: [..., s, r/2] with 2 <= r <= d_h"
         )
-    target = (*x.shape[:-1], r // 2)
-    # broadcasts to target without growing it (a plain loop: torch.broadcast_shapes costs ~50 us)
-    pairs = zip(reversed(cos.shape), reversed(target))
-    fits = cos.dim() <= len(target) and all(c in (1, t) for c, t in pairs)
+    # broadcasts to x[..., :r/2] without growing it (plain Python: torch.broadcast_shapes costs
+    # ~50 us); [s, r/2] tables, the common case, first
+    cs, xs = cos.shape, x.shape
+    if len(cs) == 2 and cs[0] in (1, xs[-2]):
+        fits = True  # cs[1] == r/2 by definition of r
+    else:
+        target = (*xs[:-1], r // 2)
+        fits = len(cs) <= len(target) and all(c in (1, t) for c, t in zip(reversed(cs), reversed(target)))
     if not fits:
         raise ValueError(
             f"cos/sin of shape {tuple(cos.shape)} do not broadcast to x[..., :r/2] of shape {target}; use "

@@ -234,37 +234,42 @@ _functorch = getattr(torch._C, "_functorch", None)
 _compiling = torch.compiler.is_compiling
 
 
-def _table_strides(t: torch.Tensor, nd: int) -> list[int]:
-    """Element strides of a ``[..., s, r/2]`` table over ``nd`` row dims, right-aligned like
-    broadcasting; broadcast dims (size 1 or missing) get stride 0."""
-    lead = t.dim() - 1  # the table's own row dims
+def _table_strides(shape: torch.Size, stride: tuple[int, ...], nd: int) -> list[int]:
+    """Element strides of a ``[..., s, r/2]`` table (``shape``, ``stride``) over ``nd`` row dims,
+    right-aligned like broadcasting; broadcast dims (size 1 or missing) get stride 0."""
+    lead = len(shape) - 1  # the table's own row dims
+    if lead == 1:  # [s, r/2], positions shared by every row: the common case, without a loop
+        return [0] * (nd - 1) + [stride[0] if shape[0] != 1 else 0]
     strides = [0] * nd
-    shape, tstride = t.shape, t.stride()
     for k in range(min(lead, nd)):
         if shape[lead - 1 - k] != 1:
-            strides[nd - 1 - k] = tstride[lead - 1 - k]
+            strides[nd - 1 - k] = stride[lead - 1 - k]
     return strides
 
 
 def _launch(
     x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor, layout: str, sign: float
 ) -> torch.Tensor:
-    shape = x.shape
+    shape, dtype = x.shape, x.dtype
     nd = len(shape) - 1  # row dims [..., s]: one C row per vector of d_h values
     # the tables in x's dtype (as the reference casts them), last dim contiguous; their row dims are
     # walked with stride 0 where they broadcast
-    dtype = x.dtype
-    c = cos if cos.dtype == dtype and cos.stride(-1) == 1 else cos.to(dtype).contiguous()
-    s = sin if sin.dtype == dtype and sin.stride(-1) == 1 else sin.to(dtype).contiguous()
-    c_strides = _table_strides(c, nd)
-    s_strides = c_strides if s.shape == c.shape and s.stride() == c.stride() else _table_strides(s, nd)
+    c_st, s_st = cos.stride(), sin.stride()
+    if cos.dtype != dtype or c_st[-1] != 1:
+        cos = cos.to(dtype).contiguous()
+        c_st = cos.stride()
+    if sin.dtype != dtype or s_st[-1] != 1:
+        sin = sin.to(dtype).contiguous()
+        s_st = sin.stride()
+    c_strides = _table_strides(cos.shape, c_st, nd)
+    s_strides = c_strides if s_st == c_st and sin.shape == cos.shape else _table_strides(sin.shape, s_st, nd)
     x_strides = x.stride()[:nd]
     o_strides = x_strides if out is x else out.stride()[:nd]
     nthreads = 1 if x.numel() < _SERIAL_NUMEL else torch.get_num_threads()
     args = array.array("q", (  # int64s (array.array: 4x cheaper to build than a ctypes array)
-        _DTYPES[dtype], _LAYOUTS[layout], x.data_ptr(), out.data_ptr(), c.data_ptr(), s.data_ptr(), nd,
+        _DTYPES[dtype], _LAYOUTS[layout], x.data_ptr(), out.data_ptr(), cos.data_ptr(), sin.data_ptr(), nd,
         nthreads, 1 if sign > 0 else -1,  # the call's scalars, then its geometry:
-        shape[-1], 2 * c.shape[-1], *shape[:-1], *x_strides, *o_strides, *c_strides, *s_strides,
+        shape[-1], 2 * cos.shape[-1], *shape[:-1], *x_strides, *o_strides, *c_strides, *s_strides,
     ))
     err = _fn()(args.buffer_info()[0])
     if err:  # pragma: no cover - usable() rules these out
