@@ -93,6 +93,7 @@ def test_pair_rotates_q_and_k_in_one_launch(inplace, monkeypatch):
     angles = torch.arange(13, dtype=torch.float64)[:, None] * inv_freq  # [13, 4]
     cos, sin = tables(angles, torch.bfloat16)
     want_q, want_k = reference(q, cos[10:], sin[10:], "half"), reference(k, cos, sin, "half")
+    assert rope_triton.available(DEVICE)  # the first-use self-check launches too: run it before counting
     launches = []
     original = rope_triton._launch
     monkeypatch.setattr(rope_triton, "_launch", lambda *a: launches.append(1) or original(*a))
