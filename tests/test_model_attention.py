@@ -299,6 +299,40 @@ def test_cache_refuses_keys_of_another_batch():
         cache.update(0, torch.randn(2, 2, 1, 4), torch.randn(2, 2, 1, 4))
 
 
+def test_cache_takes_keys_assigned_from_outside_into_new_buffers():
+    """A rollback, a strided selection or a sliding window assigned to keys[layer]: the next update
+    builds on exactly those keys, and no view handed out before is written."""
+    with torch.no_grad():
+        for select in (lambda t: t[:, :, ::2], lambda t: t[:, :, 1:], lambda t: t[:, :, :3]):
+            cache = KVCache(1)
+            first = torch.arange(6.0).view(1, 1, 6, 1).expand(1, 1, 6, 2).contiguous()
+            cache.update(0, first, first)
+            held, _ = cache.update(0, torch.full((1, 1, 1, 2), 6.0), torch.full((1, 1, 1, 2), 6.0))
+            held_copy = held.clone()
+            cache.keys[0], cache.values[0] = select(cache.keys[0]), select(cache.values[0])
+            want = torch.cat((cache.keys[0].clone(), torch.full((1, 1, 1, 2), 9.0)), dim=2)
+            keys, values = cache.update(0, torch.full((1, 1, 1, 2), 9.0), torch.full((1, 1, 1, 2), 9.0))
+            assert torch.equal(keys, want) and torch.equal(values, want)
+            assert torch.equal(held, held_copy)
+
+
+def test_cache_never_writes_in_place_with_grad_enabled():
+    """Training through a cache with frozen k/v projections (only q trainable, as with LoRA on q):
+    SDPA keeps the cached keys for backward, so appending must not write into them."""
+    torch.manual_seed(0)
+    model = TransformerLM(_cfg(position="toy_rotate", num_layers=1, d_model=32))
+    for name, p in model.named_parameters():
+        p.requires_grad_("q_proj" in name)
+    ids = torch.randint(0, 11, (1, 8))
+    cache = model.new_cache()
+    loss = model(ids[:, :4], cache=cache).sum()
+    for i in range(4, 7):
+        loss = loss + model(ids[:, i : i + 1], cache=cache).sum()
+    loss.backward()  # raised "modified by an inplace operation" when the cache wrote into its buffers
+    q_grad = model.decoder.blocks[0].attn.q_proj.weight.grad
+    assert q_grad is not None and q_grad.abs().sum() > 0
+
+
 def test_cache_concatenates_when_keys_carry_gradients():
     cache = KVCache(1)
     k = torch.randn(1, 2, 3, 4, requires_grad=True)

@@ -278,12 +278,14 @@ class KVCache:
         positions: ``[s_p]`` or ``[b, s_p]`` positions of the cached tokens.
         valid: ``[b, s_p]`` bool, False for padding slots; ``None`` while there is no padding.
 
-    Keys and values live in per-layer buffers that grow by a quarter (at least 256 slots) when full,
-    and ``keys[layer]`` / ``values[layer]`` are views of their first ``s_p`` slots: appending a token
-    writes only its own slot (amortised O(1); concatenation copied the whole cache at every step),
-    for at most ~25% more memory than the tokens need (a prefill is allocated exactly). When the new keys
-    carry gradients (training through a cache) they are concatenated instead, so autograd sees no
-    in-place writes.
+    Under ``torch.no_grad()``/``torch.inference_mode()`` (as in ``generate``) keys and values live in
+    per-layer buffers that grow by a quarter (at least 256 slots) when full, and ``keys[layer]`` /
+    ``values[layer]`` are views of their first ``s_p`` slots: appending a token writes only its own
+    slot (amortised O(1); concatenation copied the whole cache at every step), for at most ~25% more
+    memory than the tokens need (a prefill is allocated exactly). Views handed out earlier are never
+    written; keys assigned from outside (e.g. ``keys[layer] = keys[layer][:, :, :n]`` to roll back)
+    are copied into new buffers. With gradients enabled the cache concatenates, so autograd, which
+    may keep any of these tensors, never sees an in-place write.
     """
 
     def __init__(self, num_layers: int) -> None:
@@ -294,8 +296,10 @@ class KVCache:
         self.values: list[torch.Tensor | None] = [None] * num_layers
         self.positions: torch.Tensor | None = None
         self.valid: torch.Tensor | None = None
-        # per layer: [b, h_kv, capacity, d_h] storage behind keys/values (None: not allocated)
+        # per layer: [b, h_kv, capacity, d_h] storage behind keys/values (None: not allocated), and
+        # the views of it last handed out as keys[layer]/values[layer]
         self._buffers: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * num_layers
+        self._views: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * num_layers
 
     def __len__(self) -> int:
         """``s_p``, the number of cached slots (padding included)."""
@@ -320,8 +324,8 @@ class KVCache:
                 f"cache layer {layer} holds keys [b, h_kv, s_p, d_h] = {list(past_k.shape)}; new keys "
                 f"{list(k.shape)} must agree in b, h_kv and d_h (use a new KVCache for a new batch)"
             )
-        if torch.is_grad_enabled() and (k.requires_grad or v.requires_grad):  # no in-place writes
-            self._buffers[layer] = None
+        if torch.is_grad_enabled():  # autograd may keep the keys: never write into them
+            self._buffers[layer] = self._views[layer] = None
             if past_k is not None:
                 k, v = torch.cat((past_k, k), dim=2), torch.cat((past_v, v), dim=2)  # [b, h_kv, s_p + s, d_h]
             self.keys[layer], self.values[layer] = k, v
@@ -329,7 +333,12 @@ class KVCache:
         s_p = 0 if past_k is None else past_k.shape[2]
         s_k = s_p + k.shape[2]
         bufs = self._buffers[layer]
-        if not _fits(bufs, k, v, s_k):  # grow by a quarter (>= 256 slots), copy the past once
+        # the buffers' first s_p slots hold the past only if keys/values are still the views this
+        # cache handed out; anything assigned from outside (a rollback, a window) goes to new buffers
+        # so that no view someone holds is ever written
+        ours = past_k is None or (self._views[layer] is not None and self._views[layer][0] is past_k
+                                  and self._views[layer][1] is past_v)
+        if not ours or not _fits(bufs, k, v, s_k):  # grow by a quarter (>= 256 slots), copy the past once
             old = 0 if bufs is None else bufs[0].shape[2]
             capacity = s_k if old == 0 else max(s_k, old + max(old // 4, _MIN_GROWTH))
             bufs = (_grown(k, capacity), _grown(v, capacity))  # [b, h_kv, capacity, d_h]
@@ -337,12 +346,10 @@ class KVCache:
                 bufs[0][:, :, :s_p].copy_(past_k)
                 bufs[1][:, :, :s_p].copy_(past_v)
             self._buffers[layer] = bufs
-        elif s_p and (past_k.data_ptr(), past_v.data_ptr()) != (bufs[0].data_ptr(), bufs[1].data_ptr()):
-            bufs[0][:, :, :s_p].copy_(past_k)  # keys were replaced from outside: take them in
-            bufs[1][:, :, :s_p].copy_(past_v)
         bufs[0][:, :, s_p:s_k].copy_(k)  # the new tokens' slots only
         bufs[1][:, :, s_p:s_k].copy_(v)
         self.keys[layer], self.values[layer] = bufs[0][:, :, :s_k], bufs[1][:, :, :s_k]  # views
+        self._views[layer] = (self.keys[layer], self.values[layer])
         return self.keys[layer], self.values[layer]
 
     def advance(self, plan: AttentionPlan, new_valid: torch.Tensor | None) -> None:
