@@ -614,6 +614,20 @@ def test_block_bias_builder_is_made_once_per_forward(position, share, expected, 
         assert len(made) == 2 * expected
 
 
+def test_torch_func_transforms_take_the_full_table_path(monkeypatch):
+    """torch.func.grad wraps tensors without storage: the blocked path steps aside for them."""
+    monkeypatch.setenv("POSENC_C_KERNELS", "1")
+    torch.manual_seed(0)
+    model = TransformerLM(config("alibi", num_layers=1, max_len=512)).eval()
+    ids = ids_(1, 300)
+    params = dict(model.named_parameters())
+    grads = torch.func.grad(lambda p: torch.func.functional_call(model, p, (ids,)).square().mean())(params)
+    model.zero_grad()
+    model(ids).square().mean().backward()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(grads[name], p.grad, rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.parametrize("position", ["transformer_xl", "alibi"])
 def test_blocked_path_with_a_memory_equals_a_full_forward(position, monkeypatch):
     """Transformer-XL memory before 300 new queries (two blocks): the same logits as one forward."""

@@ -44,13 +44,18 @@ def usable(q: torch.Tensor) -> bool:
     """Whether a model should take this path for queries ``q`` ``[b, h, s_q, d_h]``: plain CPU
     tensors with more than one block of queries (``s_q > BLOCK_SIZE``; a single block skips no
     future keys, and the full-table path then shares one bias between layers), outside
-    ``torch.compile``/tracing (a compiled graph fuses the full-table path itself), and fast paths
-    not switched off (``POSENC_C_KERNELS=0`` runs every reference path)."""
+    ``torch.compile``/tracing (a compiled graph fuses the full-table path itself) and ``torch.func``
+    transforms, and fast paths not switched off (``POSENC_C_KERNELS=0`` runs every reference path)."""
     if torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.jit.is_scripting():
         return False
-    return (
-        type(q) is torch.Tensor and q.device.type == "cpu" and q.shape[-2] > BLOCK_SIZE and _cbuild.enabled()
-    )
+    if type(q) is not torch.Tensor or q.device.type != "cpu" or q.shape[-2] <= BLOCK_SIZE:
+        return False
+    if _functorch is not None and _functorch.is_functorch_wrapped_tensor(q):
+        return False  # torch.func transforms: the scratch buffers have no storage to hand out
+    return _cbuild.enabled()
+
+
+_functorch = getattr(torch._C, "_functorch", None)
 
 
 class _AlibiBlocks:
