@@ -13,7 +13,9 @@ import torch
 pytest.importorskip("triton", reason="Triton is not installed (pip install 'posenc[gpu]')")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if DEVICE == "cpu":
-    os.environ["TRITON_INTERPRET"] = "1"  # read when the @triton.jit functions are defined
+    # read when the @triton.jit functions are defined, so it is set for the rest of this test
+    # process; nothing else in posenc or its tests uses Triton on CPU
+    os.environ["TRITON_INTERPRET"] = "1"
 
 import posenc  # noqa: E402
 from posenc.kernels import rope_triton  # noqa: E402
@@ -52,6 +54,20 @@ def test_equals_the_reference(dtype, layout, d, r, mode):
         got = x.clone()
         assert rope_triton.rotate(got, cos, sin, layout, out=got) is got
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_nan_and_inf_are_carried_as_the_reference_carries_them(dtype):
+    """A NaN must stay NaN through the bfloat16 rounding (NVIDIA's canonical NaN 0x7FFFFFFF would
+    otherwise round to -0.0); infinities give what the reference gives."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(1, 2, 4, 8, generator=gen)
+    x[0, 0, 0, 0], x[0, 1, 2, 5], x[0, 0, 3, 1] = float("nan"), float("inf"), -float("inf")
+    x = x.to(DEVICE, dtype)
+    cos, sin = tables(torch.rand(4, 4, generator=gen, dtype=torch.float64) * 10, dtype)
+    for layout in ("half", "interleaved"):
+        got, want = rope_triton.rotate(x, cos, sin, layout), reference(x, cos, sin, layout)
+        assert got.isnan().any() and rope_triton.same_values(got, want)
 
 
 def test_per_token_tables_strided_x_and_varlen():

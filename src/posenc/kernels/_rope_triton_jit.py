@@ -16,7 +16,8 @@ def _rnd(v, ROUND: tl.constexpr):
     if ROUND == 1:
         u = v.to(tl.uint32, bitcast=True)
         u = ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).to(tl.uint32)  # keep 32 bits for the bitcast
-        v = u.to(tl.float32, bitcast=True)
+        # a NaN stays NaN: NVIDIA's canonical NaN 0x7FFFFFFF would carry into the sign (-0.0)
+        v = tl.where(v != v, v, u.to(tl.float32, bitcast=True))
     elif ROUND == 2:
         v = v.to(tl.float16).to(tl.float32)
     return v
