@@ -167,6 +167,10 @@ def test_saved_run_renders_as_markdown_without_running(capsys, tmp_path):
     (tmp_path / "other.json").write_text('{"cases": []}')
     assert main(["bench", "--from", str(tmp_path / "other.json")]) == 2
     assert "not a posenc bench report" in capsys.readouterr().err
+    assert main(["bench", "--from", str(tmp_path / "missing.json")]) == 2
+    assert "cannot read a JSON report" in capsys.readouterr().err
+    assert main(["bench", "rope", "--from", str(out_file)]) == 2
+    assert "drop case names" in capsys.readouterr().err
 
 
 def test_run_api_train_step_without_byte_count():

@@ -92,10 +92,17 @@ def bench_run(args: argparse.Namespace) -> int:
     from .benchmarks.harness import case_result_from_json, environment_line, format_case
 
     if args.from_file:
-        with open(args.from_file) as f:
-            saved = json.load(f)
-        if not isinstance(saved, dict) or saved.get("schema") != SCHEMA or "cases" not in saved:
-            raise ValueError(f"--from {args.from_file}: not a posenc bench report (schema {SCHEMA})")
+        if args.cases or args.json or args.out:
+            raise ValueError("--from prints a saved run: drop case names, --json and --out")
+        try:
+            with open(args.from_file) as f:
+                saved = json.load(f)
+        except (OSError, json.JSONDecodeError) as err:
+            raise ValueError(f"--from {args.from_file}: cannot read a JSON report ({err})") from err
+        keys = ("schema", "environment", "cases")
+        if not isinstance(saved, dict) or saved.get("schema") != SCHEMA or any(k not in saved for k in keys):
+            raise ValueError(f"--from {args.from_file}: not a posenc bench report (schema {SCHEMA}, "
+                             "written by posenc bench --out or --json)")
         env = saved["environment"]
         print(environment_line(env) + f"; started {env.get('date', '?')}")
         for case in saved["cases"]:
