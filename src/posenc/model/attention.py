@@ -389,8 +389,8 @@ def _fits(bufs, k: torch.Tensor, v: torch.Tensor, s_k: int) -> bool:
         return False  # filled under inference_mode, written outside it: a normal tensor is needed
     return (
         kb.shape[2] >= s_k
-        and kb.shape[:2] == k.shape[:2] and kb.shape[3] == k.shape[3] and vb.shape[3] == v.shape[3]
-        and kb.dtype == k.dtype and vb.dtype == v.dtype and kb.device == k.device
+        and (kb.shape[:2], kb.shape[3], kb.dtype, kb.device) == (k.shape[:2], k.shape[3], k.dtype, k.device)
+        and (vb.shape[:2], vb.shape[3], vb.dtype, vb.device) == (v.shape[:2], v.shape[3], v.dtype, v.device)
     )
 
 
