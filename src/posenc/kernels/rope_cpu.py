@@ -13,7 +13,7 @@ sum is rounded to bfloat16, exactly as PyTorch's bf16 elementwise ops round. The
 bit-identical to the reference path (tests check ``torch.equal``).
 
 **Autograd.** The rotation is linear in ``x``; its gradient is the rotation by the opposite angle,
-i.e. the same kernel with ``-sin``. :class:`_RotaryFunction` uses that (and is itself
+i.e. the same kernel with ``-sin``. :class:`RotationFunction` uses that (and is itself
 differentiable, so double backward works). Gradients with respect to ``cos``/``sin`` are not
 provided here: :func:`usable` says no when they require grad, and the reference path runs.
 
@@ -277,21 +277,34 @@ def _launch(
     return out
 
 
-class _RotaryFunction(torch.autograd.Function):
-    """Out-of-place rotation by the kernel; backward is the rotation by ``-angle``."""
+class RotationFunction(torch.autograd.Function):
+    """Out-of-place rotation by a kernel ``into(x, cos, sin, out, layout, sign) -> out`` into a
+    tensor from ``new(x)``; backward is the same kernel with the opposite angle. Shared by this
+    module and :mod:`posenc.kernels.rope_triton`."""
 
     @staticmethod
-    def forward(ctx, x, cos, sin, layout, sign):  # type: ignore[override]
+    def forward(ctx, x, cos, sin, layout, sign, into, new):  # type: ignore[override]
         ctx.save_for_backward(cos, sin)
-        ctx.layout, ctx.sign = layout, sign
-        return _launch(x, cos, sin, _memory.empty_like(x), layout, sign)
+        ctx.layout, ctx.sign, ctx.into, ctx.new = layout, sign, into, new
+        return into(x, cos, sin, new(x), layout, sign)
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
         cos, sin = ctx.saved_tensors
         if grad.stride(-1) != 1:
             grad = grad.contiguous()
-        return _RotaryFunction.apply(grad, cos, sin, ctx.layout, -ctx.sign), None, None, None, None
+        dx = RotationFunction.apply(grad, cos, sin, ctx.layout, -ctx.sign, ctx.into, ctx.new)
+        return dx, None, None, None, None, None, None
+
+
+def rotate_with(into, new, x, cos, sin, layout, out=None):
+    """``out`` given: rotate into it (inference); ``x`` needing a gradient: :class:`RotationFunction`;
+    else into a fresh ``new(x)``. ``into``/``new`` as for :class:`RotationFunction`."""
+    if out is not None:
+        return into(x, cos, sin, out, layout, 1.0)
+    if torch.is_grad_enabled() and x.requires_grad:
+        return RotationFunction.apply(x, cos, sin, layout, 1.0, into, new)
+    return into(x, cos, sin, new(x), layout, 1.0)
 
 
 def check_out(x: torch.Tensor, out: object) -> None:
@@ -345,8 +358,4 @@ def rotate(
     Returns:
         ``[..., s, d_h]``: the new tensor, or ``out``.
     """
-    if out is not None:
-        return _launch(x, cos, sin, out, layout, 1.0)
-    if torch.is_grad_enabled() and x.requires_grad:
-        return _RotaryFunction.apply(x, cos, sin, layout, 1.0)
-    return _launch(x, cos, sin, _memory.empty_like(x), layout, 1.0)
+    return rotate_with(_launch, _memory.empty_like, x, cos, sin, layout, out)

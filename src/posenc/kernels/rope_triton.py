@@ -31,6 +31,7 @@ import warnings
 import torch
 
 from . import _cbuild
+from .rope_cpu import rotate_with
 
 __all__ = ["available", "rotate", "rotate_pair", "takes", "usable"]
 
@@ -106,23 +107,11 @@ def _launch(pairs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Te
         )
 
 
-class _RotaryFunction(torch.autograd.Function):
-    """Out-of-place rotation of one tensor; backward is the rotation by ``-angle``."""
-
-    @staticmethod
-    def forward(ctx, x, cos, sin, layout, sign):  # type: ignore[override]
-        ctx.save_for_backward(cos, sin)
-        ctx.layout, ctx.sign = layout, sign
-        out = torch.empty_like(x)
-        _launch([(x, cos, sin, out)], layout, sign)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
-        cos, sin = ctx.saved_tensors
-        if grad.stride(-1) != 1:
-            grad = grad.contiguous()
-        return _RotaryFunction.apply(grad, cos, sin, ctx.layout, -ctx.sign), None, None, None, None
+def _into(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor, layout: str,
+          sign: float) -> torch.Tensor:
+    """One tensor's rotation into ``out`` (the ``into`` of :func:`rope_cpu.rotate_with`)."""
+    _launch([(x, cos, sin, out)], layout, sign)
+    return out
 
 
 def _device_ok(x: torch.Tensor) -> bool:
@@ -218,14 +207,7 @@ def rotate(
         layout: ``"half"`` or ``"interleaved"``.
         out: None (a new tensor, differentiable in ``x``), ``x`` (in place) or a tensor like ``x``.
     """
-    if out is not None:
-        _launch([(x, cos, sin, out)], layout, 1.0)
-        return out
-    if torch.is_grad_enabled() and x.requires_grad:
-        return _RotaryFunction.apply(x, cos, sin, layout, 1.0)
-    y = torch.empty_like(x)
-    _launch([(x, cos, sin, y)], layout, 1.0)
-    return y
+    return rotate_with(_into, torch.empty_like, x, cos, sin, layout, out)
 
 
 def rotate_pair(
