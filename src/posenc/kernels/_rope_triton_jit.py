@@ -23,35 +23,12 @@ def _rnd(v, ROUND: tl.constexpr):
     return v
 
 
+# one tensor's operands: pointers (x, out, cos, sin), its rows (n = b * h * s, H = h, S = s) and
+# element strides over [b, h, s] of x (sx*), out (so*) and the tables (sc*, 0 where they broadcast)
 @triton.jit
-def _rows(
-    x_ptr,
-    o_ptr,
-    c_ptr,
-    s_ptr,
-    row0,
-    n_rows,
-    H,
-    S,
-    sxb,
-    sxh,
-    sxs,
-    sob,
-    soh,
-    sos,
-    scb,
-    sch,
-    scs,
-    half,
-    d,
-    sign,
-    INTERLEAVED: tl.constexpr,
-    ROUND: tl.constexpr,
-    COPY_REST: tl.constexpr,
-    BLOCK_ROWS: tl.constexpr,
-    BLOCK_PAIRS: tl.constexpr,
-    BLOCK_REST: tl.constexpr,
-):
+def _rows(x_ptr, o_ptr, c_ptr, s_ptr, row0, n_rows, H, S, sxb, sxh, sxs, sob, soh, sos, scb, sch, scs,
+          half, d, sign, INTERLEAVED: tl.constexpr, ROUND: tl.constexpr, COPY_REST: tl.constexpr,
+          BLOCK_ROWS: tl.constexpr, BLOCK_PAIRS: tl.constexpr, BLOCK_REST: tl.constexpr):
     rows = row0 + tl.arange(0, BLOCK_ROWS)  # [R] flat row index over [b, h, s]
     rmask = rows < n_rows
     s = (rows % S).to(tl.int64)
@@ -86,107 +63,16 @@ def _rows(
 
 
 @triton.jit
-def rope_pair_kernel(
-    x1,
-    o1,
-    c1,
-    s1,
-    n1,
-    H1,
-    S1,
-    sxb1,
-    sxh1,
-    sxs1,
-    sob1,
-    soh1,
-    sos1,
-    scb1,
-    sch1,
-    scs1,
-    progs1,
-    x2,
-    o2,
-    c2,
-    s2,
-    n2,
-    H2,
-    S2,
-    sxb2,
-    sxh2,
-    sxs2,
-    sob2,
-    soh2,
-    sos2,
-    scb2,
-    sch2,
-    scs2,
-    half,
-    d,
-    sign,
-    INTERLEAVED: tl.constexpr,
-    ROUND: tl.constexpr,
-    COPY_REST: tl.constexpr,
-    BLOCK_ROWS: tl.constexpr,
-    BLOCK_PAIRS: tl.constexpr,
-    BLOCK_REST: tl.constexpr,
-):
+def rope_pair_kernel(x1, o1, c1, s1, n1, H1, S1, sxb1, sxh1, sxs1, sob1, soh1, sos1, scb1, sch1, scs1, progs1,
+                     x2, o2, c2, s2, n2, H2, S2, sxb2, sxh2, sxs2, sob2, soh2, sos2, scb2, sch2, scs2,
+                     half, d, sign, INTERLEAVED: tl.constexpr, ROUND: tl.constexpr, COPY_REST: tl.constexpr,
+                     BLOCK_ROWS: tl.constexpr, BLOCK_PAIRS: tl.constexpr, BLOCK_REST: tl.constexpr):
     # programs [0, progs1) rotate the first tensor (q), the rest the second (k): one launch
     pid = tl.program_id(0)
     if pid < progs1:
-        _rows(
-            x1,
-            o1,
-            c1,
-            s1,
-            pid * BLOCK_ROWS,
-            n1,
-            H1,
-            S1,
-            sxb1,
-            sxh1,
-            sxs1,
-            sob1,
-            soh1,
-            sos1,
-            scb1,
-            sch1,
-            scs1,
-            half,
-            d,
-            sign,
-            INTERLEAVED,
-            ROUND,
-            COPY_REST,
-            BLOCK_ROWS,
-            BLOCK_PAIRS,
-            BLOCK_REST,
-        )
+        _rows(x1, o1, c1, s1, pid * BLOCK_ROWS, n1, H1, S1, sxb1, sxh1, sxs1, sob1, soh1, sos1, scb1, sch1,
+              scs1, half, d, sign, INTERLEAVED, ROUND, COPY_REST, BLOCK_ROWS, BLOCK_PAIRS, BLOCK_REST)
     else:
-        _rows(
-            x2,
-            o2,
-            c2,
-            s2,
-            (pid - progs1) * BLOCK_ROWS,
-            n2,
-            H2,
-            S2,
-            sxb2,
-            sxh2,
-            sxs2,
-            sob2,
-            soh2,
-            sos2,
-            scb2,
-            sch2,
-            scs2,
-            half,
-            d,
-            sign,
-            INTERLEAVED,
-            ROUND,
-            COPY_REST,
-            BLOCK_ROWS,
-            BLOCK_PAIRS,
-            BLOCK_REST,
-        )
+        row0 = (pid - progs1) * BLOCK_ROWS
+        _rows(x2, o2, c2, s2, row0, n2, H2, S2, sxb2, sxh2, sxs2, sob2, soh2, sos2, scb2, sch2,
+              scs2, half, d, sign, INTERLEAVED, ROUND, COPY_REST, BLOCK_ROWS, BLOCK_PAIRS, BLOCK_REST)
