@@ -68,6 +68,19 @@ def lm_or_skip(position: str, seed: int = 0, **kw) -> TransformerLM:
     return model.eval()
 
 
+def count_calls(monkeypatch, owner, name: str, calls: list | None = None) -> list:
+    """Wrap ``owner.name`` (for the test's duration) so that each call appends to ``calls``."""
+    calls = [] if calls is None else calls
+    original = getattr(owner, name)
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, counting)
+    return calls
+
+
 def ids_(b: int, s: int, seed: int = 1) -> torch.Tensor:
     return torch.randint(0, V, (b, s), generator=torch.Generator().manual_seed(seed))
 
@@ -566,15 +579,9 @@ def test_content_free_bias_is_computed_once_per_forward(position, share, expecte
     monkeypatch.setenv("POSENC_C_KERNELS", "0")
     torch.manual_seed(0)
     model = TransformerLM(config(position, num_layers=3, share_position=share)).eval()
-    calls = []
+    calls = []  # one list for every scheme: all score_bias calls of the forward
     for scheme in model.decoder.schemes:
-        original = scheme.score_bias
-
-        def counting(*args, _original=original, **kwargs):
-            calls.append(1)
-            return _original(*args, **kwargs)
-
-        scheme.score_bias = counting
+        count_calls(monkeypatch, scheme, "score_bias", calls)
     ids = ids_(2, 6)
     with torch.no_grad():
         out = model(ids)
@@ -596,14 +603,7 @@ def test_block_bias_builder_is_made_once_per_forward(position, share, expected, 
     from posenc.kernels import attention_cpu
 
     monkeypatch.setenv("POSENC_C_KERNELS", "1")
-    made = []
-    original = attention_cpu.scheme_bias_fn
-
-    def counting(*args, **kwargs):
-        made.append(1)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(attention_cpu, "scheme_bias_fn", counting)
+    made = count_calls(monkeypatch, attention_cpu, "scheme_bias_fn")
     torch.manual_seed(0)
     model = TransformerLM(config(position, num_layers=3, share_position=share, max_len=512)).eval()
     ids = ids_(1, attention_cpu.BLOCK_SIZE + 10)  # two query blocks: the blocked path is taken
@@ -649,14 +649,7 @@ def test_blocked_cpu_bias_path_equals_the_full_table_path(position, monkeypatch)
     and for a chunked prefill after a cache."""
     from posenc.kernels import attention_cpu
 
-    blocked_calls = []
-    original = attention_cpu.causal_attention_with_bias
-
-    def counting(*args, **kwargs):
-        blocked_calls.append(1)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(attention_cpu, "causal_attention_with_bias", counting)
+    blocked_calls = count_calls(monkeypatch, attention_cpu, "causal_attention_with_bias")
     torch.manual_seed(0)
     model = TransformerLM(config(position, max_len=1024))
     model.train(False)
