@@ -258,6 +258,19 @@ def test_t5_gradients_and_dtypes():
     assert scheme.score_bias(torch.arange(3), torch.arange(3)).dtype == torch.float32
 
 
+def test_t5_default_max_distance_follows_the_trained_length():
+    assert T5RelativeBias(4).max_distance == 128  # T5's value when no length is known
+    assert T5RelativeBias(4, max_len=2048).max_distance == 128
+    assert T5RelativeBias(4, max_len=128).max_distance == 64  # half the trained length
+    assert T5RelativeBias(4, max_len=128, bidirectional=False).max_distance == 64
+    assert T5RelativeBias(4, max_len=8).max_distance == 9  # above the 8 exact buckets
+    assert T5RelativeBias(4, max_len=8, bidirectional=False).max_distance == 17  # 16 exact buckets
+    assert T5RelativeBias(4, max_distance=100, max_len=64).max_distance == 100  # the user's choice wins
+    assert T5RelativeBias(4, max_len=64).max_len is None  # still no limit on the input length
+    model_t5 = posenc.build("t5", num_heads=2, max_len=96)  # the key a model offers
+    assert model_t5.max_distance == 48
+
+
 # ---------------------------------------------------------------------------------------------- errors
 @pytest.mark.parametrize(
     ("build", "exc", "match"),
@@ -274,6 +287,8 @@ def test_t5_gradients_and_dtypes():
         (lambda: T5RelativeBias(4, max_distance=8), ValueError, "max_distance must be >= 9.*8 exact buckets"),
         (lambda: T5RelativeBias(4, bidirectional=1), TypeError, "bidirectional must be a bool"),
         (lambda: T5RelativeBias(4, init_std=0), ValueError, "init_std must be a finite number > 0"),
+        (lambda: T5RelativeBias(4, max_len=0), ValueError, "max_len must be >= 1"),
+        (lambda: T5RelativeBias(4, num_buckets=31, max_len=64), ValueError, "num_buckets must be even"),
         (lambda: t5_relative_bucket(torch.tensor([1.0])), TypeError, "relative_position must be an integer"),
         (lambda: t5_relative_bucket([1, 2]), TypeError, "relative_position must be an integer tensor"),
         (lambda: posenc.build("alibi"), ValueError, "needs num_heads"),

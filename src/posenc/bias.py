@@ -34,6 +34,7 @@ __all__ = [
     "T5RelativeBias",
     "alibi_bias",
     "alibi_slopes",
+    "default_max_distance",
     "relative_positions",
     "t5_relative_bucket",
 ]
@@ -250,15 +251,39 @@ def t5_relative_bucket(
     return buckets + torch.where(is_small, dist, large)
 
 
+#: T5's ``max_distance`` (Raffel et al. 2020).
+T5_MAX_DISTANCE = 128
+
+
+def default_max_distance(num_buckets: int, bidirectional: bool, max_len: int | None) -> int:
+    """T5's 128, capped at half the trained length ``max_len`` so every bucket is trained, and
+    kept above the exact buckets (which need ``max_distance > max_exact``)."""
+    if max_len is None:
+        return T5_MAX_DISTANCE
+    check_int(max_len, "max_len")
+    max_exact = (num_buckets // 2 if bidirectional else num_buckets) // 2
+    return max(max_exact + 1, min(T5_MAX_DISTANCE, max_len // 2))
+
+
 class T5RelativeBias(PositionalScheme):
     """T5's relative position bias: one learned scalar per (bucket, head), added to the logits.
 
     Args:
         num_heads: ``h``.
         num_buckets: number of buckets (T5: 32).
-        max_distance: distance where the last bucket starts (T5: 128).
+        max_distance: distance where the last bucket starts. Default: T5's 128, or half the
+            trained length ``max_len`` when that is shorter (see below).
         bidirectional: True for encoders (T5's encoder), False for causal decoders.
         init_std: std of the normal initialisation of the ``[num_buckets, h]`` table.
+        max_len: the length the model is trained at (a model offers its ``max_len``). Used only
+            to choose the default ``max_distance``; T5 buckets themselves have no length limit.
+
+    Why ``max_distance <= max_len / 2`` by default: a bucket whose distances never occur in
+    training keeps its initial value (~0). With ``max_distance >= max_len`` the far buckets are
+    untrained while the trained mid-range ones learn negative values, so past the trained length
+    the farthest keys get a *higher* bias than mid-range ones and the preference for near tokens
+    flips (measured in ``posenc extrapolate``: docs/lab.md). At half the trained length every
+    bucket, the last one included, is seen in every training window.
 
     Shapes: ``score_bias(q_positions [s_q] | [b, s_q], k_positions [s_k] | [b, s_k])
     -> [b | 1, h, s_q, s_k]`` float32. T5 computes the bias in the first layer and shares it with
@@ -273,12 +298,16 @@ class T5RelativeBias(PositionalScheme):
         self,
         num_heads: int,
         num_buckets: int = 32,
-        max_distance: int = 128,
+        max_distance: int | None = None,
         bidirectional: bool = True,
         init_std: float = 0.02,
+        max_len: int | None = None,
     ) -> None:
         super().__init__()
         self.num_heads = check_int(num_heads, "num_heads")
+        if max_distance is None:
+            _check_buckets(bidirectional, num_buckets, 2**62)  # the other arguments first, for clear errors
+            max_distance = default_max_distance(num_buckets, bidirectional, max_len)
         _check_buckets(bidirectional, num_buckets, max_distance)
         self.num_buckets, self.max_distance, self.bidirectional = num_buckets, max_distance, bidirectional
         self.init_std = check_positive_float(init_std, "init_std")
