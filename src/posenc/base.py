@@ -35,7 +35,7 @@ means ``arange(s)``.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -60,6 +60,9 @@ class PositionalScheme(nn.Module):
             that share the scheme.
         position_dims: coordinates per position: 1 for token sequences, 2 for image grids, 3 for
             volumes (whose positions are ``[..., s, 2]`` / grid coordinates). Sequence models take 1.
+        eval_variants: variants a model trained with this scheme can be *evaluated* with, without
+            retraining, on inputs longer than it was trained on (RoPE: its scalings); each is turned
+            into ``position_options`` by :meth:`variant_options`.
     """
 
     name: ClassVar[str] = "base"
@@ -69,7 +72,16 @@ class PositionalScheme(nn.Module):
     needs_unrotated_cache: ClassVar[bool] = False
     score_bias_uses_query: ClassVar[bool] = False
     position_dims: ClassVar[int] = 1
+    eval_variants: ClassVar[tuple[str, ...]] = ()
     max_len: int | None = None
+
+    @classmethod
+    def variant_options(cls, variant: str, factor: float, trained_len: int) -> dict[str, Any]:
+        """The ``position_options`` that make a model trained at ``trained_len`` tokens into
+        ``variant`` (one of :attr:`eval_variants`) for inputs ``factor`` times longer."""
+        raise ValueError(
+            f"scheme {cls.name!r} has no evaluation variant {variant!r}; it offers {list(cls.eval_variants)}"
+        )
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """Add the positional part to input embeddings.

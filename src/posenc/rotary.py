@@ -540,6 +540,22 @@ class RotaryEmbedding(PositionalScheme):
     name = "rope"
     hooks = ("rotate",)
     summary = "rotary (Su 2021): half/interleaved, partial, scalings linear/ntk/dynamic/yarn/llama3/longrope"
+    #: the scalings that need nothing but the factor and the trained length
+    eval_variants = tuple(
+        rule for rule, spec in ROPE_SCALINGS.items()
+        if rule != "default" and set(spec.required) <= {"factor", _L0}
+    )  # fmt: skip
+
+    @classmethod
+    def variant_options(cls, variant: str, factor: float, trained_len: int) -> dict[str, Any]:
+        """``{"scaling": {"rope_type": variant, "factor": factor, ...}}``, with
+        ``original_max_position_embeddings = trained_len`` for the rules that need it (YaRN, dynamic)."""
+        if variant not in cls.eval_variants:
+            return super().variant_options(variant, factor, trained_len)
+        scaling: dict[str, Any] = {"rope_type": variant, "factor": float(factor)}
+        if _L0 in ROPE_SCALINGS[variant].required:
+            scaling[_L0] = trained_len
+        return {"scaling": scaling}
 
     def __init__(
         self,
@@ -640,6 +656,7 @@ class XPos(RotaryEmbedding):
     """
 
     name = "xpos"
+    eval_variants = ()  # no scaling argument: xPos's own decay is its answer to long inputs
     summary = "RoPE with an exponential per-pair decay (Sun et al. 2022), causal, KV-cache exact"
 
     def __init__(
@@ -727,6 +744,7 @@ class Rope2D(RotaryEmbedding):
     """
 
     name = "rope_2d"
+    eval_variants = ()  # grids, not sequences
     position_dims = 2
     summary = "axial 2D RoPE for image patches: half the rotary pairs per axis (row, column)"
 
