@@ -22,6 +22,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from posenc.base import PositionalScheme
 from posenc.cli import main
 from posenc.lab import (
     InsufficientMemoryError,
@@ -33,6 +34,7 @@ from posenc.lab import (
     load_checkpoint,
     lr_at,
     make_optimizer,
+    position_parameters,
     save_checkpoint,
     seed_everything,
     train,
@@ -141,13 +143,51 @@ def test_train_config_round_trip():
 
 
 def test_optimizer_groups_decay_matrices_only():
-    model = TransformerLM(tiny_config())
+    model = TransformerLM(tiny_config())  # ALiBi: no positional parameters, so no third group
     opt = make_optimizer(model, TrainConfig(weight_decay=0.1))
     decay, no_decay = opt.param_groups
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
     assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() < 2 for p in no_decay["params"])
     n_unique = len({id(p) for p in model.parameters()})
     assert len(decay["params"]) + len(no_decay["params"]) == n_unique  # tied weights once
+
+
+@pytest.mark.parametrize("position", ["t5", "learned", "shaw", "transformer_xl"])
+def test_positional_parameters_get_their_own_learning_rate(position):
+    model = TransformerLM(ModelConfig(vocab_size=64, d_model=16, num_layers=2, num_heads=2, position=position,
+                                      max_len=16))
+    schemes = [m for m in model.modules() if isinstance(m, PositionalScheme)]
+    scheme_params = {id(p) for m in schemes for p in m.parameters()}
+    assert scheme_params and {id(p) for p in position_parameters(model)} == scheme_params
+    config = TrainConfig(steps=3, warmup_steps=1, lr=1e-3, min_lr=1e-3, batch_size=2, seq_len=16,
+                         position_lr_scale=10.0)
+    opt = make_optimizer(model, config)
+    *_, positional = opt.param_groups
+    assert {id(p) for p in positional["params"]} == scheme_params
+    assert positional["weight_decay"] == 0.0 and positional["lr_scale"] == 10.0
+    others = {id(p) for g in opt.param_groups[:-1] for p in g["params"]}
+    assert not others & scheme_params
+    assert len(others | scheme_params) == len({id(p) for p in model.parameters()})
+
+
+def test_t5_table_moves_past_what_one_learning_rate_allows():
+    """Adam moves an entry by about lr per step, so without its own learning rate T5's table can
+    travel at most steps * lr; the positional group lets it reach the +-2.5 T5 needs."""
+    data = torch.arange(4096) % 7  # periodic: position and content both predictive
+    moved = {}
+    for scale in (1.0, 10.0):
+        seed_everything(0)
+        model = TransformerLM(ModelConfig(vocab_size=8, d_model=16, num_layers=1, num_heads=2, position="t5",
+                                          max_len=32))
+        table = model.decoder.scheme(0).relative_attention_bias.weight
+        before = table.detach().clone()
+        config = TrainConfig(steps=20, warmup_steps=1, lr=1e-2, min_lr=1e-2, batch_size=4, seq_len=32,
+                             position_lr_scale=scale, grad_clip=0.0)
+        train(model, data, config, progress=False)
+        moved[scale] = float((table.detach() - before).abs().max())
+    budget = 20 * 1e-2  # steps * lr: the most plain Adam can move one entry (bias-corrected steps <= ~lr)
+    assert moved[1.0] <= budget * 1.05
+    assert moved[10.0] > 2 * budget
 
 
 # ---------------------------------------------------------------------------------------------- training
@@ -392,7 +432,7 @@ def test_stop_at_must_be_a_step():
 
 
 def test_load_trained_model_from_checkpoint_and_model_file(tmp_path):
-    from posenc.lab.train import load_trained_model
+    from posenc.lab import load_trained_model
 
     torch.manual_seed(0)
     model = TransformerLM(ModelConfig(vocab_size=32, d_model=16, num_layers=1, num_heads=2, position="alibi"))

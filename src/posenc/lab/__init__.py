@@ -7,28 +7,11 @@
 See docs/lab.md.
 """
 
-from .train import (
-    AUTOCAST_MODES,
-    CheckpointState,
-    DistInfo,
-    InsufficientMemoryError,
-    MemoryEstimate,
-    TrainConfig,
-    TrainResult,
-    available_memory,
-    batch_at,
-    check_memory,
-    configure_threads,
-    dist_info,
-    estimate_memory,
-    init_distributed,
-    load_checkpoint,
-    lr_at,
-    make_optimizer,
-    save_checkpoint,
-    seed_everything,
-    train,
-)
+from .checkpoint import CheckpointState, load_checkpoint, load_trained_model, save_checkpoint
+from .config import AUTOCAST_MODES, TrainConfig
+from .distributed import DistInfo, configure_threads, dist_info, init_distributed
+from .memory import InsufficientMemoryError, MemoryEstimate, available_memory, check_memory, estimate_memory
+from .train import TrainResult, batch_at, lr_at, make_optimizer, position_parameters, seed_everything, train
 
 __all__ = [
     "AUTOCAST_MODES",
@@ -46,8 +29,10 @@ __all__ = [
     "estimate_memory",
     "init_distributed",
     "load_checkpoint",
+    "load_trained_model",
     "lr_at",
     "make_optimizer",
+    "position_parameters",
     "save_checkpoint",
     "seed_everything",
     "train",

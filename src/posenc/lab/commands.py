@@ -35,13 +35,17 @@ def _common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=None, help="optimizer steps per scheme (default 600)")
     p.add_argument("--batch-size", type=int, default=None, help="global batch in windows (default 32)")
     p.add_argument("--lr", type=float, default=None, help="peak learning rate (default 3e-3)")
-    p.add_argument("--seed", type=int, default=None, help="seed of weights, batches, tasks (default 0)")
+    p.add_argument("--seed", type=int, default=None, help="training seed (default 0)")
+    p.add_argument("--split-seed", type=int, default=None,
+                   help="seed of the train/validation split and the evaluation windows (default 0)")
     p.add_argument("--corpus", default=None, help="stdlib (default: this Python's stdlib source) or a path")
     p.add_argument("--max-chars", type=int, default=None, help="use only the first ~N chars of the corpus")
     p.add_argument("--d-model", type=int, default=None, help="model width (default 128)")
     p.add_argument("--layers", type=int, default=None, help="Transformer layers (default 4)")
     p.add_argument("--heads", type=int, default=None, help="attention heads (default 4)")
     p.add_argument("--dropout", type=float, default=None, help="dropout (default 0)")
+    p.add_argument("--position-lr-scale", type=float, default=None,
+                   help="learning-rate multiplier of positional parameters (default 10; docs/lab.md)")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda (bf16 autocast); under torchrun "
                    "each process takes cuda:LOCAL_RANK")
     p.add_argument("--threads", type=int, default=None,
@@ -52,7 +56,8 @@ def _common_args(p: argparse.ArgumentParser) -> None:
 
 
 _FLAG_TO_FIELD = {
-    "train_len": "train_len", "steps": "steps", "batch_size": "batch_size", "lr": "lr", "seed": "seed",
+    "train_len": "train_len", "steps": "steps", "batch_size": "batch_size", "lr": "lr",
+    "split_seed": "split_seed", "position_lr_scale": "position_lr_scale",
     "corpus": "corpus", "max_chars": "max_chars", "d_model": "d_model", "layers": "num_layers",
     "heads": "num_heads", "dropout": "dropout", "checkpoint_every": "checkpoint_every",
 }
@@ -66,7 +71,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 def _setup(args: argparse.Namespace):
     import torch
 
-    from .train import configure_threads, init_distributed
+    from .distributed import configure_threads, init_distributed
 
     info, device = init_distributed(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -86,7 +91,7 @@ def _teardown() -> None:
 # ---------------------------------------------------------------------------------------- extrapolate
 def extrapolate_args(p: argparse.ArgumentParser) -> None:
     """Arguments of ``posenc extrapolate``."""
-    from .extrapolate import DEFAULT_SCHEMES, MODES
+    from .config import DEFAULT_SCHEMES, MODES
 
     p.add_argument("--schemes", default=None,
                    help=f"comma list of schemes (default {','.join(DEFAULT_SCHEMES)})")
@@ -95,17 +100,25 @@ def extrapolate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help="folder for results.json, extrapolation.png/svg, checkpoints")
     p.add_argument("--task", default="lm", choices=list(MODES),
                    help="lm (default: bits/byte on a corpus) or a synthetic task (exact-match accuracy)")
-    p.add_argument("--eval-tokens", type=int, default=None,
-                   help="size of the fixed validation slice in tokens (default 16 x the longest length)")
-    p.add_argument("--stride", type=int, default=None, help="sliding-window evaluation with this stride")
-    p.add_argument("--rope-scalings", default=None,
-                   help="RoPE scalings applied at evaluation to the rope model (default linear,ntk,yarn)")
+    p.add_argument("--seeds", default=None,
+                   help="comma list of training seeds, one model per scheme and seed (default 0)")
+    p.add_argument("--eval-windows", type=int, default=None,
+                   help="evaluation windows sampled across the validation documents (default 32)")
+    p.add_argument("--score-len", type=int, default=None,
+                   help="targets scored at the end of each window (default: half the shortest length)")
+    p.add_argument("--variants", "--rope-scalings", dest="variants", default=None,
+                   help="evaluation-time variants, e.g. RoPE scalings (default linear,ntk,yarn; 'none')")
+    p.add_argument("--workers", type=int, default=None,
+                   help="cells run at once in local processes (default: the free cores)")
+    p.add_argument("--cluster", default=None,
+                   help="run the cells on a Dask cluster at this scheduler address (tcp://host:8786)")
     _common_args(p)
 
 
 def extrapolate_run(args: argparse.Namespace) -> int:
     """Run ``posenc extrapolate``: train, evaluate, print the table, write the JSON and plot."""
-    from .extrapolate import PRESETS, TASK_DEFAULTS, StudyConfig, format_table, run_study
+    from .config import PRESETS, TASK_DEFAULTS, StudyConfig
+    from .extrapolate import format_table, run_study
 
     fields: dict[str, Any] = dict(PRESETS["quick" if args.quick else "default"])
     if args.task != "lm":
@@ -117,29 +130,40 @@ def extrapolate_run(args: argparse.Namespace) -> int:
         fields["schemes"] = parse_list(args.schemes, flag="--schemes")
     if args.eval_lens is not None:
         fields["eval_lens"] = parse_list(args.eval_lens, int, flag="--eval-lens")
-    if args.eval_tokens is not None:
-        fields["eval_tokens"] = args.eval_tokens
-    if args.stride is not None:
-        fields["stride"] = args.stride
-    if args.rope_scalings is not None:
-        fields["rope_scalings"] = () if args.rope_scalings == "none" else parse_list(
-            args.rope_scalings, flag="--rope-scalings")
+    if args.seed is not None and args.seeds is not None:
+        raise ValueError("give --seed or --seeds, not both")
+    if args.seed is not None:
+        fields["seeds"] = (args.seed,)
+    if args.seeds is not None:
+        fields["seeds"] = parse_list(args.seeds, int, flag="--seeds")
+    if args.eval_windows is not None:
+        fields["eval_windows"] = args.eval_windows
+    if args.score_len is not None:
+        fields["score_len"] = args.score_len
+    if args.variants is not None:
+        fields["variants"] = () if args.variants == "none" else parse_list(args.variants, flag="--variants")
     config = StudyConfig(**fields)
     if args.resume and args.out is None:
         raise ValueError("--resume needs --out (the folder holding the checkpoints)")
+    if args.workers is not None and args.workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {args.workers}")
     info, device, threads = _setup(args)
+    workers = args.workers if args.workers is not None else (threads or 1) if device.type == "cpu" else 1
+    workers = min(workers, len(config.schemes) * len(config.seeds))
+    if workers > 1 and args.threads is None:
+        threads = 1  # one thread per cell process: the cores go to the cells
     try:
         progress = False if args.no_progress else None
         results = run_study(config, out=args.out, device=device, resume=args.resume, progress=progress,
-                            threads=threads)
+                            threads=threads, workers=workers, cluster=args.cluster)
     finally:
         _teardown()
     if info.is_main:
         print()
         print(format_table(results))
         env = results["environment"]
-        print(f"\nwall time {results['wall_s']:.0f} s on {env['device']} ({env['threads']} threads, "
-              f"{env['world_size']} process(es)); load average at start/end "
+        print(f"\nwall time {results['wall_s']:.0f} s on {env['device']} ({env['workers']} worker(s) x "
+              f"{env['threads']} thread(s), {env['world_size']} DDP process(es)); load average at start/end "
               f"{env.get('load_avg_start', ['?'])[0]:.2f}/{env.get('load_avg_end', ['?'])[0]:.2f}")
         if args.out is not None:
             out = Path(args.out)
@@ -164,19 +188,21 @@ def train_run(args: argparse.Namespace) -> int:
 
     from ..model import TransformerLM, save_model
     from ..text import load_corpus
-    from .extrapolate import StudyConfig, study_model_config
+    from .config import StudyConfig, study_model_config
     from .train import seed_everything, train
 
-    fields = {"schemes": (args.scheme,), "eval_lens": (1,), "rope_scalings": (), **_overrides(args)}
+    fields = {"schemes": (args.scheme,), "variants": (), **_overrides(args)}
     fields["eval_lens"] = (fields.get("train_len", 128),)
+    if args.seed is not None:
+        fields["seeds"] = (args.seed,)
     study = StudyConfig(**fields)
     tc = dataclasses.replace(study.train_config(), autocast=args.autocast)
     mc = study_model_config(study, args.scheme)
     out = Path(args.out)
     info, device, threads = _setup(args)
     try:
-        corpus = load_corpus(study.corpus, max_chars=study.max_chars, seed=study.seed)
-        seed_everything(study.seed)
+        corpus = load_corpus(study.corpus, max_chars=study.max_chars, seed=study.split_seed)
+        seed_everything(tc.seed)
         model = TransformerLM(mc).to(device)
         t0 = time.perf_counter()
         ckpt = out / "checkpoint.safetensors"

@@ -108,7 +108,7 @@ def plot_embeddings_run(args: argparse.Namespace) -> int:
     import torch
 
     from ..embedding import TokenEmbedding
-    from ..lab.train import load_trained_model
+    from ..lab.checkpoint import load_trained_model
     from .projection import plot_embedding_space
 
     if not args.checkpoint:

@@ -131,6 +131,20 @@ class Corpus:
         """``[n]`` uint8: the UTF-8 bytes of the validation documents joined by :data:`DOC_SEPARATOR`."""
         return _to_bytes(self.val)
 
+    @cached_property
+    def val_starts(self) -> tuple[int, ...]:
+        """Where each validation document starts in :attr:`val_bytes` (one index per document)."""
+        return _starts(self.val)
+
+
+def _starts(docs: Sequence[Document]) -> tuple[int, ...]:
+    sep = len(DOC_SEPARATOR.encode("utf-8"))
+    starts, at = [], 0
+    for d in docs:
+        starts.append(at)
+        at += len(d.text.encode("utf-8")) + sep
+    return tuple(starts)
+
 
 def _to_bytes(docs: Sequence[Document]) -> torch.Tensor:
     data = bytearray(DOC_SEPARATOR.join(d.text for d in docs).encode("utf-8"))

@@ -1,0 +1,312 @@
+"""The study grid: independent cells (scheme x seed), run here, in local processes, or on a cluster.
+
+A **cell** trains one model (one scheme, one seed) and evaluates it, and each evaluation-time
+variant its scheme declares (RoPE's scalings), at every length. Cells share nothing but the
+read-only data, so they run in any order and anywhere:
+
+* **in this process**, one after another (``workers=1``, and always under ``torchrun``, where
+  the processes of DDP train each cell together);
+* **in local processes** (``workers > 1``): a ``concurrent.futures.ProcessPoolExecutor``;
+* **on a cluster** (``cluster="tcp://scheduler:8786"`` or a ``distributed.Client``): Dask
+  distributed's executor. Dask over Ray: it installs from PyPI as pure Python, has no object
+  store or daemon of its own to manage, speaks the standard ``concurrent.futures`` interface
+  used here for local processes too, and its ``LocalCluster`` lets the tests run a real
+  scheduler with two workers on one machine.
+
+A cell is a pure function of the study config and its (scheme, seed): each one sets its own
+thread count and seeds, so a cell gives bit-identical numbers in this process and on a worker
+with the same thread count (tested). Each finished cell is written to ``OUT/cells/NAME.json``; a
+study run again with ``resume`` skips the cells whose file matches the config, and a cell killed
+mid-training continues from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import json
+import math
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .config import StudyConfig, study_model_config
+from .evalset import EvalSet, sample_eval_set
+from .evaluate import EVALUATORS, EvalPoint, task_batch_fn, task_seq_len
+from .train import seed_everything, train
+
+__all__ = ["Cell", "StudyData", "cell_key", "iter_cells", "run_cell", "study_cells", "study_data"]
+
+#: Config fields that do not change a cell's numbers (so a finished cell is still valid when they change).
+_NOT_IN_CELL = ("schemes", "seeds", "checkpoint_every", "eval_batch_tokens")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One (scheme, seed) of a study."""
+
+    scheme: str
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.scheme}-seed{self.seed}"
+
+
+def study_cells(config: StudyConfig) -> list[Cell]:
+    """The grid, scheme-major: every scheme with every seed."""
+    return [Cell(s, seed) for s in config.schemes for seed in config.seeds]
+
+
+def cell_key(config: StudyConfig) -> dict[str, Any]:
+    """What a finished cell must have been run with to be reused."""
+    return {k: v for k, v in config.to_dict().items() if k not in _NOT_IN_CELL}
+
+
+# ----------------------------------------------------------------------------------------------
+# Data shared by the cells of a study (built once per process)
+# ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StudyData:
+    """What every cell of a study reads: training bytes (``lm``), the evaluation set, sizes."""
+
+    train_bytes: torch.Tensor | None
+    evalset: EvalSet | None
+    vocab: int
+    seq_len: int
+    max_len: int
+    record: dict[str, Any]
+
+
+@functools.lru_cache(maxsize=2)
+def _study_data(key: str) -> StudyData:
+    config = StudyConfig.from_dict(json.loads(key))
+    if not config.lm:
+        from ..text.tasks import TASK_VOCAB
+
+        seq_len = task_seq_len(config.mode, config.train_len) - 1  # learned positions: the longest example
+        record = {"examples": config.eval_examples, "metric": "exact match (teacher-forced argmax)"}
+        return StudyData(None, None, len(TASK_VOCAB), seq_len, seq_len, {"eval": record})
+    from ..text import load_corpus
+
+    corpus = load_corpus(config.corpus, max_chars=config.max_chars, seed=config.split_seed)
+    evalset = sample_eval_set(corpus.val_bytes, config.eval_windows, max(config.eval_lens), config.split_seed,
+                              doc_names=[d.name for d in corpus.val], doc_starts=corpus.val_starts)
+    record = {"corpus": dataclasses.asdict(corpus.info),
+              "eval": {"score_len": config.targets_per_window, "split_seed": config.split_seed,
+                       "val_bytes": int(corpus.val_bytes.numel()), **evalset.record()}}
+    return StudyData(corpus.train_bytes, evalset, 256, config.train_len, config.train_len, record)
+
+
+def study_data(config: StudyConfig) -> StudyData:
+    """The :class:`StudyData` of ``config`` (cached per process: cells of one study share it)."""
+    data_fields = ("mode", "train_len", "eval_lens", "corpus", "max_chars", "split_seed", "eval_windows",
+                   "score_len", "eval_examples")
+    key = {k: v for k, v in config.to_dict().items() if k in data_fields}
+    return _study_data(json.dumps(key, sort_keys=True))
+
+
+# ----------------------------------------------------------------------------------------------
+# One cell
+# ----------------------------------------------------------------------------------------------
+def _position_limit(model_config) -> int | None:
+    """The longest input the scheme can encode (learned: its table), built on the meta device."""
+    from ..registry import build_with_context
+
+    with torch.device("meta"):
+        scheme = build_with_context(model_config.position, model_config.scheme_context(True),
+                                    model_config.position_options)
+    return getattr(scheme, "max_len", None)
+
+
+def _evaluate(config: StudyConfig, evaluator, model_at: Callable[[int], torch.nn.Module], model_config,
+              note: Callable[[int], str] | None = None) -> list[EvalPoint]:
+    """Every length with the model ``model_at(E)`` (n/a past the scheme's table), then the
+    evaluator's pairing."""
+    limit = _position_limit(model_config)
+    points = []
+    for e in config.eval_lens:
+        if limit is not None and evaluator.positions_needed(e) > limit:
+            points.append(EvalPoint(e, note=f"n/a: {model_config.position} positions stop at {limit}"))
+            continue
+        point = evaluator(model_at(e), e)
+        if note is not None:
+            point.note = note(e)
+        points.append(point)
+    evaluator.finish(points)
+    return points
+
+
+def _variant_runs(config: StudyConfig, cell: Cell, evaluator, model, mc, device) -> list[dict[str, Any]]:
+    """The trained weights evaluated with each variant the scheme declares, factor ``max(1, E / L)``."""
+    from ..model import TransformerLM
+    from ..registry import scheme_class
+
+    cls = scheme_class(cell.scheme)
+    runs = []
+    state = model.state_dict()
+    for variant in (v for v in config.variants if v in cls.eval_variants):
+
+        def scaled(e: int, variant: str = variant) -> torch.nn.Module:
+            factor = max(1.0, e / config.train_len)
+            options = {**mc.position_options, **cls.variant_options(variant, factor, config.train_len)}
+            m = TransformerLM(dataclasses.replace(mc, position_options=options)).to(device)
+            m.load_state_dict(state)  # the same weights; only the positional maths changes
+            return m.eval()
+
+        points = _evaluate(config, evaluator, scaled, mc,
+                           note=lambda e: f"factor {max(1.0, e / config.train_len):g}")
+        name = f"{cell.scheme}+{variant}"
+        runs.append({"name": name, "variant": variant, "eval": [p.to_dict() for p in points]})
+    return runs
+
+
+def run_cell(
+    config: StudyConfig,
+    cell: Cell,
+    *,
+    out: str | os.PathLike | None = None,
+    device: str | torch.device = "cpu",
+    resume: bool = False,
+    progress: bool | None = False,
+    threads: int | None = None,
+) -> dict[str, Any]:
+    """Train and evaluate one cell; return its record (and write ``OUT/cells/NAME.json``).
+
+    Args:
+        config: the study.
+        cell: which scheme and seed.
+        out: the study folder (checkpoints and the cell file), or ``None``.
+        device: where to train and evaluate.
+        resume: reuse a finished cell file that matches the config, continue a checkpoint.
+        progress: the training progress bar.
+        threads: torch CPU threads for this cell (``None`` = leave as set).
+
+    Returns:
+        ``{"cell", "scheme", "seed", "params", "model_config", "train", "runs", "key"}``, where
+        ``runs`` holds the trained model's evaluation and one entry per evaluation-time variant.
+    """
+    from ..model import TransformerLM
+
+    out_dir = Path(out) if out is not None else None
+    cell_file = out_dir / "cells" / f"{cell.name}.json" if out_dir is not None else None
+    key = cell_key(config)
+    if resume and cell_file is not None and cell_file.is_file():
+        record = json.loads(cell_file.read_text())
+        if record.get("key") == key:
+            record["reused"] = True
+            return record
+    if threads is not None:
+        torch.set_num_threads(threads)
+    device = torch.device(device)
+    data = study_data(config)
+    mc = study_model_config(config, cell.scheme, vocab_size=data.vocab, max_len=data.max_len)
+    tc = config.train_config(data.seq_len, cell.seed)
+    if out_dir is None:
+        tc = dataclasses.replace(tc, checkpoint_every=0)
+    train_data = data.train_bytes if config.lm else task_batch_fn(config.mode, config.batch_size,
+                                                                  config.train_len, cell.seed)
+    seed_everything(cell.seed)
+    model = TransformerLM(mc).to(device)
+    ckpt = out_dir / "checkpoints" / f"{cell.name}.safetensors" if out_dir is not None else None
+    result = train(model, train_data, tc, device=device, checkpoint=ckpt, resume=resume, progress=progress,
+                   desc=cell.name)
+    tail = result.losses[-max(1, len(result.losses) // 10):]
+    evaluator = EVALUATORS[config.mode](config, data.evalset, device)
+    points = _evaluate(config, evaluator, lambda e: model, mc)
+    runs = [{"name": cell.scheme, "variant": None, "eval": [p.to_dict() for p in points]}]
+    if config.lm:
+        runs += _variant_runs(config, cell, evaluator, model, mc, device)
+    record = {
+        "cell": cell.name, "scheme": cell.scheme, "seed": cell.seed, "key": key,
+        "params": sum(p.numel() for p in model.parameters()), "model_config": mc.to_dict(),
+        "train": {"steps": result.end_step, "resumed_from": result.start_step, "wall_s": result.wall_s,
+                  "tokens_per_s": result.tokens_per_s, "threads": torch.get_num_threads(),
+                  "final_loss_nats": sum(tail) / len(tail) if tail else math.nan,
+                  "loss_every_10_steps": result.losses[::10]},
+        "runs": runs,
+    }
+    if cell_file is not None:
+        _write_json(cell_file, record)
+    return record
+
+
+def _write_json(path: Path, data: Any) -> None:
+    """Write atomically: a temporary file in the same folder, then ``os.replace``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+# ----------------------------------------------------------------------------------------------
+# Running many cells
+# ----------------------------------------------------------------------------------------------
+def _cell_task(config_dict: dict[str, Any], cell: Cell, out: str | None, device: str, resume: bool,
+               threads: int | None) -> dict[str, Any]:
+    """What a worker runs: a plain function of JSON-able arguments (picklable for any executor)."""
+    return run_cell(StudyConfig.from_dict(config_dict), cell, out=out, device=device, resume=resume,
+                    progress=False, threads=threads)
+
+
+def iter_cells(
+    config: StudyConfig,
+    cells: list[Cell],
+    *,
+    out: str | os.PathLike | None,
+    device: torch.device,
+    resume: bool,
+    progress: bool | None,
+    workers: int = 1,
+    cluster: Any = None,
+    threads: int | None = None,
+) -> Iterator[dict[str, Any]]:
+    """Run ``cells`` and yield each record as it finishes (in completion order).
+
+    ``cluster``: a Dask scheduler address or a ``distributed.Client`` (then ``workers`` is
+    ignored); else ``workers > 1`` local processes; else this process.
+    """
+    if cluster is None and workers <= 1:
+        for cell in cells:
+            yield run_cell(config, cell, out=out, device=device, resume=resume, progress=progress,
+                           threads=threads)
+        return
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    args = (config.to_dict(), None if out is None else str(out), str(device), resume, threads)
+    with contextlib.ExitStack() as stack:
+        if cluster is not None:
+            executor = stack.enter_context(_dask_executor(cluster))
+        else:
+            import multiprocessing
+
+            # spawn: a fresh interpreter per worker (fork would copy torch's thread pools)
+            ctx = multiprocessing.get_context("spawn")
+            executor = stack.enter_context(ProcessPoolExecutor(max_workers=workers, mp_context=ctx))
+        futures = [executor.submit(_cell_task, args[0], cell, *args[1:]) for cell in cells]
+        for future in as_completed(futures):
+            yield future.result()
+
+
+@contextlib.contextmanager
+def _dask_executor(cluster: Any):
+    try:
+        import distributed
+    except ImportError:
+        raise ValueError(
+            "a cluster needs Dask distributed: pip install 'posenc[cluster]' (or pip install distributed)"
+        ) from None
+    if isinstance(cluster, distributed.Client):
+        yield cluster.get_executor()
+        return
+    with distributed.Client(cluster) as client:
+        yield client.get_executor()

@@ -1,0 +1,234 @@
+"""Training checkpoints: one safetensors file (never pickle) with the weights, the AdamW state,
+the RNG states, the step, the loss history and the configs; written atomically (temporary file,
+``fsync``, ``os.replace``) so a run killed during the write keeps its previous checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from .config import TrainConfig
+
+__all__ = ["CHECKPOINT_FORMAT", "CheckpointState", "load_checkpoint", "load_trained_model", "save_checkpoint"]
+
+#: Written into every checkpoint's metadata; a file without it is refused.
+CHECKPOINT_FORMAT = "posenc-checkpoint-1"
+
+
+# ----------------------------------------------------------------------------------------------
+# Checkpoints: one safetensors file, written atomically
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class CheckpointState:
+    """What :func:`load_checkpoint` restores besides the weights and optimizer: the next step to
+    run, the loss history so far, and the configs the run was started with."""
+
+    step: int
+    losses: list[float]
+    train_config: dict[str, Any]
+    model_config: dict[str, Any] | None
+    elapsed_s: float
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+
+def _aliases(model: nn.Module) -> dict[str, str]:
+    """Tied parameters: ``{alias name: canonical name}`` (the first name under which each tensor appears)."""
+    first: dict[int, str] = {}
+    aliases: dict[str, str] = {}
+    named = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+    for name, tensor in named:
+        if id(tensor) in first:
+            aliases[name] = first[id(tensor)]
+        else:
+            first[id(tensor)] = name
+    return aliases
+
+
+def _rng_state() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    tensors = {"rng.torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        for i, state in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"rng.cuda.{i}"] = state
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    tensors["rng.numpy"] = torch.from_numpy(keys.astype(np.int64))
+    py = random.getstate()
+    meta = {"numpy": [kind, int(pos), int(has_gauss), float(cached)], "python": [py[0], list(py[1]), py[2]]}
+    return tensors, meta
+
+
+def _set_rng_state(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+    torch.set_rng_state(tensors["rng.torch"])
+    cuda = sorted((k for k in tensors if k.startswith("rng.cuda.")), key=lambda k: int(k.rsplit(".", 1)[1]))
+    if cuda and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([tensors[k] for k in cuda][: torch.cuda.device_count()])
+    kind, pos, has_gauss, cached = meta["numpy"]
+    np.random.set_state((kind, tensors["rng.numpy"].numpy().astype(np.uint32), pos, has_gauss, cached))
+    version, internal, gauss = meta["python"]
+    random.setstate((version, tuple(internal), gauss))
+
+
+def save_checkpoint(
+    path: str | os.PathLike,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    step: int,
+    *,
+    train_config: TrainConfig,
+    losses: list[float] | None = None,
+    elapsed_s: float = 0.0,
+) -> None:
+    """Write everything needed to resume at ``step`` to ``path`` (safetensors, never pickle).
+
+    Holds the weights (tied tensors once), every AdamW state tensor, the torch/CUDA/NumPy/Python
+    RNG states, the loss history, the next step, and the train and model configs as JSON
+    metadata. Written to a temporary file in the same folder, flushed to disk, then renamed over
+    ``path`` with ``os.replace`` (atomic on POSIX): a run killed mid-write leaves the previous
+    checkpoint intact.
+    """
+    import safetensors.torch
+
+    model = _unwrap(model)
+    path = Path(path)
+    aliases = _aliases(model)
+    tensors: dict[str, torch.Tensor] = {}
+    for name, tensor in model.state_dict().items():
+        if name not in aliases:
+            tensors[f"model.{name}"] = tensor.detach().cpu().contiguous()
+    opt = optimizer.state_dict()
+    scalars: dict[str, dict[str, Any]] = {}
+    for index, state in opt["state"].items():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"optimizer.{index}.{key}"] = value.detach().cpu().contiguous()
+            else:
+                scalars.setdefault(str(index), {})[key] = value
+    rng_tensors, rng_meta = _rng_state()
+    tensors.update(rng_tensors)
+    tensors["history.loss"] = torch.tensor(losses or [], dtype=torch.float64)
+    model_config = getattr(model, "config", None)
+    metadata = {
+        "format": "pt",
+        "posenc_checkpoint": CHECKPOINT_FORMAT,
+        "step": str(step),
+        "elapsed_s": repr(float(elapsed_s)),
+        "train_config": json.dumps(train_config.to_dict()),
+        "model_config": json.dumps(model_config.to_dict() if hasattr(model_config, "to_dict") else None),
+        "model_class": type(model).__name__,
+        "aliases": json.dumps(aliases),
+        "optimizer_groups": json.dumps(opt["param_groups"]),
+        "optimizer_scalars": json.dumps(scalars),
+        "rng": json.dumps(rng_meta),
+        "torch_version": torch.__version__,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        safetensors.torch.save_file(tensors, str(tmp), metadata=metadata)
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def load_checkpoint(
+    path: str | os.PathLike,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    *,
+    restore_rng: bool = True,
+) -> CheckpointState:
+    """Load a checkpoint written by :func:`save_checkpoint` into ``model`` (and ``optimizer``),
+    restore the RNG states, and return the step to continue from and the history.
+
+    Raises:
+        ValueError: the file is missing, not a posenc checkpoint, or its weights do not match ``model``.
+    """
+    import safetensors
+    import safetensors.torch
+
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"no checkpoint at {str(path)!r}; run without resume to start a new run")
+    with safetensors.safe_open(str(path), framework="pt") as fh:
+        meta = fh.metadata() or {}
+    if meta.get("posenc_checkpoint") != CHECKPOINT_FORMAT:
+        raise ValueError(
+            f"{str(path)!r} is not a posenc training checkpoint (format {meta.get('posenc_checkpoint')!r}, "
+            f"expected {CHECKPOINT_FORMAT!r}); model files from save_model load with posenc.model.load_model"
+        )
+    tensors = safetensors.torch.load_file(str(path))
+    model = _unwrap(model)
+    state = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
+    for alias, canonical in json.loads(meta["aliases"]).items():
+        if canonical in state:
+            state[alias] = state[canonical]
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as err:
+        raise ValueError(f"the checkpoint {str(path)!r} does not match this model: {err}") from None
+    if optimizer is not None:
+        opt_state: dict[int, dict[str, Any]] = {}
+        for key, value in tensors.items():
+            if key.startswith("optimizer."):
+                _, index, name = key.split(".", 2)
+                opt_state.setdefault(int(index), {})[name] = value
+        for index, values in json.loads(meta["optimizer_scalars"]).items():
+            opt_state.setdefault(int(index), {}).update(values)
+        groups = json.loads(meta["optimizer_groups"])
+        for group in groups:
+            if isinstance(group.get("betas"), list):
+                group["betas"] = tuple(group["betas"])
+        optimizer.load_state_dict({"state": opt_state, "param_groups": groups})
+    if restore_rng:
+        _set_rng_state(tensors, json.loads(meta["rng"]))
+    return CheckpointState(
+        step=int(meta["step"]),
+        losses=tensors["history.loss"].tolist(),
+        train_config=json.loads(meta["train_config"]),
+        model_config=json.loads(meta["model_config"]),
+        elapsed_s=float(meta["elapsed_s"]),
+    )
+
+
+def load_trained_model(path: str | os.PathLike) -> nn.Module:
+    """A model from a training checkpoint (:func:`save_checkpoint`) or a model file
+    (:func:`posenc.model.save_model`), in eval mode, for analysis (no optimizer, RNG untouched).
+
+    Raises:
+        ValueError: the file is missing or is neither kind of posenc file.
+    """
+    import safetensors
+
+    from .. import model as models
+
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"no checkpoint at {str(path)!r}")
+    try:
+        with safetensors.safe_open(str(path), framework="pt") as fh:
+            meta = fh.metadata() or {}
+    except Exception as err:  # safetensors raises its own error types for non-safetensors files
+        raise ValueError(f"{str(path)!r} is not a safetensors file: {err}") from None
+    if meta.get("posenc_checkpoint") != CHECKPOINT_FORMAT:
+        return models.load_model(path).eval()  # a save_model file, or its clear error
+    cls = getattr(models, meta.get("model_class", ""), None)
+    if cls is None or not meta.get("model_config") or meta["model_config"] == "null":
+        raise ValueError(f"{str(path)!r} does not record a posenc model class and config")
+    model = cls(models.ModelConfig.from_dict(json.loads(meta["model_config"])))
+    load_checkpoint(path, model, restore_rng=False)
+    return model.eval()

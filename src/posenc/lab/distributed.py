@@ -1,0 +1,86 @@
+"""Processes and threads: torchrun's process group (DDP inside one training run) and how many
+CPU threads a process should use on a shared machine.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from .._validate import check_int
+
+__all__ = ["DistInfo", "configure_threads", "dist_info", "init_distributed"]
+
+
+def configure_threads(num_threads: int | None = None, *, world_size: int = 1) -> int:
+    """Set torch's intra-op threads and return the number chosen.
+
+    ``None`` picks the CPUs this process may run on, divided among ``world_size`` local
+    processes, minus the cores other processes keep busy (1-minute load average): on a shared
+    2-core machine, 2 OpenMP threads competing with other jobs spin and can run several times
+    slower than 1 thread (measured: a 0.8M-parameter training step took 6.5 s with 2 threads and
+    1.5 s with 1 thread at load 11).
+    """
+    if num_threads is None:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        cpus = max(1, cpus // max(1, world_size))
+        try:
+            busy = max(0.0, os.getloadavg()[0] - 1.0)  # the load of everything but ourselves, roughly
+        except OSError:  # pragma: no cover - no load average on this platform
+            busy = 0.0
+        num_threads = max(1, min(cpus, round(cpus - busy / max(1, world_size))))
+    check_int(num_threads, "num_threads")
+    torch.set_num_threads(num_threads)
+    return num_threads
+
+
+# ----------------------------------------------------------------------------------------------
+# Distributed
+# ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DistInfo:
+    """Where this process stands: ``rank`` of ``world_size`` processes, ``local_rank`` on its machine."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the process that logs and writes files."""
+        return self.rank == 0
+
+
+def dist_info() -> DistInfo:
+    """The current process group's rank and size (``DistInfo()`` when not distributed)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return DistInfo(
+            torch.distributed.get_rank(),
+            torch.distributed.get_world_size(),
+            int(os.environ.get("LOCAL_RANK", torch.distributed.get_rank())),
+        )
+    return DistInfo()
+
+
+def init_distributed(device: str | torch.device = "cpu") -> tuple[DistInfo, torch.device]:
+    """Join the process group when launched by ``torchrun`` (``WORLD_SIZE > 1`` in the environment).
+
+    Uses NCCL for CUDA and gloo otherwise; on CUDA each process takes GPU ``LOCAL_RANK``. Without
+    ``torchrun`` (or with one process) this does nothing and returns ``(DistInfo(), device)``.
+
+    Returns:
+        ``(info, device)``: this process's rank/world and the device it must use.
+    """
+    device = torch.device(device)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return dist_info(), device
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if device.type == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    return dist_info(), device

@@ -1,0 +1,287 @@
+"""Evaluators: how a trained model is scored at a length, one per study mode, in a registry.
+
+**Language modelling** (:func:`evaluate_lm`, mode ``lm``). The model reads the windows of an
+:class:`~posenc.lab.evalset.EvalSet` at length ``E``; one forward pass per window gives the loss
+of every target, from which come:
+
+* ``bpb_window``: bits per byte over the **last ``S`` targets** of each window (context
+  ``E - S .. E - 1``): the same bytes at every length, Press et al.'s sliding-window score;
+* the **paired delta** (:func:`paired_deltas`): per window, ``bpb_window`` at ``E`` minus at the
+  training length ``L`` (short context), averaged, with a bootstrap interval over windows. This is
+  the lab's answer to "does the model degrade past L": positive = worse with the longer window;
+* ``bpb_all`` and ``bpb_beyond``: over all positions, and over positions ``>= L`` of the window
+  (secondary: at different ``E`` they cover different bytes);
+* ``curve``: the loss by position inside the window (the early-token effect made visible).
+
+**Synthetic tasks** (:func:`evaluate_task`, modes ``copy``, ``reverse``, ``addition``):
+exact-match accuracy on fresh examples of question length ``n`` (teacher-forced argmax, which
+equals greedy decoding's exact match).
+
+Legend: ``K`` windows, ``b`` windows per forward pass, ``E`` evaluation length, ``L`` training
+length, ``S`` scored targets per window, ``V`` vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .evalset import EvalSet
+from .memory import available_memory, check_memory, estimate_memory
+from .stats import bootstrap_interval
+
+__all__ = [
+    "EVALUATORS",
+    "EvalPoint",
+    "LMEvaluator",
+    "TaskEvaluator",
+    "evaluate_lm",
+    "evaluate_task",
+    "paired_deltas",
+    "task_batch_fn",
+    "task_seq_len",
+]
+
+#: Points in the stored loss-by-position curve of one length (positions are averaged in bins).
+CURVE_POINTS = 64
+
+
+@dataclass
+class EvalPoint:
+    """One evaluation length of one model (``None`` = not measured or n/a; ``note`` says why).
+
+    Attributes:
+        length: ``E``.
+        bpb_window: bits/byte over the last ``S`` targets of each window (the same bytes at every ``E``).
+        delta: the paired delta against ``E = L`` (an :class:`~posenc.lab.stats.Interval` dict:
+            mean, low, high, n windows); ``None`` at ``E = L``.
+        bpb_all / bpb_beyond: bits/byte over all positions / positions ``>= L`` of the windows.
+        window_bits: ``[K]`` per-window ``bpb_window`` (what the paired delta pairs).
+        curve: ``[[position, bits], ...]`` the mean loss by position in the window, binned.
+        n_scored: targets in ``bpb_window`` (``K * S``), or task examples.
+        accuracy: exact-match accuracy (task modes).
+        note: why a value is missing, or the variant's setting (e.g. ``factor 4``).
+        wall_s: evaluation time.
+    """
+
+    length: int
+    bpb_window: float | None = None
+    delta: dict | None = None
+    bpb_all: float | None = None
+    bpb_beyond: float | None = None
+    window_bits: list[float] = field(default_factory=list)
+    curve: list[list[float]] = field(default_factory=list)
+    n_scored: int = 0
+    accuracy: float | None = None
+    note: str = ""
+    wall_s: float = 0.0
+
+    @property
+    def measured(self) -> bool:
+        return self.bpb_window is not None or self.accuracy is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ----------------------------------------------------------------------------------------------
+# Language modelling
+# ----------------------------------------------------------------------------------------------
+def _eval_batch(model_config, length: int, n_windows: int, budget_tokens: int, device: torch.device) -> int:
+    """Windows per forward pass: at most ``budget_tokens`` tokens, and halved until the inference
+    memory estimate (attention matrices ``[b, h, E, E]`` included) fits in a quarter of free memory."""
+    b = max(1, min(n_windows, budget_tokens // length))
+    free = available_memory(device)
+    while b > 1 and estimate_memory(model_config, b, length, training=False).total > free / 4:
+        b //= 2
+    return b
+
+
+def _curve(position_bits: torch.Tensor) -> list[list[float]]:
+    """``[E]`` mean bits per position -> at most :data:`CURVE_POINTS` ``[mid position, mean bits]``."""
+    e = position_bits.numel()
+    width = max(1, math.ceil(e / CURVE_POINTS))
+    out = []
+    for lo in range(0, e, width):
+        chunk = position_bits[lo : lo + width]
+        out.append([lo + (chunk.numel() - 1) / 2, float(chunk.mean())])
+    return out
+
+
+@torch.no_grad()
+def evaluate_lm(
+    model: torch.nn.Module,
+    evalset: EvalSet,
+    length: int,
+    train_len: int,
+    score_len: int,
+    *,
+    batch_tokens: int = 16384,
+    device: str | torch.device | None = None,
+    autocast: bool = False,
+) -> EvalPoint:
+    """Score ``model`` on every window of ``evalset`` at length ``E = length``.
+
+    Args:
+        model: ids ``[b, E]`` -> logits ``[b, E, V]`` (or an object with ``.logits``).
+        evalset: the windows (:func:`~posenc.lab.evalset.sample_eval_set`).
+        length: ``E``.
+        train_len: ``L``; positions ``>= L`` of each window also go into ``bpb_beyond``.
+        score_len: ``S <= E``, the last targets of each window that ``bpb_window`` averages.
+        batch_tokens: at most this many tokens per forward pass (fewer when long windows'
+            attention would not fit in memory).
+        autocast: bf16 autocast (CUDA runs).
+
+    Returns:
+        an :class:`EvalPoint` without ``delta`` (see :func:`paired_deltas`).
+    """
+    if not 1 <= score_len <= length:
+        raise ValueError(f"score_len={score_len} must be in [1, length={length}]")
+    t0 = time.perf_counter()
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    k = int(evalset.anchors.numel())
+    config = getattr(model, "config", None)
+    b = _eval_batch(config, length, k, batch_tokens, device) if config is not None else 1
+    if config is not None:
+        check_memory(estimate_memory(config, b, length, training=False), device,
+                     what=f"evaluation at length {length} (batch {b})")
+    window_bits = torch.empty(k, dtype=torch.float64)  # [K]
+    position_sum = torch.zeros(length, dtype=torch.float64)  # [E]
+    model.eval()
+    for i in range(0, k, b):
+        window = evalset.windows(length, slice(i, i + b)).to(device)  # [b', E + 1]
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+            out = model(window[:, :-1])
+        logits = getattr(out, "logits", out).float()  # [b', E, V]; float32 loss whatever the autocast
+        nats = F.cross_entropy(logits.transpose(1, 2), window[:, 1:], reduction="none")  # [b', E]
+        bits = nats.double().cpu() / math.log(2)  # [b', E], summed in float64
+        window_bits[i : i + bits.shape[0]] = bits[:, -score_len:].mean(dim=1)
+        position_sum += bits.sum(dim=0)
+    position_mean = position_sum / k  # [E]
+    return EvalPoint(
+        length=length,
+        bpb_window=float(window_bits.mean()),
+        bpb_all=float(position_mean.mean()),
+        bpb_beyond=float(position_mean[train_len:].mean()) if length > train_len else None,
+        window_bits=window_bits.tolist(),
+        curve=_curve(position_mean),
+        n_scored=k * score_len,
+        wall_s=time.perf_counter() - t0,
+    )
+
+
+def paired_deltas(points: list[EvalPoint], train_len: int, *, seed: int = 0) -> None:
+    """Fill each point's ``delta``: per window, its ``bpb_window`` minus the same window's at
+    ``E = L``, with a bootstrap interval over windows (in place; needs the point at ``L``)."""
+    base = next((p for p in points if p.length == train_len and p.window_bits), None)
+    if base is None:
+        raise ValueError(f"paired deltas need the evaluation at the training length L={train_len}")
+    ref = torch.tensor(base.window_bits, dtype=torch.float64)  # [K]
+    for p in points:
+        if p.length != train_len and p.window_bits:
+            diff = torch.tensor(p.window_bits, dtype=torch.float64) - ref  # [K], same targets
+            p.delta = bootstrap_interval(diff, seed=seed).to_dict()
+
+
+# ----------------------------------------------------------------------------------------------
+# Synthetic tasks
+# ----------------------------------------------------------------------------------------------
+def task_batch_fn(task: str, batch_size: int, max_len: int, seed: int) -> Callable:
+    """A :data:`~posenc.lab.train.BatchFn` of task examples with question lengths ``1..max_len``:
+    ids ``[b, s-1]``, targets ``[b, s-1]`` with only the answer tokens (and ``[EOS]``) counted."""
+    from ..text.tasks import generate_task
+    from .train import IGNORE_INDEX, _step_seed
+
+    def batch(step: int, rank: int, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        ex = generate_task(task, batch_size, (1, max_len), seed=_step_seed(seed, step) % 2**62)
+        per_rank = batch_size // world_size
+        rows = slice(rank * per_rank, (rank + 1) * per_rank)
+        tokens, mask = ex.tokens[rows], ex.answer_mask[rows]  # [b, s]
+        targets = tokens[:, 1:].masked_fill(~mask[:, 1:], IGNORE_INDEX)  # [b, s - 1]: score answers only
+        return tokens[:, :-1], targets
+
+    return batch
+
+
+def task_seq_len(task: str, n: int) -> int:
+    """Tokens in one example of ``task`` with question length ``n`` (BOS, question, SEP, answer, EOS)."""
+    from ..text.tasks import generate_task
+
+    return int(generate_task(task, 1, n, seed=0).tokens.shape[1])
+
+
+@torch.no_grad()
+def evaluate_task(model: torch.nn.Module, task: str, n: int, examples: int, seed: int,
+                  device: str | torch.device | None = None) -> EvalPoint:
+    """Exact-match accuracy of ``model`` on ``examples`` fresh examples of ``task`` with question
+    length ``n`` (teacher-forced argmax over the answer tokens and ``[EOS]``)."""
+    from ..text.tasks import exact_match, generate_task
+
+    t0 = time.perf_counter()
+    if device is None:
+        device = next(model.parameters()).device
+    ex = generate_task(task, examples, n, seed=seed)  # [n_ex, s], all the same length
+    correct = []
+    model.eval()
+    for i in range(0, examples, 64):
+        tokens, mask = ex.tokens[i : i + 64].to(device), ex.answer_mask[i : i + 64].to(device)  # [b, s]
+        out = model(tokens[:, :-1])
+        pred = getattr(out, "logits", out).argmax(-1)  # [b, s - 1]: prediction for position t + 1
+        correct.append(exact_match(pred, tokens[:, 1:], mask[:, 1:]).cpu())
+    acc = float(torch.cat(correct).float().mean())
+    return EvalPoint(length=n, accuracy=acc, n_scored=examples, wall_s=time.perf_counter() - t0)
+
+
+# ----------------------------------------------------------------------------------------------
+# One evaluator per study mode
+# ----------------------------------------------------------------------------------------------
+class LMEvaluator:
+    """Mode ``lm``: :func:`evaluate_lm` at each length on one :class:`EvalSet`, then the paired
+    deltas against ``L``."""
+
+    def __init__(self, config, evalset: EvalSet, device: torch.device) -> None:
+        self.config, self.evalset, self.device = config, evalset, device
+
+    def positions_needed(self, length: int) -> int:
+        """The longest input (tokens) a model reads at this length."""
+        return length
+
+    def __call__(self, model: torch.nn.Module, length: int) -> EvalPoint:
+        c = self.config
+        return evaluate_lm(model, self.evalset, length, c.train_len, c.targets_per_window,
+                           batch_tokens=c.eval_batch_tokens, device=self.device,
+                           autocast=self.device.type == "cuda")
+
+    def finish(self, points: list[EvalPoint]) -> None:
+        if any(p.window_bits for p in points):
+            paired_deltas(points, self.config.train_len, seed=self.config.split_seed)
+
+
+class TaskEvaluator:
+    """Modes ``copy``, ``reverse``, ``addition``: exact match on fresh examples per length (the
+    same examples for every model: their seed depends on the split seed and the length only)."""
+
+    def __init__(self, config, evalset: None, device: torch.device) -> None:
+        self.config, self.device = config, device
+
+    def positions_needed(self, length: int) -> int:
+        return task_seq_len(self.config.mode, length) - 1
+
+    def __call__(self, model: torch.nn.Module, length: int) -> EvalPoint:
+        c = self.config
+        return evaluate_task(model, c.mode, length, c.eval_examples, seed=c.split_seed + 1_000_003 + length,
+                             device=self.device)
+
+    def finish(self, points: list[EvalPoint]) -> None:
+        pass
+
+
+#: Study mode -> evaluator class (``config.mode`` picks one; ``lm`` needs an evaluation set).
+EVALUATORS: dict[str, type] = {"lm": LMEvaluator, "copy": TaskEvaluator, "reverse": TaskEvaluator,
+                               "addition": TaskEvaluator}

@@ -1,0 +1,107 @@
+"""The study's figure: what a reader needs to choose a scheme, with its uncertainty drawn.
+
+``lm`` mode, three panels sharing the evaluation length on a log-2 axis:
+
+1. sliding-window bits/byte (the same bytes at every length), mean across seeds with a 95% band;
+2. the paired delta against ``L`` with its interval (0 = no change; above 0 = worse);
+3. the loss by position inside the longest window (the early-token effect), mean across seeds.
+
+Task modes: exact-match accuracy against question length. Lower is better except for accuracy.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+__all__ = ["plot_study"]
+
+
+def _series(rows: list[dict[str, Any]], name: str, metric: str):
+    """``(lengths, means, lows, highs)`` of one run's measured points."""
+    pts = [r for r in rows if r["name"] == name and r[metric] is not None]
+    xs = [r["length"] for r in pts]
+    means = [r[metric]["mean"] for r in pts]
+    lows = [r[metric]["low"] if r[metric]["low"] is not None else r[metric]["mean"] for r in pts]
+    highs = [r[metric]["high"] if r[metric]["high"] is not None else r[metric]["mean"] for r in pts]
+    return xs, means, lows, highs
+
+
+def _curves(results: dict[str, Any], name: str, length: int) -> tuple[list[float], list[float]] | None:
+    """Mean over seeds of the loss-by-position curve of run ``name`` at ``length``."""
+    curves = [p["curve"] for r in results["runs"] if r["name"] == name for p in r["eval"]
+              if p["length"] == length and p.get("curve")]
+    if not curves:
+        return None
+    xs = [c[0] for c in curves[0]]
+    ys = [sum(c[i][1] for c in curves) / len(curves) for i in range(len(xs))]
+    return xs, ys
+
+
+def plot_study(results: dict[str, Any], path: str | os.PathLike) -> list[Path]:
+    """Plot the study to ``path`` (png) and the same name with ``.svg``; returns the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cfg = results["config"]
+    L, lens = cfg["train_len"], cfg["eval_lens"]
+    lm = cfg["mode"] == "lm"
+    rows = results["summary"]
+    names = list(dict.fromkeys(r["name"] for r in rows))
+    colors = plt.get_cmap("tab10" if len(names) <= 10 else "tab20")
+    n_seeds = len(cfg["seeds"])
+    panels = 3 if lm else 1
+    fig, axes = plt.subplots(1, panels, figsize=(5.2 * panels, 4.4), squeeze=False, layout="constrained")
+    axes = axes[0]
+    metrics = [("bpb_window", "bits per byte (sliding window)"), ("delta", "paired delta vs L (bits/byte)")] \
+        if lm else [("accuracy", "exact-match accuracy")]
+    variants = {r["name"]: r["variant"] for r in rows}
+    for i, name in enumerate(names):
+        style = "--" if variants[name] else "-"
+        for ax, (metric, _) in zip(axes, metrics):
+            xs, mean, low, high = _series(rows, name, metric)
+            if not xs:
+                continue
+            if metric == "delta":  # E = L is the reference: 0 by definition
+                xs, mean, low, high = [L, *xs], [0.0, *mean], [0.0, *low], [0.0, *high]
+            ax.plot(xs, mean, style, marker="o", ms=3, color=colors(i), label=name)
+            ax.fill_between(xs, low, high, color=colors(i), alpha=0.15, lw=0)
+        if lm:
+            curve = _curves(results, name, max(lens))
+            if curve is not None:
+                axes[2].plot([x + 1 for x in curve[0]], curve[1], style, color=colors(i), label=name)
+    over = f"95% interval over {n_seeds} seeds" if n_seeds > 1 else "95% interval over windows"
+    for ax, (_, label) in zip(axes, metrics):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(lens, [str(e) for e in lens])
+        ax.minorticks_off()
+        ax.axvline(L, color="grey", lw=0.8, ls=":")
+        ax.set_xlabel("question length (digits)" if not lm else "evaluation length E (tokens)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    if lm:
+        axes[0].set_title(f"same bytes at every length; lower is better\n(trained at L={L}; {over})",
+                          fontsize=9)
+        axes[1].axhline(0, color="black", lw=0.8)
+        axes[1].set_title("windows of E minus windows of L, same bytes\n(> 0: worse with more context)",
+                          fontsize=9)
+        axes[0].set_ylim(top=min(axes[0].get_ylim()[1], 8.0))  # 8 bits/byte = a uniform guess
+        axes[2].set_xscale("log", base=2)
+        axes[2].axvline(L, color="grey", lw=0.8, ls=":")
+        axes[2].set_xlabel(f"position in the window (E={max(lens)})")
+        axes[2].set_ylabel("bits per byte")
+        axes[2].set_ylim(top=min(axes[2].get_ylim()[1], 8.0))
+        axes[2].set_title("loss by position: early tokens lack context\n(lower is better)", fontsize=9)
+        axes[2].grid(alpha=0.3)
+    else:
+        axes[0].set_title(f"{cfg['mode']}: trained on lengths 1..{L}; higher is better ({over})", fontsize=9)
+    axes[-1].legend(fontsize=7, loc="best")
+    path = Path(path)
+    written = [path, path.with_suffix(".svg")]
+    for p in written:
+        fig.savefig(p, dpi=120)
+    plt.close(fig)
+    return written

@@ -1,0 +1,108 @@
+"""Tests of posenc.lab.cells: the same numbers here, in local processes and on a Dask cluster;
+finished cells skipped on resume; evaluation-time variants; the same data for every cell."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from _lab_toys import tiny_study, write_corpus
+from posenc.lab import cells as cells_mod
+from posenc.lab.cells import Cell, iter_cells, run_cell, study_cells, study_data
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory):
+    return write_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+def _numbers(record):
+    """Everything a cell measured (not how long it took)."""
+    runs = [[{k: v for k, v in p.items() if k != "wall_s"} for p in r["eval"]] for r in record["runs"]]
+    return record["train"]["loss_every_10_steps"], record["train"]["final_loss_nats"], runs
+
+
+@pytest.mark.slow
+def test_same_cell_same_numbers_here_in_processes_and_on_a_dask_cluster(corpus_dir):
+    distributed = pytest.importorskip("distributed")
+    config = tiny_study(corpus_dir, schemes=("alibi", "rope"), seeds=(0, 1), variants=("yarn",), steps=12)
+    cells = [Cell("alibi", 0), Cell("rope", 1)]
+    kw = dict(out=None, device=torch.device("cpu"), resume=False, progress=False, threads=1)
+    serial = {r["cell"]: r for r in iter_cells(config, cells, **kw)}
+    local = {r["cell"]: r for r in iter_cells(config, cells, workers=2, **kw)}
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=None) as cluster, distributed.Client(cluster) as client:
+        on_cluster = {r["cell"]: r for r in iter_cells(config, cells, cluster=client, **kw)}
+    assert set(serial) == set(local) == set(on_cluster) == {"alibi-seed0", "rope-seed1"}
+    for name in serial:
+        assert _numbers(serial[name]) == _numbers(local[name]) == _numbers(on_cluster[name])
+    assert [r["name"] for r in serial["rope-seed1"]["runs"]] == ["rope", "rope+yarn"]
+    assert [r["name"] for r in serial["alibi-seed0"]["runs"]] == ["alibi"]  # alibi declares no variants
+
+
+def test_a_killed_study_resumes_and_skips_finished_cells(corpus_dir, tmp_path, monkeypatch):
+    config = tiny_study(corpus_dir, schemes=("alibi", "nope"), checkpoint_every=2)
+    real_train = cells_mod.train
+
+    def dies_on_nope(model, data, tc, **kw):
+        if model.config.position == "nope":
+            raise KeyboardInterrupt("killed")
+        return real_train(model, data, tc, **kw)
+
+    monkeypatch.setattr(cells_mod, "train", dies_on_nope)
+    kw = dict(out=tmp_path, device=torch.device("cpu"), resume=True, progress=False)
+    with pytest.raises(KeyboardInterrupt):
+        list(iter_cells(config, study_cells(config), **kw))
+    first = json.loads((tmp_path / "cells" / "alibi-seed0.json").read_text())
+    assert not (tmp_path / "cells" / "nope-seed0.json").exists()
+
+    trained = []
+    monkeypatch.setattr(cells_mod, "train", lambda model, *a, **k: trained.append(model.config.position)
+                        or real_train(model, *a, **k))
+    again = {r["cell"]: r for r in iter_cells(config, study_cells(config), **kw)}
+    assert trained == ["nope"]  # the finished cell was not trained again
+    assert again["alibi-seed0"]["reused"] and _numbers(again["alibi-seed0"]) == _numbers(first)
+    # a setting that changes the numbers invalidates the cell: it runs again (from its checkpoint)
+    other = tiny_study(corpus_dir, schemes=("alibi",), checkpoint_every=2, eval_windows=5)
+    rerun = run_cell(other, Cell("alibi", 0), **kw)
+    assert "reused" not in rerun and rerun["train"]["resumed_from"] == config.steps
+    assert len(rerun["runs"][0]["eval"][0]["window_bits"]) == 5
+
+
+def test_every_cell_reads_the_same_data_and_seeds_change_only_the_model(corpus_dir, monkeypatch):
+    seen = []
+    real_train = cells_mod.train
+
+    def spy(model, data, tc, **kw):
+        seen.append((model.config.position, tc.seed, data, [p.detach().clone() for p in model.parameters()]))
+        return real_train(model, data, tc, **kw)
+
+    monkeypatch.setattr(cells_mod, "train", spy)
+    config = tiny_study(corpus_dir, schemes=("nope", "sinusoidal"), seeds=(0, 1), steps=2)
+    records = [run_cell(config, c) for c in study_cells(config)]
+    assert [(s[0], s[1]) for s in seen] == [("nope", 0), ("nope", 1), ("sinusoidal", 0), ("sinusoidal", 1)]
+    assert all(torch.equal(s[2], seen[0][2]) for s in seen)  # the same training bytes
+    assert not torch.equal(seen[0][3][0], seen[1][3][0])  # another seed, another initialisation
+    assert all(torch.equal(a, b) for a, b in zip(seen[0][3], seen[2][3]))  # same seed, same init
+    # the evaluation windows depend on the split seed only: the same for every cell
+    assert study_data(config).evalset is study_data(tiny_study(corpus_dir, seeds=(5,))).evalset
+    assert len({json.dumps(r["runs"][0]["eval"][0]["window_bits"]) for r in records}) == 4
+
+
+def test_cluster_needs_dask(monkeypatch, corpus_dir):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_dask(name, *args, **kwargs):
+        if name == "distributed":
+            raise ImportError("No module named 'distributed'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_dask)
+    config = tiny_study(corpus_dir)
+    with pytest.raises(ValueError, match=r"cluster needs Dask distributed: pip install 'posenc\[cluster\]'"):
+        list(iter_cells(config, study_cells(config), out=None, device=torch.device("cpu"), resume=False,
+                        progress=False, cluster="tcp://127.0.0.1:1"))

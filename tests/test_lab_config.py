@@ -1,0 +1,90 @@
+"""Tests of posenc.lab.config: StudyConfig validation and defaults, the model a study builds."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from posenc.base import PositionalScheme
+from posenc.bias import t5_relative_bucket
+from posenc.lab.config import PRESETS, StudyConfig, TrainConfig, study_model_config
+from posenc.model import TransformerLM
+from posenc.registry import SCHEMES, register
+
+
+class _Bidirectional(PositionalScheme):
+    name = "test_bidirectional_only"
+    causal_ok = False
+
+
+@pytest.fixture
+def bidirectional_scheme():
+    register(_Bidirectional)
+    yield _Bidirectional.name
+    SCHEMES.pop(_Bidirectional.name)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"schemes": ()}, ValueError, "schemes is empty"),
+        ({"schemes": ("alibi", "alibi")}, ValueError, "schemes has duplicates"),
+        ({"schemes": ("nonsense",)}, ValueError, "unknown scheme 'nonsense'; valid schemes: nope"),
+        ({"eval_lens": (256, 128)}, ValueError, "eval_lens must be increasing"),
+        ({"eval_lens": ()}, ValueError, "eval_lens is empty"),
+        ({"seeds": (1, 1)}, ValueError, "seeds must be increasing without repeats"),
+        ({"seeds": (-1,)}, ValueError, "seeds entry must be >= 0"),
+        ({"split_seed": -2}, ValueError, "split_seed must be >= 0"),
+        ({"eval_windows": 0}, ValueError, "eval_windows must be >= 1"),
+        ({"score_len": 200}, ValueError, "score_len=200 must be <= the shortest eval length 128"),
+        ({"variants": ("yarnn",)}, ValueError, "unknown variants entry 'yarnn'; valid values: .*'yarn'"),
+        ({"mode": "sort"}, ValueError, "unknown mode 'sort'; valid values: 'lm', 'copy'"),
+        ({"num_heads": 3}, ValueError, "num_heads=3 must divide d_model=128"),
+        ({"train_len": 0}, ValueError, "train_len must be >= 1"),
+        ({"steps": 1.5}, TypeError, "steps must be an int"),
+        ({"position_lr_scale": 0.0}, ValueError, "position_lr_scale must be a finite number > 0"),
+    ],
+)
+def test_study_config_errors(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        StudyConfig(**{"schemes": ("alibi",), **kwargs})
+
+
+def test_study_refuses_a_non_causal_scheme(bidirectional_scheme):
+    with pytest.raises(ValueError, match="has no causal form, so it cannot run in a decoder-only LM"):
+        StudyConfig(schemes=(bidirectional_scheme,))
+
+
+def test_train_length_is_always_evaluated_and_score_len_defaults_to_half():
+    config = StudyConfig(("alibi",), train_len=128, eval_lens=(256, 512))
+    assert config.eval_lens == (128, 256, 512)  # the paired deltas' reference
+    assert config.targets_per_window == 64
+    assert StudyConfig(("alibi",), train_len=128, eval_lens=(32, 256)).targets_per_window == 16
+    assert StudyConfig(("alibi",), mode="copy", train_len=8, eval_lens=(4, 12)).eval_lens == (4, 12)
+
+
+def test_round_trip_and_train_configs_per_seed():
+    config = StudyConfig(("alibi", "t5"), seeds=(0, 3), split_seed=5, eval_lens=(128, 256))
+    assert StudyConfig.from_dict(config.to_dict()) == config
+    assert config.train_config(seed=3).seed == 3 and config.train_config().seed == 0
+    assert config.train_config().position_lr_scale == TrainConfig.position_lr_scale
+    with pytest.raises(ValueError, match="unknown StudyConfig field"):
+        StudyConfig.from_dict({**config.to_dict(), "stride": 4})
+    assert PRESETS["default"]["seeds"] == (0, 1, 2)  # the documented study has intervals over seeds
+
+
+def test_t5_in_a_study_trains_every_bucket():
+    """T5's buckets are sized from the training length: every bucket that any distance reaches
+    occurs within L tokens, so none keeps its initial value and inverts the distance preference
+    past L (with T5's max_distance=128 at L=64, buckets 27-31 occur only past L)."""
+    for train_len in (32, 64, 128, 512):
+        config = StudyConfig(schemes=("t5",), train_len=train_len, eval_lens=(train_len,))
+        scheme = TransformerLM(study_model_config(config, "t5")).decoder.scheme(0)
+        assert scheme.bidirectional is False and scheme.max_distance == min(128, max(17, train_len // 2))
+
+        def buckets(n, scheme=scheme):  # the buckets of key-query distances 0 .. n - 1
+            rel = -torch.arange(n)
+            return set(t5_relative_bucket(rel, False, scheme.num_buckets, scheme.max_distance).tolist())
+
+        assert buckets(train_len) == buckets(64 * train_len)
+    assert TransformerLM(study_model_config(config, "alibi")).decoder.scheme(0).causal is True

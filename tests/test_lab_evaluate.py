@@ -1,0 +1,154 @@
+"""Tests of posenc.lab.evaluate: scores against a float64 reference, paired deltas, the task evaluator."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from _lab_toys import tiny_lm
+from posenc.lab.evalset import sample_eval_set
+from posenc.lab.evaluate import (
+    EvalPoint,
+    _eval_batch,
+    evaluate_lm,
+    evaluate_task,
+    paired_deltas,
+    task_batch_fn,
+)
+from posenc.text.tasks import EOS, SEP, TASK_VOCAB
+
+
+def _evalset(n=600, k=5, max_len=64, seed=2):
+    tokens = torch.randint(0, 256, (n,), generator=torch.Generator().manual_seed(seed)).to(torch.uint8)
+    return sample_eval_set(tokens, k, max_len, seed=0)
+
+
+def reference(model: nn.Module, es, length: int, train_len: int, score_len: int):
+    """Each window alone, log-softmax in float64, one target at a time."""
+    per_window, all_bits, beyond = [], [], []
+    with torch.no_grad():
+        for a in es.anchors.tolist():
+            window = es.tokens[a - length : a + 1].long()
+            logp = torch.log_softmax(model(window[None, :-1])[0].double(), dim=-1)  # [E, V]
+            bits = [-logp[i, window[i + 1]].item() / math.log(2) for i in range(length)]
+            per_window.append(sum(bits[-score_len:]) / score_len)
+            all_bits += bits
+            beyond += bits[train_len:]
+    return per_window, sum(all_bits) / len(all_bits), (sum(beyond) / len(beyond) if beyond else None)
+
+
+@pytest.mark.parametrize("length", [8, 16, 64])
+def test_evaluate_lm_matches_float64_reference(length):
+    model, es = tiny_lm(), _evalset()
+    point = evaluate_lm(model, es, length, train_len=8, score_len=4, batch_tokens=2 * length)  # 3 batches
+    windows, ref_all, ref_beyond = reference(model, es, length, 8, 4)
+    assert point.window_bits == pytest.approx(windows, rel=1e-5)
+    assert point.bpb_window == pytest.approx(sum(windows) / len(windows), rel=1e-5)
+    assert point.bpb_all == pytest.approx(ref_all, rel=1e-5)
+    assert point.n_scored == 5 * 4
+    if length == 8:
+        assert point.bpb_beyond is None
+    else:
+        assert point.bpb_beyond == pytest.approx(ref_beyond, rel=1e-5)
+    # the loss-by-position curve averages to the all-position value
+    assert len(point.curve) <= 64 and point.curve[0][0] < point.curve[-1][0]
+    width = math.ceil(length / 64)
+    mean_of_bins = sum(y * min(width, length - i * width) for i, (_, y) in enumerate(point.curve)) / length
+    assert mean_of_bins == pytest.approx(point.bpb_all, rel=1e-9)
+
+
+class Bigram(nn.Module):
+    """Logits depend on the current token only: no use of context or position."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(256, 256, generator=torch.Generator().manual_seed(1)))
+
+    def forward(self, ids):  # [b, s] -> [b, s, V]
+        return self.table[ids]
+
+
+def test_paired_delta_is_zero_for_a_model_blind_to_context():
+    model, es = Bigram(), _evalset()
+    points = [evaluate_lm(model, es, e, train_len=8, score_len=8) for e in (8, 16, 64)]
+    paired_deltas(points, 8)
+    assert points[0].delta is None  # the reference length
+    for p in points[1:]:
+        assert p.window_bits == points[0].window_bits  # the very same bytes, the same losses
+        assert p.delta == {"mean": 0.0, "low": 0.0, "high": 0.0, "n": 5}
+
+
+def test_paired_delta_pairs_each_window_with_itself():
+    model, es = tiny_lm("rope"), _evalset()
+    points = [evaluate_lm(model, es, e, train_len=8, score_len=4) for e in (8, 32)]
+    paired_deltas(points, 8, seed=1)
+    short, _, _ = reference(model, es, 8, 8, 4)
+    long, _, _ = reference(model, es, 32, 8, 4)
+    diffs = [b - a for a, b in zip(short, long)]
+    delta = points[1].delta
+    assert delta["mean"] == pytest.approx(sum(diffs) / len(diffs), abs=1e-5)
+    assert delta["low"] <= delta["mean"] <= delta["high"] and delta["n"] == 5
+    assert delta["low"] >= min(diffs) - 1e-6 and delta["high"] <= max(diffs) + 1e-6
+
+
+def test_evaluation_errors():
+    model, es = tiny_lm(), _evalset()
+    with pytest.raises(ValueError, match=r"score_len=9 must be in \[1, length=8\]"):
+        evaluate_lm(model, es, 8, train_len=8, score_len=9)
+    with pytest.raises(ValueError, match="paired deltas need the evaluation at the training length L=8"):
+        paired_deltas([EvalPoint(16, 2.0, window_bits=[2.0])], 8)
+
+
+def test_eval_batch_shrinks_when_memory_is_short(monkeypatch):
+    import posenc.lab.evaluate as ev
+
+    config = tiny_lm().config
+    assert _eval_batch(config, 64, 16, 4096, torch.device("cpu")) == 16
+    monkeypatch.setattr(ev, "available_memory", lambda device: 4 * 2**20)  # 4 MiB free
+    assert _eval_batch(config, 64, 16, 4096, torch.device("cpu")) < 16
+
+
+# ---------------------------------------------------------------------------------------------- tasks
+class CopyOracle(nn.Module):
+    """Predicts the copy task perfectly from the question it is given (one-hot logits)."""
+
+    def __init__(self, wrong_at: int | None = None) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(1))
+        self.wrong_at = wrong_at
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:  # ids [b, 2n + 2] = BOS q SEP a
+        s = ids.shape[1]
+        n = (s - 2) // 2
+        nxt = torch.zeros_like(ids)
+        # position t predicts token t + 1: SEP (token n + 1), the answer (tokens n + 2 .. 2n + 1), EOS
+        nxt[:, n] = SEP
+        nxt[:, n + 1 : 2 * n + 1] = ids[:, 1 : n + 1]
+        nxt[:, 2 * n + 1] = EOS
+        if self.wrong_at is not None:
+            nxt[:, n + 1 + self.wrong_at] = (nxt[:, n + 1 + self.wrong_at] + 1) % len(TASK_VOCAB)
+        return nn.functional.one_hot(nxt, len(TASK_VOCAB)).float() + 0 * self.weight
+
+
+def test_evaluate_task_aligns_predictions_with_answers():
+    assert evaluate_task(CopyOracle(), "copy", 6, 20, seed=0).accuracy == 1.0
+    assert evaluate_task(CopyOracle(wrong_at=3), "copy", 6, 20, seed=0).accuracy == 0.0
+
+
+def test_task_batches_score_answers_only():
+    batch = task_batch_fn("reverse", 8, 5, seed=0)
+    ids, targets = batch(3, 0, 1)
+    again = batch(3, 0, 1)
+    assert torch.equal(ids, again[0]) and torch.equal(targets, again[1])  # pure in the step
+    assert ids.shape == targets.shape and ids.shape[0] == 8
+    for row_ids, row_targets in zip(ids, targets):
+        sep = int((row_ids == SEP).nonzero()[0])
+        question = row_ids[1:sep].tolist()  # BOS q1..qn SEP ...
+        assert 1 <= len(question) <= 5
+        scored = row_targets[row_targets != -100].tolist()
+        assert scored == [*question[::-1], EOS]  # exactly the answer and EOS count
+    top, bottom = batch(3, 0, 2), batch(3, 1, 2)
+    assert torch.equal(torch.cat((top[0], bottom[0])), ids)  # ranks partition the global batch
