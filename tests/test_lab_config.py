@@ -43,6 +43,11 @@ def bidirectional_scheme():
         ({"train_len": 0}, ValueError, "train_len must be >= 1"),
         ({"steps": 1.5}, TypeError, "steps must be an int"),
         ({"position_lr_scale": 0.0}, ValueError, "position_lr_scale must be a finite number > 0"),
+        ({"position_options": {"t5": {"max_distance": 64}}}, ValueError,
+         "unknown position_options scheme 't5'; valid values: 'alibi'"),
+        ({"schemes": ("t5",), "position_options": {"t5": {"max_dist": 64}}}, ValueError,
+         "unknown position_options key of 't5' 'max_dist'; valid values: .*'max_distance'"),
+        ({"position_options": [1]}, TypeError, "position_options must be a dict"),
     ],
 )
 def test_study_config_errors(kwargs, error, match):
@@ -71,6 +76,13 @@ def test_round_trip_and_train_configs_per_seed():
     with pytest.raises(ValueError, match="unknown StudyConfig field"):
         StudyConfig.from_dict({**config.to_dict(), "stride": 4})
     assert PRESETS["default"]["seeds"] == (0, 1, 2)  # the documented study has intervals over seeds
+
+
+def test_position_options_reach_the_model():
+    config = StudyConfig(schemes=("t5", "alibi"), train_len=64, eval_lens=(64,),
+                         position_options={"t5": {"max_distance": 128}})
+    assert TransformerLM(config.model_config("t5")).decoder.scheme(0).max_distance == 128
+    assert StudyConfig.from_dict(config.to_dict()) == config
 
 
 def test_t5_in_a_study_trains_every_bucket():

@@ -13,6 +13,7 @@ import torch
 
 from _lab_toys import tiny_study, write_corpus
 from posenc.cli import main
+from posenc.lab.commands import parse_options
 from posenc.lab.extrapolate import format_table, run_study, summarize
 from posenc.lab.stats import seed_interval
 
@@ -139,12 +140,19 @@ def test_tiny_task_study(tmp_path, capsys):
         (["--workers", "0"], "--workers must be >= 1"),
         (["--variants", "yarnn"], "unknown variants entry 'yarnn'"),
         (["--resume"], "--resume needs --out"),
+        (["--option", "t5max=3"], "--option 't5max=3' is not SCHEME.KEY=VALUE"),
+        (["--option", "alibi.slope=2"], "unknown position_options key of 'alibi' 'slope'"),
     ],
 )
 def test_cli_errors(argv, message, capsys):
     assert main(["extrapolate", "--schemes", "alibi", *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_parse_options():
+    assert parse_options(["t5.max_distance=64", "t5.bidirectional=false", "rope.layout=interleaved"]) == {
+        "t5": {"max_distance": 64, "bidirectional": False}, "rope": {"layout": "interleaved"}}
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")

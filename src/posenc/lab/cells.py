@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from .config import StudyConfig, study_model_config
+from .config import StudyConfig
 from .evalset import EvalSet, sample_eval_set
 from .evaluate import EVALUATORS, EvalPoint, task_batch_fn, task_seq_len
 from .train import seed_everything, train
@@ -205,7 +205,7 @@ def run_cell(
         torch.set_num_threads(threads)
     device = torch.device(device)
     data = study_data(config)
-    mc = study_model_config(config, cell.scheme, vocab_size=data.vocab, max_len=data.max_len)
+    mc = config.model_config(cell.scheme, vocab_size=data.vocab, max_len=data.max_len)
     tc = config.train_config(data.seq_len, cell.seed)
     if out_dir is None:
         tc = dataclasses.replace(tc, checkpoint_every=0)

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["extrapolate_args", "extrapolate_run", "parse_list", "train_args", "train_run"]
+__all__ = ["extrapolate_args", "extrapolate_run", "parse_list", "parse_options", "train_args", "train_run"]
 
 
 def parse_list(spec: str, kind: type = str, *, flag: str) -> tuple:
@@ -27,6 +27,23 @@ def parse_list(spec: str, kind: type = str, *, flag: str) -> tuple:
         return tuple(kind(x) for x in items)
     except ValueError:
         raise ValueError(f"{flag} {spec!r} is not a comma list of {kind.__name__}s (e.g. 128,256)") from None
+
+
+def parse_options(specs: list[str]) -> dict[str, dict[str, Any]]:
+    """``["t5.max_distance=128", ...]`` -> ``{"t5": {"max_distance": 128}}``; values are JSON when
+    they parse as JSON (numbers, true/false, lists), else strings."""
+    options: dict[str, dict[str, Any]] = {}
+    for spec in specs:
+        name, sep, value = spec.partition("=")
+        scheme, dot, key = name.partition(".")
+        if not (sep and dot and scheme and key):
+            raise ValueError(f"--option {spec!r} is not SCHEME.KEY=VALUE (e.g. t5.max_distance=128)")
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError:
+            parsed = value
+        options.setdefault(scheme, {})[key] = parsed
+    return options
 
 
 def _common_args(p: argparse.ArgumentParser) -> None:
@@ -108,6 +125,8 @@ def extrapolate_args(p: argparse.ArgumentParser) -> None:
                    help="targets scored at the end of each window (default: half the shortest length)")
     p.add_argument("--variants", "--rope-scalings", dest="variants", default=None,
                    help="evaluation-time variants, e.g. RoPE scalings (default linear,ntk,yarn; 'none')")
+    p.add_argument("--option", action="append", default=[], metavar="SCHEME.KEY=VALUE",
+                   help="a scheme's option for its model, e.g. t5.max_distance=128 (repeatable)")
     p.add_argument("--workers", type=int, default=None,
                    help="cells run at once in local processes (default: the free cores)")
     p.add_argument("--cluster", default=None,
@@ -142,6 +161,8 @@ def extrapolate_run(args: argparse.Namespace) -> int:
         fields["score_len"] = args.score_len
     if args.variants is not None:
         fields["variants"] = () if args.variants == "none" else parse_list(args.variants, flag="--variants")
+    if args.option:
+        fields["position_options"] = parse_options(args.option)
     config = StudyConfig(**fields)
     if args.resume and args.out is None:
         raise ValueError("--resume needs --out (the folder holding the checkpoints)")
@@ -188,7 +209,7 @@ def train_run(args: argparse.Namespace) -> int:
 
     from ..model import TransformerLM, save_model
     from ..text import load_corpus
-    from .config import StudyConfig, study_model_config
+    from .config import StudyConfig
     from .train import seed_everything, train
 
     fields = {"schemes": (args.scheme,), "variants": (), **_overrides(args)}
@@ -197,7 +218,7 @@ def train_run(args: argparse.Namespace) -> int:
         fields["seeds"] = (args.seed,)
     study = StudyConfig(**fields)
     tc = dataclasses.replace(study.train_config(), autocast=args.autocast)
-    mc = study_model_config(study, args.scheme)
+    mc = study.model_config(args.scheme)
     out = Path(args.out)
     info, device, threads = _setup(args)
     try:

@@ -194,6 +194,8 @@ class StudyConfig:
             sliding-window score use; ``None`` = half of the shortest of ``L`` and the eval lengths.
         variants: evaluation-time variants (RoPE: scalings ``linear``, ``ntk``, ``yarn``, ...), each
             applied to every scheme that declares it, with factor ``E / L``.
+        position_options: per scheme, constructor options for its model (``{"t5": {"max_distance":
+            128}}``); keys must be the scheme's configuration keys (``posenc show t5``).
         eval_examples: examples per length in task mode.
         eval_batch_tokens: at most this many tokens per evaluation forward pass.
         checkpoint_every: write a training checkpoint this often (when the study has an output folder).
@@ -223,6 +225,7 @@ class StudyConfig:
     eval_windows: int = 32
     score_len: int | None = None
     variants: tuple[str, ...] = ("linear", "ntk", "yarn")
+    position_options: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     eval_examples: int = 200
     eval_batch_tokens: int = 16384
     checkpoint_every: int = 100
@@ -258,10 +261,23 @@ class StudyConfig:
                                  f"{min(self.eval_lens)} (every window scores its last score_len targets)")
         if self.d_model % self.num_heads:
             raise ValueError(f"num_heads={self.num_heads} must divide d_model={self.d_model}")
+        self._check_position_options()
         offered = {v for cls in SCHEMES.values() for v in cls.eval_variants}
         for v in self.variants:
             check_choice(v, "variants entry", sorted(offered))
         self.train_config()  # validates the optimizer settings
+
+    def _check_position_options(self) -> None:
+        from ..registry import config_keys
+
+        if not isinstance(self.position_options, dict):
+            raise TypeError(f"position_options must be a dict {{scheme: {{key: value}}}}, got "
+                            f"{type(self.position_options).__name__}")
+        for scheme, options in self.position_options.items():
+            check_choice(scheme, "position_options scheme", self.schemes)
+            valid = config_keys(scheme)
+            for key in options:
+                check_choice(key, f"position_options key of {scheme!r}", list(valid))
 
     @property
     def lm(self) -> bool:
@@ -291,6 +307,11 @@ class StudyConfig:
         """Inverse of :meth:`to_dict`; unknown keys raise ``ValueError`` listing the valid ones."""
         check_fields(cls, data)
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+
+    def model_config(self, scheme: str, *, vocab_size: int = 256, max_len: int | None = None):
+        """The :class:`~posenc.model.ModelConfig` of ``scheme``'s model in this study."""
+        return study_model_config(self, scheme, vocab_size=vocab_size, max_len=max_len,
+                                  position_options=self.position_options.get(scheme))
 
 
 #: Named configurations: ``default`` is the study of docs/lab.md (three seeds), ``quick`` a
