@@ -113,7 +113,10 @@ def extrapolate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--schemes", default=None,
                    help=f"comma list of schemes (default {','.join(DEFAULT_SCHEMES)})")
     p.add_argument("--eval-lens", default=None, help="comma list of evaluation lengths (default 128,..,2048)")
-    p.add_argument("--quick", action="store_true", help="a ~2-minute smoke version (smaller model, L=64)")
+    p.add_argument("--quick", action="store_true", help="a ~1-minute smoke version (smaller model, L=64)")
+    p.add_argument("--compare", nargs=2, metavar=("A", "B"), default=None,
+                   help="compare two finished studies (results.json files or folders) on the same bytes; "
+                        "trains nothing")
     p.add_argument("--out", default=None, help="folder for results.json, extrapolation.png/svg, checkpoints")
     p.add_argument("--task", default="lm", choices=list(MODES),
                    help="lm (default: bits/byte on a corpus) or a synthetic task (exact-match accuracy)")
@@ -134,8 +137,35 @@ def extrapolate_args(p: argparse.ArgumentParser) -> None:
     _common_args(p)
 
 
+def _read_results(spec: str) -> dict[str, Any]:
+    path = Path(spec)
+    if path.is_dir():
+        path = path / "results.json"
+    try:
+        results = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"--compare: cannot read a study from {spec!r}: {err}") from None
+    if not isinstance(results, dict) or not {"config", "runs", "eval", "corpus"} <= results.keys():
+        raise ValueError(f"--compare: {str(path)!r} is not a posenc extrapolate results.json")
+    return results
+
+
+def compare_run(args: argparse.Namespace) -> int:
+    """``posenc extrapolate --compare A B``: print B - A on the same bytes."""
+    from .compare import compare_studies, format_comparison
+
+    a, b = (_read_results(x) for x in args.compare)
+    rows = compare_studies(a, b)
+    if not rows:
+        raise ValueError("--compare: the two studies share no (scheme, seed) run")
+    print(format_comparison(rows, b["config"]["eval_lens"]))
+    return 0
+
+
 def extrapolate_run(args: argparse.Namespace) -> int:
     """Run ``posenc extrapolate``: train, evaluate, print the table, write the JSON and plot."""
+    if args.compare is not None:
+        return compare_run(args)
     from .config import PRESETS, TASK_DEFAULTS, StudyConfig
     from .extrapolate import format_table, run_study
 

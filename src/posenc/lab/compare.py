@@ -1,0 +1,76 @@
+"""Two studies side by side: is B better than A on the same bytes, seed for seed?
+
+For every run name and length both studies measured, the difference B - A of the sliding-window
+bits/byte (the same windows: the studies must share the corpus and the evaluation anchors), one
+value per seed both ran, summarised with a t interval over seeds; with one common seed, a
+bootstrap interval over windows instead. Use it for ablations (``--position-lr-scale 1`` against
+the default, ``--option t5.max_distance=128`` against the default).
+
+Legend: ``K`` windows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .stats import bootstrap_interval, seed_interval
+
+__all__ = ["compare_studies", "format_comparison"]
+
+
+def _check_same_bytes(a: dict[str, Any], b: dict[str, Any]) -> None:
+    if a["config"]["mode"] != "lm" or b["config"]["mode"] != "lm":
+        raise ValueError("--compare takes two language-modelling studies (mode 'lm')")
+    if a["corpus"]["sha256"] != b["corpus"]["sha256"] or a["eval"]["anchors"] != b["eval"]["anchors"]:
+        raise ValueError(
+            "the two studies scored different bytes (corpus or evaluation windows differ); run both with "
+            "the same --corpus, --max-chars, --split-seed, --eval-windows and longest --eval-lens"
+        )
+    if a["eval"]["score_len"] != b["eval"]["score_len"]:
+        raise ValueError("the two studies score a different number of targets per window (--score-len)")
+
+
+def _point(run: dict[str, Any], length: int) -> dict[str, Any] | None:
+    return next((p for p in run["eval"] if p["length"] == length and p["window_bits"]), None)
+
+
+def compare_studies(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
+    """Rows ``{"name", "length", "seeds", "diff", "over"}``: B - A in bits/byte (``diff`` an
+    Interval dict over the seeds both studies ran, or over windows when they share one seed)."""
+    _check_same_bytes(a, b)
+    runs_a = {(r["name"], r["seed"]): r for r in a["runs"]}
+    pairs: dict[str, list[tuple[dict, dict]]] = {}  # run name -> [(run in A, run in B)] per common seed
+    for rb in b["runs"]:
+        if (rb["name"], rb["seed"]) in runs_a:
+            pairs.setdefault(rb["name"], []).append((runs_a[rb["name"], rb["seed"]], rb))
+    rows = []
+    for name, seed_pairs in pairs.items():
+        for length in (p["length"] for p in seed_pairs[0][1]["eval"]):
+            both = [(_point(ra, length), _point(rb, length), rb["seed"]) for ra, rb in seed_pairs]
+            both = [(pa, pb, seed) for pa, pb, seed in both if pa and pb]
+            if not both:
+                continue
+            # [K] per-window differences of each common seed: the same bytes, B's model minus A's
+            diffs = [torch.tensor(pb["window_bits"]) - torch.tensor(pa["window_bits"]) for pa, pb, _ in both]
+            many = len(diffs) > 1
+            diff = seed_interval([float(d.mean()) for d in diffs]) if many else bootstrap_interval(diffs[0])
+            rows.append({"name": name, "length": length, "seeds": [seed for *_, seed in both],
+                         "diff": diff.to_dict(), "over": "seeds" if many else "windows"})
+    return rows
+
+
+def format_comparison(rows: list[dict[str, Any]], lens: list[int]) -> str:
+    """A table of ``B - A`` per run and length (``mean ±half-width``; < 0 = B is better)."""
+    from .extrapolate import _cell
+
+    names = list(dict.fromkeys(r["name"] for r in rows))
+    width = max(8, *(len(n) for n in names)) if names else 8
+    lines = ["B - A, sliding-window bits/byte on the same bytes (< 0: B is better; 95% interval over "
+             f"{'seeds' if rows and rows[0]['over'] == 'seeds' else 'windows'})",
+             f"{'scheme':<{width}}" + "".join(f"{e:>16}" for e in lens)]
+    for name in names:
+        by_len = {r["length"]: r["diff"] for r in rows if r["name"] == name}
+        lines.append(f"{name:<{width}}" + "".join(f"{_cell(by_len.get(e), True, 'n/a'):>16}" for e in lens))
+    return "\n".join(lines)
