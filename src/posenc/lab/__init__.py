@@ -1,7 +1,14 @@
 """The lab: train short, test long. A training loop, the length-extrapolation study, synthetic tasks.
 
-* :mod:`.train` - deterministic, resumable, distributed training with atomic safetensors checkpoints.
-* :mod:`.extrapolate` - one small byte-level LM per scheme, evaluated at lengths past the trained one.
+* :mod:`.config` - :class:`TrainConfig` (one run) and :class:`~.config.StudyConfig` (a study), presets.
+* :mod:`.train` - the deterministic, resumable, distributed training loop; :mod:`.checkpoint`
+  (atomic safetensors checkpoints), :mod:`.memory` (refuse runs that cannot fit),
+  :mod:`.distributed` (torchrun, threads).
+* :mod:`.evalset`, :mod:`.evaluate`, :mod:`.stats` - windows over every validation document, one
+  evaluator per mode, paired deltas, bootstrap and t intervals.
+* :mod:`.cells`, :mod:`.extrapolate`, :mod:`.compare`, :mod:`.plot` - the study as a grid of
+  (scheme, seed) cells run here, in local processes or on a Dask cluster; its summary, tables,
+  comparisons and figure.
 * :mod:`.commands` - ``posenc train`` and ``posenc extrapolate``.
 
 See docs/lab.md.

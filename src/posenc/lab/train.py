@@ -258,18 +258,7 @@ def train(
         raise ValueError(f"checkpoint_every={config.checkpoint_every} needs a checkpoint path to write to")
     if stop_at is not None:
         check_int(stop_at, "stop_at", minimum=0)
-    if config.batch_size % info.world_size:
-        raise ValueError(
-            f"batch_size={config.batch_size} (global) must be divisible by the {info.world_size} processes; "
-            f"use a multiple of {info.world_size}"
-        )
-    local_batch = config.batch_size // info.world_size
-    if memory_check and hasattr(module, "config"):
-        n_params = sum(p.numel() for p in module.parameters())
-        estimate = estimate_memory(module.config, local_batch, config.seq_len, num_params=n_params)
-        what = f"training {desc} (batch {local_batch} x {config.seq_len} per process)"
-        check_memory(estimate, device, what=what)
-
+    _check_fits(module, config, info, device, desc, memory_check)
     optimizer = make_optimizer(module, config)
     start, losses, elapsed_before = 0, [], 0.0
     if resume and ckpt is not None and ckpt.is_file():
@@ -285,65 +274,28 @@ def train(
     if progress is None:
         progress = sys.stderr.isatty()
     bar = _progress_bar(progress and info.is_main, config.steps, start, desc)
+    log = _LossLog(losses, config, info, start, bar, on_log)
 
     model.train()
-    pending: list[torch.Tensor] = []
     t0 = time.perf_counter()
-    t_log, step_log = t0, start
-
-    def flush(step: int) -> None:
-        nonlocal t_log, step_log
-        if not pending:
-            return
-        values = torch.stack(pending).float()  # [k] losses of this rank
-        if info.world_size > 1:  # the global batch's mean loss, as one process would see it
-            torch.distributed.all_reduce(values)
-            values /= info.world_size
-        pending.clear()
-        values_list = values.cpu().tolist()
-        losses.extend(values_list)
-        now = time.perf_counter()
-        tok_s = (step + 1 - step_log) * config.tokens_per_step / max(now - t_log, 1e-9)
-        t_log, step_log = now, step + 1
-        if bar is not None:
-            bar.update(step + 1 - bar.n)
-            lr = lr_at(step, config)
-            bar.set_postfix(loss=f"{values_list[-1]:.3f}", tok_s=f"{tok_s:,.0f}", lr=f"{lr:.2e}")
-        if on_log is not None and info.is_main:
-            on_log(step, values_list[-1])
-
     for step in range(start, end):
-        lr = lr_at(step, config)
-        for group in optimizer.param_groups:
-            group["lr"] = lr * group.get("lr_scale", 1.0)
         if callable(data):
             ids, targets = data(step, info.rank, info.world_size)
         else:
             ids, targets = batch_at(data, step, config.batch_size, config.seq_len, config.seed,
                                     rank=info.rank, world_size=info.world_size)
-        ids, targets = ids.to(device, non_blocking=True), targets.to(device, non_blocking=True)  # [b, s] each
-        with _autocast(device, config.autocast):
-            out = model(ids)
-        logits = getattr(out, "logits", out)  # [b, s, V]
-        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()  # DDP: gradients averaged over ranks here
-        if config.grad_clip > 0:
-            nn.utils.clip_grad_norm_(module.parameters(), config.grad_clip)
-        optimizer.step()
-        pending.append(loss.detach())
+        log.pending.append(_train_step(model, module, optimizer, ids, targets, step, config, device))
         if (step + 1) % config.log_every == 0 or step + 1 == end:
-            flush(step)
+            log.flush(step)
         at_checkpoint = config.checkpoint_every and (step + 1) % config.checkpoint_every == 0
         if ckpt is not None and (at_checkpoint or step + 1 == end):
-            flush(step)
+            log.flush(step)
             if info.is_main:
                 save_checkpoint(ckpt, module, optimizer, step + 1, train_config=config, losses=losses,
                                 elapsed_s=elapsed_before + time.perf_counter() - t0)
             if info.world_size > 1:
                 torch.distributed.barrier()
-    if bar is not None:
-        bar.close()
+    log.close()
     wall = time.perf_counter() - t0
     model.eval()
     return TrainResult(
@@ -354,6 +306,75 @@ def train(
         tokens_per_s=(end - start) * config.tokens_per_step / max(wall, 1e-9),
         completed=max(end, start) >= config.steps,
     )
+
+
+def _check_fits(module: nn.Module, config: TrainConfig, info, device: torch.device, desc: str,
+                memory_check: bool) -> None:
+    """The global batch splits over the processes, and the run fits in memory (before any step)."""
+    if config.batch_size % info.world_size:
+        raise ValueError(
+            f"batch_size={config.batch_size} (global) must be divisible by the {info.world_size} processes; "
+            f"use a multiple of {info.world_size}"
+        )
+    local_batch = config.batch_size // info.world_size
+    if memory_check and hasattr(module, "config"):
+        n_params = sum(p.numel() for p in module.parameters())
+        estimate = estimate_memory(module.config, local_batch, config.seq_len, num_params=n_params)
+        what = f"training {desc} (batch {local_batch} x {config.seq_len} per process)"
+        check_memory(estimate, device, what=what)
+
+
+def _train_step(model: nn.Module, module: nn.Module, optimizer: torch.optim.Optimizer, ids: torch.Tensor,
+                targets: torch.Tensor, step: int, config: TrainConfig, device: torch.device) -> torch.Tensor:
+    """One optimizer step on ``ids``/``targets`` ``[b, s]``; returns the loss (on the device, unsynced)."""
+    lr = lr_at(step, config)
+    for group in optimizer.param_groups:
+        group["lr"] = lr * group.get("lr_scale", 1.0)  # positional parameters: their own scale
+    ids, targets = ids.to(device, non_blocking=True), targets.to(device, non_blocking=True)  # [b, s] each
+    with _autocast(device, config.autocast):
+        out = model(ids)
+    logits = getattr(out, "logits", out)  # [b, s, V]
+    loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()  # DDP: gradients averaged over ranks here
+    if config.grad_clip > 0:
+        nn.utils.clip_grad_norm_(module.parameters(), config.grad_clip)
+    optimizer.step()
+    return loss.detach()
+
+
+class _LossLog:
+    """Losses kept on the device until a log point, then read at once (one sync per ``log_every``)."""
+
+    def __init__(self, losses: list[float], config: TrainConfig, info, start: int, bar,
+                 on_log: Callable[[int, float], None] | None) -> None:
+        self.losses, self.config, self.info, self.bar, self.on_log = losses, config, info, bar, on_log
+        self.pending: list[torch.Tensor] = []
+        self.t_log, self.step_log = time.perf_counter(), start
+
+    def flush(self, step: int) -> None:
+        if not self.pending:
+            return
+        values = torch.stack(self.pending).float()  # [k] losses of this rank
+        if self.info.world_size > 1:  # the global batch's mean loss, as one process would see it
+            torch.distributed.all_reduce(values)
+            values /= self.info.world_size
+        self.pending.clear()
+        values_list = values.cpu().tolist()
+        self.losses.extend(values_list)
+        now = time.perf_counter()
+        tok_s = (step + 1 - self.step_log) * self.config.tokens_per_step / max(now - self.t_log, 1e-9)
+        self.t_log, self.step_log = now, step + 1
+        if self.bar is not None:
+            self.bar.update(step + 1 - self.bar.n)
+            lr = lr_at(step, self.config)
+            self.bar.set_postfix(loss=f"{values_list[-1]:.3f}", tok_s=f"{tok_s:,.0f}", lr=f"{lr:.2e}")
+        if self.on_log is not None and self.info.is_main:
+            self.on_log(step, values_list[-1])
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 def _progress_bar(enabled: bool, total: int, initial: int, desc: str):
