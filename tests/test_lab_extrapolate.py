@@ -63,6 +63,15 @@ def test_tiny_study_with_two_seeds_end_to_end(tmp_path, corpus_dir, capsys):
             assert d["mean"] == pytest.approx(statistics.mean(diffs), abs=1e-9)
     assert len(results["cells"]) == 6 and all(c["train"]["steps"] == 6 for c in results["cells"])
 
+    # the same folder again: refused without --resume; with it, every finished cell is reused
+    command = ["extrapolate", "--schemes", "learned,alibi,rope", "--seeds", "0,1", "--variants", "linear",
+               "--corpus", str(corpus_dir), *TINY, "--out", str(out)]
+    assert main(command) == 2
+    assert "already holds a run (results.json, extrapolation.png" in capsys.readouterr().err
+    assert main([*command, "--resume"]) == 0
+    again = json.loads((out / "results.json").read_text())
+    assert all(c["reused"] for c in again["cells"]) and again["summary"] == results["summary"]
+
 
 def test_summary_is_the_mean_of_the_runs_with_a_t_interval(corpus_dir):
     config = tiny_study(corpus_dir, schemes=("alibi",), seeds=(0, 1), variants=())

@@ -286,9 +286,55 @@ def test_resume_refuses_a_changed_config(tmp_path):
     model = TransformerLM(tiny_config())
     cfg = TrainConfig(steps=4, batch_size=4, seq_len=16)
     train(model, data, cfg, checkpoint=ckpt, progress=False, stop_at=2)
-    with pytest.raises(ValueError, match=r"training config changed \(lr: checkpoint 0.003 vs now 0.001\)"):
+    with pytest.raises(ValueError, match=r"the config changed \(lr: checkpoint 0.003 vs now 0.001\)"):
         train(model, data, TrainConfig(steps=4, batch_size=4, seq_len=16, lr=1e-3), checkpoint=ckpt,
               resume=True, progress=False)
+
+
+def test_resume_refuses_another_model_before_loading_it(tmp_path):
+    """Schemes without positional parameters share every shape: only the config tells them apart."""
+    data, ckpt = tiny_data(), tmp_path / "c.safetensors"
+    cfg = TrainConfig(steps=4, batch_size=4, seq_len=16)
+    train(TransformerLM(tiny_config()), data, cfg, checkpoint=ckpt, progress=False, stop_at=2)
+    other = TransformerLM(ModelConfig(**{**tiny_config().to_dict(), "position": "nope", "dropout": 0.2}))
+    before = [p.detach().clone() for p in other.parameters()]
+    with pytest.raises(ValueError, match=r"model dropout: checkpoint 0.0 vs now 0.2; model position: "
+                                         r"checkpoint 'alibi' vs now 'nope'"):
+        train(other, data, cfg, checkpoint=ckpt, resume=True, progress=False)
+    assert all(torch.equal(a, b) for a, b in zip(before, other.parameters()))  # nothing was loaded
+
+
+def test_a_new_run_never_overwrites_a_checkpoint(tmp_path):
+    data, ckpt = tiny_data(), tmp_path / "c.safetensors"
+    cfg = TrainConfig(steps=2, batch_size=4, seq_len=16)
+    train(TransformerLM(tiny_config()), data, cfg, checkpoint=ckpt, progress=False)
+    saved = ckpt.read_bytes()
+    with pytest.raises(ValueError, match=r"a checkpoint already exists at .*resume it"):
+        train(TransformerLM(tiny_config()), data, cfg, checkpoint=ckpt, progress=False)
+    assert ckpt.read_bytes() == saved
+
+
+@pytest.mark.parametrize(
+    ("content", "match"),
+    [(b"", "not a readable safetensors file"), (b"\x00" * 7, "not a readable safetensors file"),
+     ("truncate", "not a readable"), ("no-rng", r"lacks \['rng'\]")],
+)
+def test_bad_checkpoints_are_clear_errors(tmp_path, content, match):
+    data, ckpt = tiny_data(), tmp_path / "c.safetensors"
+    cfg = TrainConfig(steps=2, batch_size=4, seq_len=16)
+    if isinstance(content, bytes):
+        ckpt.write_bytes(content)
+    else:
+        train(TransformerLM(tiny_config()), data, cfg, checkpoint=ckpt, progress=False)
+        if content == "truncate":
+            ckpt.write_bytes(ckpt.read_bytes()[: ckpt.stat().st_size // 2])
+        else:
+            tensors = safetensors.torch.load_file(str(ckpt))
+            with safetensors.safe_open(str(ckpt), framework="pt") as fh:
+                meta = {k: v for k, v in fh.metadata().items() if k != "rng"}
+            safetensors.torch.save_file(tensors, str(ckpt), metadata=meta)
+    with pytest.raises(ValueError, match=match):
+        train(TransformerLM(tiny_config()), data, cfg, checkpoint=ckpt, resume=True, progress=False)
 
 
 def test_checkpoint_every_needs_a_path():
@@ -362,6 +408,47 @@ def test_killed_run_resumes_to_identical_weights(tmp_path, text_corpus):
     record = json.loads((killed_dir / "train.json").read_text())
     assert record["start_step"] == killed_at and record["end_step"] == steps
     assert record["losses"] == json.loads((full_dir / "train.json").read_text())["losses"]
+
+
+def test_cli_never_loses_or_mislabels_a_run(tmp_path, text_corpus, capsys):
+    run = tmp_path / "run"
+    assert main(_train_cli_args(text_corpus, run, 6)) == 0
+    saved = (run / "checkpoint.safetensors").read_bytes()
+    capsys.readouterr()
+    # a new run into the same folder: refused, the old run untouched
+    assert main(_train_cli_args(text_corpus, run, 3)) == 2
+    err = capsys.readouterr().err
+    assert "already holds a run (checkpoint.safetensors, model.safetensors, train.json)" in err
+    assert (run / "checkpoint.safetensors").read_bytes() == saved
+    # resuming with another architecture: refused with the differing fields, nothing written
+    changed = [*_train_cli_args(text_corpus, run, 6), "--resume", "--dropout", "0.2"]
+    changed[changed.index("alibi")] = "nope"
+    assert main(changed) == 2
+    err = capsys.readouterr().err
+    assert "model dropout: checkpoint 0.0 vs now 0.2" in err and "model position: checkpoint 'alibi'" in err
+    assert (run / "checkpoint.safetensors").read_bytes() == saved
+    assert json.loads((run / "train.json").read_text())["model_config"]["position"] == "alibi"
+    # an explicit --overwrite replaces it
+    assert main([*_train_cli_args(text_corpus, run, 3), "--overwrite"]) == 0
+    assert json.loads((run / "train.json").read_text())["end_step"] == 3
+
+
+@pytest.mark.parametrize("where", ["file", "under_file"])
+def test_cli_out_checked_before_any_work(tmp_path, text_corpus, capsys, monkeypatch, where):
+    import posenc.lab.cells
+
+    def no_training(*args, **kwargs):
+        pytest.fail("trained before checking --out")
+
+    monkeypatch.setattr(sys.modules["posenc.lab.train"], "train", no_training)
+    monkeypatch.setattr(posenc.lab.cells, "train", no_training)
+    (tmp_path / "f").write_text("x")
+    out = tmp_path / "f" if where == "file" else tmp_path / "f" / "sub"
+    for command in (_train_cli_args(text_corpus, out, 3),
+                    ["extrapolate", "--schemes", "alibi", "--corpus", str(text_corpus), "--out", str(out)]):
+        assert main(command) == 2
+        err = capsys.readouterr().err
+        assert ("is a file, not a folder" in err or "lies under the file" in err) and "Traceback" not in err
 
 
 def test_two_gloo_processes_match_one(tmp_path, text_corpus):

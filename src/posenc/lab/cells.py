@@ -38,6 +38,7 @@ import torch
 from .config import StudyConfig
 from .evalset import EvalSet, sample_eval_set
 from .evaluate import EVALUATORS, EvalPoint, task_batch_fn, task_seq_len
+from .runs import write_json
 from .train import seed_everything, train
 
 __all__ = ["Cell", "StudyData", "cell_key", "iter_cells", "run_cell", "study_cells", "study_data"]
@@ -232,20 +233,8 @@ def run_cell(
         "runs": runs,
     }
     if cell_file is not None:
-        _write_json(cell_file, record)
+        write_json(cell_file, record)
     return record
-
-
-def _write_json(path: Path, data: Any) -> None:
-    """Write atomically: a temporary file in the same folder, then ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        tmp.write_text(json.dumps(data, indent=1))
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
 
 
 # ----------------------------------------------------------------------------------------------

@@ -19,7 +19,14 @@ from torch import nn
 
 from .config import TrainConfig
 
-__all__ = ["CHECKPOINT_FORMAT", "CheckpointState", "load_checkpoint", "load_trained_model", "save_checkpoint"]
+__all__ = [
+    "CHECKPOINT_FORMAT",
+    "CheckpointState",
+    "load_checkpoint",
+    "load_trained_model",
+    "read_checkpoint_meta",
+    "save_checkpoint",
+]
 
 #: Written into every checkpoint's metadata; a file without it is refused.
 CHECKPOINT_FORMAT = "posenc-checkpoint-1"
@@ -145,6 +152,41 @@ def save_checkpoint(
             tmp.unlink()
 
 
+#: Metadata every checkpoint of this format carries.
+_REQUIRED_META = ("step", "elapsed_s", "train_config", "model_config", "aliases", "optimizer_groups",
+                  "optimizer_scalars", "rng")
+
+
+def read_checkpoint_meta(path: str | os.PathLike) -> dict[str, str]:
+    """The metadata of a training checkpoint, checked, without loading a tensor.
+
+    Raises:
+        ValueError: the file is missing, unreadable (truncated, empty, not safetensors), not a posenc
+            training checkpoint, or lacks metadata this format writes.
+    """
+    import safetensors
+
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"no checkpoint at {str(path)!r}; run without resume to start a new run")
+    try:
+        with safetensors.safe_open(str(path), framework="pt") as fh:
+            meta = fh.metadata() or {}
+    except Exception as err:  # safetensors raises its own error types (SafetensorError) for bad files
+        raise ValueError(f"{str(path)!r} is not a readable safetensors file ({err}); it may be truncated: "
+                         "delete it to start again") from None
+    if meta.get("posenc_checkpoint") != CHECKPOINT_FORMAT:
+        raise ValueError(
+            f"{str(path)!r} is not a posenc training checkpoint (format {meta.get('posenc_checkpoint')!r}, "
+            f"expected {CHECKPOINT_FORMAT!r}); model files from save_model load with posenc.model.load_model"
+        )
+    missing = [k for k in _REQUIRED_META if k not in meta]
+    if missing:
+        raise ValueError(f"the checkpoint {str(path)!r} lacks {missing}: it was not written by this "
+                         "version's save_checkpoint; delete it to start again")
+    return meta
+
+
 def load_checkpoint(
     path: str | os.PathLike,
     model: nn.Module,
@@ -156,22 +198,18 @@ def load_checkpoint(
     restore the RNG states, and return the step to continue from and the history.
 
     Raises:
-        ValueError: the file is missing, not a posenc checkpoint, or its weights do not match ``model``.
+        ValueError: the file is missing, unreadable, not a posenc checkpoint, or its weights do not
+            match ``model``.
     """
-    import safetensors
     import safetensors.torch
 
     path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"no checkpoint at {str(path)!r}; run without resume to start a new run")
-    with safetensors.safe_open(str(path), framework="pt") as fh:
-        meta = fh.metadata() or {}
-    if meta.get("posenc_checkpoint") != CHECKPOINT_FORMAT:
-        raise ValueError(
-            f"{str(path)!r} is not a posenc training checkpoint (format {meta.get('posenc_checkpoint')!r}, "
-            f"expected {CHECKPOINT_FORMAT!r}); model files from save_model load with posenc.model.load_model"
-        )
-    tensors = safetensors.torch.load_file(str(path))
+    meta = read_checkpoint_meta(path)
+    try:
+        tensors = safetensors.torch.load_file(str(path))
+    except Exception as err:  # a header that reads but data that does not (truncated file)
+        raise ValueError(f"{str(path)!r} is not a readable checkpoint ({err}); delete it to start "
+                         "again") from None
     model = _unwrap(model)
     state = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
     for alias, canonical in json.loads(meta["aliases"]).items():

@@ -67,7 +67,8 @@ def _common_args(p: argparse.ArgumentParser) -> None:
                    "each process takes cuda:LOCAL_RANK")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads per process (default: free cores, see docs/lab.md)")
-    p.add_argument("--resume", action="store_true", help="continue from the checkpoints in --out")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out")
+    p.add_argument("--overwrite", action="store_true", help="replace a run already in --out")
     p.add_argument("--checkpoint-every", type=int, default=None, help="checkpoint interval (default 100)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (default: on a terminal)")
 
@@ -167,7 +168,8 @@ def extrapolate_run(args: argparse.Namespace) -> int:
     if args.compare is not None:
         return compare_run(args)
     from .config import PRESETS, TASK_DEFAULTS, StudyConfig
-    from .extrapolate import format_table, run_study
+    from .extrapolate import STUDY_ARTIFACTS, format_table, run_study
+    from .runs import RunFolder
 
     fields: dict[str, Any] = dict(PRESETS["quick" if args.quick else "default"])
     if args.task != "lm":
@@ -194,8 +196,10 @@ def extrapolate_run(args: argparse.Namespace) -> int:
     if args.option:
         fields["position_options"] = parse_options(args.option)
     config = StudyConfig(**fields)
-    if args.resume and args.out is None:
-        raise ValueError("--resume needs --out (the folder holding the checkpoints)")
+    if (args.resume or args.overwrite) and args.out is None:
+        raise ValueError("--resume and --overwrite need --out (the folder holding the run)")
+    if args.out is not None:
+        RunFolder(args.out, STUDY_ARTIFACTS, resume=args.resume, overwrite=args.overwrite)  # checks the path
     if args.workers is not None and args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
     info, device, threads = _setup(args)
@@ -205,8 +209,8 @@ def extrapolate_run(args: argparse.Namespace) -> int:
         threads = 1  # one thread per cell process: the cores go to the cells
     try:
         progress = False if args.no_progress else None
-        results = run_study(config, out=args.out, device=device, resume=args.resume, progress=progress,
-                            threads=threads, workers=workers, cluster=args.cluster)
+        results = run_study(config, out=args.out, device=device, resume=args.resume, overwrite=args.overwrite,
+                            progress=progress, threads=threads, workers=workers, cluster=args.cluster)
     finally:
         _teardown()
     if info.is_main:
@@ -233,14 +237,16 @@ def train_args(p: argparse.ArgumentParser) -> None:
     _common_args(p)
 
 
+#: What ``posenc train`` writes into its folder (their presence means the folder holds a run).
+TRAIN_ARTIFACTS = ("checkpoint.safetensors", "model.safetensors", "train.json")
+
+
 def train_run(args: argparse.Namespace) -> int:
     """Run ``posenc train``: one byte-level LM, checkpointed and resumable."""
     import dataclasses
 
-    from ..model import TransformerLM, save_model
-    from ..text import load_corpus
     from .config import StudyConfig
-    from .train import seed_everything, train
+    from .runs import RunFolder
 
     fields = {"schemes": (args.scheme,), "variants": (), **_overrides(args)}
     fields["eval_lens"] = (fields.get("train_len", 128),)
@@ -249,30 +255,41 @@ def train_run(args: argparse.Namespace) -> int:
     study = StudyConfig(**fields)
     tc = dataclasses.replace(study.train_config(), autocast=args.autocast)
     mc = study.model_config(args.scheme)
-    out = Path(args.out)
+    folder = RunFolder(args.out, TRAIN_ARTIFACTS, resume=args.resume, overwrite=args.overwrite,
+                       lock=int(os.environ.get("RANK", "0")) == 0)  # checks the path before any work
     info, device, threads = _setup(args)
     try:
-        corpus = load_corpus(study.corpus, max_chars=study.max_chars, seed=study.split_seed)
-        seed_everything(tc.seed)
-        model = TransformerLM(mc).to(device)
-        t0 = time.perf_counter()
-        ckpt = out / "checkpoint.safetensors"
-        result = train(model, corpus.train_bytes, tc, device=device, checkpoint=ckpt, resume=args.resume,
-                       progress=False if args.no_progress else None, desc=args.scheme)
-        if info.is_main:
-            save_model(model, out / "model.safetensors")
-            record = {
-                "model_config": mc.to_dict(), "train_config": tc.to_dict(),
-                "corpus": dataclasses.asdict(corpus.info), "world_size": info.world_size, "threads": threads,
-                "device": str(device), "start_step": result.start_step, "end_step": result.end_step,
-                "wall_s": time.perf_counter() - t0, "tokens_per_s": result.tokens_per_s,
-                "losses": result.losses,
-            }
-            (out / "train.json").write_text(json.dumps(record, indent=1))
-            last = result.losses[-1] if result.losses else float("nan")
-            print(f"{args.scheme}: steps {result.start_step}->{result.end_step} in {result.wall_s:.1f} s "
-                  f"({result.tokens_per_s:,.0f} tok/s, {info.world_size} process(es)), last loss {last:.4f}; "
-                  f"wrote {out / 'model.safetensors'}")
+        with folder:
+            _train_one(args, study, tc, mc, folder.path, info, device, threads)
     finally:
         _teardown()
     return 0
+
+
+def _train_one(args, study, tc, mc, out: Path, info, device, threads) -> None:
+    import dataclasses
+
+    from ..model import TransformerLM, save_model
+    from ..text import load_corpus
+    from .runs import write_json
+    from .train import seed_everything, train
+
+    corpus = load_corpus(study.corpus, max_chars=study.max_chars, seed=study.split_seed)
+    seed_everything(tc.seed)
+    model = TransformerLM(mc).to(device)
+    t0 = time.perf_counter()
+    result = train(model, corpus.train_bytes, tc, device=device, checkpoint=out / "checkpoint.safetensors",
+                   resume=args.resume, progress=False if args.no_progress else None, desc=args.scheme)
+    if not info.is_main:
+        return
+    save_model(model, out / "model.safetensors")
+    write_json(out / "train.json", {
+        "model_config": mc.to_dict(), "train_config": tc.to_dict(), "corpus": dataclasses.asdict(corpus.info),
+        "world_size": info.world_size, "threads": threads, "device": str(device),
+        "start_step": result.start_step, "end_step": result.end_step, "wall_s": time.perf_counter() - t0,
+        "tokens_per_s": result.tokens_per_s, "losses": result.losses,
+    })
+    last = result.losses[-1] if result.losses else float("nan")
+    print(f"{args.scheme}: steps {result.start_step}->{result.end_step} in {result.wall_s:.1f} s "
+          f"({result.tokens_per_s:,.0f} tok/s, {info.world_size} process(es)), last loss {last:.4f}; "
+          f"wrote {out / 'model.safetensors'}")

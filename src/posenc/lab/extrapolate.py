@@ -33,12 +33,16 @@ from typing import Any
 
 import torch
 
-from .cells import _write_json, iter_cells, study_cells, study_data
+from .cells import iter_cells, study_cells, study_data
 from .config import StudyConfig
 from .distributed import dist_info
+from .runs import RunFolder, write_json
 from .stats import Interval, seed_interval
 
-__all__ = ["SUMMARY_METRICS", "format_table", "run_study", "summarize"]
+__all__ = ["STUDY_ARTIFACTS", "SUMMARY_METRICS", "format_table", "run_study", "summarize"]
+
+#: What a study writes into its folder (their presence means the folder holds a study).
+STUDY_ARTIFACTS = ("results.json", "extrapolation.png", "extrapolation.svg", "cells", "checkpoints")
 
 #: The numbers summarised across seeds, per run and length.
 SUMMARY_METRICS = ("bpb_window", "delta", "bpb_all", "bpb_beyond", "accuracy")
@@ -74,6 +78,7 @@ def run_study(
     out: str | os.PathLike | None = None,
     device: str | torch.device = "cpu",
     resume: bool = False,
+    overwrite: bool = False,
     progress: bool | None = None,
     log: Callable[[str], None] | None = print,
     threads: int | None = None,
@@ -88,6 +93,8 @@ def run_study(
             (``cells/NAME.json``) and training checkpoints; ``None`` = write nothing.
         device: where to train and evaluate (``cuda`` trains with bf16 autocast).
         resume: skip finished cells whose file matches the config; continue checkpoints.
+        overwrite: replace a study already in ``out`` (without ``resume`` or ``overwrite``, a
+            folder holding a study is refused; see :class:`~posenc.lab.runs.RunFolder`).
         progress: progress bars (``None`` = when stderr is a terminal).
         log: where progress lines go (rank 0 only); ``None`` = silent.
         threads: torch threads per cell (``None`` = as set in this process; workers get 1).
@@ -99,6 +106,14 @@ def run_study(
         ``corpus`` and ``eval`` (the documents scored), ``cells``, ``runs`` (one per run name and
         seed, with ``eval`` per length), ``summary`` (per run and length across seeds), ``wall_s``.
     """
+    info = dist_info()
+    if out is None:
+        return _run_study(config, None, device, resume, progress, log, threads, workers, cluster)
+    with RunFolder(out, STUDY_ARTIFACTS, resume=resume, overwrite=overwrite, lock=info.is_main):
+        return _run_study(config, out, device, resume, progress, log, threads, workers, cluster)
+
+
+def _run_study(config, out, device, resume, progress, log, threads, workers, cluster) -> dict[str, Any]:
     t_start = time.perf_counter()
     device = torch.device(device)
     info = dist_info()
@@ -139,7 +154,7 @@ def run_study(
         env["load_avg_end"] = list(os.getloadavg())
     if out is not None and info.is_main:
         out_dir = Path(out)
-        _write_json(out_dir / "results.json", results)
+        write_json(out_dir / "results.json", results)
         try:
             from .plot import plot_study
 

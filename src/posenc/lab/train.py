@@ -26,6 +26,7 @@ Legend: ``B`` global batch, ``b`` per-rank batch, ``s`` sequence length, ``V`` v
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import random
@@ -34,7 +35,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._validate import check_int
-from .checkpoint import _unwrap, load_checkpoint, save_checkpoint
+from .checkpoint import _unwrap, load_checkpoint, read_checkpoint_meta, save_checkpoint
 from .config import _RESUMABLE_CHANGES, IGNORE_INDEX, BatchFn, TrainConfig
 from .distributed import dist_info
 from .memory import check_memory, estimate_memory
@@ -193,13 +193,23 @@ def _autocast(device: torch.device, mode: str) -> contextlib.AbstractContextMana
     return contextlib.nullcontext()
 
 
-def _check_resumable(saved: dict[str, Any], config: TrainConfig, path: Path) -> None:
+def _check_resumable(path: Path, config: TrainConfig, module: nn.Module) -> None:
+    """Refuse to resume from ``path`` when the training or the model config differ (naming every
+    differing field), before anything is loaded."""
+    meta = read_checkpoint_meta(path)
+    saved_train, saved_model = json.loads(meta["train_config"]), json.loads(meta["model_config"])
     current = config.to_dict()
-    diff = sorted(k for k in current if k not in _RESUMABLE_CHANGES and saved.get(k) != current[k])
+    diff = [f"{k}: checkpoint {saved_train.get(k)!r} vs now {current[k]!r}"
+            for k in sorted(current) if k not in _RESUMABLE_CHANGES and saved_train.get(k) != current[k]]
+    model_config = getattr(module, "config", None)
+    if hasattr(model_config, "to_dict"):
+        now = model_config.to_dict()
+        saved_model = saved_model or {}
+        diff += [f"model {k}: checkpoint {saved_model.get(k)!r} vs now {now.get(k)!r}"
+                 for k in sorted(set(now) | set(saved_model)) if saved_model.get(k) != now.get(k)]
     if diff:
-        shown = ", ".join(f"{k}: checkpoint {saved.get(k)!r} vs now {current[k]!r}" for k in diff)
         raise ValueError(
-            f"cannot resume from {str(path)!r}: the training config changed ({shown}); resume with the "
+            f"cannot resume from {str(path)!r}: the config changed ({'; '.join(diff)}); resume with the "
             "same settings, or start a new run in another folder"
         )
 
@@ -262,9 +272,12 @@ def train(
     optimizer = make_optimizer(module, config)
     start, losses, elapsed_before = 0, [], 0.0
     if resume and ckpt is not None and ckpt.is_file():
+        _check_resumable(ckpt, config, module)  # before anything is loaded into the model
         state = load_checkpoint(ckpt, module, optimizer)
-        _check_resumable(state.train_config, config, ckpt)
         start, losses, elapsed_before = state.step, state.losses, state.elapsed_s
+    elif ckpt is not None and ckpt.exists():
+        raise ValueError(f"a checkpoint already exists at {str(ckpt)!r}; resume it (resume=True / --resume), "
+                         "or delete it or choose another path to start a new run")
     if info.world_size > 1:
         ddp_kwargs = {"device_ids": [device.index]} if device.type == "cuda" else {}
         model = nn.parallel.DistributedDataParallel(module, **ddp_kwargs)

@@ -1,0 +1,88 @@
+"""Tests of posenc.lab.runs: output folders checked first, locked, never silently overwritten."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from posenc.lab.runs import LOCK_NAME, RunFolder, check_folder, remove_stale_temporaries, write_json
+
+
+def test_check_folder(tmp_path):
+    (tmp_path / "a_file").write_text("x")
+    assert check_folder(tmp_path / "new" / "deeper") == tmp_path / "new" / "deeper"  # creatable
+    with pytest.raises(ValueError, match=r"--out '.*a_file' is a file, not a folder"):
+        check_folder(tmp_path / "a_file")
+    with pytest.raises(ValueError, match=r"lies under the file '.*a_file'"):
+        check_folder(tmp_path / "a_file" / "sub")
+    if os.geteuid() != 0:  # root may write anywhere
+        ro = tmp_path / "ro"
+        ro.mkdir(mode=0o500)
+        with pytest.raises(ValueError, match="is not writable"):
+            check_folder(ro / "run")
+
+
+def test_existing_run_needs_resume_or_overwrite(tmp_path):
+    (tmp_path / "checkpoint.safetensors").write_text("old run")
+    (tmp_path / "mine.txt").write_text("not part of a run")
+    with pytest.raises(ValueError, match=r"already holds a run \(checkpoint.safetensors\); continue it with "
+                                         "--resume, replace it with --overwrite"), \
+            RunFolder(tmp_path, ["checkpoint.safetensors", "cells"]):
+        pass
+    with RunFolder(tmp_path, ["checkpoint.safetensors"], resume=True):
+        assert (tmp_path / "checkpoint.safetensors").read_text() == "old run"
+    (tmp_path / "cells").mkdir()
+    (tmp_path / "cells" / "a.json").write_text("{}")
+    with RunFolder(tmp_path, ["checkpoint.safetensors", "cells"], overwrite=True):
+        assert not (tmp_path / "checkpoint.safetensors").exists() and not (tmp_path / "cells").exists()
+    assert (tmp_path / "mine.txt").read_text() == "not part of a run"  # only the run's own files go
+    with pytest.raises(ValueError, match="give --resume or --overwrite, not both"):
+        RunFolder(tmp_path, [], resume=True, overwrite=True)
+
+
+def test_one_writer_at_a_time(tmp_path):
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from posenc.lab.runs import RunFolder\n"
+         f"with RunFolder({str(tmp_path)!r}, []):\n    print('locked', flush=True); time.sleep(30)"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        busy = rf"is being written by another posenc process \(pid {holder.pid}\)"
+        with pytest.raises(ValueError, match=busy), RunFolder(tmp_path, []):
+            pass
+    finally:
+        holder.kill()
+        holder.wait()
+    with RunFolder(tmp_path, []):  # released when its process ended
+        assert (tmp_path / LOCK_NAME).exists()
+
+
+def test_stale_temporaries_of_dead_processes_are_removed(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    stale = tmp_path / "checkpoints" / f".a.safetensors.tmp{int(dead.stdout)}"
+    stale.parent.mkdir()
+    stale.write_bytes(b"x" * 100)
+    live = tmp_path / f".results.json.tmp{os.getpid()}"  # a live process may still be writing it
+    live.write_text("{")
+    keep = tmp_path / ".hidden.tmpfile"
+    keep.write_text("user's")
+    assert remove_stale_temporaries(tmp_path) == [stale]
+    assert not stale.exists() and live.exists() and keep.exists()
+
+
+def test_write_json_is_atomic(tmp_path, monkeypatch):
+    path = tmp_path / "r.json"
+    write_json(path, {"a": 1})
+
+    def fail(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", fail)
+    with pytest.raises(OSError, match="disk full"):
+        write_json(path, {"a": 2})
+    assert json.loads(path.read_text()) == {"a": 1} and [p.name for p in tmp_path.iterdir()] == ["r.json"]
