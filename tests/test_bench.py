@@ -154,6 +154,18 @@ def test_cli_table_list_and_errors(capsys):
     assert "--repeats must be >= 1" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("where", ["folder", "under_file"])
+def test_out_checked_before_the_benchmark_runs(capsys, tmp_path, monkeypatch, where):
+    import posenc.bench
+
+    monkeypatch.setattr(posenc.bench, "run", lambda *a, **k: pytest.fail("ran before checking --out"))
+    (tmp_path / "f").write_text("x")
+    out = tmp_path if where == "folder" else tmp_path / "f" / "r.json"
+    assert main(["bench", "sinusoidal_table", "--quick", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert ("is a folder; give a file name" in err or "lies under the file" in err) and "Traceback" not in err
+
+
 def test_saved_run_renders_as_markdown_without_running(capsys, tmp_path):
     out_file = tmp_path / "run.json"
     assert main(["bench", "sinusoidal_table", "--quick", "--repeats", "2", "--out", str(out_file)]) == 0

@@ -88,6 +88,7 @@ def run(
 
 
 def bench_run(args: argparse.Namespace) -> int:
+    from ._paths import check_output_file, write_json
     from .benchmarks import all_cases
     from .benchmarks.harness import case_result_from_json, environment_line, format_case
 
@@ -114,6 +115,8 @@ def bench_run(args: argparse.Namespace) -> int:
         return 0
     if args.repeats is not None and args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+    if args.out:
+        check_output_file(args.out)  # before the benchmark runs, not after
 
     def show(result) -> None:
         if not args.json:
@@ -132,8 +135,7 @@ def bench_run(args: argparse.Namespace) -> int:
                  allocator=args.allocator, progress=show)
     text = json.dumps(report, indent=2)
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+        write_json(args.out, report)
     if args.json:
         sys.stdout.write(text + "\n")
     return 0

@@ -14,13 +14,13 @@ One mechanism for every command that writes a run (``posenc train``, ``posenc ex
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+
+from .._paths import check_folder, write_json
 
 __all__ = ["LOCK_NAME", "RunFolder", "check_folder", "remove_stale_temporaries", "write_json"]
 
@@ -28,21 +28,6 @@ __all__ = ["LOCK_NAME", "RunFolder", "check_folder", "remove_stale_temporaries",
 LOCK_NAME = ".posenc.lock"
 
 _TEMP = re.compile(r"^\..+\.tmp(\d+)$")  # what write_json and save_checkpoint leave if killed mid-write
-
-
-def check_folder(path: str | os.PathLike, flag: str = "--out") -> Path:
-    """``path`` as a folder that exists or can be created and written; a clear ``ValueError`` otherwise."""
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"{flag} {str(path)!r} is a file, not a folder; give a folder for the run's files")
-    ancestor = path
-    while not ancestor.exists():
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise ValueError(f"{flag} {str(path)!r} lies under the file {str(ancestor)!r}; give a folder path")
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise ValueError(f"{flag} {str(path)!r}: {str(ancestor)!r} is not writable; choose another folder")
-    return path
 
 
 def _alive(pid: int) -> bool:
@@ -65,22 +50,6 @@ def remove_stale_temporaries(folder: str | os.PathLike) -> list[Path]:
                 path.unlink()
                 removed.append(path)
     return removed
-
-
-def write_json(path: str | os.PathLike, data: Any) -> None:
-    """Write ``data`` as JSON atomically: a temporary file in the same folder, ``fsync``, ``os.replace``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=1)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
 
 
 class RunFolder:
@@ -121,8 +90,8 @@ class RunFolder:
             found = self.existing()
             if found and not (self.resume or self.overwrite):
                 raise ValueError(
-                    f"{self.flag} {str(self.path)!r} already holds a run ({', '.join(found)}); continue it with "
-                    "--resume, replace it with --overwrite, or choose another folder"
+                    f"{self.flag} {str(self.path)!r} already holds a run ({', '.join(found)}); continue it "
+                    "with --resume, replace it with --overwrite, or choose another folder"
                 )
             if self.overwrite and self.lock:  # the lock holder alone deletes (one process of a DDP group)
                 for name in found:
