@@ -41,6 +41,12 @@ def test_show_learned_and_variant(capsys):
         (["show", "sinusoidal", "--positions", "a:b"], "is not START:STOP"),
         (["show", "sinusoidal", "--dim", "15"], "d_model must be even"),
         (["show", "magic"], "unknown scheme 'magic'"),
+        (["show", "sinusoidal", "--positions", "5:1"], "--positions '5:1' is empty"),
+        (["show", "sinusoidal", "--positions", "0:100000000"], "100,000,000 positions, more than 625,000"),
+        (["show", "sinusoidal", "--positions", "0:1000000000000"], "more than 625,000"),
+        (["show", "sinusoidal", "--dim", "100000000", "--positions", "0:2"], "more than 10,000,000 values"),
+        (["show", "sinusoidal", "--digits", "-1"], "--digits must be >= 0, got -1"),
+        (["show", "sinusoidal", "--columns", "-2"], "--columns must be >= 1, got -2"),
     ],
 )
 def test_show_errors(argv, match, capsys):
@@ -51,6 +57,36 @@ def test_show_errors(argv, match, capsys):
 def test_parse_positions():
     assert parse_positions("2:8:3").tolist() == [2, 5]
     assert parse_positions("4,1").tolist() == [4, 1]
+    assert parse_positions(":3").tolist() == [0, 1, 2]
+
+
+def _user_errors(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    f = str(tmp_path / "afile")
+    return [
+        ["show", "sinusoidal", "--positions", "5:1"],
+        ["show", "sinusoidal", "--positions", "0:1000000000000"],
+        ["report", "-o", f],
+        ["report", "-o", f + "/sub"],
+        ["plot", "rope", "--kind", "kernel", "-o", str(tmp_path)],
+        ["plot", "rope", "--kind", "kernel", "-o", f + "/x.png"],
+        ["train", "--device", "bogus", "--out", str(tmp_path / "t")],
+        ["train", "--out", f],
+        ["extrapolate", "--out", f + "/sub"],
+        ["bench", "sinusoidal_table", "--out", str(tmp_path)],
+    ]
+
+
+@pytest.mark.slow
+def test_user_errors_are_one_line_and_exit_code_2(tmp_path):
+    """Each bad command in its own process: exit code 2, one line on stderr, no traceback, fast."""
+    for argv in _user_errors(tmp_path):
+        done = subprocess.run([sys.executable, "-m", "posenc", *argv], capture_output=True, text=True,
+                              timeout=60)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2, (argv, done.stderr[-800:])
+        assert len(lines) == 1 and "Traceback" not in done.stderr, (argv, done.stderr[-800:])
+        assert lines[0].startswith(f"posenc {argv[0]}: error: "), lines
 
 
 def test_console_entry_point_runs():

@@ -24,8 +24,13 @@ class CLIError(Exception):
     """A user error: printed as ``posenc: error: ...`` with exit code 2, no traceback."""
 
 
-def parse_positions(spec: str) -> torch.Tensor:
-    """``"0:3"`` -> ``[0, 1, 2]``; ``"0:100:10"`` -> every 10th; ``"0,5,9"`` -> those positions."""
+#: The most values ``posenc show`` computes and prints (positions x dims): beyond it, a plot says more.
+SHOW_MAX_VALUES = 10_000_000
+
+
+def parse_positions(spec: str, max_count: int = SHOW_MAX_VALUES) -> torch.Tensor:
+    """``"0:3"`` -> ``[0, 1, 2]``; ``"0:100:10"`` -> every 10th; ``"0,5,9"`` -> those positions.
+    An empty range or more than ``max_count`` positions is a :class:`CLIError` (nothing is allocated)."""
     try:
         if ":" in spec:
             parts = [int(p) if p else None for p in spec.split(":")]
@@ -35,10 +40,20 @@ def parse_positions(spec: str) -> torch.Tensor:
             step = parts[2] if len(parts) == 3 and parts[2] is not None else 1
             if step <= 0:
                 raise ValueError
-            return torch.arange(start, stop, step)
-        return torch.tensor([int(p) for p in spec.split(",")], dtype=torch.long)
+            count = max(0, -(-(stop - start) // step))
+        else:
+            values = [int(p) for p in spec.split(",")]
+            count = len(values)
     except ValueError:
         raise CLIError(f"--positions {spec!r} is not START:STOP[:STEP] or a comma list like 0,5,9") from None
+    if count == 0:
+        raise CLIError(f"--positions {spec!r} is empty: STOP must be larger than START (e.g. 0:8)")
+    if count > max_count:
+        raise CLIError(f"--positions {spec!r} has {count:,} positions, more than {max_count:,}; use a step "
+                       "(e.g. 0:1000000:1000) or a plot")
+    if ":" in spec:
+        return torch.arange(start, stop, step)
+    return torch.tensor(values, dtype=torch.long)
 
 
 # ---------------------------------------------------------------------------------------------- list
@@ -84,7 +99,14 @@ def _show_run(args: argparse.Namespace) -> int:
         )
     if args.scheme in ("sinusoidal_2d", "sinusoidal_3d"):
         raise CLIError(f"{args.scheme!r} encodes grids, not sequences: use `posenc plot` for it")
-    positions = parse_positions(args.positions)
+    limits = (("--dim", args.dim, 2), ("--digits", args.digits, 0), ("--columns", args.columns, 1))
+    for flag, value, low in limits:
+        if value is not None and value < low:
+            raise CLIError(f"{flag} must be >= {low}, got {value}")
+    if args.dim > SHOW_MAX_VALUES:
+        raise CLIError(f"--dim {args.dim:,} is more than {SHOW_MAX_VALUES:,} values per position; "
+                       "use a smaller --dim")
+    positions = parse_positions(args.positions, max_count=SHOW_MAX_VALUES // args.dim)
     options: dict = {"d_model": args.dim}
     for key, value in (("variant", args.variant), ("base", args.base)):
         if value is not None:
@@ -166,6 +188,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return COMMANDS[args.command][2](args)
     except (CLIError, ValueError, TypeError) as err:
         print(f"posenc {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        if err.filename is None:  # not about a path the user gave: a bug, keep its traceback
+            raise
+        print(f"posenc {args.command}: error: {err.strerror or err}: {err.filename!r}; check the path",
+              file=sys.stderr)
         return 2
     except BrokenPipeError:  # `posenc ... | head`: the reader left; not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

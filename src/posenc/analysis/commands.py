@@ -80,6 +80,9 @@ def plot_args(p: argparse.ArgumentParser) -> None:
 
 
 def plot_run(args: argparse.Namespace) -> int:
+    from .._paths import check_output_file
+
+    check_output_file(args.output, "-o")  # before any rendering
     if args.scheme == "embeddings":
         from ..text.commands import plot_embeddings_run
 
@@ -111,8 +114,10 @@ def report_args(p: argparse.ArgumentParser) -> None:
 
 
 def report_run(args: argparse.Namespace) -> int:
+    from .._paths import check_folder
     from .report import build_report
 
+    check_folder(args.output, "-o")
     t0 = time.perf_counter()
     path = build_report(args.output, args.schemes or None)
     print(

@@ -91,6 +91,10 @@ def _setup(args: argparse.Namespace):
 
     from .distributed import configure_threads, init_distributed
 
+    try:
+        torch.device(args.device)
+    except RuntimeError:
+        raise ValueError(f"--device {args.device!r} is not a device; use cpu, cuda or cuda:N") from None
     info, device = init_distributed(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda but torch sees no CUDA device; use --device cpu")

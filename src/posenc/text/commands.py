@@ -121,7 +121,7 @@ def plot_embeddings_run(args: argparse.Namespace) -> int:
     V = weight.shape[0]
     counts = None
     if args.tokenizer:
-        tok = resolve_tokenizer(args.tokenizer)
+        tok, _ = resolve_tokenizer(args.tokenizer)
         if tok.vocab_size != V:
             raise ValueError(
                 f"--tokenizer has {tok.vocab_size} tokens but the model has {V}; use the model's tokenizer"
