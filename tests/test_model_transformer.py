@@ -389,6 +389,15 @@ def test_encoder_is_bidirectional_and_its_scheme_is_built_non_causal(monkeypatch
     assert not torch.allclose(model.encode(changed)[0, 0], out[0, 0])  # the first token sees the last
 
 
+def test_t5_buckets_are_one_directional_in_a_decoder_and_two_directional_in_an_encoder():
+    """A decoder never sees keys after the query: all T5 buckets go to past distances; an
+    encoder splits them between the two directions (T5's own setting)."""
+    cfg = ModelConfig(vocab_size=V, d_model=16, num_layers=1, num_heads=2, position="t5")
+    assert TransformerLM(cfg).decoder.scheme(0).bidirectional is False
+    model = EncoderDecoder(cfg)
+    assert model.encoder.scheme(0).bidirectional is True and model.decoder.scheme(0).bidirectional is False
+
+
 def _count(model) -> int:
     return sum(p.numel() for p in model.parameters())  # parameters() lists a tied tensor once
 
