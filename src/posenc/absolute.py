@@ -258,9 +258,10 @@ class SinusoidalPE(PositionalScheme):
         self.base = check_positive_float(base, "base")
         self.variant = variant
 
-    def table(self, positions: torch.Tensor) -> torch.Tensor:
-        """The float32 encoding ``[..., d]`` of integer positions ``[...]``."""
-        return sinusoidal_table(positions, self.d_model, self.base, self.variant)
+    def table(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The encoding ``[..., d]`` of integer positions ``[...]``, in float32 (float64 angles and
+        values when ``dtype`` is float64)."""
+        return sinusoidal_table(positions, self.d_model, self.base, self.variant, dtype=_angle_dtype(dtype))
 
     def _check_width(self, x: torch.Tensor) -> None:
         if x.dim() != 3 or x.shape[-1] != self.d_model:
@@ -269,7 +270,7 @@ class SinusoidalPE(PositionalScheme):
     def embed(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         self._check_width(x)
         pos = resolve_positions(positions, x.shape[1], x.device)
-        return x + self.table(pos).to(x.dtype)  # [b, s, d] + ([s, d] | [b, s, d])
+        return x + self.table(pos, x.dtype).to(x.dtype)  # [b, s, d] + ([s, d] | [b, s, d])
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, base={self.base}, variant={self.variant!r}"
@@ -300,7 +301,8 @@ class ScaledSinusoidalPE(SinusoidalPE):
     def embed(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         self._check_width(x)
         pos = resolve_positions(positions, x.shape[1], x.device)
-        return x + (self.table(pos) * self.gain.float()).to(x.dtype)
+        table = self.table(pos, x.dtype)  # float32, float64 for a float64 model
+        return x + (table * self.gain.to(table.dtype)).to(x.dtype)
 
 
 class LearnedPE(PositionalScheme):
@@ -400,15 +402,15 @@ class SinusoidalND(PositionalScheme):
             )
         grid = tuple(x.shape[1:-1])
         if positions is None:
-            pe = sinusoidal_nd_table(grid, self.d_model, self.base).to(x.device)  # [*grid, c]
+            pe = sinusoidal_nd_table(grid, self.d_model, self.base, dtype=_angle_dtype(x.dtype)).to(x.device)
         else:
             if positions.shape[-1] != self.ndim or tuple(positions.shape[-1 - self.ndim : -1]) != grid:
                 raise ValueError(
                     f"positions must have shape [*grid, {self.ndim}] or [b, *grid, {self.ndim}] with "
                     f"grid={grid}, got {tuple(positions.shape)}"
                 )
-            pe = sinusoidal_nd_table(positions, self.d_model, self.base)
-        return x + pe.to(x.dtype)
+            pe = sinusoidal_nd_table(positions, self.d_model, self.base, dtype=_angle_dtype(x.dtype))
+        return x + pe.to(x.dtype)  # pe: [*grid, c] float32 (float64 for float64 x)
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, ndim={self.ndim}, base={self.base}"

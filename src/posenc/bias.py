@@ -323,7 +323,9 @@ class T5RelativeBias(PositionalScheme):
         rel = relative_positions(q_positions, k_positions)  # [b|1, s_q, s_k]
         buckets = t5_relative_bucket(rel, self.bidirectional, self.num_buckets, self.max_distance)
         values = self.relative_attention_bias(buckets)  # [b|1, s_q, s_k, h]
-        return values.permute(0, 3, 1, 2).float()  # [b|1, s_q, s_k, h] -> [b|1, h, s_q, s_k]
+        # float32 at least (a bf16 table's values are exact in float32); a float64 table stays float64
+        out_dtype = torch.promote_types(values.dtype, torch.float32)
+        return values.permute(0, 3, 1, 2).to(out_dtype)  # [b|1, s_q, s_k, h] -> [b|1, h, s_q, s_k]
 
     def extra_repr(self) -> str:
         return (

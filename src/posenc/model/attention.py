@@ -454,9 +454,11 @@ def _attend_explicit(q, k, v, plan, bias, relative_values, dropout_p):
     group = q.shape[1] // k.shape[1]
     if group > 1:  # [b, h_kv, s_k, d_h] -> [b, h, s_k, d_h], head i uses kv head i // group
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    scores = (q @ k.transpose(-2, -1)).float() / math.sqrt(q.shape[-1])  # [b, h, s, s_k]
+    # softmax in float32 at least (bf16/fp16 logits lose the small differences); float64 stays float64
+    acc = torch.promote_types(q.dtype, torch.float32)
+    scores = (q @ k.transpose(-2, -1)).to(acc) / math.sqrt(q.shape[-1])  # [b, h, s, s_k]
     if bias is not None:
-        scores = scores + bias.float()
+        scores = scores + bias.to(acc)
     keep = None if plan is None else plan.keep(s_q, s_k, q.device)
     if keep is not None:
         scores = scores.masked_fill(~keep, float("-inf"))
