@@ -275,6 +275,23 @@ def test_hf_parity_frequencies_and_rotation(rule, partial):
                 assert torch.equal(oq[..., r:], q[..., r:])
 
 
+@pytest.mark.parametrize("rule", ["dynamic", "longrope"])
+def test_hf_parity_at_the_switch_point(rule):
+    """Length-dependent rules change at the original length: compare one before, exactly at, and
+    one past it with HF (a `>` turned into `>=` must fail here)."""
+    cfg = hf_config(rule, 64, 10000.0, 4, 1.0)
+    ours = posenc.rope_from_hf(cfg)
+    original = ours.scaling_params.get("original_max_position_embeddings") or cfg.max_position_embeddings
+    changed = []
+    for seq_len in (original - 1, original, original + 1):
+        inv, scale = ours.frequencies(seq_len)
+        hf_inv, hf_scale = ROPE_INIT_FUNCTIONS[rule](cfg, None, seq_len=seq_len)
+        torch.testing.assert_close(inv.float(), hf_inv, rtol=HF_FREQ_RTOL, atol=0)
+        assert scale == pytest.approx(hf_scale, rel=1e-12)
+        changed.append(inv)
+    assert torch.equal(changed[0], changed[1]) and not torch.equal(changed[1], changed[2])
+
+
 def test_hf_parity_llama_bitwise_default_and_bf16():
     """Llama's own classes; with identical inv_freq posenc's ops are HF's, so outputs are bit-equal."""
     cfg = LlamaConfig(hidden_size=256, num_attention_heads=4, head_dim=64, rope_theta=10000.0)
