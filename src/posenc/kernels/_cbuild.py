@@ -117,6 +117,16 @@ def _build(name: str, source: str) -> ctypes.CDLL | None:
     return None
 
 
+def status(name: str) -> str:
+    """Why kernel ``name`` is or is not in use: ``"loaded"``, ``"disabled"`` (``POSENC_C_KERNELS=0``),
+    ``"no compiler"`` (it could not be built or loaded here) or ``"not built yet"``."""
+    if not enabled():
+        return "disabled"
+    if name not in _loaded:
+        return "not built yet"
+    return "loaded" if _loaded[name] is not None else "no compiler"
+
+
 def load(name: str, source: str) -> ctypes.CDLL | None:
     """The compiled library for ``source`` (built on first use), or ``None`` where it cannot be.
 

@@ -124,6 +124,11 @@ def available() -> bool:
     return _fn() is not None
 
 
+def status() -> str:
+    """``"ok"``, or why the kernel is not in use (``"disabled"``, ``"no compiler"``)."""
+    return "ok" if _fn() is not None else _cbuild.status("dropout_cpu")
+
+
 def usable(x: torch.Tensor) -> bool:
     """Whether :func:`dropout` runs the kernel for ``x``: a plain contiguous CPU tensor of dtype
     float32/float64/bfloat16, outside ``torch.compile``/tracing/functorch, kernel available."""

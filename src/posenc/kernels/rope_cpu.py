@@ -178,6 +178,7 @@ def _fn():
                 "using the PyTorch reference path", RuntimeWarning, stacklevel=3,
             )
             _state["fn"] = None
+            _state["self_check_failed"] = True
     return _state["fn"]
 
 
@@ -205,6 +206,14 @@ def _self_check() -> bool:
 def available() -> bool:
     """Whether the C kernel could be built and loaded on this machine (builds it on first call)."""
     return _fn() is not None
+
+
+def status() -> str:
+    """``"ok"``, ``"self-check failed"`` (built, but not bit-identical to the reference: a bug),
+    or why it was not built (``"disabled"``, ``"no compiler"``); builds it on first call."""
+    if _fn() is not None:
+        return "ok"
+    return "self-check failed" if _state.get("self_check_failed") else _cbuild.status("rope_cpu")
 
 
 def usable(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
