@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ._alloc import check_allocation
 from ._precision import autocast_off
 from ._validate import check_choice, check_int, check_positive_float
 from .base import PositionalScheme
@@ -335,7 +336,9 @@ class LearnedPE(PositionalScheme):
             check_int(padding_idx, "padding_idx", minimum=0)
         self.padding_idx = padding_idx
         self.offset = 0 if padding_idx is None else padding_idx + 1
-        self.weight = nn.Parameter(torch.empty(self.max_len + self.offset, self.d_model))
+        shape = (self.max_len + self.offset, self.d_model)
+        check_allocation(shape, None, f"max_len={max_len}, d_model={d_model}", "use a smaller max_len")
+        self.weight = nn.Parameter(torch.empty(shape))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ._alloc import check_allocation
 from ._validate import check_int, check_positive_float, check_probability
 from .absolute import LearnedPE, ScaledSinusoidalPE, SinusoidalPE, init_table_
 from .base import PositionalScheme
@@ -73,6 +74,8 @@ class TokenEmbedding(nn.Module):
                 raise ValueError(f"padding_idx must be < vocab_size={vocab_size}, got {padding_idx}")
         self.padding_idx = padding_idx
         self.init_std = 1.0 / self.scale if init_std is None else check_positive_float(init_std, "init_std")
+        check_allocation((self.vocab_size, self.d_model), None, f"vocab_size={vocab_size}, d_model={d_model}",
+                         "use a smaller vocab_size or d_model")
         self.weight = nn.Parameter(torch.empty(self.vocab_size, self.d_model))
         self.reset_parameters()
 

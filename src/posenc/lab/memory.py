@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from .._alloc import InsufficientMemoryError, _gib, available_memory
 
 __all__ = ["InsufficientMemoryError", "MemoryEstimate", "available_memory", "check_memory", "estimate_memory"]
 
@@ -15,13 +15,6 @@ __all__ = ["InsufficientMemoryError", "MemoryEstimate", "available_memory", "che
 # ----------------------------------------------------------------------------------------------
 # Memory: refuse a run that cannot fit, before it starts
 # ----------------------------------------------------------------------------------------------
-class InsufficientMemoryError(MemoryError, ValueError):
-    """A run's estimated memory exceeds what the device has free (raised before it starts).
-
-    A ``ValueError`` too, so the CLI reports it as a bad configuration with its message.
-    """
-
-
 @dataclass(frozen=True)
 class MemoryEstimate:
     """A rough upper estimate of a run's peak memory, in bytes, by part."""
@@ -41,10 +34,6 @@ class MemoryEstimate:
                  ("activations", self.activations)]
         inner = ", ".join(f"{k} {_gib(v)}" for k, v in parts if v)
         return f"{_gib(self.total)} ({inner}{'; ' + self.detail if self.detail else ''})"
-
-
-def _gib(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**27 else f"{n / 2**20:.1f} MiB"
 
 
 def estimate_memory(
@@ -75,7 +64,7 @@ def estimate_memory(
     c = model_config
     d, f, h, L, V = c.d_model, c.ffn_dim, c.num_heads, c.num_layers, c.vocab_size
     if num_params is None:
-        num_params = V * d + L * (4 * d * d + 2 * d * f + 4 * d) + 2 * d
+        num_params = c.approx_num_params()
     bpv = bytes_per_value
     tokens = batch_size * seq_len
     attention = batch_size * h * seq_len * seq_len * bpv  # [b, h, s, s] probabilities/logits of one layer
@@ -87,19 +76,6 @@ def estimate_memory(
                               f"batch {batch_size} x seq {seq_len}, {L} layers")
     per_layer = tokens * (6 * d + f) * bpv + 2 * attention  # live tensors of the layer being computed
     return MemoryEstimate(weights, 0, 0, per_layer + logits, f"inference, batch {batch_size} x seq {seq_len}")
-
-
-def available_memory(device: str | torch.device = "cpu") -> int:
-    """Bytes free for a new run: CUDA ``mem_get_info`` free memory, or the OS's available RAM
-    (``MemAvailable`` on Linux, else physical pages free)."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
-    with contextlib.suppress(OSError, ValueError), open("/proc/meminfo") as fh:
-        for line in fh:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
 
 
 def check_memory(

@@ -144,6 +144,21 @@ class ModelConfig:
         """The MLP hidden width: ``d_ff``, or ``4 * d_model`` when it is None."""
         return 4 * self.d_model if self.d_ff is None else self.d_ff
 
+    def approx_num_params(self) -> int:
+        """About how many parameters a decoder-only model of this config has (token table, per
+        layer ``4 d^2`` attention and ``2 d d_ff`` MLP weights, norms), before building it."""
+        d, f = self.d_model, self.ffn_dim
+        return self.vocab_size * d + self.num_layers * (4 * d * d + 2 * d * f + 4 * d) + 2 * d
+
+    def check_fits(self) -> None:
+        """Refuse (``InsufficientMemoryError``, a ``ValueError``) a model whose weights would not fit
+        in free memory, before any of it is allocated."""
+        from .._alloc import check_allocation
+
+        check_allocation([self.approx_num_params()], None,
+                         f"a model with d_model={self.d_model}, num_layers={self.num_layers}, "
+                         f"vocab_size={self.vocab_size}", "use a smaller d_model, num_layers or vocab_size")
+
     def scheme_context(self, causal: bool) -> dict[str, Any]:
         """What a model offers the scheme's constructor (see :func:`posenc.build_with_context`).
 

@@ -418,6 +418,7 @@ class TransformerLM(nn.Module):
             raise ValueError(
                 f"tie={config.tie!r} needs an encoder; a decoder-only LM takes tie='output' or 'none'"
             )
+        config.check_fits()
         self.config = config
         self.decoder = Decoder(config, cross_attention=False)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
@@ -520,6 +521,7 @@ class EncoderDecoder(nn.Module):
         super().__init__()
         if config.memory_len:
             raise ValueError(f"memory_len={config.memory_len} applies to decoder-only models (TransformerLM)")
+        config.check_fits()  # the decoder's share; the encoder's is about the same again
         shared_vocab = config.src_vocab_size in (None, config.vocab_size)
         if config.tie in ("encoder_decoder", "three_way") and not shared_vocab:
             raise ValueError(

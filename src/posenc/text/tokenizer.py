@@ -51,6 +51,17 @@ __all__ = [
 BERT_SPECIAL_TOKENS: tuple[str, ...] = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 
+#: The largest vocabulary trained here: the Rust trainer aborts the process (no Python error) on
+#: absurd sizes such as 10^9, and real tokenizers stay well below (Gemma: 256k).
+MAX_TRAINED_VOCAB = 1_000_000
+
+
+def _check_vocab_cap(vocab_size: int) -> None:
+    if vocab_size > MAX_TRAINED_VOCAB:
+        raise ValueError(f"vocab_size={vocab_size:,} is larger than {MAX_TRAINED_VOCAB:,}; train a smaller "
+                         "vocabulary (a corpus rarely supports even 100,000 tokens)")
+
+
 def _hf() -> Any:
     """The ``tokenizers`` package, or an ImportError saying how to install it."""
     try:
@@ -191,6 +202,7 @@ def train_wordpiece(
     hf = _hf()
     texts = _check_texts(texts)
     check_int(vocab_size, "vocab_size", minimum=len(BERT_SPECIAL_TOKENS) + 1)
+    _check_vocab_cap(vocab_size)
     check_int(min_frequency, "min_frequency")
     tok = hf.Tokenizer(hf.models.WordPiece(unk_token="[UNK]"))
     tok.normalizer = hf.normalizers.BertNormalizer(lowercase=lowercase, strip_accents=lowercase or None)
@@ -242,6 +254,7 @@ def train_bpe(
     texts = _check_texts(texts)
     check_int(vocab_size, "vocab_size", minimum=256 + len(special_tokens),
               hint=" (a byte-level BPE holds all 256 bytes plus its special tokens)")
+    _check_vocab_cap(vocab_size)
     check_int(min_frequency, "min_frequency")
     tok = hf.Tokenizer(hf.models.BPE())
     tok.pre_tokenizer = hf.pre_tokenizers.ByteLevel(add_prefix_space=False)
