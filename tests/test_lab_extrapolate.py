@@ -63,6 +63,13 @@ def test_tiny_study_with_two_seeds_end_to_end(tmp_path, corpus_dir, capsys):
             assert d["mean"] == pytest.approx(statistics.mean(diffs), abs=1e-9)
     assert len(results["cells"]) == 6 and all(c["train"]["steps"] == 6 for c in results["cells"])
 
+    # the tables again from the saved study, as Markdown, without training
+    capsys.readouterr()
+    assert main(["extrapolate", "--from", str(out), "--markdown"]) == 0
+    md = capsys.readouterr().out
+    assert md.startswith("**paired delta vs L=8") and "| scheme | 8 | 16 | 32 |" in md
+    assert "| alibi | - | " in md
+
     # the same folder again: refused without --resume; with it, every finished cell is reused
     command = ["extrapolate", "--schemes", "learned,alibi,rope", "--seeds", "0,1", "--variants", "linear",
                "--corpus", str(corpus_dir), *TINY, "--out", str(out)]
@@ -148,7 +155,9 @@ def test_tiny_task_study(tmp_path, capsys):
         (["--seeds", "1,0"], "seeds must be increasing without repeats"),
         (["--workers", "0"], "--workers must be >= 1"),
         (["--variants", "yarnn"], "unknown variants entry 'yarnn'"),
-        (["--resume"], "--resume needs --out"),
+        (["--resume"], "--resume and --overwrite need --out"),
+        (["--markdown"], "--markdown formats a finished study: use it with --from"),
+        (["--from", "/nonexistent"], "--from: cannot read a study from '/nonexistent'"),
         (["--option", "t5max=3"], "--option 't5max=3' is not SCHEME.KEY=VALUE"),
         (["--option", "alibi.slope=2"], "unknown position_options key of 'alibi' 'slope'"),
     ],

@@ -119,6 +119,9 @@ def extrapolate_args(p: argparse.ArgumentParser) -> None:
                    help=f"comma list of schemes (default {','.join(DEFAULT_SCHEMES)})")
     p.add_argument("--eval-lens", default=None, help="comma list of evaluation lengths (default 128,..,2048)")
     p.add_argument("--quick", action="store_true", help="a ~1-minute smoke version (smaller model, L=64)")
+    p.add_argument("--from", dest="from_file", default=None, metavar="RESULTS",
+                   help="train nothing: print the tables of a finished study (results.json or its folder)")
+    p.add_argument("--markdown", action="store_true", help="with --from: Markdown tables")
     p.add_argument("--compare", nargs=2, metavar=("A", "B"), default=None,
                    help="compare two finished studies (results.json files or folders) on the same bytes; "
                         "trains nothing")
@@ -142,16 +145,16 @@ def extrapolate_args(p: argparse.ArgumentParser) -> None:
     _common_args(p)
 
 
-def _read_results(spec: str) -> dict[str, Any]:
+def _read_results(spec: str, flag: str = "--compare") -> dict[str, Any]:
     path = Path(spec)
     if path.is_dir():
         path = path / "results.json"
     try:
         results = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as err:
-        raise ValueError(f"--compare: cannot read a study from {spec!r}: {err}") from None
-    if not isinstance(results, dict) or not {"config", "runs", "eval", "corpus"} <= results.keys():
-        raise ValueError(f"--compare: {str(path)!r} is not a posenc extrapolate results.json")
+        raise ValueError(f"{flag}: cannot read a study from {spec!r}: {err}") from None
+    if not isinstance(results, dict) or not {"config", "runs", "eval", "summary"} <= results.keys():
+        raise ValueError(f"{flag}: {str(path)!r} is not a results.json of posenc extrapolate")
     return results
 
 
@@ -171,6 +174,13 @@ def extrapolate_run(args: argparse.Namespace) -> int:
     """Run ``posenc extrapolate``: train, evaluate, print the table, write the JSON and plot."""
     if args.compare is not None:
         return compare_run(args)
+    if args.from_file is not None:
+        from .extrapolate import format_table
+
+        print(format_table(_read_results(args.from_file, "--from"), markdown=args.markdown))
+        return 0
+    if args.markdown:
+        raise ValueError("--markdown formats a finished study: use it with --from RESULTS")
     from .config import PRESETS, TASK_DEFAULTS, StudyConfig
     from .extrapolate import STUDY_ARTIFACTS, format_table, run_study
     from .runs import RunFolder

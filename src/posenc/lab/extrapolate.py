@@ -230,10 +230,10 @@ def _cell(value: dict | None, signed: bool, missing: str) -> str:
     return Interval(value["mean"], value["low"], value["high"], value["n"]).format(signed)
 
 
-def format_table(results: dict[str, Any]) -> str:
-    """The study as plain-text tables of ``mean ±half-width`` (95%): the paired delta and the
-    sliding-window bits/byte first, all-position and beyond-``L`` bits/byte after (``lm``); or
-    exact-match accuracy (task modes)."""
+def format_table(results: dict[str, Any], markdown: bool = False) -> str:
+    """The study as tables of ``mean ±half-width`` (95%): the paired delta and the sliding-window
+    bits/byte first, all-position and beyond-``L`` bits/byte after (``lm``); or exact-match
+    accuracy (task modes). Plain text, or Markdown tables (``markdown``) for docs."""
     cfg = results["config"]
     lens, L = cfg["eval_lens"], cfg["train_len"]
     rows = results["summary"]
@@ -258,13 +258,20 @@ def format_table(results: dict[str, Any]) -> str:
                                         f"1..{L} (higher is better)")]
     lines = []
     for metric, signed, title in sections:
-        lines += [title, head]
+        if markdown:
+            lines += [f"**{title}**", "", "| scheme | " + " | ".join(map(str, lens)) + " |",
+                      "|---" * (len(lens) + 1) + "|"]
+        else:
+            lines += [title, head]
         for name in names:
             cells = []
             for r in (r for r in rows if r["name"] == name):
                 missing = "n/a" if r["note"].startswith("n/a") else "-"
-                cells.append(f"{_cell(r[metric], signed, missing):>{col}}")
-            lines.append(f"{name:<{width}}" + "".join(cells))
+                cells.append(_cell(r[metric], signed, missing))
+            if markdown:
+                lines.append(f"| {name} | " + " | ".join(cells) + " |")
+            else:
+                lines.append(f"{name:<{width}}" + "".join(f"{c:>{col}}" for c in cells))
         lines.append("")
     seeds = ",".join(map(str, cfg["seeds"]))
     lines.append(f"L = {L}; seeds {seeds}; '-' = not defined at this length; "
