@@ -34,6 +34,14 @@ def test_lookup_equals_one_hot_matmul():
     torch.testing.assert_close(one_hot @ emb.weight, emb(ids), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16, torch.int32])
+def test_any_integer_ids_dtype(dtype):
+    """Byte corpora are uint8 tensors: every integer dtype gives what int64 ids give."""
+    emb = TokenEmbedding(100, 8)
+    ids = torch.tensor([[1, 2, 99], [0, 5, 7]])
+    torch.testing.assert_close(emb(ids.to(dtype)), emb(ids), rtol=0, atol=0)
+
+
 def test_padding_idx_is_zero_and_untrained():
     emb = TokenEmbedding(10, 8, padding_idx=0)
     assert torch.count_nonzero(emb.weight[0]) == 0

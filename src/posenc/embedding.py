@@ -101,6 +101,8 @@ class TokenEmbedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         self.check_ids(ids)
+        if ids.dtype not in (torch.int64, torch.int32):  # uint8 bytes, int16, ...: what gathers take
+            ids = ids.long()
         if _embedding_cpu.usable(self.weight, ids):  # same gather into huge pages (kernels.embedding_cpu)
             out = _embedding_cpu.gather(self.weight, ids, self.padding_idx)  # [..., d]
         else:
