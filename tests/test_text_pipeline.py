@@ -109,8 +109,14 @@ def test_format_and_plot(result, tmp_path):
     assert "bit-identical" in text and "'the' at positions 1 and 5: the same row of E" in text
     path = plot_pipeline(result, tmp_path / "steps.png")
     assert path.stat().st_size > 1000 and path.read_bytes()[:4] == b"\x89PNG"
-    with pytest.raises(ValueError, match=r"--plot folder .* does not exist"):
-        plot_pipeline(result, tmp_path / "missing" / "x.png")
+    # one rule for every posenc figure: missing folders are made; a name without suffix gets .png
+    made = plot_pipeline(result, tmp_path / "missing" / "x")
+    assert made == tmp_path / "missing" / "x.png" and made.read_bytes()[:4] == b"\x89PNG"
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(ValueError, match=r"--plot '.*f/x.png' lies under the file"):
+        plot_pipeline(result, tmp_path / "f" / "x.png")
+    with pytest.raises(ValueError, match=r"must end in .png, .svg, .pdf"):
+        plot_pipeline(result, tmp_path / "x.jpg")
 
 
 def test_pipeline_errors(tok):

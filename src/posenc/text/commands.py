@@ -80,6 +80,10 @@ def encode_run(args: argparse.Namespace) -> int:
         raise ValueError(f'TEXT is empty ({args.text!r}): give a sentence, e.g. "The cat sat on the mat."')
     if args.columns < 1 or args.digits < 0:
         raise ValueError(f"--columns must be >= 1 and --digits >= 0, got {args.columns} and {args.digits}")
+    if args.plot:
+        from .pipeline import plot_path
+
+        plot_path(args.plot)  # checked before the tokenizer trains
     tok, how = resolve_tokenizer(args.tokenizer, vocab_size=args.vocab_size)
     print(f"tokenizer: {how}")
     result = encode_text(

@@ -257,6 +257,23 @@ def format_pipeline(result: PipelineResult, digits: int = 3, columns: int = 6) -
 PLOT_STEPS = ("lookup", "scaled", "positional", "sum", "layer_norm", "dropout_train")
 
 
+#: What ``plot_pipeline`` writes, by suffix; a path without one gets ``.png``.
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+
+
+def plot_path(out_path: str | Path, flag: str = "--plot") -> Path:
+    """The file :func:`plot_pipeline` will write: ``.png`` added to a name without a suffix; the
+    path checked (a folder, a path under a file, an unknown suffix: ``ValueError``) before any work."""
+    from .._paths import check_output_file
+
+    out_path = Path(out_path)
+    if not out_path.suffix:
+        out_path = out_path.with_suffix(".png")
+    if out_path.suffix.lower() not in PLOT_SUFFIXES:
+        raise ValueError(f"{flag} {str(out_path)!r} must end in {', '.join(PLOT_SUFFIXES)}")
+    return check_output_file(out_path, flag)
+
+
 def plot_pipeline(result: PipelineResult, out_path: str | Path) -> Path:
     """Write a figure of the token x dimension matrices ``[s, d]`` at each step to ``out_path``.
 
@@ -267,9 +284,8 @@ def plot_pipeline(result: PipelineResult, out_path: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out_path = Path(out_path)
-    if out_path.parent and not out_path.parent.exists():
-        raise ValueError(f"--plot folder {str(out_path.parent)!r} does not exist; create it first")
+    out_path = plot_path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)  # the rule of every posenc plot: folders are made
     s, d = result.steps["lookup"].tensor.shape
     fig, axes = plt.subplots(2, 3, figsize=(3 + 0.35 * d * 3, 1.5 + 0.4 * s * 2), squeeze=False)
     for ax, name in zip(axes.flat, PLOT_STEPS):
