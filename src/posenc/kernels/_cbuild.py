@@ -79,6 +79,20 @@ def _version(cc: str) -> str:
         return ""
 
 
+def _compile(cc: str, flags: tuple[str, ...], source: str, name: str, path: Path) -> str | None:
+    """Compile ``source`` into ``path`` (atomically); the compiler's error, or None on success."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+        src, lib = Path(tmp) / f"{name}.c", Path(tmp) / f"{name}.so"
+        src.write_text(source)
+        proc = subprocess.run([cc, *flags, str(src), "-o", str(lib), "-lm"], capture_output=True, text=True,
+                              timeout=300)
+        if proc.returncode != 0:
+            return proc.stderr.strip()[-2000:]
+        os.replace(lib, path)  # atomic: concurrent processes never load a half-written file
+    return None
+
+
 def _build(name: str, source: str) -> ctypes.CDLL | None:
     if platform.system() not in ("Linux", "Darwin"):
         return None
@@ -92,22 +106,17 @@ def _build(name: str, source: str) -> ctypes.CDLL | None:
         flags = (*_BASE_FLAGS, *arch, *extra)
         key = hashlib.sha256("\0".join((source, " ".join(flags), version, _cpu_signature())).encode())
         path = cache_dir() / f"{name}-{key.hexdigest()[:20]}.so"
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
-                src, lib = Path(tmp) / f"{name}.c", Path(tmp) / f"{name}.so"
-                src.write_text(source)
-                proc = subprocess.run(
-                    [cc, *flags, str(src), "-o", str(lib), "-lm"], capture_output=True, text=True, timeout=300
-                )
-                if proc.returncode != 0:
-                    errors.append(proc.stderr.strip()[-2000:])
-                    continue
-                os.replace(lib, path)  # atomic: concurrent processes never load a half-written file
-        try:
-            return ctypes.CDLL(str(path))
-        except OSError as err:
-            errors.append(str(err))
+        for _attempt in range(2):  # a cached library that does not load (corrupt, truncated) is rebuilt once
+            if not path.exists():
+                error = _compile(cc, flags, source, name, path)
+                if error is not None:
+                    errors.append(error)
+                    break  # this flag set does not compile here: try the next one
+            try:
+                return ctypes.CDLL(str(path))
+            except OSError as err:
+                errors.append(str(err))
+                path.unlink(missing_ok=True)
     warnings.warn(
         f"posenc: could not build the C kernel {name!r}; using the PyTorch reference path "
         f"(set POSENC_C_KERNELS=0 to silence). Compiler said: {errors[-1] if errors else '?'}",

@@ -1,0 +1,57 @@
+"""Tests of posenc.kernels._cbuild: C kernels built once, cached, and rebuilt when the cache is corrupt."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from posenc.kernels import _cbuild
+
+SOURCE = "int posenc_test_answer(void) { return 42; }\n"
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("POSENC_KERNEL_CACHE", str(tmp_path))
+    if _cbuild._compiler() is None:
+        pytest.skip("no C compiler")
+    return tmp_path
+
+
+def test_builds_once_and_reuses_the_cached_library(cache):
+    lib = _cbuild._build("posenc_test", SOURCE)
+    assert lib is not None and lib.posenc_test_answer() == 42
+    (built,) = list(cache.glob("posenc_test-*.so"))
+    stamp = built.stat().st_mtime_ns
+    assert _cbuild._build("posenc_test", SOURCE).posenc_test_answer() == 42
+    assert built.stat().st_mtime_ns == stamp  # not compiled again
+
+
+def _answer_in_a_new_process(cache) -> str:
+    code = ("from posenc.kernels import _cbuild\n"
+            f"print(_cbuild._build('posenc_test', {SOURCE!r}).posenc_test_answer())")
+    env = {**os.environ, "POSENC_KERNEL_CACHE": str(cache)}
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          check=True, timeout=120).stdout.strip()
+
+
+def test_a_corrupt_cached_library_is_rebuilt(cache):
+    """Each process loads the cached library; one left corrupt (a disk that filled up, a killed
+    copy) is deleted and built again instead of leaving the kernel off for good."""
+    assert _answer_in_a_new_process(cache) == "42"
+    (built,) = list(cache.glob("posenc_test-*.so"))
+    garbage = cache / "garbage"
+    garbage.write_bytes(b"not an ELF file")
+    os.replace(garbage, built)  # a new file under the cached name (a loaded library is never written)
+    assert _answer_in_a_new_process(cache) == "42"
+    assert built.read_bytes()[:4] == b"\x7fELF"
+
+
+def test_status_names_why_a_kernel_is_off(monkeypatch):
+    monkeypatch.setenv("POSENC_C_KERNELS", "0")
+    assert _cbuild.status("anything") == "disabled"
+    monkeypatch.setenv("POSENC_C_KERNELS", "1")
+    assert _cbuild.status("never_built_kernel") == "not built yet"
