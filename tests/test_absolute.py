@@ -335,3 +335,10 @@ def test_float64_inputs_get_float64_tables_and_gain():
     out.backward()
     table_sum = float(scaled.table(torch.arange(5), torch.float64).sum())
     assert math.isclose(float(scaled.gain.grad), table_sum, rel_tol=1e-12)
+
+
+def test_batched_positions_must_match_the_batch():
+    pe = posenc.build("sinusoidal", d_model=8)
+    with pytest.raises(ValueError, match=r"positions has batch size 3 but the input has 2; pass \[s\]"):
+        pe.embed(torch.zeros(2, 5, 8), torch.arange(5).expand(3, 5))
+    assert pe.embed(torch.zeros(2, 5, 8), torch.arange(5)[None]).shape == (2, 5, 8)  # [1, s] broadcasts

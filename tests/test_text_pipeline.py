@@ -124,6 +124,8 @@ def test_pipeline_errors(tok):
         encode_text("   ", tok)
     with pytest.raises(TypeError, match="text must be a str"):
         encode_text(None, tok)
+    with pytest.raises(ValueError, match=r"text is not valid UTF-8 \(character 3"):
+        encode_text("abc\udcff", tok)  # how Python passes non-UTF-8 command-line bytes
     with pytest.raises(ValueError, match=r"ids must have shape \[s\], got \(1, 3\)"):
         run_pipeline(torch.tensor([[1, 2, 3]]), 10)
     with pytest.raises(ValueError, match="ids is empty"):

@@ -270,7 +270,7 @@ class SinusoidalPE(PositionalScheme):
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         self._check_width(x)
-        pos = resolve_positions(positions, x.shape[1], x.device)
+        pos = resolve_positions(positions, x.shape[1], x.device, batch=x.shape[0])
         return x + self.table(pos, x.dtype).to(x.dtype)  # [b, s, d] + ([s, d] | [b, s, d])
 
     def extra_repr(self) -> str:
@@ -301,7 +301,7 @@ class ScaledSinusoidalPE(SinusoidalPE):
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         self._check_width(x)
-        pos = resolve_positions(positions, x.shape[1], x.device)
+        pos = resolve_positions(positions, x.shape[1], x.device, batch=x.shape[0])
         table = self.table(pos, x.dtype)  # float32, float64 for a float64 model
         return x + (table * self.gain.to(table.dtype)).to(x.dtype)
 
@@ -366,7 +366,7 @@ class LearnedPE(PositionalScheme):
             raise ValueError(f"x must have shape [b, s, {self.d_model}], got {tuple(x.shape)}")
         if positions is None and x.shape[1] > self.max_len:  # a shape check: also holds under compile
             raise self._past_table(f"sequence length {x.shape[1]}")
-        pos = resolve_positions(positions, x.shape[1], x.device)
+        pos = resolve_positions(positions, x.shape[1], x.device, batch=x.shape[0])
         return x + self.lookup(pos).to(x.dtype)
 
     def extra_repr(self) -> str:

@@ -150,12 +150,26 @@ def check_positions(positions: torch.Tensor, seq_len: int, *, name: str = "posit
 
 
 def resolve_positions(
-    positions: torch.Tensor | None, seq_len: int, device: torch.device, *, name: str = "positions"
+    positions: torch.Tensor | None,
+    seq_len: int,
+    device: torch.device,
+    *,
+    name: str = "positions",
+    batch: int | None = None,
 ) -> torch.Tensor:
     """``positions`` validated, or the default ``arange(s)`` on ``device`` when None.
+
+    ``batch``: the batch size of the input the positions go with; ``[b, s]`` positions must have
+    ``b`` equal to it (or 1).
 
     Returns int64 ``[s]`` or ``[b, s]``.
     """
     if positions is None:
         return torch.arange(seq_len, device=device)
-    return check_positions(positions, seq_len, name=name)
+    positions = check_positions(positions, seq_len, name=name)
+    if batch is not None and positions.dim() == 2 and positions.shape[0] not in (1, batch):
+        raise ValueError(
+            f"{name} has batch size {positions.shape[0]} but the input has {batch}; pass [s] positions "
+            f"(shared by the batch) or [{batch}, {seq_len}]"
+        )
+    return positions

@@ -118,6 +118,12 @@ class ModelConfig:
                 f"unknown position_options {unknown} for position={self.position!r}; "
                 f"valid keys: {', '.join(keys) or '(none)'}"
             )
+        offered = {"d_model": self.d_model, "num_heads": self.num_heads, "head_dim": self.head_dim}
+        clash = {k: v for k, v in self.position_options.items() if k in offered and v != offered[k]}
+        if clash:
+            shown = ", ".join(f"{k}={v!r} (the model has {offered[k]})" for k, v in clash.items())
+            raise ValueError(f"position_options {shown} disagree with the model; drop them: the model "
+                             "gives the scheme its own sizes")
         if (
             keys.get("max_len", None) is inspect.Parameter.empty
             and self.max_len is None

@@ -188,6 +188,11 @@ def encode_text(text: str, tokenizer: Tokenizer, **options: Any) -> PipelineResu
         raise TypeError(f"text must be a str, got {type(text).__name__}")
     if not text.strip():
         raise ValueError(f"text is empty ({text!r}): give a sentence, e.g. \"The cat sat on the mat.\"")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:  # e.g. bytes a terminal passed through as lone surrogates
+        raise ValueError(f"text is not valid UTF-8 (character {err.start}: {text[err.start]!r}); "
+                         "pass UTF-8 text") from None
     enc = tokenizer.encode(text)
     return run_pipeline(torch.tensor(enc.ids, dtype=torch.long), tokenizer.vocab_size, tokens=enc.tokens,
                         **options)
