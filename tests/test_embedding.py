@@ -257,15 +257,18 @@ def test_eval_mode_is_exactly_the_reference():
     assert torch.equal(layer(ids), _reference(layer, ids))
 
 
-def test_train_mode_without_the_kernel_uses_nn_dropout(monkeypatch):
-    monkeypatch.setitem(dropout_cpu._state, "fn", None)
+def test_train_mode_without_the_kernel_draws_the_kernels_mask(monkeypatch):
+    """A machine without a compiler (or POSENC_C_KERNELS=0) gives the same dropout for a seed."""
     layer = InputEmbedding(100, 64, dropout=0.5).train()
     ids = torch.randint(0, 100, (4, 32))
     torch.manual_seed(3)
+    with_kernel = layer(ids)
+    monkeypatch.setitem(dropout_cpu._state, "fn", None)
+    torch.manual_seed(3)
     out = layer(ids)
     torch.manual_seed(3)
-    ref = nn.functional.dropout(_reference(layer, ids), 0.5, True)
-    assert torch.equal(out, ref)
+    ref = dropout_cpu.reference_dropout(_reference(layer, ids), 0.5)
+    assert torch.equal(out, ref) and torch.equal(out, with_kernel)
 
 
 def test_train_mode_compiles():

@@ -123,3 +123,39 @@ def test_usable_rejects_what_the_kernel_cannot_take():
     assert not dropout_cpu.usable(torch.randn(4, 4, dtype=torch.float16))
     assert not dropout_cpu.usable(torch.empty(4, 4, device="meta"))
     assert not dropout_cpu.usable(torch.empty(0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_reference_draws_the_kernels_mask_bit_for_bit(dtype, p):
+    """Without the kernel (no compiler, POSENC_C_KERNELS=0) the same seed gives the same output."""
+    x = torch.randn(3, 1001, dtype=torch.float64).to(dtype)  # odd element count: a half pair at the end
+    x[0, :4] = torch.tensor([float("nan"), -0.0, float("inf"), 1e-30]).to(dtype)
+    for seed in (0, 1, 2**63 + 5, 2**64 - 1, 123456789):
+        got = dropout_cpu.reference_dropout(x, p, seed)
+        want = dropout_cpu.dropout(x, p, seed=seed)
+        assert torch.equal(torch.isnan(got), torch.isnan(want))
+        assert torch.equal(got.nan_to_num(), want.nan_to_num())
+        number = ~torch.isnan(got)  # a NaN's sign bit means nothing (the bf16 kernel writes 0x7FC0)
+        assert torch.equal(got.signbit()[number], want.signbit()[number])  # signed zeros agree
+        keep = dropout_cpu.reference_keep_mask(x.numel(), p, seed).view(x.shape)
+        assert torch.equal(keep, dropout_cpu.keep_mask(x.shape, p, seed))
+    frac = dropout_cpu.reference_keep_mask(200_000, p, 7).float().mean().item()
+    assert abs(frac - (1 - p)) < 0.01
+
+
+def test_dropout_module_gives_one_mask_with_or_without_the_kernel(monkeypatch):
+    from posenc.embedding import Dropout
+
+    drop = Dropout(0.3)
+    x = torch.randn(4, 33)
+    torch.manual_seed(5)
+    with_kernel = drop(x)
+    monkeypatch.setattr(dropout_cpu, "usable", lambda t: False)  # as on a machine without a compiler
+    torch.manual_seed(5)
+    without = drop(x)
+    assert torch.equal(with_kernel, without)
+    xg = x.clone().requires_grad_()
+    torch.manual_seed(5)
+    drop(xg).sum().backward()
+    assert torch.equal(xg.grad, (with_kernel != 0).float() / (1 - 0.3))

@@ -181,7 +181,10 @@ class Dropout(nn.Dropout):
     Same arguments as ``nn.Dropout``. In training, on CPU tensors of dtype float32/float64/bfloat16
     (outside ``torch.compile``), ``0 < p < 1``: :mod:`posenc.kernels.dropout_cpu` (PyTorch's dropout
     arithmetic for the mask it draws, ``p`` quantized to a multiple of ``2^-32``, the mask recomputed
-    in backward instead of stored, seeded from PyTorch's generator). Elsewhere ``nn.Dropout`` itself.
+    in backward instead of stored, seeded from PyTorch's generator). Where that kernel cannot be
+    built (no C compiler, ``POSENC_C_KERNELS=0``) the same mask is computed with PyTorch ops, so a
+    seed gives the same dropout on every CPU machine. Elsewhere (CUDA, ``torch.compile``)
+    ``nn.Dropout`` itself.
 
     Shapes: ``forward(x [...], inplace=None) -> [...]``; ``inplace`` overrides ``self.inplace`` for
     one call (a caller that owns a fresh ``x``).
@@ -189,9 +192,18 @@ class Dropout(nn.Dropout):
 
     def forward(self, x: torch.Tensor, inplace: bool | None = None) -> torch.Tensor:
         inplace = self.inplace if inplace is None else inplace
-        if self.training and 0.0 < self.p < 1.0 and _dropout_cpu.usable(x):
-            return _dropout_cpu.dropout(x, self.p, inplace=inplace)
+        if self.training and 0.0 < self.p < 1.0:
+            if _dropout_cpu.usable(x):
+                return _dropout_cpu.dropout(x, self.p, inplace=inplace)
+            if _reference_applies(x):  # no kernel on this machine: the same mask, drawn in PyTorch
+                return _dropout_cpu.reference_dropout(x, self.p)
         return nn.functional.dropout(x, self.p, self.training, inplace)
+
+
+def _reference_applies(x: torch.Tensor) -> bool:
+    """Where the kernel would run but cannot (no compiler, turned off): eager CPU float tensors."""
+    return (x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64, torch.bfloat16)
+            and not torch.compiler.is_compiling() and x.numel() > 0)
 
 
 class InputEmbedding(nn.Module):

@@ -9,6 +9,8 @@ keep/drop decision of element ``i`` is a pure function of ``(seed, i)``::
     keep_i = u_i >= t,  t = round(p * 2^32)
 
 so the forward pass computes and applies it in the same pass over ``x`` (in place when allowed),
+and :func:`reference_dropout` computes the very same mask with PyTorch integer ops where the
+kernel cannot run (no compiler, ``POSENC_C_KERNELS=0``): a seed gives one mask on every machine,
 and the backward pass recomputes it from the seed instead of storing a mask (no saved tensor).
 The seed is drawn from PyTorch's default generator on every call, so ``torch.manual_seed`` makes
 runs reproducible (the masks differ from ``nn.Dropout``'s, which uses another generator).
@@ -31,7 +33,7 @@ import torch
 
 from . import _cbuild, _memory
 
-__all__ = ["available", "dropout", "usable"]
+__all__ = ["available", "dropout", "keep_mask", "reference_dropout", "reference_keep_mask", "usable"]
 
 _SOURCE = r"""
 #include <stdint.h>
@@ -208,3 +210,47 @@ def keep_mask(shape: tuple[int, ...], p: float, seed: int) -> torch.Tensor:
     """The boolean keep-mask that :func:`dropout` applies for ``seed`` (for tests and inspection)."""
     ones = torch.ones(shape, dtype=torch.float64)
     return _launch(ones, ones, p, seed % 2**64) != 0
+
+
+# ----------------------------------------------------------------------------------------------
+# Reference: the same counter-based mask in PyTorch integer ops
+# ----------------------------------------------------------------------------------------------
+def _i64(u: int) -> int:
+    """A 64-bit unsigned constant as the int64 with the same bits (torch has no uint64 arithmetic)."""
+    return u - 2**64 if u >= 2**63 else u
+
+
+_GOLDEN, _M1, _M2 = _i64(0x9E3779B97F4A7C15), _i64(0xBF58476D1CE4E5B9), _i64(0x94D049BB133111EB)
+
+
+def _srl(z: torch.Tensor, k: int) -> torch.Tensor:
+    """Logical shift right of int64 bits (``>>`` on int64 is arithmetic: clear the sign copies)."""
+    return (z >> k) & ((1 << (64 - k)) - 1)
+
+
+def reference_keep_mask(n: int, p: float, seed: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The kernel's keep/drop decision for elements ``0..n-1``: bool ``[n]``, True = kept.
+
+    Pair ``j`` (elements ``2j`` and ``2j + 1``) draws ``r = SplitMix64(seed + (j + 1) * golden)``;
+    element ``2j`` keeps when the low 32 bits are ``>= t``, ``2j + 1`` when the high 32 bits are
+    (``t = round(p * 2^32)``). int64 products wrap exactly as the C kernel's uint64 ones.
+    """
+    j = torch.arange((n + 1) // 2, dtype=torch.int64, device=device)  # [n/2] pair index
+    z = (j + 1) * _GOLDEN + _i64(seed % 2**64)  # [n/2], wrapping
+    z = (z ^ _srl(z, 30)) * _M1
+    z = (z ^ _srl(z, 27)) * _M2
+    z = z ^ _srl(z, 31)
+    draws = torch.stack((z & 0xFFFFFFFF, _srl(z, 32)), dim=-1).flatten()[:n]  # [n/2, 2] -> [n] 32-bit draws
+    return draws >= threshold(p)
+
+
+def reference_dropout(x: torch.Tensor, p: float, seed: int | None = None) -> torch.Tensor:
+    """What :func:`dropout` computes, without the kernel: the same mask for the same ``seed`` (drawn
+    from PyTorch's generator the same way when None), the same scale rounded to ``x``'s dtype.
+
+    Shapes: ``x [...]`` (any layout; the mask follows the contiguous order) -> ``[...]``.
+    """
+    seed = _draw_seed() if seed is None else seed % 2**64
+    keep = reference_keep_mask(x.numel(), p, seed, x.device).view(x.shape)  # [...] in contiguous order
+    scale = torch.tensor(_scale(p, x.dtype), dtype=x.dtype, device=x.device)  # 1/(1-p) in x's dtype
+    return x * torch.where(keep, scale, torch.zeros((), dtype=x.dtype, device=x.device))
