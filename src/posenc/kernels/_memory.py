@@ -2,7 +2,7 @@
 
 A large new tensor is served by fresh ``mmap`` pages (glibc), and the first write to each 4 KiB
 page traps into the kernel: on a 2-core machine writing a fresh 128 MiB tensor took ~5x as long as
-copying into an existing one (DESIGN.md section 7). Where Linux's transparent huge pages are in
+copying into an existing one (docs/performance.md). Where Linux's transparent huge pages are in
 ``madvise`` (or ``always``) mode, asking for huge pages on the buffer before the first write cuts
 the faults 512-fold (one per 2 MiB); measured: a fresh 128 MiB copy went from 366 ms to 92 ms, an
 existing-buffer copy taking 75 ms.

@@ -2,7 +2,7 @@
 
 PyTorch's CPU dropout draws one Bernoulli sample per element from a stateful generator
 (``bernoulli_``) into a float noise tensor, then multiplies: on an input embedding of
-``[8, 2048, 768]`` the mask generation alone took 73 of 173 ms (DESIGN.md section 7). Here the
+``[8, 2048, 768]`` the mask generation alone took 73 of 173 ms (docs/performance.md). Here the
 keep/drop decision of element ``i`` is a pure function of ``(seed, i)``::
 
     u_i = SplitMix64(seed + (i // 2 + 1) * 0x9E3779B97F4A7C15)  -> two 32-bit halves, one per element
@@ -13,7 +13,8 @@ and :func:`reference_dropout` computes the very same mask with PyTorch integer o
 kernel cannot run (no compiler, ``POSENC_C_KERNELS=0``): a seed gives one mask on every machine,
 and the backward pass recomputes it from the seed instead of storing a mask (no saved tensor).
 The seed is drawn from PyTorch's default generator on every call, so ``torch.manual_seed`` makes
-runs reproducible (the masks differ from ``nn.Dropout``'s, which uses another generator).
+runs reproducible (the masks differ from ``nn.Dropout``'s, which uses another generator, but not
+between machines: see :func:`reference_dropout`).
 
 **A correct dropout.** Each element is kept with probability ``1 - t / 2^32``, i.e. ``p`` is
 quantized to a multiple of ``2^-32`` (at most ``1.2e-10`` away), and kept elements are scaled by

@@ -2,7 +2,7 @@
 
 The reference rotation (``posenc.rotary``) is several elementwise PyTorch ops; each one reads and
 writes the whole tensor and allocates a fresh temporary, so on a CPU it runs at a fraction of the
-memory bandwidth (DESIGN.md section 7). This module does the same arithmetic in one pass: a small
+memory bandwidth (docs/performance.md). This module does the same arithmetic in one pass: a small
 C kernel (built on first use, see :mod:`posenc.kernels._cbuild`) reads each row of ``x`` once and
 writes the rotated row once, in place (``out is x``) or into ``out``.
 
