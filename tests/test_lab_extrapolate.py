@@ -204,3 +204,27 @@ def test_compare_two_studies_on_the_same_bytes(tmp_path, corpus_dir, capsys):
     assert "the two studies scored different bytes" in capsys.readouterr().err
     assert main(["extrapolate", "--compare", str(tmp_path / "a"), str(tmp_path / "nothing")]) == 2
     assert "--compare: cannot read a study from" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_study_under_torchrun_matches_one_process(tmp_path, corpus_dir):
+    """Two gloo processes train each cell together (DDP); rank 0 evaluates and writes."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    args = ["extrapolate", "--schemes", "alibi,rope", "--variants", "linear", "--seeds", "0",
+            "--corpus", str(corpus_dir), *TINY]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "posenc", *args, "--out", str(tmp_path / "ddp")]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert main([*args, "--out", str(tmp_path / "one")]) == 0
+    ddp, one = (json.loads((tmp_path / x / "results.json").read_text()) for x in ("ddp", "one"))
+    assert ddp["environment"]["world_size"] == 2
+    assert [r["name"] for r in ddp["runs"]] == ["alibi", "rope", "rope+linear"]
+    for a, b in zip(ddp["summary"], one["summary"]):  # float summation order differs, nothing else
+        if a["bpb_window"] is not None:
+            assert a["bpb_window"]["mean"] == pytest.approx(b["bpb_window"]["mean"], abs=1e-4)

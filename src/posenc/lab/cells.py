@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from .config import StudyConfig
+from .distributed import dist_info
 from .evalset import EvalSet, sample_eval_set
 from .evaluate import EVALUATORS, EvalPoint, task_batch_fn, task_seq_len
 from .runs import write_json
@@ -190,10 +191,9 @@ def run_cell(
 
     Returns:
         ``{"cell", "scheme", "seed", "params", "model_config", "train", "runs", "key"}``, where
-        ``runs`` holds the trained model's evaluation and one entry per evaluation-time variant.
+        ``runs`` holds the trained model's evaluation and one entry per evaluation-time variant
+        (empty on ranks other than 0 under ``torchrun``).
     """
-    from ..model import TransformerLM
-
     out_dir = Path(out) if out is not None else None
     cell_file = out_dir / "cells" / f"{cell.name}.json" if out_dir is not None else None
     key = cell_key(config)
@@ -207,22 +207,9 @@ def run_cell(
     device = torch.device(device)
     data = study_data(config)
     mc = config.model_config(cell.scheme, vocab_size=data.vocab, max_len=data.max_len)
-    tc = config.train_config(data.seq_len, cell.seed)
-    if out_dir is None:
-        tc = dataclasses.replace(tc, checkpoint_every=0)
-    train_data = data.train_bytes if config.lm else task_batch_fn(config.mode, config.batch_size,
-                                                                  config.train_len, cell.seed)
-    seed_everything(cell.seed)
-    model = TransformerLM(mc).to(device)
     ckpt = out_dir / "checkpoints" / f"{cell.name}.safetensors" if out_dir is not None else None
-    result = train(model, train_data, tc, device=device, checkpoint=ckpt, resume=resume, progress=progress,
-                   desc=cell.name)
+    model, result = _train_cell(config, cell, data, mc, device, ckpt, resume, progress)
     tail = result.losses[-max(1, len(result.losses) // 10):]
-    evaluator = EVALUATORS[config.mode](config, data.evalset, device)
-    points = _evaluate(config, evaluator, lambda e: model, mc)
-    runs = [{"name": cell.scheme, "variant": None, "eval": [p.to_dict() for p in points]}]
-    if config.lm:
-        runs += _variant_runs(config, cell, evaluator, model, mc, device)
     record = {
         "cell": cell.name, "scheme": cell.scheme, "seed": cell.seed, "key": key,
         "params": sum(p.numel() for p in model.parameters()), "model_config": mc.to_dict(),
@@ -230,11 +217,37 @@ def run_cell(
                   "tokens_per_s": result.tokens_per_s, "threads": torch.get_num_threads(),
                   "final_loss_nats": sum(tail) / len(tail) if tail else math.nan,
                   "loss_every_10_steps": result.losses[::10]},
-        "runs": runs,
+        "runs": [],
     }
-    if cell_file is not None:
-        write_json(cell_file, record)
+    info = dist_info()
+    if info.is_main:  # under torchrun, rank 0 alone evaluates and writes
+        evaluator = EVALUATORS[config.mode](config, data.evalset, device)
+        points = _evaluate(config, evaluator, lambda e: model, mc)
+        record["runs"] = [{"name": cell.scheme, "variant": None, "eval": [p.to_dict() for p in points]}]
+        if config.lm:
+            record["runs"] += _variant_runs(config, cell, evaluator, model, mc, device)
+        if cell_file is not None:
+            write_json(cell_file, record)
+    if info.world_size > 1:
+        torch.distributed.barrier()
     return record
+
+
+def _train_cell(config: StudyConfig, cell: Cell, data: StudyData, mc, device: torch.device,
+                ckpt: Path | None, resume: bool, progress: bool | None):
+    """The cell's model, seeded by the cell's seed, trained (or resumed) on the study's data."""
+    from ..model import TransformerLM
+
+    tc = config.train_config(data.seq_len, cell.seed)
+    if ckpt is None:
+        tc = dataclasses.replace(tc, checkpoint_every=0)
+    train_data = data.train_bytes if config.lm else task_batch_fn(config.mode, config.batch_size,
+                                                                  config.train_len, cell.seed)
+    seed_everything(cell.seed)
+    model = TransformerLM(mc).to(device)
+    result = train(model, train_data, tc, device=device, checkpoint=ckpt, resume=resume, progress=progress,
+                   desc=cell.name)
+    return model, result
 
 
 # ----------------------------------------------------------------------------------------------

@@ -134,7 +134,8 @@ def _run_study(config, out, device, resume, progress, log, threads, workers, clu
                              progress=progress if workers <= 1 and cluster is None else False,
                              workers=workers, cluster=cluster, threads=threads):
         records[record["cell"]] = record
-        say(_cell_line(record, config))
+        if info.is_main:  # other ranks of a torchrun group train but do not evaluate
+            say(_cell_line(record, config))
         if bar is not None:
             bar.update(1)
     if bar is not None:
