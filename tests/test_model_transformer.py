@@ -481,6 +481,25 @@ def test_load_rejects_files_without_posenc_metadata(tmp_path):
         load_model(path)
     with pytest.raises(TypeError, match="save_model takes one of TransformerLM"):
         save_model(torch.nn.Linear(2, 2), tmp_path / "x.safetensors")
+    (tmp_path / "empty.safetensors").write_bytes(b"")
+    with pytest.raises(ValueError, match="is not a readable safetensors file"):
+        load_model(tmp_path / "empty.safetensors")
+    with pytest.raises(ValueError, match="no model file at"):
+        load_model(tmp_path / "missing.safetensors")
+    # weights whose shapes do not match the config stored beside them (a hand-edited file)
+    import json
+
+    import safetensors.torch
+
+    save_model(TransformerLM(config("alibi")), tmp_path / "lm.safetensors")
+    tensors = safetensors.torch.load_file(str(tmp_path / "lm.safetensors"))
+    with safetensors.safe_open(str(tmp_path / "lm.safetensors"), framework="pt") as f:
+        meta = f.metadata()
+    cfg = json.loads(meta["posenc_config"])
+    meta["posenc_config"] = json.dumps({**cfg, "d_ff": 2 * cfg["d_model"]})
+    safetensors.torch.save_file(tensors, str(tmp_path / "bad.safetensors"), metadata=meta)
+    with pytest.raises(ValueError, match=r"has shape .* the file's config does not describe its weights"):
+        load_model(tmp_path / "bad.safetensors")
 
 
 def test_compiled_forward_matches_eager():

@@ -57,8 +57,13 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> n
 
     Returns the model in eval mode on ``device``.
     """
-    with safetensors.safe_open(str(path), framework="pt") as f:
-        metadata = f.metadata() or {}
+    if not os.path.isfile(path):
+        raise ValueError(f"no model file at {str(path)!r}")
+    try:
+        with safetensors.safe_open(str(path), framework="pt") as f:
+            metadata = f.metadata() or {}
+    except Exception as err:  # safetensors raises its own error types (SafetensorError) for bad files
+        raise ValueError(f"{str(path)!r} is not a readable safetensors file ({err})") from None
     if "posenc_model" not in metadata or "posenc_config" not in metadata:
         raise ValueError(f"{path} has no posenc metadata: it was not written by posenc.model.save_model")
     name = metadata["posenc_model"]
@@ -91,4 +96,8 @@ def _load_tied(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
             found = [n for n in names if n in state]
             if not found:
                 raise ValueError(f"the file lacks the weights {names}")
-            params[names[0]].copy_(state[found[0]])
+            target, saved = params[names[0]], state[found[0]]
+            if target.shape != saved.shape:
+                raise ValueError(f"the file's {found[0]} has shape {tuple(saved.shape)}, the model's "
+                                 f"{tuple(target.shape)}: the file's config does not describe its weights")
+            target.copy_(saved)
