@@ -124,3 +124,13 @@ def test_huge_sizes_in_the_cli_are_one_line_errors(tmp_path):
                               timeout=120)
         assert done.returncode == 2 and "Traceback" not in done.stderr, (argv, done.stderr[-800:])
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_a_reader_that_leaves_early_is_not_an_error():
+    """`posenc show ... | head`: the closed pipe ends the command quietly (exit code 0)."""
+    proc = subprocess.Popen([sys.executable, "-m", "posenc", "show", "sinusoidal", "--positions", "0:20000",
+                             "--dim", "64"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.read(100)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 0 and "Traceback" not in err, err[-1500:]

@@ -189,15 +189,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CLIError, ValueError, TypeError) as err:
         print(f"posenc {args.command}: error: {err}", file=sys.stderr)
         return 2
-    except OSError as err:
+    except BrokenPipeError:  # `posenc ... | head`: the reader left; not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except OSError as err:  # after BrokenPipeError, one of its subclasses
         if err.filename is None:  # not about a path the user gave: a bug, keep its traceback
             raise
         print(f"posenc {args.command}: error: {err.strerror or err}: {err.filename!r}; check the path",
               file=sys.stderr)
         return 2
-    except BrokenPipeError:  # `posenc ... | head`: the reader left; not an error
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover
