@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 
@@ -12,3 +13,51 @@ def autocast_off(device: torch.device) -> contextlib.AbstractContextManager:
     if torch.amp.is_autocast_available(device.type):
         return torch.autocast(device_type=device.type, enabled=False)
     return contextlib.nullcontext()
+
+
+#: Positions in ``[0, ANGLE_SPLIT)`` take the plain product in the angle dtype (the common float32
+#: form, so small positions give the same bits as other libraries); larger ones are split.
+ANGLE_SPLIT = 4096
+_TWO_PI = 2 * math.pi
+
+
+def wide_dtype(device: torch.device | str) -> torch.dtype:
+    """float64, or float32 on devices without float64 (Apple's MPS): for frequencies and angles."""
+    return torch.float32 if torch.device(device).type == "mps" else torch.float64
+
+
+def _all_small(positions: torch.Tensor) -> bool:
+    return positions.numel() == 0 or (int(positions.min()) >= 0 and int(positions.max()) < ANGLE_SPLIT)
+
+
+def position_angles(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``positions * inv_freq`` as angles in ``dtype`` (float32 or float64), exact for any int64 position.
+
+    A float32 product loses the position past about 2^20 (at 2^24 neighbouring positions get the
+    same angle). Each position is split as ``p = hi + lo`` with ``lo = p mod 4096``: ``hi * f`` is
+    multiplied in float64 and reduced modulo ``2 pi`` (exact, since ``hi`` is an integer), then the
+    small ``lo * f`` is added in ``dtype``. The angle differs from ``p * f`` by a multiple of
+    ``2 pi`` (cos and sin are unchanged) and stays within about ``5e-4`` rad of float64 for every
+    position up to ``2^40``. Positions in ``[0, 4096)`` (every one, on CPU, is checked in eager
+    mode) take the plain product: the same bits as before.
+
+    Args:
+        positions: integer tensor ``[...]``.
+        inv_freq: ``[r]`` frequencies, float64 for exact angles at large positions (a float32
+            frequency is itself off by ~6e-8 relative: a radian at 2^24).
+        dtype: float32 or float64, the angles' dtype.
+
+    Returns:
+        ``[..., r]`` angles.
+    """
+    f = inv_freq.to(positions.device, dtype)  # [r]
+    if dtype == torch.float64:  # float64 holds every position below 2^53 exactly: the plain product
+        return positions.to(dtype)[..., None] * f
+    if not torch.compiler.is_compiling() and positions.device.type == "cpu" and _all_small(positions):
+        # cheap on CPU: a reduction over [...]; GPUs (no sync) and compiled graphs take the split form
+        return positions.to(dtype)[..., None] * f  # [..., 1] * [r] -> [..., r]
+    lo = torch.remainder(positions, ANGLE_SPLIT)  # [...] in [0, 4096), also for negative positions
+    wide = wide_dtype(positions.device)
+    hi = (positions - lo).to(wide)  # [...] a multiple of 4096, exact in float64
+    far = torch.remainder(hi[..., None] * inv_freq.to(positions.device, wide), _TWO_PI)  # [..., r]
+    return far.to(dtype) + lo.to(dtype)[..., None] * f  # [..., r]: (hi f mod 2 pi) + lo f

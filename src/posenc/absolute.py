@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from ._alloc import check_allocation
-from ._precision import autocast_off
+from ._precision import autocast_off, position_angles, wide_dtype
 from ._validate import check_choice, check_int, check_positive_float
 from .base import PositionalScheme
 from .positions import resolve_positions
@@ -153,9 +153,11 @@ def sinusoidal_table(
         )
     spec = SINUSOIDAL_VARIANTS[check_choice(variant, "variant", SINUSOIDAL_VARIANTS)]
     adt = _angle_dtype(dtype)
-    inv_freq = sinusoidal_frequencies(dim, base, variant, dtype=adt, device=positions.device)
+    # float64 frequencies: a float32-rounded frequency times a position near 2^24 is off by a radian
+    wide = wide_dtype(positions.device)
+    inv_freq = sinusoidal_frequencies(dim, base, variant, dtype=wide, device=positions.device)
     with autocast_off(positions.device):
-        angles = positions.to(adt)[..., None] * inv_freq  # [..., 1] * [d/2] -> [..., d/2]
+        angles = position_angles(positions, inv_freq, adt)  # [...] x [d/2] -> [..., d/2], any position
         if torch.compiler.is_compiling():  # Dynamo refuses strided out=; Inductor fuses this anyway
             sin, cos = torch.sin(angles), torch.cos(angles)
             if spec.interleaved:

@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from ._precision import autocast_off
+from ._precision import autocast_off, position_angles
 from ._validate import check_choice, check_int, check_positive_float
 from .absolute import _angle_dtype, sinusoidal_frequencies
 from .base import PositionalScheme
@@ -491,8 +491,7 @@ def rope_cos_sin(
         )
     adt = _angle_dtype(dtype)
     with autocast_off(positions.device):
-        # [..., 1] * [r/2] -> [..., r/2]
-        angles = positions.to(adt)[..., None] * inv_freq.to(positions.device, adt)
+        angles = position_angles(positions, inv_freq, adt)  # [...] x [r/2] -> [..., r/2], any position
         cos, sin = torch.cos(angles), torch.sin(angles)
         if attention_scale != 1.0:
             cos, sin = cos * attention_scale, sin * attention_scale

@@ -1,0 +1,73 @@
+"""Tests of posenc._precision.position_angles: angles exact for any int64 position."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import posenc
+from posenc._precision import ANGLE_SPLIT, position_angles
+from posenc.absolute import sinusoidal_table
+from posenc.rotary import rope_cos_sin
+
+INV = 10000.0 ** (-torch.arange(0, 64, 2, dtype=torch.float64) / 64)  # [32], the usual frequencies
+
+
+def _wrapped_error(angles: torch.Tensor, positions: torch.Tensor) -> float:
+    """Largest distance, modulo 2 pi, from the exact angle (computed with Python integers)."""
+    worst = 0.0
+    for p, row in zip(positions.tolist(), angles.double()):
+        for f, a in zip(INV.tolist(), row.tolist()):
+            exact = math.fmod(p * f, 2 * math.pi)  # p * f in float64: exact enough below 2^40
+            d = math.remainder(a - exact, 2 * math.pi)
+            worst = max(worst, abs(d))
+    return worst
+
+
+@pytest.mark.parametrize("p", [2**20 + 3, 2**24, 2**24 + 1, 2**31 - 1, 2**31, 2**31 + 7, 2**40 + 5, -(2**31)])
+def test_large_positions_keep_their_angle(p):
+    positions = torch.tensor([p, p + 1])
+    angles = position_angles(positions, INV, torch.float32)  # [2, 32]
+    assert _wrapped_error(angles, positions) < 1e-3
+    cos, sin = rope_cos_sin(positions, INV)  # float64 frequencies (as the RoPE module keeps them)
+    cos64, sin64 = rope_cos_sin(positions, INV, dtype=torch.float64)
+    assert float((cos.double() - cos64).abs().max()) < 1e-3
+    assert float((sin.double() - sin64).abs().max()) < 1e-3
+
+
+def test_neighbours_past_2_24_stay_distinct():
+    """A float32 product gave positions 2^24 and 2^24 + 1 the same sinusoidal vector."""
+    a, b = sinusoidal_table(torch.tensor([2**24, 2**24 + 1]), 64)
+    assert float((a - b).abs().max()) > 0.5  # the fastest pair turns by one radian per position
+    ref = sinusoidal_table(torch.tensor([2**24, 2**24 + 1]), 64, dtype=torch.float64)
+    torch.testing.assert_close(torch.stack((a, b)).double(), ref, rtol=0, atol=1e-3)
+
+
+@given(st.lists(st.integers(0, ANGLE_SPLIT - 1), min_size=1, max_size=20))
+def test_small_positions_give_the_plain_float32_product(ps):
+    positions = torch.tensor(ps)
+    want = positions.float()[..., None] * INV.float()  # what other libraries compute
+    assert torch.equal(position_angles(positions, INV, torch.float32), want)
+
+
+@given(st.lists(st.integers(-(2**40), 2**40), min_size=1, max_size=8))
+def test_split_form_agrees_with_float64(ps):
+    positions = torch.tensor(ps)
+    assert _wrapped_error(position_angles(positions, INV, torch.float32), positions) < 1e-3
+
+
+def test_compiled_tables_take_the_split_form_and_agree():
+    positions = torch.tensor([0, 5, 4095, 4096, 2**24 + 1, 2**31])
+    eager = position_angles(positions, INV, torch.float32)
+    compiled = torch.compile(lambda p: position_angles(p, INV, torch.float32), fullgraph=True)(positions)
+    diff = torch.remainder(compiled.double() - eager.double() + math.pi, 2 * math.pi) - math.pi
+    assert float(diff.abs().max()) < 1e-3
+    rope = posenc.build("rope", head_dim=64)
+    q = torch.randn(1, 2, positions.numel(), 64)
+    want = rope.rotate(q, q, positions, positions)[0]
+    got = torch.compile(lambda x: rope.rotate(x, x, positions, positions)[0], fullgraph=True)(q)
+    torch.testing.assert_close(got, want, rtol=0, atol=5e-3)
