@@ -53,11 +53,26 @@ def test_evaluate_lm_matches_float64_reference(length):
         assert point.bpb_beyond is None
     else:
         assert point.bpb_beyond == pytest.approx(ref_beyond, rel=1e-5)
-    # the loss-by-position curve averages to the all-position value
-    assert len(point.curve) <= 64 and point.curve[0][0] < point.curve[-1][0]
-    width = math.ceil(length / 64)
-    mean_of_bins = sum(y * min(width, length - i * width) for i, (_, y) in enumerate(point.curve)) / length
-    assert mean_of_bins == pytest.approx(point.bpb_all, rel=1e-9)
+    # the loss-by-position curve: every early position alone, bins widening after; their
+    # size-weighted mean is the all-position value
+    xs = [x for x, _ in point.curve]
+    assert len(xs) <= 65 and xs == sorted(xs) and xs[:4] == [0.0, 1.0, 2.0, 3.0] and xs[-1] < length
+    per_position = reference_positions(model, es, length)
+    for x, y in point.curve[:4]:
+        assert y == pytest.approx(per_position[int(x)], rel=1e-5)
+    assert point.bpb_all == pytest.approx(sum(per_position) / length, rel=1e-5)
+
+
+def reference_positions(model: nn.Module, es, length: int) -> list[float]:
+    """Mean bits at each position of the window over all windows, in float64."""
+    sums = [0.0] * length
+    with torch.no_grad():
+        for a in es.anchors.tolist():
+            window = es.tokens[a - length : a + 1].long()
+            logp = torch.log_softmax(model(window[None, :-1])[0].double(), dim=-1)
+            for i in range(length):
+                sums[i] -= logp[i, window[i + 1]].item() / math.log(2)
+    return [x / es.anchors.numel() for x in sums]
 
 
 class Bigram(nn.Module):

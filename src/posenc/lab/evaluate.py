@@ -23,6 +23,7 @@ length, ``S`` scored targets per window, ``V`` vocabulary.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Callable
@@ -104,13 +105,14 @@ def _eval_batch(model_config, length: int, n_windows: int, budget_tokens: int, d
 
 
 def _curve(position_bits: torch.Tensor) -> list[list[float]]:
-    """``[E]`` mean bits per position -> at most :data:`CURVE_POINTS` ``[mid position, mean bits]``."""
+    """``[E]`` mean bits per position -> at most about :data:`CURVE_POINTS` ``[mid position, mean
+    bits]``, in bins that widen geometrically (every early position alone, where the loss moves)."""
     e = position_bits.numel()
-    width = max(1, math.ceil(e / CURVE_POINTS))
+    edges = sorted({0, e, *(int(x) for x in torch.logspace(0, math.log10(e), CURVE_POINTS).tolist())})
     out = []
-    for lo in range(0, e, width):
-        chunk = position_bits[lo : lo + width]
-        out.append([lo + (chunk.numel() - 1) / 2, float(chunk.mean())])
+    for lo, hi in itertools.pairwise(edges):
+        if hi > lo:
+            out.append([(lo + hi - 1) / 2, float(position_bits[lo:hi].mean())])
     return out
 
 

@@ -98,7 +98,7 @@ def plot_study(results: dict[str, Any], path: str | os.PathLike) -> list[Path]:
         axes[2].grid(alpha=0.3)
     else:
         axes[0].set_title(f"{cfg['mode']}: trained on lengths 1..{L}; higher is better ({over})", fontsize=9)
-    axes[-1].legend(fontsize=7, loc="best")
+    axes[0].legend(fontsize=7, loc="best")  # the first panel draws every run (learned: one point)
     path = Path(path)
     written = [path, path.with_suffix(".svg")]
     for p in written:
