@@ -16,8 +16,9 @@ from typing import Any
 __all__ = ["check_folder", "check_output_file", "write_json"]
 
 
-def _writable_ancestor(path: Path, flag: str) -> None:
-    ancestor = path
+def _writable_ancestor(path: Path, flag: str, start: Path | None = None) -> None:
+    """The nearest existing folder at or above ``start`` (default ``path``) must be a writable folder."""
+    ancestor = path if start is None else start
     while not ancestor.exists():
         ancestor = ancestor.parent
     if not ancestor.is_dir():
@@ -43,7 +44,7 @@ def check_output_file(path: str | os.PathLike, flag: str = "--out") -> Path:
     if path.is_dir():
         raise ValueError(f"{flag} {str(path)!r} is a folder; give a file name, e.g. "
                          f"{str(path / 'out.json')!r}")
-    _writable_ancestor(path, flag)
+    _writable_ancestor(path, flag, start=path.parent)  # an existing file is replaced, as -o does
     return path
 
 
