@@ -60,6 +60,18 @@ def test_split_form_agrees_with_float64(ps):
     assert _wrapped_error(position_angles(positions, INV, torch.float32), positions) < 1e-3
 
 
+def test_only_the_frequencies_that_need_it_are_split_in_any_order():
+    positions = torch.tensor([3, 70_000, 2**20 + 5])
+    order = torch.randperm(INV.numel(), generator=torch.Generator().manual_seed(0))
+    sorted_angles = position_angles(positions, INV, torch.float32)  # a range of columns
+    shuffled = position_angles(positions, INV[order], torch.float32)  # scattered columns
+    assert torch.equal(shuffled, sorted_angles[:, order])
+    assert _wrapped_error(sorted_angles, positions) < 1e-3
+    slow = INV < 4096 / (2**20 + 5)  # these never reach 4096 rad: the plain product, bit for bit
+    plain = positions.float()[..., None] * INV.float()
+    assert slow.any() and torch.equal(sorted_angles[:, slow], plain[:, slow])
+
+
 def test_compiled_tables_take_the_split_form_and_agree():
     positions = torch.tensor([0, 5, 4095, 4096, 2**24 + 1, 2**31])
     eager = position_angles(positions, INV, torch.float32)

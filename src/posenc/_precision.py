@@ -15,7 +15,7 @@ def autocast_off(device: torch.device) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
-#: Positions in ``[0, ANGLE_SPLIT)`` take the plain product in the angle dtype (the common float32
+#: Angles below this many radians take the plain product in the angle dtype (the common float32
 #: form, so small positions give the same bits as other libraries); larger ones are split.
 ANGLE_SPLIT = 4096
 _TWO_PI = 2 * math.pi
@@ -26,20 +26,23 @@ def wide_dtype(device: torch.device | str) -> torch.dtype:
     return torch.float32 if torch.device(device).type == "mps" else torch.float64
 
 
-def _all_small(positions: torch.Tensor) -> bool:
-    return positions.numel() == 0 or (int(positions.min()) >= 0 and int(positions.max()) < ANGLE_SPLIT)
+def _reach(positions: torch.Tensor) -> int:
+    """The largest ``|position|`` (0 for no positions): one reduction over ``[...]``."""
+    return 0 if positions.numel() == 0 else max(abs(int(positions.min())), abs(int(positions.max())))
 
 
 def position_angles(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``positions * inv_freq`` as angles in ``dtype`` (float32 or float64), exact for any int64 position.
 
     A float32 product loses the position past about 2^20 (at 2^24 neighbouring positions get the
-    same angle). Each position is split as ``p = hi + lo`` with ``lo = p mod 4096``: ``hi * f`` is
-    multiplied in float64 and reduced modulo ``2 pi`` (exact, since ``hi`` is an integer), then the
-    small ``lo * f`` is added in ``dtype``. The angle differs from ``p * f`` by a multiple of
-    ``2 pi`` (cos and sin are unchanged) and stays within about ``5e-4`` rad of float64 for every
-    position up to ``2^40``. Positions in ``[0, 4096)`` (every one, on CPU, is checked in eager
-    mode) take the plain product: the same bits as before.
+    same angle). Where ``|p f|`` can reach 4096, each position is split as ``p = hi + lo`` with
+    ``lo = p mod 4096``: ``hi * f`` is multiplied in float64 and reduced modulo ``2 pi`` (exact,
+    since ``hi`` is an integer), then the small ``lo * f`` is added in ``dtype``. The angle differs
+    from ``p * f`` by a multiple of ``2 pi`` (cos and sin are unchanged) and stays within about
+    ``5e-4`` rad of float64 for every position up to ``2^40``. On CPU in eager mode only the
+    frequencies that need it are split (the others, and every frequency when all positions lie in
+    ``[-4096, 4096)``, take the plain float32 product: the same bits as other libraries); GPUs (no
+    host sync) and compiled graphs split every frequency.
 
     Args:
         positions: integer tensor ``[...]``.
@@ -53,11 +56,25 @@ def position_angles(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torc
     f = inv_freq.to(positions.device, dtype)  # [r]
     if dtype == torch.float64:  # float64 holds every position below 2^53 exactly: the plain product
         return positions.to(dtype)[..., None] * f
-    if not torch.compiler.is_compiling() and positions.device.type == "cpu" and _all_small(positions):
-        # cheap on CPU: a reduction over [...]; GPUs (no sync) and compiled graphs take the split form
-        return positions.to(dtype)[..., None] * f  # [..., 1] * [r] -> [..., r]
+    if torch.compiler.is_compiling() or positions.device.type != "cpu":
+        return _split_angles(positions, inv_freq, dtype)
+    angles = positions.to(dtype)[..., None] * f  # [..., 1] * [r] -> [..., r], the plain product
+    # the frequencies whose angles reach 4096 rad somewhere: float32 loses them there
+    cols = (inv_freq.abs().double() * _reach(positions) >= ANGLE_SPLIT).nonzero().flatten()  # [k]
+    if cols.numel() and int(cols[-1]) - int(cols[0]) + 1 == cols.numel():  # a range (decreasing f)
+        a, b = int(cols[0]), int(cols[-1]) + 1
+        angles[..., a:b] = _split_angles(positions, inv_freq[a:b], dtype)  # [..., k], written in place
+    elif cols.numel():
+        angles[..., cols] = _split_angles(positions, inv_freq[cols], dtype)  # [..., k]
+    return angles
+
+
+def _split_angles(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``(hi f mod 2 pi) + lo f`` with ``p = hi + lo``, ``lo = p mod 4096``.
+
+    Shapes: positions ``[...]``, inv_freq ``[r]`` -> ``[..., r]``."""
     lo = torch.remainder(positions, ANGLE_SPLIT)  # [...] in [0, 4096), also for negative positions
     wide = wide_dtype(positions.device)
     hi = (positions - lo).to(wide)  # [...] a multiple of 4096, exact in float64
     far = torch.remainder(hi[..., None] * inv_freq.to(positions.device, wide), _TWO_PI)  # [..., r]
-    return far.to(dtype) + lo.to(dtype)[..., None] * f  # [..., r]: (hi f mod 2 pi) + lo f
+    return far.to(dtype) + lo.to(dtype)[..., None] * inv_freq.to(positions.device, dtype)
