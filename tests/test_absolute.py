@@ -329,8 +329,10 @@ def test_float64_inputs_get_float64_tables_and_gain():
     assert got.dtype == torch.float64 and float((got - ref).abs().max()) < 1e-9
     scaled = posenc.build("scaled_sinusoidal", d_model=8, init_gain=1.0).double()
     xs = torch.zeros(1, 5, 8, dtype=torch.float64)
-    assert torch.autograd.gradcheck(lambda g: (scaled.table(torch.arange(5), torch.float64) * g).sum(),
-                                    (scaled.gain.detach().clone().requires_grad_(),))
+    assert torch.autograd.gradcheck(
+        lambda g: (scaled.table(torch.arange(5), torch.float64) * g).sum(),
+        (scaled.gain.detach().clone().requires_grad_(),),
+    )
     out = scaled.embed(xs).sum()
     out.backward()
     table_sum = float(scaled.table(torch.arange(5), torch.float64).sum())

@@ -47,6 +47,7 @@ def test_time_interleaved_counts_calls():
     def make(name):
         def fn():
             calls[name] += 1
+
         return fn
 
     samples = time_interleaved({"a": make("a"), "b": make("b")}, repeats=4, warmup=2, min_time=0.0)
@@ -109,8 +110,19 @@ def test_select_groups_and_cases():
     assert set(GROUPS) == {"rope", "sinusoidal", "embedding", "bias", "train_step"}
 
 
-CASE_KEYS = {"case", "description", "params", "bytes", "results", "copy_gbps", "clone_gbps", "speedup",
-             "skipped", "loadavg_before", "loadavg_after"}
+CASE_KEYS = {
+    "case",
+    "description",
+    "params",
+    "bytes",
+    "results",
+    "copy_gbps",
+    "clone_gbps",
+    "speedup",
+    "skipped",
+    "loadavg_before",
+    "loadavg_after",
+}
 RESULT_KEYS = {"kind", "layout", "note", "median_s", "q1_s", "q3_s", "gbps", "copy_fraction"}
 
 
@@ -205,7 +217,10 @@ def test_long_train_step_times_the_blocked_and_the_full_table_paths():
 def test_benchmarks_scripts_are_thin_runners():
     result = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks/bench_sinusoidal.py"), "--quick", "--json", "--repeats=2"],
-        capture_output=True, text=True, check=True, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
     )
     report = json.loads(result.stdout)
     assert [c["case"] for c in report["cases"]] == ["sinusoidal_table", "sinusoidal_embed"]

@@ -138,8 +138,9 @@ def test_alibi_linear_decay_with_slope(h, i, n):
     kp = torch.arange(i - n + 1, i + 1)  # keys i-n+1 .. i, all <= i
     bias = ALiBi(h).score_bias(torch.tensor([i]), kp)[0, :, 0].double()  # [h, n]
     steps = bias[:, :-1] - bias[:, 1:]  # bias(j) - bias(j + 1)
-    torch.testing.assert_close(steps, -alibi_slopes(h, dtype=torch.float64)[:, None].expand_as(steps),
-                               rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        steps, -alibi_slopes(h, dtype=torch.float64)[:, None].expand_as(steps), rtol=1e-5, atol=1e-6
+    )
 
 
 def test_alibi_has_no_state():
@@ -159,7 +160,7 @@ def test_alibi_pure_function_float64():
 
 
 # ---------------------------------------------------------------------------------------------- T5 buckets
-BUCKET_SETTINGS = [(32, 128), (16, 64), (64, 256), (8, 20), (6, 7), (4, 2 ** 20)]
+BUCKET_SETTINGS = [(32, 128), (16, 64), (64, 256), (8, 20), (6, 7), (4, 2**20)]
 
 
 @pytest.mark.parametrize(("num_buckets", "max_distance"), BUCKET_SETTINGS)
@@ -167,13 +168,20 @@ BUCKET_SETTINGS = [(32, 128), (16, 64), (64, 256), (8, 20), (6, 7), (4, 2 ** 20)
 def test_t5_buckets_match_hf(num_buckets, max_distance, bidirectional):
     t5 = pytest.importorskip("transformers.models.t5.modeling_t5")
     g = torch.Generator().manual_seed(num_buckets + max_distance)
-    rel = torch.cat([
-        torch.arange(-3 * max_distance, 3 * max_distance + 1),  # every distance around the buckets
-        torch.randint(-10**6, 10**6, (2000,), generator=g),  # random, both directions
-    ]) if max_distance < 1000 else torch.randint(-10**7, 10**7, (700,), generator=g)
+    rel = (
+        torch.cat(
+            [
+                torch.arange(-3 * max_distance, 3 * max_distance + 1),  # every distance around the buckets
+                torch.randint(-(10**6), 10**6, (2000,), generator=g),  # random, both directions
+            ]
+        )
+        if max_distance < 1000
+        else torch.randint(-(10**7), 10**7, (700,), generator=g)
+    )
     expected = t5.T5Attention._relative_position_bucket(rel, bidirectional, num_buckets, max_distance)
-    got = t5_relative_bucket(rel, bidirectional=bidirectional, num_buckets=num_buckets,
-                             max_distance=max_distance)
+    got = t5_relative_bucket(
+        rel, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance
+    )
     assert got.dtype == torch.long and torch.equal(got, expected.long())
     assert int(got.min()) >= 0 and int(got.max()) < num_buckets
 
@@ -206,18 +214,27 @@ def test_t5_bias_matches_hf_compute_bias(bidirectional):
     t5 = pytest.importorskip("transformers.models.t5.modeling_t5")
     from transformers import T5Config
 
-    cfg = T5Config(d_model=16, d_kv=4, num_heads=4, relative_attention_num_buckets=16,
-                   relative_attention_max_distance=40, is_decoder=not bidirectional)
+    cfg = T5Config(
+        d_model=16,
+        d_kv=4,
+        num_heads=4,
+        relative_attention_num_buckets=16,
+        relative_attention_max_distance=40,
+        is_decoder=not bidirectional,
+    )
     hf = t5.T5Attention(cfg, has_relative_attention_bias=True)
     ours = posenc.build("t5", num_heads=4, num_buckets=16, max_distance=40, bidirectional=bidirectional)
     with torch.no_grad():
         ours.relative_attention_bias.weight.copy_(hf.relative_attention_bias.weight)
-    torch.testing.assert_close(ours.score_bias(torch.arange(50), torch.arange(60)), hf.compute_bias(50, 60),
-                               rtol=0, atol=0)
+    torch.testing.assert_close(
+        ours.score_bias(torch.arange(50), torch.arange(60)), hf.compute_bias(50, 60), rtol=0, atol=0
+    )
     # Decoding with a cache: HF offsets the queries by past_seen_tokens.
     torch.testing.assert_close(
-        ours.score_bias(torch.arange(45, 47), torch.arange(47)), hf.compute_bias(2, 47, past_seen_tokens=45),
-        rtol=0, atol=0,
+        ours.score_bias(torch.arange(45, 47), torch.arange(47)),
+        hf.compute_bias(2, 47, past_seen_tokens=45),
+        rtol=0,
+        atol=0,
     )
 
 
@@ -236,8 +253,11 @@ def test_t5_bias_reference_and_batched_positions():
 
 
 @FAST
-@given(pos=st.lists(st.integers(-10**6, 10**6), min_size=1, max_size=10), shift=st.integers(-10**6, 10**6),
-       bidirectional=st.booleans())
+@given(
+    pos=st.lists(st.integers(-(10**6), 10**6), min_size=1, max_size=10),
+    shift=st.integers(-(10**6), 10**6),
+    bidirectional=st.booleans(),
+)
 def test_t5_translation_invariance(pos, shift, bidirectional):
     torch.manual_seed(0)
     scheme = T5RelativeBias(2, bidirectional=bidirectional)
@@ -282,8 +302,11 @@ def test_t5_default_max_distance_follows_the_trained_length():
         (lambda: T5RelativeBias(0), ValueError, "num_heads must be >= 1"),
         (lambda: T5RelativeBias(4, num_buckets=31), ValueError, "num_buckets must be even.*use 32"),
         (lambda: T5RelativeBias(4, num_buckets=2), ValueError, "num_buckets must be >= 4, got 2"),
-        (lambda: T5RelativeBias(4, num_buckets=1, bidirectional=False), ValueError,
-         "num_buckets must be >= 2"),
+        (
+            lambda: T5RelativeBias(4, num_buckets=1, bidirectional=False),
+            ValueError,
+            "num_buckets must be >= 2",
+        ),
         (lambda: T5RelativeBias(4, max_distance=8), ValueError, "max_distance must be >= 9.*8 exact buckets"),
         (lambda: T5RelativeBias(4, bidirectional=1), TypeError, "bidirectional must be a bool"),
         (lambda: T5RelativeBias(4, init_std=0), ValueError, "init_std must be a finite number > 0"),

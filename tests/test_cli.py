@@ -81,8 +81,9 @@ def _user_errors(tmp_path):
 def test_user_errors_are_one_line_and_exit_code_2(tmp_path):
     """Each bad command in its own process: exit code 2, one line on stderr, no traceback, fast."""
     for argv in _user_errors(tmp_path):
-        done = subprocess.run([sys.executable, "-m", "posenc", *argv], capture_output=True, text=True,
-                              timeout=60)
+        done = subprocess.run(
+            [sys.executable, "-m", "posenc", *argv], capture_output=True, text=True, timeout=60
+        )
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 2, (argv, done.stderr[-800:])
         assert len(lines) == 1 and "Traceback" not in done.stderr, (argv, done.stderr[-800:])
@@ -118,18 +119,24 @@ def test_sizes_are_refused_before_allocating():
 
 @pytest.mark.slow
 def test_huge_sizes_in_the_cli_are_one_line_errors(tmp_path):
-    for argv in (["train", "--d-model", "1048576", "--heads", "4", "--out", str(tmp_path / "t")],
-                 ["encode", "hi", "--tokenizer", "bpe", "--vocab-size", "1000000000"]):
-        done = subprocess.run([sys.executable, "-m", "posenc", *argv], capture_output=True, text=True,
-                              timeout=120)
+    for argv in (
+        ["train", "--d-model", "1048576", "--heads", "4", "--out", str(tmp_path / "t")],
+        ["encode", "hi", "--tokenizer", "bpe", "--vocab-size", "1000000000"],
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "posenc", *argv], capture_output=True, text=True, timeout=120
+        )
         assert done.returncode == 2 and "Traceback" not in done.stderr, (argv, done.stderr[-800:])
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
 def test_a_reader_that_leaves_early_is_not_an_error():
     """`posenc show ... | head`: the closed pipe ends the command quietly (exit code 0)."""
-    proc = subprocess.Popen([sys.executable, "-m", "posenc", "show", "sinusoidal", "--positions", "0:20000",
-                             "--dim", "64"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "posenc", "show", "sinusoidal", "--positions", "0:20000", "--dim", "64"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     assert proc.stdout.read(100)
     proc.stdout.close()
     err = proc.stderr.read().decode()

@@ -86,9 +86,12 @@ def test_gradients_match_the_full_path(scheme_name):
     g = torch.randn(b, h, s, d)
     grads_blocked = torch.autograd.grad(
         causal_attention_with_bias(q, k, v, scheme_bias_fn(scheme, pos, pos), block_size=6),
-        (q, k, v, *scheme.parameters()), g)
-    grads_full = torch.autograd.grad(full_path(q, k, v, scheme.score_bias(pos, pos)),
-                                     (q, k, v, *scheme.parameters()), g)
+        (q, k, v, *scheme.parameters()),
+        g,
+    )
+    grads_full = torch.autograd.grad(
+        full_path(q, k, v, scheme.score_bias(pos, pos)), (q, k, v, *scheme.parameters()), g
+    )
     assert len(grads_blocked) == 3 + len(list(scheme.parameters()))
     for a, b_ in zip(grads_blocked, grads_full):
         torch.testing.assert_close(a, b_, rtol=1e-5, atol=1e-6)
@@ -117,12 +120,18 @@ def test_a_bias_the_scheme_keeps_is_not_written_into():
     ],
 )
 def test_errors(kwargs, match):
-    args = {"q": torch.randn(1, 2, 5, 8), "k": torch.randn(1, 2, 5, 8), "v": torch.randn(1, 2, 5, 8),
-            "bias_fn": lambda a, z, e: torch.zeros(1, 2, z - a, e), "block_size": 8}
+    args = {
+        "q": torch.randn(1, 2, 5, 8),
+        "k": torch.randn(1, 2, 5, 8),
+        "v": torch.randn(1, 2, 5, 8),
+        "bias_fn": lambda a, z, e: torch.zeros(1, 2, z - a, e),
+        "block_size": 8,
+    }
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
-        causal_attention_with_bias(args["q"], args["k"], args["v"], args["bias_fn"],
-                                   block_size=args["block_size"])
+        causal_attention_with_bias(
+            args["q"], args["k"], args["v"], args["bias_fn"], block_size=args["block_size"]
+        )
 
 
 @settings(deadline=None, max_examples=25)

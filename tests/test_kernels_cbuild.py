@@ -31,11 +31,14 @@ def test_builds_once_and_reuses_the_cached_library(cache):
 
 
 def _answer_in_a_new_process(cache) -> str:
-    code = ("from posenc.kernels import _cbuild\n"
-            f"print(_cbuild._build('posenc_test', {SOURCE!r}).posenc_test_answer())")
+    code = (
+        "from posenc.kernels import _cbuild\n"
+        f"print(_cbuild._build('posenc_test', {SOURCE!r}).posenc_test_answer())"
+    )
     env = {**os.environ, "POSENC_KERNEL_CACHE": str(cache)}
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          check=True, timeout=120).stdout.strip()
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True, timeout=120
+    ).stdout.strip()
 
 
 def test_a_corrupt_cached_library_is_rebuilt(cache):

@@ -12,8 +12,10 @@ from posenc.kernels import dropout_cpu
 
 # skip only where the kernel cannot exist (no compiler, or turned off); a kernel that was built but
 # failed its self-check is a bug, and its tests must fail rather than skip
-pytestmark = pytest.mark.skipif(dropout_cpu.status() in ("no compiler", "disabled"),
-                                reason=f"C kernel {dropout_cpu.status()}: reference path only")
+pytestmark = pytest.mark.skipif(
+    dropout_cpu.status() in ("no compiler", "disabled"),
+    reason=f"C kernel {dropout_cpu.status()}: reference path only",
+)
 
 
 def test_kernel_is_in_use_where_it_can_be():

@@ -12,12 +12,15 @@ from posenc.rotary import ROTARY_LAYOUTS
 
 # skip only where the kernel cannot exist (no compiler, or turned off); a kernel that was built but
 # failed its self-check is a bug, and its tests must fail rather than skip
-pytestmark = pytest.mark.skipif(rope_cpu.status() in ("no compiler", "disabled"),
-                                reason=f"C kernel {rope_cpu.status()}: reference path only")
+pytestmark = pytest.mark.skipif(
+    rope_cpu.status() in ("no compiler", "disabled"),
+    reason=f"C kernel {rope_cpu.status()}: reference path only",
+)
 
 
 def test_kernel_is_in_use_where_it_can_be():
     assert rope_cpu.status() == "ok"
+
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16]
 

@@ -32,8 +32,12 @@ def test_same_cell_same_numbers_here_in_processes_and_on_a_dask_cluster(corpus_d
     kw = dict(out=None, device=torch.device("cpu"), resume=False, progress=False, threads=1)
     serial = {r["cell"]: r for r in iter_cells(config, cells, **kw)}
     local = {r["cell"]: r for r in iter_cells(config, cells, workers=2, **kw)}
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                  dashboard_address=None) as cluster, distributed.Client(cluster) as client:
+    with (
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+        ) as cluster,
+        distributed.Client(cluster) as client,
+    ):
         on_cluster = {r["cell"]: r for r in iter_cells(config, cells, cluster=client, **kw)}
     assert set(serial) == set(local) == set(on_cluster) == {"alibi-seed0", "rope-seed1"}
     for name in serial:
@@ -59,8 +63,11 @@ def test_a_killed_study_resumes_and_skips_finished_cells(corpus_dir, tmp_path, m
     assert not (tmp_path / "cells" / "nope-seed0.json").exists()
 
     trained = []
-    monkeypatch.setattr(cells_mod, "train", lambda model, *a, **k: trained.append(model.config.position)
-                        or real_train(model, *a, **k))
+    monkeypatch.setattr(
+        cells_mod,
+        "train",
+        lambda model, *a, **k: trained.append(model.config.position) or real_train(model, *a, **k),
+    )
     again = {r["cell"]: r for r in iter_cells(config, study_cells(config), **kw)}
     assert trained == ["nope"]  # the finished cell was not trained again
     assert again["alibi-seed0"]["reused"] and _numbers(again["alibi-seed0"]) == _numbers(first)
@@ -104,5 +111,14 @@ def test_cluster_needs_dask(monkeypatch, corpus_dir):
     monkeypatch.setattr(builtins, "__import__", no_dask)
     config = tiny_study(corpus_dir)
     with pytest.raises(ValueError, match=r"cluster needs Dask distributed: pip install 'posenc\[cluster\]'"):
-        list(iter_cells(config, study_cells(config), out=None, device=torch.device("cpu"), resume=False,
-                        progress=False, cluster="tcp://127.0.0.1:1"))
+        list(
+            iter_cells(
+                config,
+                study_cells(config),
+                out=None,
+                device=torch.device("cpu"),
+                resume=False,
+                progress=False,
+                cluster="tcp://127.0.0.1:1",
+            )
+        )

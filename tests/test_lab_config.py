@@ -43,10 +43,16 @@ def bidirectional_scheme():
         ({"train_len": 0}, ValueError, "train_len must be >= 1"),
         ({"steps": 1.5}, TypeError, "steps must be an int"),
         ({"position_lr_scale": 0.0}, ValueError, "position_lr_scale must be a finite number > 0"),
-        ({"position_options": {"t5": {"max_distance": 64}}}, ValueError,
-         "unknown position_options scheme 't5'; valid values: 'alibi'"),
-        ({"schemes": ("t5",), "position_options": {"t5": {"max_dist": 64}}}, ValueError,
-         "unknown position_options key of 't5' 'max_dist'; valid values: .*'max_distance'"),
+        (
+            {"position_options": {"t5": {"max_distance": 64}}},
+            ValueError,
+            "unknown position_options scheme 't5'; valid values: 'alibi'",
+        ),
+        (
+            {"schemes": ("t5",), "position_options": {"t5": {"max_dist": 64}}},
+            ValueError,
+            "unknown position_options key of 't5' 'max_dist'; valid values: .*'max_distance'",
+        ),
         ({"position_options": [1]}, TypeError, "position_options must be a dict"),
     ],
 )
@@ -79,8 +85,9 @@ def test_round_trip_and_train_configs_per_seed():
 
 
 def test_position_options_reach_the_model():
-    config = StudyConfig(schemes=("t5", "alibi"), train_len=64, eval_lens=(64,),
-                         position_options={"t5": {"max_distance": 128}})
+    config = StudyConfig(
+        schemes=("t5", "alibi"), train_len=64, eval_lens=(64,), position_options={"t5": {"max_distance": 128}}
+    )
     assert TransformerLM(config.model_config("t5")).decoder.scheme(0).max_distance == 128
     assert StudyConfig.from_dict(config.to_dict()) == config
 

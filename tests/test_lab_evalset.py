@@ -21,8 +21,9 @@ def test_windows_cover_many_documents(tmp_path):
     """A prefix of the validation bytes lies in one or two files; stratified anchors reach most."""
     corpus = load_corpus(write_corpus(tmp_path, n_docs=40, size=3000), val_fraction=0.5, seed=0)
     val = corpus.val_bytes
-    es = sample_eval_set(val, 16, 256, seed=0, doc_names=[d.name for d in corpus.val],
-                         doc_starts=corpus.val_starts)
+    es = sample_eval_set(
+        val, 16, 256, seed=0, doc_names=[d.name for d in corpus.val], doc_starts=corpus.val_starts
+    )
     record = es.record()
     assert record["windows"] == 16 and len(corpus.val) == 20
     assert record["n_documents"] >= 12 and record["largest_document_share"] <= 2 / 16

@@ -23,15 +23,49 @@ def corpus_dir(tmp_path_factory):
     return write_corpus(tmp_path_factory.mktemp("corpus"), n_docs=40, size=3000)  # 4 validation documents
 
 
-TINY = ["--train-len", "8", "--eval-lens", "8,16,32", "--steps", "6", "--batch-size", "4", "--d-model", "16",
-        "--layers", "1", "--heads", "2", "--eval-windows", "6", "--threads", "1", "--workers", "1",
-        "--no-progress"]
+TINY = [
+    "--train-len",
+    "8",
+    "--eval-lens",
+    "8,16,32",
+    "--steps",
+    "6",
+    "--batch-size",
+    "4",
+    "--d-model",
+    "16",
+    "--layers",
+    "1",
+    "--heads",
+    "2",
+    "--eval-windows",
+    "6",
+    "--threads",
+    "1",
+    "--workers",
+    "1",
+    "--no-progress",
+]
 
 
 def test_tiny_study_with_two_seeds_end_to_end(tmp_path, corpus_dir, capsys):
     out = tmp_path / "study"
-    code = main(["extrapolate", "--schemes", "learned,alibi,rope", "--seeds", "0,1", "--variants", "linear",
-                 "--corpus", str(corpus_dir), *TINY, "--out", str(out)])
+    code = main(
+        [
+            "extrapolate",
+            "--schemes",
+            "learned,alibi,rope",
+            "--seeds",
+            "0,1",
+            "--variants",
+            "linear",
+            "--corpus",
+            str(corpus_dir),
+            *TINY,
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     printed = capsys.readouterr().out
     assert "paired delta vs L=8" in printed and "95% interval over 2 seeds" in printed
@@ -48,8 +82,16 @@ def test_tiny_study_with_two_seeds_end_to_end(tmp_path, corpus_dir, capsys):
     assert ev["windows"] == 6 and ev["score_len"] == 4 and sum(ev["documents"].values()) == 6
     assert results["corpus"]["n_val"] == 4 and ev["n_documents"] >= 3  # windows spread over the documents
     runs = [(r["name"], r["seed"]) for r in results["runs"]]
-    assert runs == [("learned", 0), ("learned", 1), ("alibi", 0), ("alibi", 1),
-                    ("rope", 0), ("rope+linear", 0), ("rope", 1), ("rope+linear", 1)]
+    assert runs == [
+        ("learned", 0),
+        ("learned", 1),
+        ("alibi", 0),
+        ("alibi", 1),
+        ("rope", 0),
+        ("rope+linear", 0),
+        ("rope", 1),
+        ("rope+linear", 1),
+    ]
     for run in results["runs"]:
         by_len = {p["length"]: p for p in run["eval"]}
         if run["name"] == "learned":  # learned positions cannot run past L: n/a, not a crash
@@ -71,8 +113,20 @@ def test_tiny_study_with_two_seeds_end_to_end(tmp_path, corpus_dir, capsys):
     assert "| alibi | - | " in md
 
     # the same folder again: refused without --resume; with it, every finished cell is reused
-    command = ["extrapolate", "--schemes", "learned,alibi,rope", "--seeds", "0,1", "--variants", "linear",
-               "--corpus", str(corpus_dir), *TINY, "--out", str(out)]
+    command = [
+        "extrapolate",
+        "--schemes",
+        "learned,alibi,rope",
+        "--seeds",
+        "0,1",
+        "--variants",
+        "linear",
+        "--corpus",
+        str(corpus_dir),
+        *TINY,
+        "--out",
+        str(out),
+    ]
     assert main(command) == 2
     assert "already holds a run (results.json, extrapolation.png" in capsys.readouterr().err
     assert main([*command, "--resume"]) == 0
@@ -95,8 +149,15 @@ def test_summary_is_the_mean_of_the_runs_with_a_t_interval(corpus_dir):
 
 
 def test_one_seed_keeps_the_bootstrap_interval_over_windows():
-    point = {"length": 16, "note": "", "bpb_window": 2.0, "bpb_all": 2.1, "bpb_beyond": 2.2,
-             "accuracy": None, "delta": {"mean": 0.1, "low": 0.05, "high": 0.2, "n": 32}}
+    point = {
+        "length": 16,
+        "note": "",
+        "bpb_window": 2.0,
+        "bpb_all": 2.1,
+        "bpb_beyond": 2.2,
+        "accuracy": None,
+        "delta": {"mean": 0.1, "low": 0.05, "high": 0.2, "n": 32},
+    }
     base = {**point, "length": 8, "delta": None, "bpb_beyond": None}
     rows = summarize([{"name": "rope", "scheme": "rope", "variant": None, "seed": 0, "eval": [base, point]}])
     assert rows[1]["delta"] == point["delta"] and rows[1]["delta_over"] == "windows"
@@ -111,14 +172,26 @@ def test_format_table_marks_missing_values():
         return {"mean": mean, "low": mean - hw, "high": mean + hw, "n": 3}
 
     def row(name, length, window, delta=None, note=""):
-        return {"name": name, "length": length, "note": note, "bpb_window": window, "delta": delta,
-                "bpb_all": window, "bpb_beyond": None, "accuracy": None}
+        return {
+            "name": name,
+            "length": length,
+            "note": note,
+            "bpb_window": window,
+            "delta": delta,
+            "bpb_all": window,
+            "bpb_beyond": None,
+            "accuracy": None,
+        }
 
     results = {
         "config": {"mode": "lm", "train_len": 8, "eval_lens": [8, 16], "seeds": [0, 1, 2]},
         "eval": {"score_len": 4},
-        "summary": [row("learned", 8, iv(2.5, 0.1)), row("learned", 16, None, note="n/a: stops at 8"),
-                    row("alibi", 8, iv(2.4, 0.05)), row("alibi", 16, iv(2.3, 0.05), iv(-0.1, 0.02))],
+        "summary": [
+            row("learned", 8, iv(2.5, 0.1)),
+            row("learned", 16, None, note="n/a: stops at 8"),
+            row("alibi", 8, iv(2.4, 0.05)),
+            row("alibi", 16, iv(2.3, 0.05), iv(-0.1, 0.02)),
+        ],
     }
     lines = format_table(results).splitlines()
     assert lines[0].startswith("paired delta vs L=8") and "over 3 seeds" in lines[0]
@@ -129,11 +202,38 @@ def test_format_table_marks_missing_values():
 
 
 def test_tiny_task_study(tmp_path, capsys):
-    code = main(["extrapolate", "--task", "copy", "--schemes", "learned,nope", "--train-len", "4",
-                 "--eval-lens", "2,4,8", "--steps", "4", "--batch-size", "8", "--d-model", "16",
-                 "--seeds", "0,1",
-                 "--layers", "1", "--heads", "2", "--threads", "1", "--workers", "1", "--no-progress",
-                 "--out", str(tmp_path)])
+    code = main(
+        [
+            "extrapolate",
+            "--task",
+            "copy",
+            "--schemes",
+            "learned,nope",
+            "--train-len",
+            "4",
+            "--eval-lens",
+            "2,4,8",
+            "--steps",
+            "4",
+            "--batch-size",
+            "8",
+            "--d-model",
+            "16",
+            "--seeds",
+            "0,1",
+            "--layers",
+            "1",
+            "--heads",
+            "2",
+            "--threads",
+            "1",
+            "--workers",
+            "1",
+            "--no-progress",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert code == 0
     assert "exact-match accuracy, task 'copy'" in capsys.readouterr().out
     results = json.loads((tmp_path / "results.json").read_text())
@@ -170,7 +270,9 @@ def test_cli_errors(argv, message, capsys):
 
 def test_parse_options():
     assert parse_options(["t5.max_distance=64", "t5.bidirectional=false", "rope.layout=interleaved"]) == {
-        "t5": {"max_distance": 64, "bidirectional": False}, "rope": {"layout": "interleaved"}}
+        "t5": {"max_distance": 64, "bidirectional": False},
+        "rope": {"layout": "interleaved"},
+    }
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
@@ -192,9 +294,12 @@ def test_compare_two_studies_on_the_same_bytes(tmp_path, corpus_dir, capsys):
 
     rows = {r["length"]: r for r in compare_studies(a, b)}
     for i, e in enumerate(a["config"]["eval_lens"]):
-        per_seed = [statistics.mean(wb - wa for wa, wb in zip(ra["eval"][i]["window_bits"],
-                                                               rb["eval"][i]["window_bits"]))
-                    for ra, rb in zip(a["runs"], b["runs"])]
+        per_seed = [
+            statistics.mean(
+                wb - wa for wa, wb in zip(ra["eval"][i]["window_bits"], rb["eval"][i]["window_bits"])
+            )
+            for ra, rb in zip(a["runs"], b["runs"])
+        ]
         assert rows[e]["diff"]["mean"] == pytest.approx(statistics.mean(per_seed), abs=1e-6)
         assert rows[e]["seeds"] == [0, 1] and rows[e]["over"] == "seeds"
     # other evaluation windows: not the same bytes, refused
@@ -214,11 +319,32 @@ def test_study_under_torchrun_matches_one_process(tmp_path, corpus_dir):
     import sys
     from pathlib import Path
 
-    args = ["extrapolate", "--schemes", "alibi,rope", "--variants", "linear", "--seeds", "0",
-            "--corpus", str(corpus_dir), *TINY]
+    args = [
+        "extrapolate",
+        "--schemes",
+        "alibi,rope",
+        "--variants",
+        "linear",
+        "--seeds",
+        "0",
+        "--corpus",
+        str(corpus_dir),
+        *TINY,
+    ]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "posenc", *args, "--out", str(tmp_path / "ddp")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "posenc",
+        *args,
+        "--out",
+        str(tmp_path / "ddp"),
+    ]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert main([*args, "--out", str(tmp_path / "one")]) == 0

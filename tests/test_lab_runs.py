@@ -29,9 +29,14 @@ def test_check_folder(tmp_path):
 def test_existing_run_needs_resume_or_overwrite(tmp_path):
     (tmp_path / "checkpoint.safetensors").write_text("old run")
     (tmp_path / "mine.txt").write_text("not part of a run")
-    with pytest.raises(ValueError, match=r"already holds a run \(checkpoint.safetensors\); continue it with "
-                                         "--resume, replace it with --overwrite"), \
-            RunFolder(tmp_path, ["checkpoint.safetensors", "cells"]):
+    with (
+        pytest.raises(
+            ValueError,
+            match=r"already holds a run \(checkpoint.safetensors\); continue it with "
+            "--resume, replace it with --overwrite",
+        ),
+        RunFolder(tmp_path, ["checkpoint.safetensors", "cells"]),
+    ):
         pass
     with RunFolder(tmp_path, ["checkpoint.safetensors"], resume=True):
         assert (tmp_path / "checkpoint.safetensors").read_text() == "old run"
@@ -46,9 +51,15 @@ def test_existing_run_needs_resume_or_overwrite(tmp_path):
 
 def test_one_writer_at_a_time(tmp_path):
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from posenc.lab.runs import RunFolder\n"
-         f"with RunFolder({str(tmp_path)!r}, []):\n    print('locked', flush=True); time.sleep(30)"],
-        stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from posenc.lab.runs import RunFolder\n"
+            f"with RunFolder({str(tmp_path)!r}, []):\n    print('locked', flush=True); time.sleep(30)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
         busy = rf"is being written by another posenc process \(pid {holder.pid}\)"
@@ -62,8 +73,9 @@ def test_one_writer_at_a_time(tmp_path):
 
 
 def test_stale_temporaries_of_dead_processes_are_removed(tmp_path):
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                          text=True, check=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
     stale = tmp_path / "checkpoints" / f".a.safetensors.tmp{int(dead.stdout)}"
     stale.parent.mkdir()
     stale.write_bytes(b"x" * 100)

@@ -23,8 +23,7 @@ def test_seed_interval_matches_scipy():
     stats = pytest.importorskip("scipy.stats")
     values = [2.61, 2.70, 2.66, 2.81]
     got = seed_interval(values)
-    low, high = stats.t.interval(0.95, len(values) - 1, loc=statistics.mean(values),
-                                 scale=stats.sem(values))
+    low, high = stats.t.interval(0.95, len(values) - 1, loc=statistics.mean(values), scale=stats.sem(values))
     assert got.mean == pytest.approx(statistics.mean(values), rel=1e-12)
     assert (got.low, got.high) == (pytest.approx(low, abs=1e-4), pytest.approx(high, abs=1e-4))
     assert got.n == 4 and got.half_width == pytest.approx((high - low) / 2, abs=1e-4)

@@ -45,8 +45,16 @@ SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
 def tiny_config(position: str = "alibi", dropout: float = 0.0, **kw) -> ModelConfig:
-    return ModelConfig(vocab_size=64, d_model=16, num_layers=1, num_heads=2, position=position, max_len=16,
-                       dropout=dropout, **kw)
+    return ModelConfig(
+        vocab_size=64,
+        d_model=16,
+        num_layers=1,
+        num_heads=2,
+        position=position,
+        max_len=16,
+        dropout=dropout,
+        **kw,
+    )
 
 
 def tiny_data(n: int = 4000) -> torch.Tensor:
@@ -154,13 +162,15 @@ def test_optimizer_groups_decay_matrices_only():
 
 @pytest.mark.parametrize("position", ["t5", "learned", "shaw", "transformer_xl"])
 def test_positional_parameters_get_their_own_learning_rate(position):
-    model = TransformerLM(ModelConfig(vocab_size=64, d_model=16, num_layers=2, num_heads=2, position=position,
-                                      max_len=16))
+    model = TransformerLM(
+        ModelConfig(vocab_size=64, d_model=16, num_layers=2, num_heads=2, position=position, max_len=16)
+    )
     schemes = [m for m in model.modules() if isinstance(m, PositionalScheme)]
     scheme_params = {id(p) for m in schemes for p in m.parameters()}
     assert scheme_params and {id(p) for p in position_parameters(model)} == scheme_params
-    config = TrainConfig(steps=3, warmup_steps=1, lr=1e-3, min_lr=1e-3, batch_size=2, seq_len=16,
-                         position_lr_scale=10.0)
+    config = TrainConfig(
+        steps=3, warmup_steps=1, lr=1e-3, min_lr=1e-3, batch_size=2, seq_len=16, position_lr_scale=10.0
+    )
     opt = make_optimizer(model, config)
     *_, positional = opt.param_groups
     assert {id(p) for p in positional["params"]} == scheme_params
@@ -177,12 +187,21 @@ def test_t5_table_moves_past_what_one_learning_rate_allows():
     moved = {}
     for scale in (1.0, 10.0):
         seed_everything(0)
-        model = TransformerLM(ModelConfig(vocab_size=8, d_model=16, num_layers=1, num_heads=2, position="t5",
-                                          max_len=32))
+        model = TransformerLM(
+            ModelConfig(vocab_size=8, d_model=16, num_layers=1, num_heads=2, position="t5", max_len=32)
+        )
         table = model.decoder.scheme(0).relative_attention_bias.weight
         before = table.detach().clone()
-        config = TrainConfig(steps=20, warmup_steps=1, lr=1e-2, min_lr=1e-2, batch_size=4, seq_len=32,
-                             position_lr_scale=scale, grad_clip=0.0)
+        config = TrainConfig(
+            steps=20,
+            warmup_steps=1,
+            lr=1e-2,
+            min_lr=1e-2,
+            batch_size=4,
+            seq_len=32,
+            position_lr_scale=scale,
+            grad_clip=0.0,
+        )
         train(model, data, config, progress=False)
         moved[scale] = float((table.detach() - before).abs().max())
     budget = 20 * 1e-2  # steps * lr: the most plain Adam can move one entry (bias-corrected steps <= ~lr)
@@ -196,8 +215,12 @@ def test_training_lowers_the_loss_on_learnable_data():
     data = torch.arange(4000).remainder(7).to(torch.uint8)
     seed_everything(0)
     model = TransformerLM(tiny_config())
-    result = train(model, data, TrainConfig(steps=60, batch_size=8, seq_len=16, warmup_steps=5, lr=1e-2,
-                                            min_lr=1e-3, log_every=5), progress=False)
+    result = train(
+        model,
+        data,
+        TrainConfig(steps=60, batch_size=8, seq_len=16, warmup_steps=5, lr=1e-2, min_lr=1e-3, log_every=5),
+        progress=False,
+    )
     assert result.completed and len(result.losses) == 60
     assert result.losses[0] > 3.0 and sum(result.losses[-5:]) / 5 < 0.5
     assert result.tokens_per_s > 0
@@ -287,8 +310,14 @@ def test_resume_refuses_a_changed_config(tmp_path):
     cfg = TrainConfig(steps=4, batch_size=4, seq_len=16)
     train(model, data, cfg, checkpoint=ckpt, progress=False, stop_at=2)
     with pytest.raises(ValueError, match=r"the config changed \(lr: checkpoint 0.003 vs now 0.001\)"):
-        train(model, data, TrainConfig(steps=4, batch_size=4, seq_len=16, lr=1e-3), checkpoint=ckpt,
-              resume=True, progress=False)
+        train(
+            model,
+            data,
+            TrainConfig(steps=4, batch_size=4, seq_len=16, lr=1e-3),
+            checkpoint=ckpt,
+            resume=True,
+            progress=False,
+        )
 
 
 def test_resume_refuses_another_model_before_loading_it(tmp_path):
@@ -298,8 +327,11 @@ def test_resume_refuses_another_model_before_loading_it(tmp_path):
     train(TransformerLM(tiny_config()), data, cfg, checkpoint=ckpt, progress=False, stop_at=2)
     other = TransformerLM(ModelConfig(**{**tiny_config().to_dict(), "position": "nope", "dropout": 0.2}))
     before = [p.detach().clone() for p in other.parameters()]
-    with pytest.raises(ValueError, match=r"model dropout: checkpoint 0.0 vs now 0.2; model position: "
-                                         r"checkpoint 'alibi' vs now 'nope'"):
+    with pytest.raises(
+        ValueError,
+        match=r"model dropout: checkpoint 0.0 vs now 0.2; model position: "
+        r"checkpoint 'alibi' vs now 'nope'",
+    ):
         train(other, data, cfg, checkpoint=ckpt, resume=True, progress=False)
     assert all(torch.equal(a, b) for a, b in zip(before, other.parameters()))  # nothing was loaded
 
@@ -316,8 +348,12 @@ def test_a_new_run_never_overwrites_a_checkpoint(tmp_path):
 
 @pytest.mark.parametrize(
     ("content", "match"),
-    [(b"", "not a readable safetensors file"), (b"\x00" * 7, "not a readable safetensors file"),
-     ("truncate", "not a readable"), ("no-rng", r"lacks \['rng'\]")],
+    [
+        (b"", "not a readable safetensors file"),
+        (b"\x00" * 7, "not a readable safetensors file"),
+        ("truncate", "not a readable"),
+        ("no-rng", r"lacks \['rng'\]"),
+    ],
 )
 def test_bad_checkpoints_are_clear_errors(tmp_path, content, match):
     data, ckpt = tiny_data(), tmp_path / "c.safetensors"
@@ -339,8 +375,12 @@ def test_bad_checkpoints_are_clear_errors(tmp_path, content, match):
 
 def test_checkpoint_every_needs_a_path():
     with pytest.raises(ValueError, match="checkpoint_every=5 needs a checkpoint path"):
-        train(TransformerLM(tiny_config()), tiny_data(), TrainConfig(steps=2, checkpoint_every=5),
-              progress=False)
+        train(
+            TransformerLM(tiny_config()),
+            tiny_data(),
+            TrainConfig(steps=2, checkpoint_every=5),
+            progress=False,
+        )
 
 
 def test_stop_and_resume_in_fresh_objects_is_bit_identical(tmp_path):
@@ -363,9 +403,30 @@ def test_stop_and_resume_in_fresh_objects_is_bit_identical(tmp_path):
 
 
 def _train_cli_args(corpus: Path, out: Path, steps: int, **extra) -> list[str]:
-    args = ["train", "--scheme", "alibi", "--corpus", str(corpus), "--out", str(out), "--steps", str(steps),
-            "--train-len", "16", "--batch-size", "4", "--d-model", "16", "--layers", "1", "--heads", "2",
-            "--threads", "1", "--no-progress"]
+    args = [
+        "train",
+        "--scheme",
+        "alibi",
+        "--corpus",
+        str(corpus),
+        "--out",
+        str(out),
+        "--steps",
+        str(steps),
+        "--train-len",
+        "16",
+        "--batch-size",
+        "4",
+        "--d-model",
+        "16",
+        "--layers",
+        "1",
+        "--heads",
+        "2",
+        "--threads",
+        "1",
+        "--no-progress",
+    ]
     for key, value in extra.items():
         args += [f"--{key.replace('_', '-')}", str(value)]
     return args
@@ -444,8 +505,10 @@ def test_cli_out_checked_before_any_work(tmp_path, text_corpus, capsys, monkeypa
     monkeypatch.setattr(posenc.lab.cells, "train", no_training)
     (tmp_path / "f").write_text("x")
     out = tmp_path / "f" if where == "file" else tmp_path / "f" / "sub"
-    for command in (_train_cli_args(text_corpus, out, 3),
-                    ["extrapolate", "--schemes", "alibi", "--corpus", str(text_corpus), "--out", str(out)]):
+    for command in (
+        _train_cli_args(text_corpus, out, 3),
+        ["extrapolate", "--schemes", "alibi", "--corpus", str(text_corpus), "--out", str(out)],
+    ):
         assert main(command) == 2
         err = capsys.readouterr().err
         assert ("is a file, not a folder" in err or "lies under the file" in err) and "Traceback" not in err
@@ -456,8 +519,17 @@ def test_two_gloo_processes_match_one(tmp_path, text_corpus):
     one, two = tmp_path / "one", tmp_path / "two"
     args = _train_cli_args(text_corpus, two, 8, checkpoint_every=4)
     env = {**os.environ, "PYTHONPATH": SRC}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "posenc", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "posenc",
+        *args,
+    ]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "2 process(es)" in done.stdout
@@ -485,8 +557,11 @@ def test_memory_estimate_grows_with_batch_length_and_training():
 
 def test_memory_check_message():
     estimate = estimate_memory(tiny_config(), 8, 2048)
-    with pytest.raises(InsufficientMemoryError, match=r"would not fit in memory: it needs about .* but only "
-                       r"1.0 MiB is free on cpu\. Reduce the batch size"):
+    with pytest.raises(
+        InsufficientMemoryError,
+        match=r"would not fit in memory: it needs about .* but only "
+        r"1.0 MiB is free on cpu\. Reduce the batch size",
+    ):
         check_memory(estimate, "cpu", available=2**20)
     check_memory(estimate, "cpu", available=2**40)  # fits: no error
 

@@ -133,16 +133,26 @@ def test_explicit_path_stays_float64_and_passes_gradcheck():
     bias = torch.randn(1, 2, 4, 4, generator=g, dtype=torch.float64)
     plan = plan_attention(1, 4, torch.device("cpu"), causal=True)
     out = attend(q, k, v, plan=plan, bias=bias, relative_values=rel)
-    want = reference_attention(q.detach(), k.detach(), v.detach(), keep=causal_mask(4, 4), bias=bias,
-                               rel_values=rel)
+    want = reference_attention(
+        q.detach(), k.detach(), v.detach(), keep=causal_mask(4, 4), bias=bias, rel_values=rel
+    )
     assert out.dtype == torch.float64
     torch.testing.assert_close(out.detach(), want, rtol=1e-12, atol=1e-12)
+
     def f(a, b, c):
         return attend(a, b, c, plan=plan, bias=bias, relative_values=rel)
 
     assert torch.autograd.gradcheck(f, (q, k, v))
-    lm = TransformerLM(ModelConfig(vocab_size=11, d_model=8, num_layers=1, num_heads=2, position="shaw",
-                                   position_options={"values": True})).double()
+    lm = TransformerLM(
+        ModelConfig(
+            vocab_size=11,
+            d_model=8,
+            num_layers=1,
+            num_heads=2,
+            position="shaw",
+            position_options={"values": True},
+        )
+    ).double()
     assert lm(torch.randint(0, 11, (1, 5))).dtype == torch.float64
 
 

@@ -728,6 +728,7 @@ def test_blocked_cpu_bias_path_equals_the_full_table_path(position, monkeypatch)
 
 def test_position_options_that_contradict_the_model_are_refused_at_config_time():
     with pytest.raises(ValueError, match=r"position_options num_heads=2 \(the model has 4\) disagree"):
-        ModelConfig(vocab_size=V, d_model=32, num_heads=4, position="alibi",
-                    position_options={"num_heads": 2})
+        ModelConfig(
+            vocab_size=V, d_model=32, num_heads=4, position="alibi", position_options={"num_heads": 2}
+        )
     ModelConfig(vocab_size=V, d_model=32, num_heads=4, position="alibi", position_options={"num_heads": 4})

@@ -62,8 +62,9 @@ def test_shaw_matches_paper_reference(dtype):
     q, k, v = (torch.randn(b, h, n, d_h, generator=g, dtype=dtype) for n in (s_q, s_k, s_k))
     qp = torch.tensor([[3, 4, 5, 6, 7], [10, 30, 31, 32, 50]])  # per-row, non-contiguous
     kp = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 7], [9, 10, 11, 12, 13, 29, 33, 60]])
-    ref_logits, ref_out = _shaw_reference(q, k, v, scheme.key_embeddings.detach(),
-                                          scheme.value_embeddings.detach(), qp, kp, clip)
+    ref_logits, ref_out = _shaw_reference(
+        q, k, v, scheme.key_embeddings.detach(), scheme.value_embeddings.detach(), qp, kp, clip
+    )
     bias = scheme.score_bias(qp, kp, q)
     assert bias.shape == (b, h, s_q, s_k) and bias.dtype == dtype
     logits = q @ k.transpose(-1, -2) / math.sqrt(d_h) + bias
@@ -91,7 +92,7 @@ def test_shaw_clipping_and_sharing_across_heads():
 
 
 @FAST
-@given(pos=st.lists(st.integers(-10**6, 10**6), min_size=1, max_size=8), shift=st.integers(-10**6, 10**6))
+@given(pos=st.lists(st.integers(-(10**6), 10**6), min_size=1, max_size=8), shift=st.integers(-(10**6), 10**6))
 def test_shaw_translation_invariance(pos, shift):
     torch.manual_seed(0)
     scheme = ShawRelative(head_dim=4, num_heads=2, max_relative_position=3, values=True)
@@ -128,8 +129,10 @@ def _xl_reference(q, k, u, v, w_official, qp, kp, d_model):
         for i in range(s_q):
             for j in range(k.shape[2]):
                 delta = qrows[bb][i] - krows[bb][j]
-                r = torch.tensor([math.sin(delta * f) for f in freqs] + [math.cos(delta * f) for f in freqs],
-                                 dtype=torch.float64)
+                r = torch.tensor(
+                    [math.sin(delta * f) for f in freqs] + [math.cos(delta * f) for f in freqs],
+                    dtype=torch.float64,
+                )
                 for hh in range(h):
                     wr = w[hh] @ r  # W_R R_{i-j}: [d_h]
                     terms = (q[bb, hh, i] @ k[bb, hh, j], q[bb, hh, i] @ wr, u[hh] @ k[bb, hh, j], v[hh] @ wr)
@@ -177,7 +180,7 @@ def test_xl_batched_arbitrary_and_large_positions():
 
 
 @FAST
-@given(pos=st.lists(st.integers(-10**5, 10**5), min_size=1, max_size=6), shift=st.integers(-10**6, 10**6))
+@given(pos=st.lists(st.integers(-(10**5), 10**5), min_size=1, max_size=6), shift=st.integers(-(10**6), 10**6))
 def test_xl_translation_invariance(pos, shift):
     torch.manual_seed(0)
     scheme = TransformerXLRelative(d_model=8, num_heads=2, head_dim=4)
@@ -209,8 +212,11 @@ def test_xl_gradients():
 @pytest.mark.parametrize(
     ("build", "exc", "match"),
     [
-        (lambda: ShawRelative(4, 2, max_relative_position=0), ValueError,
-         "max_relative_position must be >= 1, got 0"),
+        (
+            lambda: ShawRelative(4, 2, max_relative_position=0),
+            ValueError,
+            "max_relative_position must be >= 1, got 0",
+        ),
         (lambda: ShawRelative(4, 0), ValueError, "num_heads must be >= 1, got 0"),
         (lambda: ShawRelative(0, 2), ValueError, "head_dim must be >= 1, got 0"),
         (lambda: ShawRelative(4, 2, values=1), TypeError, "values must be a bool"),

@@ -30,8 +30,18 @@ def test_plot_embeddings_of_a_byte_level_model(tmp_path, capsys):
     assert "64 of 256 tokens" in capsys.readouterr().out
     # labels from a tokenizer given by kind (resolve_tokenizer returns the tokenizer and its description)
     out2 = tmp_path / "emb_byte.png"
-    argv = ["plot", "embeddings", "--checkpoint", str(tmp_path / "lm.safetensors"), "-o", str(out2),
-            "--top-k", "32", "--tokenizer", "byte"]
+    argv = [
+        "plot",
+        "embeddings",
+        "--checkpoint",
+        str(tmp_path / "lm.safetensors"),
+        "-o",
+        str(out2),
+        "--top-k",
+        "32",
+        "--tokenizer",
+        "byte",
+    ]
     assert main(argv) == 0 and out2.stat().st_size > 1000
     assert "32 of 256 tokens" in capsys.readouterr().out
 

@@ -134,8 +134,9 @@ def test_corpus_errors(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     (empty / "only.bin").write_bytes(b"\x00\x01")
-    with pytest.warns(UserWarning, match="skipping binary file"), pytest.raises(
-        ValueError, match=r"no text documents found in '.*empty' \(1 binary files skipped\)"
+    with (
+        pytest.warns(UserWarning, match="skipping binary file"),
+        pytest.raises(ValueError, match=r"no text documents found in '.*empty' \(1 binary files skipped\)"),
     ):
         load_corpus(empty)
     with pytest.raises(ValueError, match="does not exist"):

@@ -13,8 +13,11 @@ from posenc.text.pipeline import encode_text, format_pipeline, plot_pipeline, ru
 from posenc.text.tokenizer import byte_tokenizer, train_wordpiece
 
 TEXT = "The cat sat on the mat."
-CORPUS = ["The cat sat on the mat.", "A dog sat on the log. The cat saw the dog.",
-          "On the mat the cat sat, and the dog sat on the log."] * 4
+CORPUS = [
+    "The cat sat on the mat.",
+    "A dog sat on the log. The cat saw the dog.",
+    "On the mat the cat sat, and the dog sat on the log.",
+] * 4
 SEED_002 = ["[CLS]", "the", "cat", "sat", "on", "the", "mat", ".", "[SEP]"]
 
 
@@ -142,8 +145,24 @@ def test_pipeline_errors(tok):
 def test_cli_encode_numbers_match_input_embedding(tok, tmp_path, capsys):
     path = tok.save(tmp_path / "tokenizer.json")
     png = tmp_path / "steps.png"
-    rc = main(["encode", TEXT, "--tokenizer", str(path), "--d-model", "16", "--seed", "3", "--columns", "16",
-               "--digits", "4", "--plot", str(png)])
+    rc = main(
+        [
+            "encode",
+            TEXT,
+            "--tokenizer",
+            str(path),
+            "--d-model",
+            "16",
+            "--seed",
+            "3",
+            "--columns",
+            "16",
+            "--digits",
+            "4",
+            "--plot",
+            str(png),
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0 and png.exists()
     assert "tokens (9): [CLS] the cat sat on the mat . [SEP]" in out

@@ -59,6 +59,7 @@ def __getattr__(name: str):  # `posenc.text` loads lazily: it needs the optional
         return importlib.import_module(".text", __name__)
     raise AttributeError(f"module 'posenc' has no attribute {name!r}")
 
+
 __all__ = [
     "HOOKS",
     "ROPE_SCALINGS",

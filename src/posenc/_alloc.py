@@ -43,8 +43,15 @@ def available_memory(device: str | torch.device = "cpu") -> int:
     return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
 
 
-def check_allocation(shape: tuple[int, ...] | list[int], dtype: torch.dtype | None, what: str, fix: str,
-                     *, device: torch.device | str | None = None, headroom: float = 0.9) -> None:
+def check_allocation(
+    shape: tuple[int, ...] | list[int],
+    dtype: torch.dtype | None,
+    what: str,
+    fix: str,
+    *,
+    device: torch.device | str | None = None,
+    headroom: float = 0.9,
+) -> None:
     """Raise :class:`InsufficientMemoryError` when a tensor of ``shape`` and ``dtype`` would not fit
     in ``headroom`` of the free memory of ``device`` (default: torch's default device; nothing is
     checked on the meta device, where nothing is allocated).

@@ -22,8 +22,9 @@ def _writable_ancestor(path: Path, flag: str, start: Path | None = None) -> None
     while not ancestor.exists():
         ancestor = ancestor.parent
     if not ancestor.is_dir():
-        raise ValueError(f"{flag} {str(path)!r} lies under the file {str(ancestor)!r}; give a path in a "
-                         "folder")
+        raise ValueError(
+            f"{flag} {str(path)!r} lies under the file {str(ancestor)!r}; give a path in a folder"
+        )
     if not os.access(ancestor, os.W_OK | os.X_OK):
         raise ValueError(f"{flag} {str(path)!r}: {str(ancestor)!r} is not writable; choose another place")
 
@@ -42,8 +43,9 @@ def check_output_file(path: str | os.PathLike, flag: str = "--out") -> Path:
     ``ValueError`` for a folder, a path under a file, or an unwritable place."""
     path = Path(path)
     if path.is_dir():
-        raise ValueError(f"{flag} {str(path)!r} is a folder; give a file name, e.g. "
-                         f"{str(path / 'out.json')!r}")
+        raise ValueError(
+            f"{flag} {str(path)!r} is a folder; give a file name, e.g. {str(path / 'out.json')!r}"
+        )
     _writable_ancestor(path, flag, start=path.parent)  # an existing file is replaced, as -o does
     return path
 

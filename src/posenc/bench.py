@@ -30,8 +30,12 @@ SCHEMA = 1
 
 
 def bench_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("cases", nargs="*", metavar="CASE",
-                   help="groups (rope, sinusoidal, embedding, bias, train_step) or single cases; default all")
+    p.add_argument(
+        "cases",
+        nargs="*",
+        metavar="CASE",
+        help="groups (rope, sinusoidal, embedding, bias, train_step) or single cases; default all",
+    )
     p.add_argument("--quick", action="store_true", help="tiny shapes, 3 repeats, no torch.compile")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument("--out", default=None, help="also write the JSON to this file")
@@ -40,8 +44,13 @@ def bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allocator", default="system", help="system (default) or keep: glibc keeps freed memory")
     p.add_argument("--list", action="store_true", help="list the cases and exit")
     p.add_argument("--markdown", action="store_true", help="Markdown tables (as in benchmarks/RESULTS.md)")
-    p.add_argument("--from", dest="from_file", default=None, metavar="JSON",
-                   help="run nothing: print the tables of a saved run (--out or --json output)")
+    p.add_argument(
+        "--from",
+        dest="from_file",
+        default=None,
+        metavar="JSON",
+        help="run nothing: print the tables of a saved run (--out or --json output)",
+    )
 
 
 def run(
@@ -102,8 +111,10 @@ def bench_run(args: argparse.Namespace) -> int:
             raise ValueError(f"--from {args.from_file}: cannot read a JSON report ({err})") from err
         keys = ("schema", "environment", "cases")
         if not isinstance(saved, dict) or saved.get("schema") != SCHEMA or any(k not in saved for k in keys):
-            raise ValueError(f"--from {args.from_file}: not a posenc bench report (schema {SCHEMA}, "
-                             "written by posenc bench --out or --json)")
+            raise ValueError(
+                f"--from {args.from_file}: not a posenc bench report (schema {SCHEMA}, "
+                "written by posenc bench --out or --json)"
+            )
         env = saved["environment"]
         print(environment_line(env) + f"; started {env.get('date', '?')}")
         for case in saved["cases"]:
@@ -131,8 +142,14 @@ def bench_run(args: argparse.Namespace) -> int:
         if args.threads is not None and args.threads >= 1:
             torch.set_num_threads(args.threads)
         print(environment_line(), flush=True)
-    report = run(args.cases, quick=args.quick, repeats=args.repeats, threads=args.threads,
-                 allocator=args.allocator, progress=show)
+    report = run(
+        args.cases,
+        quick=args.quick,
+        repeats=args.repeats,
+        threads=args.threads,
+        allocator=args.allocator,
+        progress=show,
+    )
     text = json.dumps(report, indent=2)
     if args.out:
         write_json(args.out, report)

@@ -189,8 +189,12 @@ def _check_buckets(bidirectional: bool, num_buckets: int, max_distance: int) -> 
             f"use {num_buckets + 1}"
         )
     max_exact = (num_buckets // 2 if bidirectional else num_buckets) // 2
-    check_int(max_distance, "max_distance", minimum=max_exact + 1,
-              hint=f" (it must exceed the {max_exact} exact buckets of num_buckets={num_buckets})")
+    check_int(
+        max_distance,
+        "max_distance",
+        minimum=max_exact + 1,
+        hint=f" (it must exceed the {max_exact} exact buckets of num_buckets={num_buckets})",
+    )
 
 
 def t5_relative_bucket(
@@ -221,8 +225,10 @@ def t5_relative_bucket(
         raise TypeError(
             f"relative_position must be an integer tensor, got {type(relative_position).__name__}"
         )
-    if relative_position.is_floating_point() or relative_position.is_complex() or (
-        relative_position.dtype == torch.bool
+    if (
+        relative_position.is_floating_point()
+        or relative_position.is_complex()
+        or (relative_position.dtype == torch.bool)
     ):
         raise TypeError(
             f"relative_position must be an integer tensor, got dtype {relative_position.dtype}; "
@@ -242,11 +248,14 @@ def t5_relative_bucket(
     is_small = dist < max_exact
     # The same float32 operations, in the same order, as T5 (so boundaries round identically);
     # clamping to max_exact first avoids log(0) where the exact branch is used anyway.
-    large = max_exact + (
-        torch.log(dist.clamp_min(max_exact).float() / max_exact)
-        / math.log(max_distance / max_exact)
-        * (n - max_exact)
-    ).long()
+    large = (
+        max_exact
+        + (
+            torch.log(dist.clamp_min(max_exact).float() / max_exact)
+            / math.log(max_distance / max_exact)
+            * (n - max_exact)
+        ).long()
+    )
     large = large.clamp_max(n - 1)
     return buckets + torch.where(is_small, dist, large)
 

@@ -49,8 +49,10 @@ def parse_positions(spec: str, max_count: int = SHOW_MAX_VALUES) -> torch.Tensor
     if count == 0:
         raise CLIError(f"--positions {spec!r} is empty: STOP must be larger than START (e.g. 0:8)")
     if count > max_count:
-        raise CLIError(f"--positions {spec!r} has {count:,} positions, more than {max_count:,}; use a step "
-                       "(e.g. 0:1000000:1000) or a plot")
+        raise CLIError(
+            f"--positions {spec!r} has {count:,} positions, more than {max_count:,}; use a step "
+            "(e.g. 0:1000000:1000) or a plot"
+        )
     if ":" in spec:
         return torch.arange(start, stop, step)
     return torch.tensor(values, dtype=torch.long)
@@ -104,8 +106,9 @@ def _show_run(args: argparse.Namespace) -> int:
         if value is not None and value < low:
             raise CLIError(f"{flag} must be >= {low}, got {value}")
     if args.dim > SHOW_MAX_VALUES:
-        raise CLIError(f"--dim {args.dim:,} is more than {SHOW_MAX_VALUES:,} values per position; "
-                       "use a smaller --dim")
+        raise CLIError(
+            f"--dim {args.dim:,} is more than {SHOW_MAX_VALUES:,} values per position; use a smaller --dim"
+        )
     positions = parse_positions(args.positions, max_count=SHOW_MAX_VALUES // args.dim)
     options: dict = {"d_model": args.dim}
     for key, value in (("variant", args.variant), ("base", args.base)):
@@ -195,8 +198,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as err:  # after BrokenPipeError, one of its subclasses
         if err.filename is None:  # not about a path the user gave: a bug, keep its traceback
             raise
-        print(f"posenc {args.command}: error: {err.strerror or err}: {err.filename!r}; check the path",
-              file=sys.stderr)
+        print(
+            f"posenc {args.command}: error: {err.strerror or err}: {err.filename!r}; check the path",
+            file=sys.stderr,
+        )
         return 2
 
 

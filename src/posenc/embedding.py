@@ -74,8 +74,12 @@ class TokenEmbedding(nn.Module):
                 raise ValueError(f"padding_idx must be < vocab_size={vocab_size}, got {padding_idx}")
         self.padding_idx = padding_idx
         self.init_std = 1.0 / self.scale if init_std is None else check_positive_float(init_std, "init_std")
-        check_allocation((self.vocab_size, self.d_model), None, f"vocab_size={vocab_size}, d_model={d_model}",
-                         "use a smaller vocab_size or d_model")
+        check_allocation(
+            (self.vocab_size, self.d_model),
+            None,
+            f"vocab_size={vocab_size}, d_model={d_model}",
+            "use a smaller vocab_size or d_model",
+        )
         self.weight = nn.Parameter(torch.empty(self.vocab_size, self.d_model))
         self.reset_parameters()
 
@@ -202,8 +206,12 @@ class Dropout(nn.Dropout):
 
 def _reference_applies(x: torch.Tensor) -> bool:
     """Where the kernel would run but cannot (no compiler, turned off): eager CPU float tensors."""
-    return (x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64, torch.bfloat16)
-            and not torch.compiler.is_compiling() and x.numel() > 0)
+    return (
+        x.device.type == "cpu"
+        and x.dtype in (torch.float32, torch.float64, torch.bfloat16)
+        and not torch.compiler.is_compiling()
+        and x.numel() > 0
+    )
 
 
 class InputEmbedding(nn.Module):

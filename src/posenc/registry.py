@@ -118,8 +118,11 @@ def build(name: str, **config: Any) -> PositionalScheme:
         )
     missing = [k for k, v in keys.items() if v is inspect.Parameter.empty and k not in config]
     if missing:
-        raise ValueError(f"scheme {name!r} needs {', '.join(missing)}; e.g. posenc.build({name!r}, "
-                         + ", ".join(f"{k}=..." for k in missing) + ")")
+        raise ValueError(
+            f"scheme {name!r} needs {', '.join(missing)}; e.g. posenc.build({name!r}, "
+            + ", ".join(f"{k}=..." for k in missing)
+            + ")"
+        )
     return scheme_class(name)(**config)
 
 

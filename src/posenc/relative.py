@@ -245,8 +245,11 @@ class TransformerXLRelative(PositionalScheme):
         q_positions: torch.Tensor | None = None,
         k_positions: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if not isinstance(q, torch.Tensor) or q.dim() != 4 or q.shape[1] != self.num_heads or (
-            q.shape[-1] != self.head_dim
+        if (
+            not isinstance(q, torch.Tensor)
+            or q.dim() != 4
+            or q.shape[1] != self.num_heads
+            or (q.shape[-1] != self.head_dim)
         ):
             raise ValueError(
                 f"q must have shape [b, {self.num_heads}, s_q, {self.head_dim}], "

@@ -322,22 +322,38 @@ ROPE_SCALINGS: dict[str, RopeScaling] = {
     ),
     "ntk": RopeScaling(_ntk, ("factor",), {}, False, "NTK-aware (bloc97 2023): base -> base * s^(r/(r-2))"),
     "dynamic": RopeScaling(
-        _dynamic, ("factor", _L0), {}, True,
+        _dynamic,
+        ("factor", _L0),
+        {},
+        True,
         "dynamic NTK (emozilla 2023): NTK with s grown from the current length; needs an unrotated KV cache",
     ),
     "yarn": RopeScaling(
-        _yarn, ("factor", _L0),
-        {"beta_fast": 32.0, "beta_slow": 1.0, "attention_factor": None, "mscale": None,
-         "mscale_all_dim": None, "truncate": True},
-        False, "Peng et al. 2023 (YaRN): ramped interpolation, attention factor 0.1 ln s + 1",
+        _yarn,
+        ("factor", _L0),
+        {
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "attention_factor": None,
+            "mscale": None,
+            "mscale_all_dim": None,
+            "truncate": True,
+        },
+        False,
+        "Peng et al. 2023 (YaRN): ramped interpolation, attention factor 0.1 ln s + 1",
     ),
     "llama3": RopeScaling(
-        _llama3, ("factor", "low_freq_factor", "high_freq_factor", _L0), {}, False,
+        _llama3,
+        ("factor", "low_freq_factor", "high_freq_factor", _L0),
+        {},
+        False,
         "Meta Llama 3.1: interpolate long wavelengths, keep short ones, blend between",
     ),
     "longrope": RopeScaling(
-        _longrope, ("short_factor", "long_factor", _L0),
-        {"factor": None, "attention_factor": None, "max_position_embeddings": None}, True,
+        _longrope,
+        ("short_factor", "long_factor", _L0),
+        {"factor": None, "attention_factor": None, "max_position_embeddings": None},
+        True,
         "Ding et al. 2024 (LongRoPE, Phi-3): per-pair factors, short/long by current length",
     ),
 }
@@ -371,9 +387,7 @@ def _check_scaling(scaling: Any, r: int) -> tuple[str, dict[str, Any]]:
         )
     missing = [k for k in rule.required if params.get(k) is None]
     if missing:
-        raise ValueError(
-            f"RoPE scaling {name!r} needs key(s) {missing}; it takes {', '.join(valid)}"
-        )
+        raise ValueError(f"RoPE scaling {name!r} needs key(s) {missing}; it takes {', '.join(valid)}")
     params = {**rule.optional, **params}
     for key, value in params.items():
         if value is None or key == "truncate":
@@ -632,8 +646,10 @@ class RotaryEmbedding(PositionalScheme):
 
     def extra_repr(self) -> str:
         scaling = "" if self.scaling_rule == "default" else f", scaling={self.scaling_rule!r}"
-        return (f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base}, "
-                f"layout={self.layout!r}{scaling}")
+        return (
+            f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base}, "
+            f"layout={self.layout!r}{scaling}"
+        )
 
 
 class XPos(RotaryEmbedding):

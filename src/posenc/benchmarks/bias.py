@@ -47,14 +47,29 @@ def _case(name: str, scheme_name: str, shape: tuple[int, int, int, int], block_s
     pos = torch.arange(s)
     scheme = posenc.build(scheme_name, num_heads=h)
     impls = [
-        Impl("sdpa_causal_no_bias", lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), "peer",
-             None, "the yardstick: no positional bias at all"),
-        Impl(f"posenc_{scheme_name}_full", lambda: _sdpa_masked(q, k, v, scheme.score_bias(pos, pos)),
-             "posenc", None, "score_bias [1, h, s, s] + -inf mask + SDPA (posenc.model's path)"),
-        Impl(f"posenc_{scheme_name}_blocked",
-             lambda: causal_attention_with_bias(q, k, v, scheme_bias_fn(scheme, pos, pos),
-                                                block_size=block_size),
-             "posenc", None, f"kernels.attention_cpu, {block_size} queries per block"),
+        Impl(
+            "sdpa_causal_no_bias",
+            lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+            "peer",
+            None,
+            "the yardstick: no positional bias at all",
+        ),
+        Impl(
+            f"posenc_{scheme_name}_full",
+            lambda: _sdpa_masked(q, k, v, scheme.score_bias(pos, pos)),
+            "posenc",
+            None,
+            "score_bias [1, h, s, s] + -inf mask + SDPA (posenc.model's path)",
+        ),
+        Impl(
+            f"posenc_{scheme_name}_blocked",
+            lambda: causal_attention_with_bias(
+                q, k, v, scheme_bias_fn(scheme, pos, pos), block_size=block_size
+            ),
+            "posenc",
+            None,
+            f"kernels.attention_cpu, {block_size} queries per block",
+        ),
     ]
     skipped: dict[str, str] = {}
     xt, why = _optional("x_transformers.x_transformers")
@@ -69,24 +84,46 @@ def _case(name: str, scheme_name: str, shape: tuple[int, int, int, int], block_s
                 alibi = bloom.build_alibi_tensor(ones, h, q.dtype)  # type: ignore[attr-defined]  # [b h, 1, s]
                 return _sdpa_masked(q, k, v, alibi.view(b, h, 1, s))  # m_h * j, broadcast over queries
 
-            impls.append(Impl("hf_bloom_alibi", bloom_attention, "peer", None,
-                              "build_alibi_tensor (m_h * j) + causal mask + SDPA"))
+            impls.append(
+                Impl(
+                    "hf_bloom_alibi",
+                    bloom_attention,
+                    "peer",
+                    None,
+                    "build_alibi_tensor (m_h * j) + causal mask + SDPA",
+                )
+            )
         if xt is None:
             skipped["x_transformers_alibi"] = why
         else:
             alibi = xt.AlibiPositionalBias(h)  # type: ignore[attr-defined]
-            impls.append(Impl("x_transformers_alibi", lambda: _sdpa_masked(q, k, v, alibi(s, s)), "peer",
-                              None, "AlibiPositionalBias (cached table after the first call) + mask + SDPA"))
+            impls.append(
+                Impl(
+                    "x_transformers_alibi",
+                    lambda: _sdpa_masked(q, k, v, alibi(s, s)),
+                    "peer",
+                    None,
+                    "AlibiPositionalBias (cached table after the first call) + mask + SDPA",
+                )
+            )
     elif xt is None:
         skipped["x_transformers_t5"] = why
     else:
         rel = xt.RelativePositionBias(scale=1.0, causal=True, heads=h)  # type: ignore[attr-defined]
-        impls.append(Impl("x_transformers_t5", lambda: _sdpa_masked(q, k, v, rel(s, s)), "peer", None,
-                          "RelativePositionBias (causal buckets) + mask + SDPA"))
+        impls.append(
+            Impl(
+                "x_transformers_t5",
+                lambda: _sdpa_masked(q, k, v, rel(s, s)),
+                "peer",
+                None,
+                "RelativePositionBias (causal buckets) + mask + SDPA",
+            )
+        )
     nbytes = 4 * tensor_bytes(q)
     params = {"shape": list(shape), "scheme": scheme_name, "block_size": block_size, "dtype": "float32"}
-    return Case(name, f"causal attention with {scheme_name} bias, q/k/v {list(shape)}", nbytes, impls, params,
-                skipped)
+    return Case(
+        name, f"causal attention with {scheme_name} bias, q/k/v {list(shape)}", nbytes, impls, params, skipped
+    )
 
 
 def cases(quick: bool) -> dict[str, Callable[[], Case]]:

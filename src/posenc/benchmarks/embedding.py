@@ -61,9 +61,11 @@ def _case(name: str, description: str, b: int, s: int, d: int, vocab: int, mode:
 
     def step(model: nn.Module) -> Callable[[], object]:
         if mode == "eval":
+
             def run_eval() -> object:
                 with torch.no_grad():
                     return model(ids)
+
             return run_eval
         if mode == "forward":
             return lambda: model(ids)
@@ -78,8 +80,13 @@ def _case(name: str, description: str, b: int, s: int, d: int, vocab: int, mode:
 
     impls = [
         Impl("posenc_input_embedding", step(mine), "posenc", None, "posenc.InputEmbedding('sinusoidal')"),
-        Impl("eager_composition", step(eager), "peer", None,
-             "nn.Embedding * sqrt(d) + pe[:s], nn.LayerNorm, nn.Dropout"),
+        Impl(
+            "eager_composition",
+            step(eager),
+            "peer",
+            None,
+            "nn.Embedding * sqrt(d) + pe[:s], nn.LayerNorm, nn.Dropout",
+        ),
     ]
     bsd = b * s * d * 4
     nbytes = ids.numel() * 8 + 2 * bsd + s * d * 4 + (3 * bsd if mode == "backward" else 0)
@@ -91,9 +98,11 @@ def cases(quick: bool) -> dict[str, Callable[[], Case]]:
     """The input-embedding cases (``quick``: tiny shapes)."""
     b, s, d, v = (2, 16, 32, 100) if quick else (8, 2048, 768, 32000)
     return {
-        "embedding_forward": lambda: _case("embedding_forward", "train-mode forward with dropout 0.1",
-                                           b, s, d, v, "forward"),
-        "embedding_forward_backward": lambda: _case("embedding_forward_backward",
-                                                    "train-mode forward + backward", b, s, d, v, "backward"),
+        "embedding_forward": lambda: _case(
+            "embedding_forward", "train-mode forward with dropout 0.1", b, s, d, v, "forward"
+        ),
+        "embedding_forward_backward": lambda: _case(
+            "embedding_forward_backward", "train-mode forward + backward", b, s, d, v, "backward"
+        ),
         "embedding_eval": lambda: _case("embedding_eval", "eval-mode forward, no grad", b, s, d, v, "eval"),
     }

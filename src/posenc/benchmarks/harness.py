@@ -373,8 +373,14 @@ def run_case(case: Case, *, repeats: int = 7, warmup: int = 1, min_time: float =
     for r in results.values():
         r["copy_fraction"] = None if copy is None or r["gbps"] is None else r["gbps"] / copy["gbps"]
     return CaseResult(
-        case.name, case.description, case.nbytes, dict(case.params), results, dict(case.skipped),
-        load_before, load_after,
+        case.name,
+        case.description,
+        case.nbytes,
+        dict(case.params),
+        results,
+        dict(case.skipped),
+        load_before,
+        load_after,
     )
 
 
@@ -405,12 +411,26 @@ def format_case(result: CaseResult, markdown: bool = False) -> str:
             best = min(same, key=lambda p: result.results[p]["median_s"])
             vs = f"{speed[best][name]:.2f}x ({best})"
         rate = "" if r["gbps"] is None else f"{r['gbps']:.2f}"
-        rows.append((name, r["kind"], _fmt_time(r["median_s"]), _fmt_time(r["q1_s"]), _fmt_time(r["q3_s"]),
-                     rate, frac, vs))
+        rows.append(
+            (
+                name,
+                r["kind"],
+                _fmt_time(r["median_s"]),
+                _fmt_time(r["q1_s"]),
+                _fmt_time(r["q3_s"]),
+                rate,
+                frac,
+                vs,
+            )
+        )
     if markdown:
         params = ", ".join(f"{k}={v}" for k, v in result.params.items())
-        lines = [f"**{result.name}** — {result.description}; {params}; {moved}; load {load}", "",
-                 "| impl | median | IQR | GB/s | of copy | posenc speed-up |", "|---|---|---|---|---|---|"]
+        lines = [
+            f"**{result.name}** — {result.description}; {params}; {moved}; load {load}",
+            "",
+            "| impl | median | IQR | GB/s | of copy | posenc speed-up |",
+            "|---|---|---|---|---|---|",
+        ]
         for name, kind, med, q1, q3, rate, frac, vs in rows:
             label = f"**{name}**" if kind == "posenc" else name
             lines.append(f"| {label} | {med} | {q1}–{q3} | {rate} | {frac} | {vs} |")
@@ -429,5 +449,13 @@ def format_case(result: CaseResult, markdown: bool = False) -> str:
 
 def case_result_from_json(case: dict[str, Any]) -> CaseResult:
     """The :class:`CaseResult` of one entry of a report's ``cases`` (to re-render a saved run)."""
-    return CaseResult(case["case"], case["description"], case["bytes"], case["params"], case["results"],
-                      case["skipped"], case.get("loadavg_before"), case.get("loadavg_after"))
+    return CaseResult(
+        case["case"],
+        case["description"],
+        case["bytes"],
+        case["params"],
+        case["results"],
+        case["skipped"],
+        case.get("loadavg_before"),
+        case.get("loadavg_after"),
+    )

@@ -97,17 +97,39 @@ def _case(
 
     impls = [
         Impl("posenc_half", pair(lambda t: posenc.apply_rotary(t, cos, sin)), "posenc", "half"),
-        Impl("posenc_half_inplace", lambda: (posenc.apply_rotary(q_ip, cos, sin, out=q_ip),
-                                             posenc.apply_rotary(k_ip, cos, sin, out=k_ip)),
-             "posenc", "half", "out=x"),
-        Impl("posenc_interleaved",
-             pair(lambda t: posenc.apply_rotary(t, cos, sin, layout="interleaved")), "posenc", "interleaved"),
-        Impl("posenc_interleaved_inplace",
-             lambda: (posenc.apply_rotary(q_ip, cos, sin, layout="interleaved", out=q_ip),
-                      posenc.apply_rotary(k_ip, cos, sin, layout="interleaved", out=k_ip)),
-             "posenc", "interleaved", "out=x"),
-        Impl("meta_complex", pair(lambda t: meta_complex_rotary(t, freqs_cis, r)), "peer", "interleaved",
-             "Llama reference code, written in the benchmark"),
+        Impl(
+            "posenc_half_inplace",
+            lambda: (
+                posenc.apply_rotary(q_ip, cos, sin, out=q_ip),
+                posenc.apply_rotary(k_ip, cos, sin, out=k_ip),
+            ),
+            "posenc",
+            "half",
+            "out=x",
+        ),
+        Impl(
+            "posenc_interleaved",
+            pair(lambda t: posenc.apply_rotary(t, cos, sin, layout="interleaved")),
+            "posenc",
+            "interleaved",
+        ),
+        Impl(
+            "posenc_interleaved_inplace",
+            lambda: (
+                posenc.apply_rotary(q_ip, cos, sin, layout="interleaved", out=q_ip),
+                posenc.apply_rotary(k_ip, cos, sin, layout="interleaved", out=k_ip),
+            ),
+            "posenc",
+            "interleaved",
+            "out=x",
+        ),
+        Impl(
+            "meta_complex",
+            pair(lambda t: meta_complex_rotary(t, freqs_cis, r)),
+            "peer",
+            "interleaved",
+            "Llama reference code, written in the benchmark",
+        ),
     ]
     skipped: dict[str, str] = {}
 
@@ -117,31 +139,62 @@ def _case(
         skipped["hf_eager"] = why
     else:
         hf_apply = hf.apply_rotary_pos_emb  # type: ignore[attr-defined]
-        impls.append(Impl("hf_eager", lambda: hf_apply(q, k, hf_cos, hf_sin), "peer", "half",
-                          f"transformers {hf_module}.apply_rotary_pos_emb"))
+        impls.append(
+            Impl(
+                "hf_eager",
+                lambda: hf_apply(q, k, hf_cos, hf_sin),
+                "peer",
+                "half",
+                f"transformers {hf_module}.apply_rotary_pos_emb",
+            )
+        )
         if compile_peers:
             hf_compiled = torch.compile(hf_apply, dynamic=False)
-            impls.append(Impl("hf_compiled", lambda: hf_compiled(q, k, hf_cos, hf_sin), "peer", "half",
-                              "torch.compile of HF's function (compile time not counted)"))
+            impls.append(
+                Impl(
+                    "hf_compiled",
+                    lambda: hf_compiled(q, k, hf_cos, hf_sin),
+                    "peer",
+                    "half",
+                    "torch.compile of HF's function (compile time not counted)",
+                )
+            )
         else:
             skipped["hf_compiled"] = "--quick: no torch.compile"
     ret, why = _optional("rotary_embedding_torch.rotary_embedding_torch")
     if ret is None:
         skipped["rotary_embedding_torch"] = why
     else:
-        impls.append(Impl("rotary_embedding_torch",
-                          pair(lambda t: ret.apply_rotary_emb(freqs_4d, t)),  # type: ignore[attr-defined]
-                          "peer", "interleaved", "apply_rotary_emb(freqs, t)"))
+        impls.append(
+            Impl(
+                "rotary_embedding_torch",
+                pair(lambda t: ret.apply_rotary_emb(freqs_4d, t)),  # type: ignore[attr-defined]
+                "peer",
+                "interleaved",
+                "apply_rotary_emb(freqs, t)",
+            )
+        )
     xt, why = _optional("x_transformers.x_transformers")
     if xt is None:
         skipped["x_transformers"] = why
     else:
-        impls.append(Impl("x_transformers",
-                          pair(lambda t: xt.apply_rotary_pos_emb(t, freqs_3d)),  # type: ignore[attr-defined]
-                          "peer", "interleaved", "apply_rotary_pos_emb(t, freqs)"))
+        impls.append(
+            Impl(
+                "x_transformers",
+                pair(lambda t: xt.apply_rotary_pos_emb(t, freqs_3d)),  # type: ignore[attr-defined]
+                "peer",
+                "interleaved",
+                "apply_rotary_pos_emb(t, freqs)",
+            )
+        )
     nbytes = 2 * tensor_bytes(q, k) + tensor_bytes(cos, sin)
-    params = {"shape": list(shape), "dtype": str(dtype).replace("torch.", ""), "rotary_dim": r,
-              "offset": offset, "positions": "[b, s]" if per_token else "[s]"}
+    params = {
+        "shape": list(shape),
+        "dtype": str(dtype).replace("torch.", ""),
+        "rotary_dim": r,
+        "offset": offset,
+        "positions": "[b, s]" if per_token else "[s]",
+    }
     return Case(name, description, nbytes, impls, params, skipped)
 
 
@@ -152,18 +205,45 @@ def cases(quick: bool) -> dict[str, Callable[[], Case]]:
     decode = (2, 2, 1, 32) if quick else (8, 32, 1, 128)
     cp = not quick
     return {
-        "rope_prefill_fp32": lambda: _case("rope_prefill_fp32", "q,k prefill, float32", big, torch.float32,
-                                           compile_peers=cp),
-        "rope_prefill_bf16": lambda: _case("rope_prefill_bf16", "q,k prefill, bfloat16", big, torch.bfloat16,
-                                           compile_peers=cp),
-        "rope_decode": lambda: _case("rope_decode", "one decode step at cache offset 32767, float32", decode,
-                                     torch.float32, offset=32767, compile_peers=cp),
-        "rope_decode_bf16": lambda: _case("rope_decode_bf16", "one decode step at offset 32767, bfloat16",
-                                          decode, torch.bfloat16, offset=32767, compile_peers=cp),
-        "rope_long_prefill": lambda: _case("rope_long_prefill", "long prefill, bfloat16", long,
-                                           torch.bfloat16, compile_peers=cp),
-        "rope_partial": lambda: _case("rope_partial", "partial rotary r = d_h/4 (GPT-NeoX), float32", big,
-                                      torch.float32, rotary_dim=big[-1] // 4, compile_peers=cp),
-        "rope_per_token": lambda: _case("rope_per_token", "per-token positions [b, s] (left padding), fp32",
-                                        big, torch.float32, per_token=True, compile_peers=cp),
+        "rope_prefill_fp32": lambda: _case(
+            "rope_prefill_fp32", "q,k prefill, float32", big, torch.float32, compile_peers=cp
+        ),
+        "rope_prefill_bf16": lambda: _case(
+            "rope_prefill_bf16", "q,k prefill, bfloat16", big, torch.bfloat16, compile_peers=cp
+        ),
+        "rope_decode": lambda: _case(
+            "rope_decode",
+            "one decode step at cache offset 32767, float32",
+            decode,
+            torch.float32,
+            offset=32767,
+            compile_peers=cp,
+        ),
+        "rope_decode_bf16": lambda: _case(
+            "rope_decode_bf16",
+            "one decode step at offset 32767, bfloat16",
+            decode,
+            torch.bfloat16,
+            offset=32767,
+            compile_peers=cp,
+        ),
+        "rope_long_prefill": lambda: _case(
+            "rope_long_prefill", "long prefill, bfloat16", long, torch.bfloat16, compile_peers=cp
+        ),
+        "rope_partial": lambda: _case(
+            "rope_partial",
+            "partial rotary r = d_h/4 (GPT-NeoX), float32",
+            big,
+            torch.float32,
+            rotary_dim=big[-1] // 4,
+            compile_peers=cp,
+        ),
+        "rope_per_token": lambda: _case(
+            "rope_per_token",
+            "per-token positions [b, s] (left padding), fp32",
+            big,
+            torch.float32,
+            per_token=True,
+            compile_peers=cp,
+        ),
     }

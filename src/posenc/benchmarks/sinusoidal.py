@@ -31,10 +31,19 @@ def _table_case(name: str, s: int, d: int) -> Case:
     x = torch.empty(1, s, d)  # x-transformers takes x only for its length and device
     impls = [
         Impl("posenc_vaswani", lambda: posenc.sinusoidal_table(s, d), "posenc", "interleaved"),
-        Impl("posenc_tensor2tensor", lambda: posenc.sinusoidal_table(s, d, variant="tensor2tensor"),
-             "posenc", "concatenated"),
-        Impl("classic_buffer_slice", lambda: positions_buffer[:s], "peer", "interleaved",
-             "pe[:s] of a precomputed buffer: a view, no work per call (memory max_len*d, no extrapolation)"),
+        Impl(
+            "posenc_tensor2tensor",
+            lambda: posenc.sinusoidal_table(s, d, variant="tensor2tensor"),
+            "posenc",
+            "concatenated",
+        ),
+        Impl(
+            "classic_buffer_slice",
+            lambda: positions_buffer[:s],
+            "peer",
+            "interleaved",
+            "pe[:s] of a precomputed buffer: a view, no work per call (memory max_len*d, no extrapolation)",
+        ),
     ]
     skipped: dict[str, str] = {}
     xt, why = _optional("x_transformers.x_transformers")
@@ -42,8 +51,15 @@ def _table_case(name: str, s: int, d: int) -> Case:
         skipped["x_transformers_scaled_sinusoidal"] = why
     else:
         scaled = xt.ScaledSinusoidalEmbedding(d)  # type: ignore[attr-defined]
-        impls.append(Impl("x_transformers_scaled_sinusoidal", lambda: scaled(x), "peer", "concatenated",
-                          "ScaledSinusoidalEmbedding(d)(x): [sin | cos] * gain"))
+        impls.append(
+            Impl(
+                "x_transformers_scaled_sinusoidal",
+                lambda: scaled(x),
+                "peer",
+                "concatenated",
+                "ScaledSinusoidalEmbedding(d)(x): [sin | cos] * gain",
+            )
+        )
     nbytes = s * d * 4
     return Case(name, f"[{s}, {d}] float32 table", nbytes, impls, {"s": s, "d": d}, skipped)
 
@@ -56,10 +72,16 @@ def _embed_case(name: str, b: int, s: int, d: int) -> Case:
     pe = posenc.SinusoidalPE(d)
     buffer = posenc.sinusoidal_table(s, d)  # [max_len, d]
     impls = [
-        Impl("posenc_sinusoidal", lambda: pe.embed(x), "posenc", "interleaved",
-             "SinusoidalPE.embed: table computed from positions each call"),
-        Impl("classic_buffer", lambda: x + buffer[:s], "peer", "interleaved",
-             "x + pe[:s], precomputed buffer"),
+        Impl(
+            "posenc_sinusoidal",
+            lambda: pe.embed(x),
+            "posenc",
+            "interleaved",
+            "SinusoidalPE.embed: table computed from positions each call",
+        ),
+        Impl(
+            "classic_buffer", lambda: x + buffer[:s], "peer", "interleaved", "x + pe[:s], precomputed buffer"
+        ),
     ]
     skipped: dict[str, str] = {}
     xt, why = _optional("x_transformers.x_transformers")
@@ -69,8 +91,15 @@ def _embed_case(name: str, b: int, s: int, d: int) -> Case:
         scaled = xt.ScaledSinusoidalEmbedding(d)  # type: ignore[attr-defined]
         learned = xt.AbsolutePositionalEmbedding(d, s)  # type: ignore[attr-defined]
         impls.append(Impl("x_transformers_scaled_sinusoidal", lambda: x + scaled(x), "peer", "concatenated"))
-        impls.append(Impl("x_transformers_absolute", lambda: x + learned(x), "peer", "learned",
-                          "AbsolutePositionalEmbedding: a learned table lookup"))
+        impls.append(
+            Impl(
+                "x_transformers_absolute",
+                lambda: x + learned(x),
+                "peer",
+                "learned",
+                "AbsolutePositionalEmbedding: a learned table lookup",
+            )
+        )
     nbytes = 2 * tensor_bytes(x)
     params = {"b": b, "s": s, "d": d}
     return Case(name, f"x + PE for x [{b}, {s}, {d}] float32", nbytes, impls, params, skipped)

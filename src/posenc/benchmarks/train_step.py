@@ -80,14 +80,29 @@ def _case(name: str, scheme: str, b: int, s: int, d: int, layers: int, heads: in
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, 256, (b, s + 1), generator=gen)
     ids, targets = tokens[:, :-1], tokens[:, 1:]
-    mine = TransformerLM(ModelConfig(vocab_size=256, d_model=d, num_layers=layers, num_heads=heads,
-                                     position=scheme, max_len=s)).train()
+    mine = TransformerLM(
+        ModelConfig(vocab_size=256, d_model=d, num_layers=layers, num_heads=heads, position=scheme, max_len=s)
+    ).train()
     impls = [Impl(f"posenc_{scheme}", _step(mine, ids, targets), "posenc", None, "model.TransformerLM")]
     if s > 256 and scheme != "rope":  # more than one query block: the blocked bias path is taken
-        impls.append(Impl(f"posenc_{scheme}_full_table", _full_table(_step(mine, ids, targets)), "posenc",
-                          None, "the same model on the full-table bias path"))
-    params: dict[str, object] = {"b": b, "L": s, "d_model": d, "layers": layers, "heads": heads,
-                                 "scheme": scheme, "params_posenc": _count(mine)}
+        impls.append(
+            Impl(
+                f"posenc_{scheme}_full_table",
+                _full_table(_step(mine, ids, targets)),
+                "posenc",
+                None,
+                "the same model on the full-table bias path",
+            )
+        )
+    params: dict[str, object] = {
+        "b": b,
+        "L": s,
+        "d_model": d,
+        "layers": layers,
+        "heads": heads,
+        "scheme": scheme,
+        "params_posenc": _count(mine),
+    }
     skipped: dict[str, str] = {}
     xt, why = _optional("x_transformers")
     if xt is None:
@@ -97,14 +112,23 @@ def _case(name: str, scheme: str, b: int, s: int, d: int, layers: int, heads: in
             torch.manual_seed(0)
             try:
                 decoder = xt.Decoder(  # type: ignore[attr-defined]
-                    dim=d, depth=layers, heads=heads, attn_dim_head=d // heads, ff_no_bias=True,
-                    attn_flash=flash, **XT_SCHEMES[scheme],
+                    dim=d,
+                    depth=layers,
+                    heads=heads,
+                    attn_dim_head=d // heads,
+                    ff_no_bias=True,
+                    attn_flash=flash,
+                    **XT_SCHEMES[scheme],
                 )
             except AssertionError as err:  # x-transformers refuses some combinations (T5 bias + flash)
                 skipped[f"x_transformers_{scheme}{suffix}"] = f"x-transformers: {err}"
                 continue
             other = xt.TransformerWrapper(  # type: ignore[attr-defined]
-                num_tokens=256, max_seq_len=s, tie_embedding=True, use_abs_pos_emb=False, attn_layers=decoder,
+                num_tokens=256,
+                max_seq_len=s,
+                tie_embedding=True,
+                use_abs_pos_emb=False,
+                attn_layers=decoder,
             ).train()
             params["params_x_transformers"] = _count(other)
             note = f"TransformerWrapper(Decoder({', '.join(XT_SCHEMES[scheme])}, attn_flash={flash}))"
@@ -119,8 +143,10 @@ def cases(quick: bool) -> dict[str, Callable[[], Case]]:
     """The training-step cases (``quick``: a 1-layer d=16 model on 2 x 8 (long: 1 x 300) tokens)."""
     b, s, d, layers, heads = (2, 8, 16, 1, 2) if quick else (32, 128, 128, 4, 4)
     long_b, long_s = (1, 300) if quick else (4, 1024)
-    out = {f"train_step_{sch}": (lambda sch=sch: _case(f"train_step_{sch}", sch, b, s, d, layers, heads))
-           for sch in XT_SCHEMES}
+    out = {
+        f"train_step_{sch}": (lambda sch=sch: _case(f"train_step_{sch}", sch, b, s, d, layers, heads))
+        for sch in XT_SCHEMES
+    }
     for sch in ("alibi", "t5"):
         name = f"train_step_long_{sch}"
         out[name] = lambda sch=sch, name=name: _case(name, sch, long_b, long_s, d, layers, heads)

@@ -35,8 +35,13 @@ __all__ = ["cache_dir", "enabled", "load"]
 # -fno-tree-slp-vectorize: GCC's SLP pass recognises complex-multiply patterns and emits
 # vfmaddsub even with contraction off (seen with GCC 12), which changes the last bit.
 _BASE_FLAGS = (
-    "-O3", "-std=gnu99", "-shared", "-fPIC",
-    "-ffp-contract=off", "-fno-tree-slp-vectorize", "-fno-math-errno",
+    "-O3",
+    "-std=gnu99",
+    "-shared",
+    "-fPIC",
+    "-ffp-contract=off",
+    "-fno-tree-slp-vectorize",
+    "-fno-math-errno",
 )
 _lock = threading.Lock()
 _loaded: dict[str, ctypes.CDLL | None] = {}
@@ -85,8 +90,9 @@ def _compile(cc: str, flags: tuple[str, ...], source: str, name: str, path: Path
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
         src, lib = Path(tmp) / f"{name}.c", Path(tmp) / f"{name}.so"
         src.write_text(source)
-        proc = subprocess.run([cc, *flags, str(src), "-o", str(lib), "-lm"], capture_output=True, text=True,
-                              timeout=300)
+        proc = subprocess.run(
+            [cc, *flags, str(src), "-o", str(lib), "-lm"], capture_output=True, text=True, timeout=300
+        )
         if proc.returncode != 0:
             return proc.stderr.strip()[-2000:]
         os.replace(lib, path)  # atomic: concurrent processes never load a half-written file
@@ -150,7 +156,10 @@ def load(name: str, source: str) -> ctypes.CDLL | None:
             try:
                 _loaded[name] = _build(name, source)
             except (OSError, subprocess.SubprocessError) as err:
-                warnings.warn(f"posenc: C kernel {name!r} unavailable ({err}); using the reference path",
-                              RuntimeWarning, stacklevel=2)
+                warnings.warn(
+                    f"posenc: C kernel {name!r} unavailable ({err}); using the reference path",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
                 _loaded[name] = None
     return _loaded[name]

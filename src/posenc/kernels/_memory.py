@@ -59,8 +59,9 @@ def empty_like(x: torch.Tensor) -> torch.Tensor:
     return _advise(torch.empty_like(x))
 
 
-def empty(*shape: int, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
-          ) -> torch.Tensor:
+def empty(
+    *shape: int, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
+) -> torch.Tensor:
     """``torch.empty(shape)``, advised to use huge pages when large (see module doc)."""
     return _advise(torch.empty(shape, dtype=dtype, device=device))
 

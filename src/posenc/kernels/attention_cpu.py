@@ -206,8 +206,10 @@ def causal_attention_with_bias(
         n, k1 = q1 - q0, q1 + offset  # block length; keys visible to the block's last query
         bias = bias_fn(q0, q1, k1)  # [b | 1, h, n, k1]
         if bias.shape[-2:] != (n, k1):
-            raise ValueError(f"bias_fn({q0}, {q1}, {k1}) returned shape {tuple(bias.shape)}, "
-                             f"expected [b | 1, h, {n}, {k1}]")
+            raise ValueError(
+                f"bias_fn({q0}, {q1}, {k1}) returned shape {tuple(bias.shape)}, "
+                f"expected [b | 1, h, {n}, {k1}]"
+            )
         mask = bias.to(q.dtype)
         # The mask is written in place below and SDPA keeps it for the backward pass. Write into it
         # only when it is ours: a fresh dtype conversion, or bias_fn's scratch buffer while nothing
@@ -216,9 +218,14 @@ def causal_attention_with_bias(
         ours = _writable(mask) if mask is not bias else (scratch and not saves_mask)
         if not ours:
             mask = mask.clone()
-        mask[..., k1 - n:].add_(tri[:n, :n])  # -inf on future keys, in place
+        mask[..., k1 - n :].add_(tri[:n, :n])  # -inf on future keys, in place
         o = F.scaled_dot_product_attention(
-            q[:, :, q0:q1], k[:, :, :k1], v[:, :, :k1], attn_mask=mask, dropout_p=dropout_p, enable_gqa=gqa,
+            q[:, :, q0:q1],
+            k[:, :, :k1],
+            v[:, :, :k1],
+            attn_mask=mask,
+            dropout_p=dropout_p,
+            enable_gqa=gqa,
         )  # [b, h, n, d_h]
         if q1 - q0 == s_q:
             return o  # a single block

@@ -116,8 +116,16 @@ def _fn():
         if lib is not None:
             fn = lib.posenc_dropout
             fn.restype = ctypes.c_int
-            fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint32,
-                           ctypes.c_double, ctypes.c_uint64, ctypes.c_int]
+            fn.argtypes = [
+                ctypes.c_int,
+                ctypes.c_void_p,
+                ctypes.c_void_p,
+                ctypes.c_int64,
+                ctypes.c_uint32,
+                ctypes.c_double,
+                ctypes.c_uint64,
+                ctypes.c_int,
+            ]
         _state["fn"] = fn
     return _state["fn"]
 
@@ -160,8 +168,9 @@ def _scale(p: float, dtype: torch.dtype) -> float:
 def _launch(x: torch.Tensor, out: torch.Tensor, p: float, seed: int) -> torch.Tensor:
     n = x.numel()
     nthreads = 1 if n < _SERIAL_NUMEL else torch.get_num_threads()
-    err = _fn()(_DTYPES[x.dtype], x.data_ptr(), out.data_ptr(), n, threshold(p), _scale(p, x.dtype),
-                seed, nthreads)
+    err = _fn()(
+        _DTYPES[x.dtype], x.data_ptr(), out.data_ptr(), n, threshold(p), _scale(p, x.dtype), seed, nthreads
+    )
     if err:  # pragma: no cover - usable() rules this out
         raise RuntimeError(f"posenc dropout kernel rejected dtype {x.dtype}")
     return out

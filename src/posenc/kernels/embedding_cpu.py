@@ -34,8 +34,9 @@ def usable(weight: torch.Tensor, ids: torch.Tensor) -> bool:
     if weight.dim() != 2 or ids.numel() * weight.shape[1] * weight.element_size() < _MIN_BYTES:
         return False
     functorch = getattr(torch._C, "_functorch", None)
-    if functorch is not None and (functorch.is_functorch_wrapped_tensor(ids)
-                                  or functorch.is_functorch_wrapped_tensor(weight)):
+    if functorch is not None and (
+        functorch.is_functorch_wrapped_tensor(ids) or functorch.is_functorch_wrapped_tensor(weight)
+    ):
         return False
     return _memory.hugepages_enabled()
 

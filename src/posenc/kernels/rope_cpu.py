@@ -175,7 +175,9 @@ def _fn():
         if fn is not None and not _self_check():
             warnings.warn(
                 "posenc: the RoPE C kernel does not reproduce the reference bit for bit with this compiler; "
-                "using the PyTorch reference path", RuntimeWarning, stacklevel=3,
+                "using the PyTorch reference path",
+                RuntimeWarning,
+                stacklevel=3,
             )
             _state["fn"] = None
             _state["self_check_failed"] = True
@@ -192,8 +194,11 @@ def _self_check() -> bool:
             cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
             for layout in _LAYOUTS:
                 want = x.clone()
-                first, second = (slice(0, 67), slice(67, 134)) if layout == "half" else (
-                    slice(0, 134, 2), slice(1, 134, 2))
+                first, second = (
+                    (slice(0, 67), slice(67, 134))
+                    if layout == "half"
+                    else (slice(0, 134, 2), slice(1, 134, 2))
+                )
                 a, b, wa, wb = x[..., first], x[..., second], want[..., first], want[..., second]
                 wa.copy_(a * cos - b * sin)
                 wb.copy_(b * cos + a * sin)
@@ -275,11 +280,27 @@ def _launch(
     x_strides = x.stride()[:nd]
     o_strides = x_strides if out is x else out.stride()[:nd]
     nthreads = 1 if x.numel() < _SERIAL_NUMEL else torch.get_num_threads()
-    args = array.array("q", (  # int64s (array.array: 4x cheaper to build than a ctypes array)
-        _DTYPES[dtype], _LAYOUTS[layout], x.data_ptr(), out.data_ptr(), cos.data_ptr(), sin.data_ptr(), nd,
-        nthreads, 1 if sign > 0 else -1,  # the call's scalars, then its geometry:
-        shape[-1], 2 * cos.shape[-1], *shape[:-1], *x_strides, *o_strides, *c_strides, *s_strides,
-    ))
+    args = array.array(
+        "q",
+        (  # int64s (array.array: 4x cheaper to build than a ctypes array)
+            _DTYPES[dtype],
+            _LAYOUTS[layout],
+            x.data_ptr(),
+            out.data_ptr(),
+            cos.data_ptr(),
+            sin.data_ptr(),
+            nd,
+            nthreads,
+            1 if sign > 0 else -1,  # the call's scalars, then its geometry:
+            shape[-1],
+            2 * cos.shape[-1],
+            *shape[:-1],
+            *x_strides,
+            *o_strides,
+            *c_strides,
+            *s_strides,
+        ),
+    )
     err = _fn()(args.buffer_info()[0])
     if err:  # pragma: no cover - usable() rules these out
         raise RuntimeError(f"posenc rope kernel rejected shape {tuple(x.shape)} dtype {x.dtype}")

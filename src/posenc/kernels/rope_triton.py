@@ -53,8 +53,11 @@ def _triton():
             try:
                 _state["mod"] = _build()
             except Exception as err:  # pragma: no cover - a broken Triton install
-                warnings.warn(f"posenc: Triton present but unusable ({err}); RoPE uses PyTorch",
-                              RuntimeWarning, stacklevel=3)
+                warnings.warn(
+                    f"posenc: Triton present but unusable ({err}); RoPE uses PyTorch",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
     return _state["mod"]
 
 
@@ -87,8 +90,9 @@ def _operands(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.
     return [x4, o4, c4, _as4(s), b * h * n_s, h, n_s, *x4.stride()[:3], *o4.stride()[:3], *c4.stride()[:3]]
 
 
-def _launch(pairs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]], layout: str,
-            sign: float) -> None:
+def _launch(
+    pairs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]], layout: str, sign: float
+) -> None:
     """Rotate one or two ``(x, cos, sin, out)`` in a single launch (they share ``d_h`` and ``r``)."""
     triton, kernel = _triton()
     x, cos, _, _ = pairs[0]
@@ -101,14 +105,25 @@ def _launch(pairs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Te
     kwargs = {} if _interpreting() else {"enable_fp_fusion": False}  # no FMA: the reference's roundings
     with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():  # x's GPU, not the current
         kernel[grid](
-            *first, progs1, *second, half, d, float(sign),
-            INTERLEAVED=_LAYOUTS[layout] == 1, ROUND=_DTYPES[x.dtype], COPY_REST=copy_rest,
-            BLOCK_ROWS=_BLOCK_ROWS, BLOCK_PAIRS=triton.next_power_of_2(half), BLOCK_REST=64, **kwargs,
+            *first,
+            progs1,
+            *second,
+            half,
+            d,
+            float(sign),
+            INTERLEAVED=_LAYOUTS[layout] == 1,
+            ROUND=_DTYPES[x.dtype],
+            COPY_REST=copy_rest,
+            BLOCK_ROWS=_BLOCK_ROWS,
+            BLOCK_PAIRS=triton.next_power_of_2(half),
+            BLOCK_REST=64,
+            **kwargs,
         )
 
 
-def _into(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor, layout: str,
-          sign: float) -> torch.Tensor:
+def _into(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor, layout: str, sign: float
+) -> torch.Tensor:
     """One tensor's rotation into ``out`` (the ``into`` of :func:`rope_cpu.rotate_with`)."""
     _launch([(x, cos, sin, out)], layout, sign)
     return out
@@ -156,12 +171,20 @@ def available(device: torch.device | str | None = None) -> bool:
         try:
             _state[key] = _self_check(torch.device(device))
         except Exception as err:  # compilation or launch failure on this device
-            warnings.warn(f"posenc: the Triton RoPE kernel failed on {device} ({type(err).__name__}: {err}); "
-                          "using the PyTorch reference path", RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"posenc: the Triton RoPE kernel failed on {device} ({type(err).__name__}: {err}); "
+                "using the PyTorch reference path",
+                RuntimeWarning,
+                stacklevel=3,
+            )
             return False
         if not _state[key]:
-            warnings.warn(f"posenc: the Triton RoPE kernel does not reproduce the reference on {device}; "
-                          "using the PyTorch reference path", RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"posenc: the Triton RoPE kernel does not reproduce the reference on {device}; "
+                "using the PyTorch reference path",
+                RuntimeWarning,
+                stacklevel=3,
+            )
     return bool(_state[key])
 
 

@@ -97,18 +97,39 @@ def _study_data(key: str) -> StudyData:
     from ..text import load_corpus
 
     corpus = load_corpus(config.corpus, max_chars=config.max_chars, seed=config.split_seed)
-    evalset = sample_eval_set(corpus.val_bytes, config.eval_windows, max(config.eval_lens), config.split_seed,
-                              doc_names=[d.name for d in corpus.val], doc_starts=corpus.val_starts)
-    record = {"corpus": dataclasses.asdict(corpus.info),
-              "eval": {"score_len": config.targets_per_window, "split_seed": config.split_seed,
-                       "val_bytes": int(corpus.val_bytes.numel()), **evalset.record()}}
+    evalset = sample_eval_set(
+        corpus.val_bytes,
+        config.eval_windows,
+        max(config.eval_lens),
+        config.split_seed,
+        doc_names=[d.name for d in corpus.val],
+        doc_starts=corpus.val_starts,
+    )
+    record = {
+        "corpus": dataclasses.asdict(corpus.info),
+        "eval": {
+            "score_len": config.targets_per_window,
+            "split_seed": config.split_seed,
+            "val_bytes": int(corpus.val_bytes.numel()),
+            **evalset.record(),
+        },
+    }
     return StudyData(corpus.train_bytes, evalset, 256, config.train_len, config.train_len, record)
 
 
 def study_data(config: StudyConfig) -> StudyData:
     """The :class:`StudyData` of ``config`` (cached per process: cells of one study share it)."""
-    data_fields = ("mode", "train_len", "eval_lens", "corpus", "max_chars", "split_seed", "eval_windows",
-                   "score_len", "eval_examples")
+    data_fields = (
+        "mode",
+        "train_len",
+        "eval_lens",
+        "corpus",
+        "max_chars",
+        "split_seed",
+        "eval_windows",
+        "score_len",
+        "eval_examples",
+    )
     key = {k: v for k, v in config.to_dict().items() if k in data_fields}
     return _study_data(json.dumps(key, sort_keys=True))
 
@@ -121,13 +142,19 @@ def _position_limit(model_config) -> int | None:
     from ..registry import build_with_context
 
     with torch.device("meta"):
-        scheme = build_with_context(model_config.position, model_config.scheme_context(True),
-                                    model_config.position_options)
+        scheme = build_with_context(
+            model_config.position, model_config.scheme_context(True), model_config.position_options
+        )
     return getattr(scheme, "max_len", None)
 
 
-def _evaluate(config: StudyConfig, evaluator, model_at: Callable[[int], torch.nn.Module], model_config,
-              note: Callable[[int], str] | None = None) -> list[EvalPoint]:
+def _evaluate(
+    config: StudyConfig,
+    evaluator,
+    model_at: Callable[[int], torch.nn.Module],
+    model_config,
+    note: Callable[[int], str] | None = None,
+) -> list[EvalPoint]:
     """Every length with the model ``model_at(E)`` (n/a past the scheme's table), then the
     evaluator's pairing."""
     limit = _position_limit(model_config)
@@ -161,8 +188,9 @@ def _variant_runs(config: StudyConfig, cell: Cell, evaluator, model, mc, device)
             m.load_state_dict(state)  # the same weights; only the positional maths changes
             return m.eval()
 
-        points = _evaluate(config, evaluator, scaled, mc,
-                           note=lambda e: f"factor {max(1.0, e / config.train_len):g}")
+        points = _evaluate(
+            config, evaluator, scaled, mc, note=lambda e: f"factor {max(1.0, e / config.train_len):g}"
+        )
         name = f"{cell.scheme}+{variant}"
         runs.append({"name": name, "variant": variant, "eval": [p.to_dict() for p in points]})
     return runs
@@ -209,14 +237,23 @@ def run_cell(
     mc = config.model_config(cell.scheme, vocab_size=data.vocab, max_len=data.max_len)
     ckpt = out_dir / "checkpoints" / f"{cell.name}.safetensors" if out_dir is not None else None
     model, result = _train_cell(config, cell, data, mc, device, ckpt, resume, progress)
-    tail = result.losses[-max(1, len(result.losses) // 10):]
+    tail = result.losses[-max(1, len(result.losses) // 10) :]
     record = {
-        "cell": cell.name, "scheme": cell.scheme, "seed": cell.seed, "key": key,
-        "params": sum(p.numel() for p in model.parameters()), "model_config": mc.to_dict(),
-        "train": {"steps": result.end_step, "resumed_from": result.start_step, "wall_s": result.wall_s,
-                  "tokens_per_s": result.tokens_per_s, "threads": torch.get_num_threads(),
-                  "final_loss_nats": sum(tail) / len(tail) if tail else math.nan,
-                  "loss_every_10_steps": result.losses[::10]},
+        "cell": cell.name,
+        "scheme": cell.scheme,
+        "seed": cell.seed,
+        "key": key,
+        "params": sum(p.numel() for p in model.parameters()),
+        "model_config": mc.to_dict(),
+        "train": {
+            "steps": result.end_step,
+            "resumed_from": result.start_step,
+            "wall_s": result.wall_s,
+            "tokens_per_s": result.tokens_per_s,
+            "threads": torch.get_num_threads(),
+            "final_loss_nats": sum(tail) / len(tail) if tail else math.nan,
+            "loss_every_10_steps": result.losses[::10],
+        },
         "runs": [],
     }
     info = dist_info()
@@ -233,31 +270,58 @@ def run_cell(
     return record
 
 
-def _train_cell(config: StudyConfig, cell: Cell, data: StudyData, mc, device: torch.device,
-                ckpt: Path | None, resume: bool, progress: bool | None):
+def _train_cell(
+    config: StudyConfig,
+    cell: Cell,
+    data: StudyData,
+    mc,
+    device: torch.device,
+    ckpt: Path | None,
+    resume: bool,
+    progress: bool | None,
+):
     """The cell's model, seeded by the cell's seed, trained (or resumed) on the study's data."""
     from ..model import TransformerLM
 
     tc = config.train_config(data.seq_len, cell.seed)
     if ckpt is None:
         tc = dataclasses.replace(tc, checkpoint_every=0)
-    train_data = data.train_bytes if config.lm else task_batch_fn(config.mode, config.batch_size,
-                                                                  config.train_len, cell.seed)
+    train_data = (
+        data.train_bytes
+        if config.lm
+        else task_batch_fn(config.mode, config.batch_size, config.train_len, cell.seed)
+    )
     seed_everything(cell.seed)
     model = TransformerLM(mc).to(device)
-    result = train(model, train_data, tc, device=device, checkpoint=ckpt, resume=resume, progress=progress,
-                   desc=cell.name)
+    result = train(
+        model,
+        train_data,
+        tc,
+        device=device,
+        checkpoint=ckpt,
+        resume=resume,
+        progress=progress,
+        desc=cell.name,
+    )
     return model, result
 
 
 # ----------------------------------------------------------------------------------------------
 # Running many cells
 # ----------------------------------------------------------------------------------------------
-def _cell_task(config_dict: dict[str, Any], cell: Cell, out: str | None, device: str, resume: bool,
-               threads: int | None) -> dict[str, Any]:
+def _cell_task(
+    config_dict: dict[str, Any], cell: Cell, out: str | None, device: str, resume: bool, threads: int | None
+) -> dict[str, Any]:
     """What a worker runs: a plain function of JSON-able arguments (picklable for any executor)."""
-    return run_cell(StudyConfig.from_dict(config_dict), cell, out=out, device=device, resume=resume,
-                    progress=False, threads=threads)
+    return run_cell(
+        StudyConfig.from_dict(config_dict),
+        cell,
+        out=out,
+        device=device,
+        resume=resume,
+        progress=False,
+        threads=threads,
+    )
 
 
 def iter_cells(
@@ -279,8 +343,9 @@ def iter_cells(
     """
     if cluster is None and workers <= 1:
         for cell in cells:
-            yield run_cell(config, cell, out=out, device=device, resume=resume, progress=progress,
-                           threads=threads)
+            yield run_cell(
+                config, cell, out=out, device=device, resume=resume, progress=progress, threads=threads
+            )
         return
     from concurrent.futures import ProcessPoolExecutor, as_completed
 

@@ -153,8 +153,16 @@ def save_checkpoint(
 
 
 #: Metadata every checkpoint of this format carries.
-_REQUIRED_META = ("step", "elapsed_s", "train_config", "model_config", "aliases", "optimizer_groups",
-                  "optimizer_scalars", "rng")
+_REQUIRED_META = (
+    "step",
+    "elapsed_s",
+    "train_config",
+    "model_config",
+    "aliases",
+    "optimizer_groups",
+    "optimizer_scalars",
+    "rng",
+)
 
 
 def read_checkpoint_meta(path: str | os.PathLike) -> dict[str, str]:
@@ -173,8 +181,10 @@ def read_checkpoint_meta(path: str | os.PathLike) -> dict[str, str]:
         with safetensors.safe_open(str(path), framework="pt") as fh:
             meta = fh.metadata() or {}
     except Exception as err:  # safetensors raises its own error types (SafetensorError) for bad files
-        raise ValueError(f"{str(path)!r} is not a readable safetensors file ({err}); it may be truncated: "
-                         "delete it to start again") from None
+        raise ValueError(
+            f"{str(path)!r} is not a readable safetensors file ({err}); it may be truncated: "
+            "delete it to start again"
+        ) from None
     if meta.get("posenc_checkpoint") != CHECKPOINT_FORMAT:
         raise ValueError(
             f"{str(path)!r} is not a posenc training checkpoint (format {meta.get('posenc_checkpoint')!r}, "
@@ -182,8 +192,10 @@ def read_checkpoint_meta(path: str | os.PathLike) -> dict[str, str]:
         )
     missing = [k for k in _REQUIRED_META if k not in meta]
     if missing:
-        raise ValueError(f"the checkpoint {str(path)!r} lacks {missing}: it was not written by this "
-                         "version's save_checkpoint; delete it to start again")
+        raise ValueError(
+            f"the checkpoint {str(path)!r} lacks {missing}: it was not written by this "
+            "version's save_checkpoint; delete it to start again"
+        )
     return meta
 
 
@@ -208,10 +220,11 @@ def load_checkpoint(
     try:
         tensors = safetensors.torch.load_file(str(path))
     except Exception as err:  # a header that reads but data that does not (truncated file)
-        raise ValueError(f"{str(path)!r} is not a readable checkpoint ({err}); delete it to start "
-                         "again") from None
+        raise ValueError(
+            f"{str(path)!r} is not a readable checkpoint ({err}); delete it to start again"
+        ) from None
     model = _unwrap(model)
-    state = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
+    state = {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}
     for alias, canonical in json.loads(meta["aliases"]).items():
         if canonical in state:
             state[alias] = state[canonical]

@@ -47,26 +47,42 @@ def parse_options(specs: list[str]) -> dict[str, dict[str, Any]]:
 
 
 def _common_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--train-len", type=int, default=None,
-                   help="train length L (default 128; task mode: 8 digits)")
+    p.add_argument(
+        "--train-len", type=int, default=None, help="train length L (default 128; task mode: 8 digits)"
+    )
     p.add_argument("--steps", type=int, default=None, help="optimizer steps per scheme (default 600)")
     p.add_argument("--batch-size", type=int, default=None, help="global batch in windows (default 32)")
     p.add_argument("--lr", type=float, default=None, help="peak learning rate (default 3e-3)")
     p.add_argument("--seed", type=int, default=None, help="training seed (default 0)")
-    p.add_argument("--split-seed", type=int, default=None,
-                   help="seed of the train/validation split and the evaluation windows (default 0)")
+    p.add_argument(
+        "--split-seed",
+        type=int,
+        default=None,
+        help="seed of the train/validation split and the evaluation windows (default 0)",
+    )
     p.add_argument("--corpus", default=None, help="stdlib (default: this Python's stdlib source) or a path")
     p.add_argument("--max-chars", type=int, default=None, help="use only the first ~N chars of the corpus")
     p.add_argument("--d-model", type=int, default=None, help="model width (default 128)")
     p.add_argument("--layers", type=int, default=None, help="Transformer layers (default 4)")
     p.add_argument("--heads", type=int, default=None, help="attention heads (default 4)")
     p.add_argument("--dropout", type=float, default=None, help="dropout (default 0)")
-    p.add_argument("--position-lr-scale", type=float, default=None,
-                   help="learning-rate multiplier of positional parameters (default 10; docs/lab.md)")
-    p.add_argument("--device", default="cpu", help="cpu (default) or cuda (bf16 autocast); under torchrun "
-                   "each process takes cuda:LOCAL_RANK")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads per process (default: free cores, see docs/lab.md)")
+    p.add_argument(
+        "--position-lr-scale",
+        type=float,
+        default=None,
+        help="learning-rate multiplier of positional parameters (default 10; docs/lab.md)",
+    )
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu (default) or cuda (bf16 autocast); under torchrun each process takes cuda:LOCAL_RANK",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads per process (default: free cores, see docs/lab.md)",
+    )
     p.add_argument("--resume", action="store_true", help="continue the run in --out")
     p.add_argument("--overwrite", action="store_true", help="replace a run already in --out")
     p.add_argument("--checkpoint-every", type=int, default=None, help="checkpoint interval (default 100)")
@@ -74,10 +90,19 @@ def _common_args(p: argparse.ArgumentParser) -> None:
 
 
 _FLAG_TO_FIELD = {
-    "train_len": "train_len", "steps": "steps", "batch_size": "batch_size", "lr": "lr",
-    "split_seed": "split_seed", "position_lr_scale": "position_lr_scale",
-    "corpus": "corpus", "max_chars": "max_chars", "d_model": "d_model", "layers": "num_layers",
-    "heads": "num_heads", "dropout": "dropout", "checkpoint_every": "checkpoint_every",
+    "train_len": "train_len",
+    "steps": "steps",
+    "batch_size": "batch_size",
+    "lr": "lr",
+    "split_seed": "split_seed",
+    "position_lr_scale": "position_lr_scale",
+    "corpus": "corpus",
+    "max_chars": "max_chars",
+    "d_model": "d_model",
+    "layers": "num_layers",
+    "heads": "num_heads",
+    "dropout": "dropout",
+    "checkpoint_every": "checkpoint_every",
 }
 
 
@@ -115,33 +140,75 @@ def extrapolate_args(p: argparse.ArgumentParser) -> None:
     """Arguments of ``posenc extrapolate``."""
     from .config import DEFAULT_SCHEMES, MODES
 
-    p.add_argument("--schemes", default=None,
-                   help=f"comma list of schemes (default {','.join(DEFAULT_SCHEMES)})")
+    p.add_argument(
+        "--schemes", default=None, help=f"comma list of schemes (default {','.join(DEFAULT_SCHEMES)})"
+    )
     p.add_argument("--eval-lens", default=None, help="comma list of evaluation lengths (default 128,..,2048)")
     p.add_argument("--quick", action="store_true", help="a ~1-minute smoke version (smaller model, L=64)")
-    p.add_argument("--from", dest="from_file", default=None, metavar="RESULTS",
-                   help="train nothing: print the tables of a finished study (results.json or its folder)")
+    p.add_argument(
+        "--from",
+        dest="from_file",
+        default=None,
+        metavar="RESULTS",
+        help="train nothing: print the tables of a finished study (results.json or its folder)",
+    )
     p.add_argument("--markdown", action="store_true", help="with --from: Markdown tables")
-    p.add_argument("--compare", nargs=2, metavar=("A", "B"), default=None,
-                   help="compare two finished studies (results.json files or folders) on the same bytes; "
-                        "trains nothing")
+    p.add_argument(
+        "--compare",
+        nargs=2,
+        metavar=("A", "B"),
+        default=None,
+        help="compare two finished studies (results.json files or folders) on the same bytes; trains nothing",
+    )
     p.add_argument("--out", default=None, help="folder for results.json, extrapolation.png/svg, checkpoints")
-    p.add_argument("--task", default="lm", choices=list(MODES),
-                   help="lm (default: bits/byte on a corpus) or a synthetic task (exact-match accuracy)")
-    p.add_argument("--seeds", default=None,
-                   help="comma list of training seeds, one model per scheme and seed (default 0)")
-    p.add_argument("--eval-windows", type=int, default=None,
-                   help="evaluation windows sampled across the validation documents (default 32)")
-    p.add_argument("--score-len", type=int, default=None,
-                   help="targets scored at the end of each window (default: half the shortest length)")
-    p.add_argument("--variants", "--rope-scalings", dest="variants", default=None,
-                   help="evaluation-time variants, e.g. RoPE scalings (default linear,ntk,yarn; 'none')")
-    p.add_argument("--option", action="append", default=[], metavar="SCHEME.KEY=VALUE",
-                   help="a scheme's option for its model, e.g. t5.max_distance=128 (repeatable)")
-    p.add_argument("--workers", type=int, default=None,
-                   help="cells run at once in local processes (default: the free cores)")
-    p.add_argument("--cluster", default=None,
-                   help="run the cells on a Dask cluster at this scheduler address (tcp://host:8786)")
+    p.add_argument(
+        "--task",
+        default="lm",
+        choices=list(MODES),
+        help="lm (default: bits/byte on a corpus) or a synthetic task (exact-match accuracy)",
+    )
+    p.add_argument(
+        "--seeds",
+        default=None,
+        help="comma list of training seeds, one model per scheme and seed (default 0)",
+    )
+    p.add_argument(
+        "--eval-windows",
+        type=int,
+        default=None,
+        help="evaluation windows sampled across the validation documents (default 32)",
+    )
+    p.add_argument(
+        "--score-len",
+        type=int,
+        default=None,
+        help="targets scored at the end of each window (default: half the shortest length)",
+    )
+    p.add_argument(
+        "--variants",
+        "--rope-scalings",
+        dest="variants",
+        default=None,
+        help="evaluation-time variants, e.g. RoPE scalings (default linear,ntk,yarn; 'none')",
+    )
+    p.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="SCHEME.KEY=VALUE",
+        help="a scheme's option for its model, e.g. t5.max_distance=128 (repeatable)",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="cells run at once in local processes (default: the free cores)",
+    )
+    p.add_argument(
+        "--cluster",
+        default=None,
+        help="run the cells on a Dask cluster at this scheduler address (tcp://host:8786)",
+    )
     _common_args(p)
 
 
@@ -223,17 +290,28 @@ def extrapolate_run(args: argparse.Namespace) -> int:
         threads = 1  # one thread per cell process: the cores go to the cells
     try:
         progress = False if args.no_progress else None
-        results = run_study(config, out=args.out, device=device, resume=args.resume, overwrite=args.overwrite,
-                            progress=progress, threads=threads, workers=workers, cluster=args.cluster)
+        results = run_study(
+            config,
+            out=args.out,
+            device=device,
+            resume=args.resume,
+            overwrite=args.overwrite,
+            progress=progress,
+            threads=threads,
+            workers=workers,
+            cluster=args.cluster,
+        )
     finally:
         _teardown()
     if info.is_main:
         print()
         print(format_table(results))
         env = results["environment"]
-        print(f"\nwall time {results['wall_s']:.0f} s on {env['device']} ({env['workers']} worker(s) x "
-              f"{env['threads']} thread(s), {env['world_size']} DDP process(es)); load average at start/end "
-              f"{env.get('load_avg_start', ['?'])[0]:.2f}/{env.get('load_avg_end', ['?'])[0]:.2f}")
+        print(
+            f"\nwall time {results['wall_s']:.0f} s on {env['device']} ({env['workers']} worker(s) x "
+            f"{env['threads']} thread(s), {env['world_size']} DDP process(es)); load average at start/end "
+            f"{env.get('load_avg_start', ['?'])[0]:.2f}/{env.get('load_avg_end', ['?'])[0]:.2f}"
+        )
         if args.out is not None:
             out = Path(args.out)
             print(f"wrote {out / 'results.json'} and {out / 'extrapolation.png'} (and .svg)")
@@ -244,10 +322,17 @@ def extrapolate_run(args: argparse.Namespace) -> int:
 def train_args(p: argparse.ArgumentParser) -> None:
     """Arguments of ``posenc train``."""
     p.add_argument("--scheme", default="rope", help="positional scheme (default rope)")
-    p.add_argument("--out", required=True,
-                   help="folder for checkpoint.safetensors (resumable), model.safetensors, train.json")
-    p.add_argument("--autocast", default="auto", choices=["auto", "bf16", "off"],
-                   help="auto (default: bf16 on CUDA), bf16 or off")
+    p.add_argument(
+        "--out",
+        required=True,
+        help="folder for checkpoint.safetensors (resumable), model.safetensors, train.json",
+    )
+    p.add_argument(
+        "--autocast",
+        default="auto",
+        choices=["auto", "bf16", "off"],
+        help="auto (default: bf16 on CUDA), bf16 or off",
+    )
     _common_args(p)
 
 
@@ -269,8 +354,13 @@ def train_run(args: argparse.Namespace) -> int:
     study = StudyConfig(**fields)
     tc = dataclasses.replace(study.train_config(), autocast=args.autocast)
     mc = study.model_config(args.scheme)
-    folder = RunFolder(args.out, TRAIN_ARTIFACTS, resume=args.resume, overwrite=args.overwrite,
-                       lock=int(os.environ.get("RANK", "0")) == 0)  # checks the path before any work
+    folder = RunFolder(
+        args.out,
+        TRAIN_ARTIFACTS,
+        resume=args.resume,
+        overwrite=args.overwrite,
+        lock=int(os.environ.get("RANK", "0")) == 0,
+    )  # checks the path before any work
     info, device, threads = _setup(args)
     try:
         with folder:
@@ -292,18 +382,38 @@ def _train_one(args, study, tc, mc, out: Path, info, device, threads) -> None:
     seed_everything(tc.seed)
     model = TransformerLM(mc).to(device)
     t0 = time.perf_counter()
-    result = train(model, corpus.train_bytes, tc, device=device, checkpoint=out / "checkpoint.safetensors",
-                   resume=args.resume, progress=False if args.no_progress else None, desc=args.scheme)
+    result = train(
+        model,
+        corpus.train_bytes,
+        tc,
+        device=device,
+        checkpoint=out / "checkpoint.safetensors",
+        resume=args.resume,
+        progress=False if args.no_progress else None,
+        desc=args.scheme,
+    )
     if not info.is_main:
         return
     save_model(model, out / "model.safetensors")
-    write_json(out / "train.json", {
-        "model_config": mc.to_dict(), "train_config": tc.to_dict(), "corpus": dataclasses.asdict(corpus.info),
-        "world_size": info.world_size, "threads": threads, "device": str(device),
-        "start_step": result.start_step, "end_step": result.end_step, "wall_s": time.perf_counter() - t0,
-        "tokens_per_s": result.tokens_per_s, "losses": result.losses,
-    })
+    write_json(
+        out / "train.json",
+        {
+            "model_config": mc.to_dict(),
+            "train_config": tc.to_dict(),
+            "corpus": dataclasses.asdict(corpus.info),
+            "world_size": info.world_size,
+            "threads": threads,
+            "device": str(device),
+            "start_step": result.start_step,
+            "end_step": result.end_step,
+            "wall_s": time.perf_counter() - t0,
+            "tokens_per_s": result.tokens_per_s,
+            "losses": result.losses,
+        },
+    )
     last = result.losses[-1] if result.losses else float("nan")
-    print(f"{args.scheme}: steps {result.start_step}->{result.end_step} in {result.wall_s:.1f} s "
-          f"({result.tokens_per_s:,.0f} tok/s, {info.world_size} process(es)), last loss {last:.4f}; "
-          f"wrote {out / 'model.safetensors'}")
+    print(
+        f"{args.scheme}: steps {result.start_step}->{result.end_step} in {result.wall_s:.1f} s "
+        f"({result.tokens_per_s:,.0f} tok/s, {info.world_size} process(es)), last loss {last:.4f}; "
+        f"wrote {out / 'model.safetensors'}"
+    )

@@ -56,8 +56,15 @@ def compare_studies(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]
             diffs = [torch.tensor(pb["window_bits"]) - torch.tensor(pa["window_bits"]) for pa, pb, _ in both]
             many = len(diffs) > 1
             diff = seed_interval([float(d.mean()) for d in diffs]) if many else bootstrap_interval(diffs[0])
-            rows.append({"name": name, "length": length, "seeds": [seed for *_, seed in both],
-                         "diff": diff.to_dict(), "over": "seeds" if many else "windows"})
+            rows.append(
+                {
+                    "name": name,
+                    "length": length,
+                    "seeds": [seed for *_, seed in both],
+                    "diff": diff.to_dict(),
+                    "over": "seeds" if many else "windows",
+                }
+            )
     return rows
 
 
@@ -67,9 +74,11 @@ def format_comparison(rows: list[dict[str, Any]], lens: list[int]) -> str:
 
     names = list(dict.fromkeys(r["name"] for r in rows))
     width = max(8, *(len(n) for n in names)) if names else 8
-    lines = ["B - A, sliding-window bits/byte on the same bytes (< 0: B is better; 95% interval over "
-             f"{'seeds' if rows and rows[0]['over'] == 'seeds' else 'windows'})",
-             f"{'scheme':<{width}}" + "".join(f"{e:>16}" for e in lens)]
+    lines = [
+        "B - A, sliding-window bits/byte on the same bytes (< 0: B is better; 95% interval over "
+        f"{'seeds' if rows and rows[0]['over'] == 'seeds' else 'windows'})",
+        f"{'scheme':<{width}}" + "".join(f"{e:>16}" for e in lens),
+    ]
     for name in names:
         by_len = {r["length"]: r["diff"] for r in rows if r["name"] == name}
         lines.append(f"{name:<{width}}" + "".join(f"{_cell(by_len.get(e), True, 'n/a'):>16}" for e in lens))

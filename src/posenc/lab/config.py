@@ -44,7 +44,6 @@ IGNORE_INDEX = -100
 BatchFn = Callable[[int, int, int], tuple[torch.Tensor, torch.Tensor]]
 
 
-
 # ----------------------------------------------------------------------------------------------
 # Configuration
 # ----------------------------------------------------------------------------------------------
@@ -101,8 +100,11 @@ class TrainConfig:
         if self.min_lr > self.lr:
             raise ValueError(f"min_lr={self.min_lr} must be <= lr={self.lr} (the cosine decays lr -> min_lr)")
         check_int(self.warmup_steps, "warmup_steps", minimum=0)
-        if isinstance(self.weight_decay, bool) or not isinstance(self.weight_decay, (int, float)) \
-                or not 0 <= self.weight_decay < 1:
+        if (
+            isinstance(self.weight_decay, bool)
+            or not isinstance(self.weight_decay, (int, float))
+            or not 0 <= self.weight_decay < 1
+        ):
             raise ValueError(f"weight_decay must be a number in [0, 1), got {self.weight_decay!r}")
         betas = tuple(self.betas)
         if len(betas) != 2 or not all(isinstance(x, (int, float)) and 0 <= x < 1 for x in betas):
@@ -247,8 +249,16 @@ class StudyConfig:
         lens = _ints(self.eval_lens, "eval_lens", 1)
         self.eval_lens = tuple(sorted({*lens, self.train_len})) if self.lm else lens
         self.seeds = _ints(self.seeds, "seeds", 0)
-        for name in ("steps", "batch_size", "d_model", "num_layers", "num_heads", "eval_examples",
-                     "eval_batch_tokens", "eval_windows"):
+        for name in (
+            "steps",
+            "batch_size",
+            "d_model",
+            "num_layers",
+            "num_heads",
+            "eval_examples",
+            "eval_batch_tokens",
+            "eval_windows",
+        ):
             check_int(getattr(self, name), name)
         check_int(self.split_seed, "split_seed", minimum=0)
         check_int(self.checkpoint_every, "checkpoint_every", minimum=0)
@@ -257,8 +267,10 @@ class StudyConfig:
         if self.score_len is not None:
             check_int(self.score_len, "score_len")
             if self.score_len > min(self.eval_lens):
-                raise ValueError(f"score_len={self.score_len} must be <= the shortest eval length "
-                                 f"{min(self.eval_lens)} (every window scores its last score_len targets)")
+                raise ValueError(
+                    f"score_len={self.score_len} must be <= the shortest eval length "
+                    f"{min(self.eval_lens)} (every window scores its last score_len targets)"
+                )
         if self.d_model % self.num_heads:
             raise ValueError(f"num_heads={self.num_heads} must divide d_model={self.d_model}")
         self._check_position_options()
@@ -271,8 +283,10 @@ class StudyConfig:
         from ..registry import config_keys
 
         if not isinstance(self.position_options, dict):
-            raise TypeError(f"position_options must be a dict {{scheme: {{key: value}}}}, got "
-                            f"{type(self.position_options).__name__}")
+            raise TypeError(
+                f"position_options must be a dict {{scheme: {{key: value}}}}, got "
+                f"{type(self.position_options).__name__}"
+            )
         for scheme, options in self.position_options.items():
             check_choice(scheme, "position_options scheme", self.schemes)
             valid = config_keys(scheme)
@@ -291,11 +305,18 @@ class StudyConfig:
     def train_config(self, seq_len: int | None = None, seed: int | None = None) -> TrainConfig:
         """The :class:`TrainConfig` of every cell (``seed`` default: the first of :attr:`seeds`)."""
         return TrainConfig(
-            steps=self.steps, batch_size=self.batch_size, seq_len=seq_len or self.train_len, lr=self.lr,
-            min_lr=min(self.min_lr, self.lr), warmup_steps=min(self.warmup_steps, self.steps),
-            weight_decay=self.weight_decay, grad_clip=self.grad_clip,
-            seed=self.seeds[0] if seed is None else seed, position_lr_scale=self.position_lr_scale,
-            checkpoint_every=self.checkpoint_every, log_every=10,
+            steps=self.steps,
+            batch_size=self.batch_size,
+            seq_len=seq_len or self.train_len,
+            lr=self.lr,
+            min_lr=min(self.min_lr, self.lr),
+            warmup_steps=min(self.warmup_steps, self.steps),
+            weight_decay=self.weight_decay,
+            grad_clip=self.grad_clip,
+            seed=self.seeds[0] if seed is None else seed,
+            position_lr_scale=self.position_lr_scale,
+            checkpoint_every=self.checkpoint_every,
+            log_every=10,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -310,8 +331,13 @@ class StudyConfig:
 
     def model_config(self, scheme: str, *, vocab_size: int = 256, max_len: int | None = None):
         """The :class:`~posenc.model.ModelConfig` of ``scheme``'s model in this study."""
-        return study_model_config(self, scheme, vocab_size=vocab_size, max_len=max_len,
-                                  position_options=self.position_options.get(scheme))
+        return study_model_config(
+            self,
+            scheme,
+            vocab_size=vocab_size,
+            max_len=max_len,
+            position_options=self.position_options.get(scheme),
+        )
 
 
 #: Named configurations: ``default`` is the study of docs/lab.md (three seeds), ``quick`` a
@@ -319,8 +345,15 @@ class StudyConfig:
 PRESETS: dict[str, dict[str, Any]] = {
     "default": {"seeds": (0, 1, 2)},
     "quick": {
-        "d_model": 64, "num_layers": 2, "num_heads": 4, "train_len": 64, "batch_size": 32, "steps": 300,
-        "warmup_steps": 20, "eval_lens": (64, 128, 256, 512, 1024), "max_chars": 3_000_000,
+        "d_model": 64,
+        "num_layers": 2,
+        "num_heads": 4,
+        "train_len": 64,
+        "batch_size": 32,
+        "steps": 300,
+        "warmup_steps": 20,
+        "eval_lens": (64, 128, 256, 512, 1024),
+        "max_chars": 3_000_000,
     },
 }
 
@@ -328,8 +361,14 @@ PRESETS: dict[str, dict[str, Any]] = {
 TASK_DEFAULTS: dict[str, Any] = {"train_len": 8, "eval_lens": (4, 8, 12, 16, 24, 32), "batch_size": 64}
 
 
-def study_model_config(config: StudyConfig, scheme: str, *, vocab_size: int = 256, max_len: int | None = None,
-                       position_options: dict[str, Any] | None = None):
+def study_model_config(
+    config: StudyConfig,
+    scheme: str,
+    *,
+    vocab_size: int = 256,
+    max_len: int | None = None,
+    position_options: dict[str, Any] | None = None,
+):
     """The :class:`~posenc.model.ModelConfig` of ``scheme``'s model in this study.
 
     ``max_len`` (default ``L``) is the nominal trained length: learned positions get exactly that
@@ -338,7 +377,12 @@ def study_model_config(config: StudyConfig, scheme: str, *, vocab_size: int = 25
     from ..model import ModelConfig
 
     return ModelConfig(
-        vocab_size=vocab_size, d_model=config.d_model, num_layers=config.num_layers,
-        num_heads=config.num_heads, position=scheme, position_options=dict(position_options or {}),
-        max_len=max_len or config.train_len, dropout=config.dropout,
+        vocab_size=vocab_size,
+        d_model=config.d_model,
+        num_layers=config.num_layers,
+        num_heads=config.num_heads,
+        position=scheme,
+        position_options=dict(position_options or {}),
+        max_len=max_len or config.train_len,
+        dropout=config.dropout,
     )

@@ -151,8 +151,11 @@ def evaluate_lm(
     config = getattr(model, "config", None)
     b = _eval_batch(config, length, k, batch_tokens, device) if config is not None else 1
     if config is not None:
-        check_memory(estimate_memory(config, b, length, training=False), device,
-                     what=f"evaluation at length {length} (batch {b})")
+        check_memory(
+            estimate_memory(config, b, length, training=False),
+            device,
+            what=f"evaluation at length {length} (batch {b})",
+        )
     window_bits = torch.empty(k, dtype=torch.float64)  # [K]
     position_sum = torch.zeros(length, dtype=torch.float64)  # [E]
     model.eval()
@@ -219,8 +222,14 @@ def task_seq_len(task: str, n: int) -> int:
 
 
 @torch.no_grad()
-def evaluate_task(model: torch.nn.Module, task: str, n: int, examples: int, seed: int,
-                  device: str | torch.device | None = None) -> EvalPoint:
+def evaluate_task(
+    model: torch.nn.Module,
+    task: str,
+    n: int,
+    examples: int,
+    seed: int,
+    device: str | torch.device | None = None,
+) -> EvalPoint:
     """Exact-match accuracy of ``model`` on ``examples`` fresh examples of ``task`` with question
     length ``n`` (teacher-forced argmax over the answer tokens and ``[EOS]``)."""
     from ..text.tasks import exact_match, generate_task
@@ -256,9 +265,16 @@ class LMEvaluator:
 
     def __call__(self, model: torch.nn.Module, length: int) -> EvalPoint:
         c = self.config
-        return evaluate_lm(model, self.evalset, length, c.train_len, c.targets_per_window,
-                           batch_tokens=c.eval_batch_tokens, device=self.device,
-                           autocast=self.device.type == "cuda")
+        return evaluate_lm(
+            model,
+            self.evalset,
+            length,
+            c.train_len,
+            c.targets_per_window,
+            batch_tokens=c.eval_batch_tokens,
+            device=self.device,
+            autocast=self.device.type == "cuda",
+        )
 
     def finish(self, points: list[EvalPoint]) -> None:
         if any(p.window_bits for p in points):
@@ -277,13 +293,18 @@ class TaskEvaluator:
 
     def __call__(self, model: torch.nn.Module, length: int) -> EvalPoint:
         c = self.config
-        return evaluate_task(model, c.mode, length, c.eval_examples, seed=c.split_seed + 1_000_003 + length,
-                             device=self.device)
+        return evaluate_task(
+            model, c.mode, length, c.eval_examples, seed=c.split_seed + 1_000_003 + length, device=self.device
+        )
 
     def finish(self, points: list[EvalPoint]) -> None:
         pass
 
 
 #: Study mode -> evaluator class (``config.mode`` picks one; ``lm`` needs an evaluation set).
-EVALUATORS: dict[str, type] = {"lm": LMEvaluator, "copy": TaskEvaluator, "reverse": TaskEvaluator,
-                               "addition": TaskEvaluator}
+EVALUATORS: dict[str, type] = {
+    "lm": LMEvaluator,
+    "copy": TaskEvaluator,
+    "reverse": TaskEvaluator,
+    "addition": TaskEvaluator,
+}

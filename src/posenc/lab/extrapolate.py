@@ -130,9 +130,17 @@ def _run_study(config, out, device, resume, progress, log, threads, workers, clu
     cells = study_cells(config)
     records = {}
     bar = _cell_bar(progress and info.is_main and len(cells) > 1, len(cells))
-    for record in iter_cells(config, cells, out=out, device=device, resume=resume,
-                             progress=progress if workers <= 1 and cluster is None else False,
-                             workers=workers, cluster=cluster, threads=threads):
+    for record in iter_cells(
+        config,
+        cells,
+        out=out,
+        device=device,
+        resume=resume,
+        progress=progress if workers <= 1 and cluster is None else False,
+        workers=workers,
+        cluster=cluster,
+        threads=threads,
+    ):
         records[record["cell"]] = record
         if info.is_main:  # other ranks of a torchrun group train but do not evaluate
             say(_cell_line(record, config))
@@ -143,11 +151,13 @@ def _run_study(config, out, device, resume, progress, log, threads, workers, clu
     ordered = [records[c.name] for c in cells]  # the grid's order, whatever the completion order
     results["train_config"] = config.train_config(data.seq_len).to_dict()
     results["model_configs"] = {r["scheme"]: r["model_config"] for r in ordered}
-    results["cells"] = [{k: v for k, v in r.items() if k not in ("runs", "model_config", "key")}
-                        for r in ordered]
+    results["cells"] = [
+        {k: v for k, v in r.items() if k not in ("runs", "model_config", "key")} for r in ordered
+    ]
     results["runs"] = [
         {**run, "scheme": r["scheme"], "seed": r["seed"], "params": r["params"]}
-        for r in ordered for run in r["runs"]
+        for r in ordered
+        for run in r["runs"]
     ]
     results["summary"] = summarize(results["runs"])
     results["wall_s"] = time.perf_counter() - t_start
@@ -175,10 +185,12 @@ def _cell_bar(enabled: bool, total: int):
 
 def _corpus_line(record: dict[str, Any]) -> str:
     c, e = record["corpus"], record["eval"]
-    return (f"corpus {c['name']!r}: {c['n_documents']} documents ({c['n_train']} train, {c['n_val']} val), "
-            f"sha256 {c['sha256'][:12]}; evaluation: {e['windows']} windows from {e['n_documents']} "
-            f"documents (largest share {e['largest_document_share']:.0%}), "
-            f"last {e['score_len']} targets of each scored")
+    return (
+        f"corpus {c['name']!r}: {c['n_documents']} documents ({c['n_train']} train, {c['n_val']} val), "
+        f"sha256 {c['sha256'][:12]}; evaluation: {e['windows']} windows from {e['n_documents']} "
+        f"documents (largest share {e['largest_document_share']:.0%}), "
+        f"last {e['score_len']} targets of each scored"
+    )
 
 
 def _cell_line(record: dict[str, Any], config: StudyConfig) -> str:
@@ -207,9 +219,14 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for name, group in by_name.items():
         for i, length in enumerate(p["length"] for p in group[0]["eval"]):
             points = [r["eval"][i] for r in group]
-            row: dict[str, Any] = {"name": name, "scheme": group[0]["scheme"], "variant": group[0]["variant"],
-                                   "length": length, "seeds": [r["seed"] for r in group],
-                                   "note": points[0]["note"]}
+            row: dict[str, Any] = {
+                "name": name,
+                "scheme": group[0]["scheme"],
+                "variant": group[0]["variant"],
+                "length": length,
+                "seeds": [r["seed"] for r in group],
+                "note": points[0]["note"],
+            }
             for metric in SUMMARY_METRICS:
                 values = [p[metric] for p in points if p[metric] is not None]
                 if metric == "delta":
@@ -247,21 +264,38 @@ def format_table(results: dict[str, Any], markdown: bool = False) -> str:
     if cfg["mode"] == "lm":
         S = results["eval"]["score_len"]
         sections = [
-            ("delta", True, f"paired delta vs L={L}, bits/byte: the same bytes read in windows of E minus in "
-                            f"windows of L (> 0 = worse with the longer window; 95% interval {over})"),
-            ("bpb_window", False, f"sliding-window bits/byte: the last {S} targets of every window, the same "
-                                  f"bytes at every length (lower is better)"),
+            (
+                "delta",
+                True,
+                f"paired delta vs L={L}, bits/byte: the same bytes read in windows of E minus in "
+                f"windows of L (> 0 = worse with the longer window; 95% interval {over})",
+            ),
+            (
+                "bpb_window",
+                False,
+                f"sliding-window bits/byte: the last {S} targets of every window, the same "
+                f"bytes at every length (lower is better)",
+            ),
             ("bpb_all", False, "bits/byte over all positions of the windows (secondary)"),
             ("bpb_beyond", False, f"bits/byte over positions >= L={L} of the windows (secondary)"),
         ]
     else:
-        sections = [("accuracy", False, f"exact-match accuracy, task {cfg['mode']!r}, trained on lengths "
-                                        f"1..{L} (higher is better)")]
+        sections = [
+            (
+                "accuracy",
+                False,
+                f"exact-match accuracy, task {cfg['mode']!r}, trained on lengths 1..{L} (higher is better)",
+            )
+        ]
     lines = []
     for metric, signed, title in sections:
         if markdown:
-            lines += [f"**{title}**", "", "| scheme | " + " | ".join(map(str, lens)) + " |",
-                      "|---" * (len(lens) + 1) + "|"]
+            lines += [
+                f"**{title}**",
+                "",
+                "| scheme | " + " | ".join(map(str, lens)) + " |",
+                "|---" * (len(lens) + 1) + "|",
+            ]
         else:
             lines += [title, head]
         for name in names:
@@ -275,6 +309,7 @@ def format_table(results: dict[str, Any], markdown: bool = False) -> str:
                 lines.append(f"{name:<{width}}" + "".join(f"{c:>{col}}" for c in cells))
         lines.append("")
     seeds = ",".join(map(str, cfg["seeds"]))
-    lines.append(f"L = {L}; seeds {seeds}; '-' = not defined at this length; "
-                 "n/a = the scheme cannot run so long")
+    lines.append(
+        f"L = {L}; seeds {seeds}; '-' = not defined at this length; n/a = the scheme cannot run so long"
+    )
     return "\n".join(lines)

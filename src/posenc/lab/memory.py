@@ -30,8 +30,12 @@ class MemoryEstimate:
         return self.weights + self.grads + self.optimizer + self.activations
 
     def summary(self) -> str:
-        parts = [("weights", self.weights), ("grads", self.grads), ("AdamW", self.optimizer),
-                 ("activations", self.activations)]
+        parts = [
+            ("weights", self.weights),
+            ("grads", self.grads),
+            ("AdamW", self.optimizer),
+            ("activations", self.activations),
+        ]
         inner = ", ".join(f"{k} {_gib(v)}" for k, v in parts if v)
         return f"{_gib(self.total)} ({inner}{'; ' + self.detail if self.detail else ''})"
 
@@ -72,8 +76,13 @@ def estimate_memory(
     weights = num_params * bpv
     if training:
         per_layer = tokens * (10 * d + 2 * f) * bpv + attention
-        return MemoryEstimate(weights, weights, 2 * weights, L * per_layer + logits,
-                              f"batch {batch_size} x seq {seq_len}, {L} layers")
+        return MemoryEstimate(
+            weights,
+            weights,
+            2 * weights,
+            L * per_layer + logits,
+            f"batch {batch_size} x seq {seq_len}, {L} layers",
+        )
     per_layer = tokens * (6 * d + f) * bpv + 2 * attention  # live tensors of the layer being computed
     return MemoryEstimate(weights, 0, 0, per_layer + logits, f"inference, batch {batch_size} x seq {seq_len}")
 

@@ -30,8 +30,13 @@ def _series(rows: list[dict[str, Any]], name: str, metric: str):
 
 def _curves(results: dict[str, Any], name: str, length: int) -> tuple[list[float], list[float]] | None:
     """Mean over seeds of the loss-by-position curve of run ``name`` at ``length``."""
-    curves = [p["curve"] for r in results["runs"] if r["name"] == name for p in r["eval"]
-              if p["length"] == length and p.get("curve")]
+    curves = [
+        p["curve"]
+        for r in results["runs"]
+        if r["name"] == name
+        for p in r["eval"]
+        if p["length"] == length and p.get("curve")
+    ]
     if not curves:
         return None
     xs = [c[0] for c in curves[0]]
@@ -56,8 +61,11 @@ def plot_study(results: dict[str, Any], path: str | os.PathLike) -> list[Path]:
     panels = 3 if lm else 1
     fig, axes = plt.subplots(1, panels, figsize=(5.2 * panels, 4.4), squeeze=False, layout="constrained")
     axes = axes[0]
-    metrics = [("bpb_window", "bits per byte (sliding window)"), ("delta", "paired delta vs L (bits/byte)")] \
-        if lm else [("accuracy", "exact-match accuracy")]
+    metrics = (
+        [("bpb_window", "bits per byte (sliding window)"), ("delta", "paired delta vs L (bits/byte)")]
+        if lm
+        else [("accuracy", "exact-match accuracy")]
+    )
     variants = {r["name"]: r["variant"] for r in rows}
     for i, name in enumerate(names):
         style = "--" if variants[name] else "-"
@@ -83,11 +91,13 @@ def plot_study(results: dict[str, Any], path: str | os.PathLike) -> list[Path]:
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     if lm:
-        axes[0].set_title(f"same bytes at every length; lower is better\n(trained at L={L}; {over})",
-                          fontsize=9)
+        axes[0].set_title(
+            f"same bytes at every length; lower is better\n(trained at L={L}; {over})", fontsize=9
+        )
         axes[1].axhline(0, color="black", lw=0.8)
-        axes[1].set_title("windows of E minus windows of L, same bytes\n(> 0: worse with more context)",
-                          fontsize=9)
+        axes[1].set_title(
+            "windows of E minus windows of L, same bytes\n(> 0: worse with more context)", fontsize=9
+        )
         axes[0].set_ylim(top=min(axes[0].get_ylim()[1], 8.0))  # 8 bits/byte = a uniform guess
         axes[2].set_xscale("log", base=2)
         axes[2].axvline(L, color="grey", lw=0.8, ls=":")

@@ -69,13 +69,26 @@ class RunFolder:
             or another process holding the lock.
     """
 
-    def __init__(self, path: str | os.PathLike, artifacts: Sequence[str], *, resume: bool = False,
-                 overwrite: bool = False, lock: bool = True, flag: str = "--out") -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        artifacts: Sequence[str],
+        *,
+        resume: bool = False,
+        overwrite: bool = False,
+        lock: bool = True,
+        flag: str = "--out",
+    ) -> None:
         if resume and overwrite:
             raise ValueError("give --resume or --overwrite, not both")
         self.path = check_folder(path, flag)
         self.artifacts, self.resume, self.overwrite, self.lock, self.flag = (
-            tuple(artifacts), resume, overwrite, lock, flag)
+            tuple(artifacts),
+            resume,
+            overwrite,
+            lock,
+            flag,
+        )
         self._fh = None
 
     def existing(self) -> list[str]:

@@ -199,14 +199,20 @@ def _check_resumable(path: Path, config: TrainConfig, module: nn.Module) -> None
     meta = read_checkpoint_meta(path)
     saved_train, saved_model = json.loads(meta["train_config"]), json.loads(meta["model_config"])
     current = config.to_dict()
-    diff = [f"{k}: checkpoint {saved_train.get(k)!r} vs now {current[k]!r}"
-            for k in sorted(current) if k not in _RESUMABLE_CHANGES and saved_train.get(k) != current[k]]
+    diff = [
+        f"{k}: checkpoint {saved_train.get(k)!r} vs now {current[k]!r}"
+        for k in sorted(current)
+        if k not in _RESUMABLE_CHANGES and saved_train.get(k) != current[k]
+    ]
     model_config = getattr(module, "config", None)
     if hasattr(model_config, "to_dict"):
         now = model_config.to_dict()
         saved_model = saved_model or {}
-        diff += [f"model {k}: checkpoint {saved_model.get(k)!r} vs now {now.get(k)!r}"
-                 for k in sorted(set(now) | set(saved_model)) if saved_model.get(k) != now.get(k)]
+        diff += [
+            f"model {k}: checkpoint {saved_model.get(k)!r} vs now {now.get(k)!r}"
+            for k in sorted(set(now) | set(saved_model))
+            if saved_model.get(k) != now.get(k)
+        ]
     if diff:
         raise ValueError(
             f"cannot resume from {str(path)!r}: the config changed ({'; '.join(diff)}); resume with the "
@@ -276,8 +282,10 @@ def train(
         state = load_checkpoint(ckpt, module, optimizer)
         start, losses, elapsed_before = state.step, state.losses, state.elapsed_s
     elif ckpt is not None and ckpt.exists():
-        raise ValueError(f"a checkpoint already exists at {str(ckpt)!r}; resume it (resume=True / --resume), "
-                         "or delete it or choose another path to start a new run")
+        raise ValueError(
+            f"a checkpoint already exists at {str(ckpt)!r}; resume it (resume=True / --resume), "
+            "or delete it or choose another path to start a new run"
+        )
     if info.world_size > 1:
         ddp_kwargs = {"device_ids": [device.index]} if device.type == "cuda" else {}
         model = nn.parallel.DistributedDataParallel(module, **ddp_kwargs)
@@ -295,8 +303,15 @@ def train(
         if callable(data):
             ids, targets = data(step, info.rank, info.world_size)
         else:
-            ids, targets = batch_at(data, step, config.batch_size, config.seq_len, config.seed,
-                                    rank=info.rank, world_size=info.world_size)
+            ids, targets = batch_at(
+                data,
+                step,
+                config.batch_size,
+                config.seq_len,
+                config.seed,
+                rank=info.rank,
+                world_size=info.world_size,
+            )
         log.pending.append(_train_step(model, module, optimizer, ids, targets, step, config, device))
         if (step + 1) % config.log_every == 0 or step + 1 == end:
             log.flush(step)
@@ -304,8 +319,15 @@ def train(
         if ckpt is not None and (at_checkpoint or step + 1 == end):
             log.flush(step)
             if info.is_main:
-                save_checkpoint(ckpt, module, optimizer, step + 1, train_config=config, losses=losses,
-                                elapsed_s=elapsed_before + time.perf_counter() - t0)
+                save_checkpoint(
+                    ckpt,
+                    module,
+                    optimizer,
+                    step + 1,
+                    train_config=config,
+                    losses=losses,
+                    elapsed_s=elapsed_before + time.perf_counter() - t0,
+                )
             if info.world_size > 1:
                 torch.distributed.barrier()
     log.close()
@@ -321,8 +343,9 @@ def train(
     )
 
 
-def _check_fits(module: nn.Module, config: TrainConfig, info, device: torch.device, desc: str,
-                memory_check: bool) -> None:
+def _check_fits(
+    module: nn.Module, config: TrainConfig, info, device: torch.device, desc: str, memory_check: bool
+) -> None:
     """The global batch splits over the processes, and the run fits in memory (before any step)."""
     if config.batch_size % info.world_size:
         raise ValueError(
@@ -337,8 +360,16 @@ def _check_fits(module: nn.Module, config: TrainConfig, info, device: torch.devi
         check_memory(estimate, device, what=what)
 
 
-def _train_step(model: nn.Module, module: nn.Module, optimizer: torch.optim.Optimizer, ids: torch.Tensor,
-                targets: torch.Tensor, step: int, config: TrainConfig, device: torch.device) -> torch.Tensor:
+def _train_step(
+    model: nn.Module,
+    module: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    ids: torch.Tensor,
+    targets: torch.Tensor,
+    step: int,
+    config: TrainConfig,
+    device: torch.device,
+) -> torch.Tensor:
     """One optimizer step on ``ids``/``targets`` ``[b, s]``; returns the loss (on the device, unsynced)."""
     lr = lr_at(step, config)
     for group in optimizer.param_groups:
@@ -359,8 +390,15 @@ def _train_step(model: nn.Module, module: nn.Module, optimizer: torch.optim.Opti
 class _LossLog:
     """Losses kept on the device until a log point, then read at once (one sync per ``log_every``)."""
 
-    def __init__(self, losses: list[float], config: TrainConfig, info, start: int, bar,
-                 on_log: Callable[[int, float], None] | None) -> None:
+    def __init__(
+        self,
+        losses: list[float],
+        config: TrainConfig,
+        info,
+        start: int,
+        bar,
+        on_log: Callable[[int, float], None] | None,
+    ) -> None:
         self.losses, self.config, self.info, self.bar, self.on_log = losses, config, info, bar, on_log
         self.pending: list[torch.Tensor] = []
         self.t_log, self.step_log = time.perf_counter(), start

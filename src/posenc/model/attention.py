@@ -336,8 +336,11 @@ class KVCache:
         # the buffers' first s_p slots hold the past only if keys/values are still the views this
         # cache handed out; anything assigned from outside (a rollback, a window) goes to new buffers
         # so that no view someone holds is ever written
-        ours = past_k is None or (self._views[layer] is not None and self._views[layer][0] is past_k
-                                  and self._views[layer][1] is past_v)
+        ours = past_k is None or (
+            self._views[layer] is not None
+            and self._views[layer][0] is past_k
+            and self._views[layer][1] is past_v
+        )
         if not ours or not _fits(bufs, k, v, s_k):  # grow by a quarter (>= 256 slots), copy the past once
             old = 0 if bufs is None else bufs[0].shape[2]
             capacity = s_k if old == 0 else max(s_k, old + max(old // 4, _MIN_GROWTH))

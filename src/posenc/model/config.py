@@ -122,8 +122,10 @@ class ModelConfig:
         clash = {k: v for k, v in self.position_options.items() if k in offered and v != offered[k]}
         if clash:
             shown = ", ".join(f"{k}={v!r} (the model has {offered[k]})" for k, v in clash.items())
-            raise ValueError(f"position_options {shown} disagree with the model; drop them: the model "
-                             "gives the scheme its own sizes")
+            raise ValueError(
+                f"position_options {shown} disagree with the model; drop them: the model "
+                "gives the scheme its own sizes"
+            )
         if (
             keys.get("max_len", None) is inspect.Parameter.empty
             and self.max_len is None
@@ -161,9 +163,13 @@ class ModelConfig:
         in free memory, before any of it is allocated."""
         from .._alloc import check_allocation
 
-        check_allocation([self.approx_num_params()], None,
-                         f"a model with d_model={self.d_model}, num_layers={self.num_layers}, "
-                         f"vocab_size={self.vocab_size}", "use a smaller d_model, num_layers or vocab_size")
+        check_allocation(
+            [self.approx_num_params()],
+            None,
+            f"a model with d_model={self.d_model}, num_layers={self.num_layers}, "
+            f"vocab_size={self.vocab_size}",
+            "use a smaller d_model, num_layers or vocab_size",
+        )
 
     def scheme_context(self, causal: bool) -> dict[str, Any]:
         """What a model offers the scheme's constructor (see :func:`posenc.build_with_context`).

@@ -98,6 +98,8 @@ def _load_tied(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
                 raise ValueError(f"the file lacks the weights {names}")
             target, saved = params[names[0]], state[found[0]]
             if target.shape != saved.shape:
-                raise ValueError(f"the file's {found[0]} has shape {tuple(saved.shape)}, the model's "
-                                 f"{tuple(target.shape)}: the file's config does not describe its weights")
+                raise ValueError(
+                    f"the file's {found[0]} has shape {tuple(saved.shape)}, the model's "
+                    f"{tuple(target.shape)}: the file's config does not describe its weights"
+                )
             target.copy_(saved)

@@ -87,9 +87,11 @@ class CorpusInfo:
 
     def summary(self) -> str:
         """One line for logs and reports."""
-        return (f"corpus {self.name!r}: {self.n_documents} documents "
-                f"({self.n_train} train, {self.n_val} val), {self.n_chars:,} chars, "
-                f"sha256 {self.sha256[:12]}, Python {self.python_version}")
+        return (
+            f"corpus {self.name!r}: {self.n_documents} documents "
+            f"({self.n_train} train, {self.n_val} val), {self.n_chars:,} chars, "
+            f"sha256 {self.sha256[:12]}, Python {self.python_version}"
+        )
 
 
 @dataclass(frozen=True)
@@ -160,8 +162,9 @@ def _read_text(path: Path) -> str | None:
     """The text of ``path``, or ``None`` (with a warning) for a binary file."""
     raw = path.read_bytes()
     if b"\x00" in raw[:_BINARY_PROBE]:
-        warnings.warn(f"skipping binary file {str(path)!r} (NUL byte in its first {_BINARY_PROBE} bytes)",
-                      stacklevel=3)
+        warnings.warn(
+            f"skipping binary file {str(path)!r} (NUL byte in its first {_BINARY_PROBE} bytes)", stacklevel=3
+        )
         return None
     try:
         return raw.decode("utf-8-sig")
@@ -232,8 +235,10 @@ def file_documents(
         else:
             found = (p for p in base.rglob("*") if p.is_file())
             rel = ((p, p.relative_to(base)) for p in found)
-            files = sorted(((p, r.as_posix()) for p, r in rel if not any(x.startswith(".") for x in r.parts)),
-                           key=lambda t: t[1])
+            files = sorted(
+                ((p, r.as_posix()) for p, r in rel if not any(x.startswith(".") for x in r.parts)),
+                key=lambda t: t[1],
+            )
         for p, name in files:
             if extensions is not None and not name.endswith(tuple(extensions)):
                 continue
@@ -248,8 +253,10 @@ def file_documents(
     if not docs:
         where = ", ".join(repr(str(p)) for p in paths)
         ext = f" with extensions {list(extensions)}" if extensions is not None else ""
-        raise ValueError(f"no text documents found in {where}{ext} ({len(skipped)} binary files skipped); "
-                         "point at text files or a folder that holds some")
+        raise ValueError(
+            f"no text documents found in {where}{ext} ({len(skipped)} binary files skipped); "
+            "point at text files or a folder that holds some"
+        )
     return docs, skipped
 
 
@@ -344,8 +351,10 @@ def load_corpus(
         name = name_or_path
     else:
         if isinstance(name_or_path, str) and not Path(name_or_path).exists():
-            raise ValueError(f"unknown corpus {name_or_path!r}: not a corpus name ({', '.join(CORPORA)}) "
-                             "and no such file or folder")
+            raise ValueError(
+                f"unknown corpus {name_or_path!r}: not a corpus name ({', '.join(CORPORA)}) "
+                "and no such file or folder"
+            )
         docs, skipped = file_documents(name_or_path, extensions=extensions, max_chars=max_chars)
         if isinstance(name_or_path, (str, os.PathLike)):
             source = str(Path(name_or_path).resolve())

@@ -141,15 +141,25 @@ def run_pipeline(
         one_hot = nn.functional.one_hot(ids.long(), vocab_size).to(weight.dtype)  # [s, V], one 1 per row
         via_matmul = one_hot @ weight  # [s, V] @ [V, d] -> [s, d]
         lookup = nn.functional.embedding(ids, weight)  # E[ids], the gather [s, d]
-        add("one_hot", "one_hot(ids) [s, V]", one_hot,
+        add(
+            "one_hot",
+            "one_hot(ids) [s, V]",
+            one_hot,
             max_abs_diff=float((via_matmul - lookup).abs().max()),
             equal=bool(torch.equal(via_matmul, lookup)),
-            matmul_flops=2 * s * vocab_size * d_model)
-        add("lookup", "E[ids]: embedding lookup", lookup, **_row_stats(lookup),
-            init_std=module.token.init_std)
+            matmul_flops=2 * s * vocab_size * d_model,
+        )
+        add(
+            "lookup", "E[ids]: embedding lookup", lookup, **_row_stats(lookup), init_std=module.token.init_std
+        )
         x = module.token(ids[None])[0]  # [1, s] -> [1, s, d] -> [s, d], times the scale
-        add("scaled", f"E[ids] x {module.token.scale:.4g} (sqrt(d_model)={math.sqrt(d_model):.4g})", x,
-            **_row_stats(x), scale=module.token.scale)
+        add(
+            "scaled",
+            f"E[ids] x {module.token.scale:.4g} (sqrt(d_model)={math.sqrt(d_model):.4g})",
+            x,
+            **_row_stats(x),
+            scale=module.token.scale,
+        )
         if module.position is not None:
             pe = module.position.embed(torch.zeros_like(x)[None])[0]  # the positional part alone [s, d]
             summed = module.position.embed(x[None])[0]  # [1, s, d] -> [s, d]
@@ -159,11 +169,21 @@ def run_pipeline(
             summed = x
             note = f"{scheme} adds nothing here: it acts inside attention"
         add("positional", f"positional part ({scheme})", pe, **_row_stats(pe), note=note)
-        add("sum", "token + positional", summed, **_row_stats(summed),
-            max_abs_diff_vs_x_plus_pe=float((summed - (x + pe)).abs().max()))
+        add(
+            "sum",
+            "token + positional",
+            summed,
+            **_row_stats(summed),
+            max_abs_diff_vs_x_plus_pe=float((summed - (x + pe)).abs().max()),
+        )
         normed = module.norm(summed[None])[0]  # LayerNorm over d, per token
-        add("layer_norm", "LayerNorm (per token)", normed, **_row_stats(normed),
-            gamma_is_one=bool(isinstance(module.norm, nn.LayerNorm) and torch.all(module.norm.weight == 1)))
+        add(
+            "layer_norm",
+            "LayerNorm (per token)",
+            normed,
+            **_row_stats(normed),
+            gamma_is_one=bool(isinstance(module.norm, nn.LayerNorm) and torch.all(module.norm.weight == 1)),
+        )
         gen_state = torch.random.get_rng_state()
         torch.manual_seed(seed)
         module.dropout.train()
@@ -171,10 +191,20 @@ def run_pipeline(
         module.dropout.eval()
         torch.random.set_rng_state(gen_state)
         zeros = int((dropped == 0).sum()) - int((normed == 0).sum())
-        add("dropout_train", f"dropout p={dropout} (train)", dropped,
-            **_row_stats(dropped), zeroed_fraction=zeros / dropped.numel(), keep_scale=1 / (1 - dropout))
-        add("dropout_eval", "dropout (eval): identity", module.dropout(normed[None])[0],
-            equal_to_layer_norm=True)
+        add(
+            "dropout_train",
+            f"dropout p={dropout} (train)",
+            dropped,
+            **_row_stats(dropped),
+            zeroed_fraction=zeros / dropped.numel(),
+            keep_scale=1 / (1 - dropout),
+        )
+        add(
+            "dropout_eval",
+            "dropout (eval): identity",
+            module.dropout(normed[None])[0],
+            equal_to_layer_norm=True,
+        )
     return PipelineResult(tokens=tokens, ids=ids, steps=steps, module=module, seed=seed)
 
 
@@ -187,15 +217,17 @@ def encode_text(text: str, tokenizer: Tokenizer, **options: Any) -> PipelineResu
     if not isinstance(text, str):
         raise TypeError(f"text must be a str, got {type(text).__name__}")
     if not text.strip():
-        raise ValueError(f"text is empty ({text!r}): give a sentence, e.g. \"The cat sat on the mat.\"")
+        raise ValueError(f'text is empty ({text!r}): give a sentence, e.g. "The cat sat on the mat."')
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as err:  # e.g. bytes a terminal passed through as lone surrogates
-        raise ValueError(f"text is not valid UTF-8 (character {err.start}: {text[err.start]!r}); "
-                         "pass UTF-8 text") from None
+        raise ValueError(
+            f"text is not valid UTF-8 (character {err.start}: {text[err.start]!r}); pass UTF-8 text"
+        ) from None
     enc = tokenizer.encode(text)
-    return run_pipeline(torch.tensor(enc.ids, dtype=torch.long), tokenizer.vocab_size, tokens=enc.tokens,
-                        **options)
+    return run_pipeline(
+        torch.tensor(enc.ids, dtype=torch.long), tokenizer.vocab_size, tokens=enc.tokens, **options
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -208,8 +240,10 @@ def _fmt_row(values: Sequence[float], digits: int) -> str:
 def _matrix_lines(result: PipelineResult, x: torch.Tensor, digits: int, columns: int) -> list[str]:
     width = max(len(t) for t in result.tokens)
     more = f" ... ({x.shape[1] - columns} more)" if x.shape[1] > columns else ""
-    return [f"    {t:<{width}} {_fmt_row(row[:columns], digits)}{more}"
-            for t, row in zip(result.tokens, x.tolist())]
+    return [
+        f"    {t:<{width}} {_fmt_row(row[:columns], digits)}{more}"
+        for t, row in zip(result.tokens, x.tolist())
+    ]
 
 
 def format_pipeline(result: PipelineResult, digits: int = 3, columns: int = 6) -> str:
@@ -218,21 +252,27 @@ def format_pipeline(result: PipelineResult, digits: int = 3, columns: int = 6) -
     m = result.module
     s, d = st["lookup"].tensor.shape
     V = st["ids"].stats["vocab_size"]
-    lines = [f"1. tokens ({s}): {' '.join(result.tokens)}",
-             f"2. ids [s={s}]: {result.ids.tolist()}  (vocabulary V={V})"]
+    lines = [
+        f"1. tokens ({s}): {' '.join(result.tokens)}",
+        f"2. ids [s={s}]: {result.ids.tolist()}  (vocabulary V={V})",
+    ]
     oh = st["one_hot"].stats
-    lines.append(f"3. one_hot(ids) [{s}, {V}] @ E [{V}, {d}] == E[ids] [{s}, {d}]: "
-                 f"max |diff| = {oh['max_abs_diff']:.3g} "
-                 f"({'bit-identical' if oh['equal'] else 'not identical'}); "
-                 f"the matmul costs {oh['matmul_flops']:,} flops, the lookup copies {s * d} numbers")
+    lines.append(
+        f"3. one_hot(ids) [{s}, {V}] @ E [{V}, {d}] == E[ids] [{s}, {d}]: "
+        f"max |diff| = {oh['max_abs_diff']:.3g} "
+        f"({'bit-identical' if oh['equal'] else 'not identical'}); "
+        f"the matmul costs {oh['matmul_flops']:,} flops, the lookup copies {s * d} numbers"
+    )
     lk = st["lookup"].stats
     lines.append(f"4. E[ids] [{s}, {d}]: std {lk['std']:.3f} (init std {lk['init_std']:.3f} = 1/sqrt(d))")
     lines += _matrix_lines(result, st["lookup"].tensor, digits, columns)
     sc = st["scaled"].stats
     lines.append(f"5. x sqrt(d_model) = x {sc['scale']:.4g} -> std {sc['std']:.3f}")
     lines += _matrix_lines(result, st["scaled"].tensor, digits, columns)
-    lines.append(f"6. positional part [{s}, {d}] ({st['positional'].stats['note']}), "
-                 f"|max| {st['positional'].stats['abs_max']:.3f}")
+    lines.append(
+        f"6. positional part [{s}, {d}] ({st['positional'].stats['note']}), "
+        f"|max| {st['positional'].stats['abs_max']:.3f}"
+    )
     lines += _matrix_lines(result, st["positional"].tensor, digits, columns)
     sm = st["sum"].stats
     lines.append(f"7. sum [{s}, {d}]: std {sm['std']:.3f}")
@@ -242,8 +282,10 @@ def format_pipeline(result: PipelineResult, digits: int = 3, columns: int = 6) -
     if repeat is not None:  # seed 003's point: the id alone cannot tell the two occurrences apart
         first = ids.index(ids[repeat])
         gap = float((st["sum"].tensor[repeat] - st["sum"].tensor[first]).norm())
-        lines.append(f"    {result.tokens[repeat]!r} at positions {first} and {repeat}: the same row of E, "
-                     f"but the sums differ by |diff| = {gap:.3f} (only the positional part tells them apart)")
+        lines.append(
+            f"    {result.tokens[repeat]!r} at positions {first} and {repeat}: the same row of E, "
+            f"but the sums differ by |diff| = {gap:.3f} (only the positional part tells them apart)"
+        )
     ln = st["layer_norm"].stats
     eps = getattr(m.norm, "eps", "-")
     lines.append(f"8. LayerNorm over d={d}, per token (gamma=1, beta=0 at init; eps={eps}):")
@@ -251,8 +293,10 @@ def format_pipeline(result: PipelineResult, digits: int = 3, columns: int = 6) -
     for t, mu, var in zip(result.tokens, ln["mean_per_token"], ln["var_per_token"]):
         lines.append(f"    {t:<{width}} mean {mu:+.2e}  var {var:.5f}")
     dt = st["dropout_train"].stats
-    lines.append(f"9. dropout p={m.dropout.p}: train zeroes {dt['zeroed_fraction']:.1%} of {s * d} values, "
-                 f"scales the rest by 1/(1-p) = {dt['keep_scale']:.4g}; eval is the identity")
+    lines.append(
+        f"9. dropout p={m.dropout.p}: train zeroes {dt['zeroed_fraction']:.1%} of {s * d} values, "
+        f"scales the rest by 1/(1-p) = {dt['keep_scale']:.4g}; eval is the identity"
+    )
     lines += _matrix_lines(result, st["dropout_train"].tensor, digits, columns)
     lines.append(f"output [1, {s}, {d}] (eval) = posenc.InputEmbedding({V}, {d}, {m.scheme_name!r})(ids)")
     return "\n".join(lines)

@@ -57,8 +57,10 @@ def _check_weight(weight: torch.Tensor, minimum: int) -> None:
         shape = tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__
         raise ValueError(f"weight must be a [V, d] tensor (an embedding matrix), got {shape}")
     if weight.shape[0] < minimum or weight.shape[1] < 2:
-        raise ValueError(f"weight {tuple(weight.shape)} is too small to project: need at least {minimum} "
-                         "rows and 2 columns")
+        raise ValueError(
+            f"weight {tuple(weight.shape)} is too small to project: need at least {minimum} "
+            "rows and 2 columns"
+        )
     if not weight.is_floating_point() or not torch.isfinite(weight).all():
         raise ValueError("weight must be a finite floating-point tensor")
 

@@ -156,8 +156,10 @@ def exact_match(predictions: torch.Tensor, tokens: torch.Tensor, answer_mask: to
         ``[n]`` bool; ``.float().mean()`` is the exact-match accuracy.
     """
     if predictions.shape != tokens.shape or answer_mask.shape != tokens.shape:
-        raise ValueError(f"predictions {tuple(predictions.shape)}, tokens {tuple(tokens.shape)} and "
-                         f"answer_mask {tuple(answer_mask.shape)} must have the same shape [n, s]")
+        raise ValueError(
+            f"predictions {tuple(predictions.shape)}, tokens {tuple(tokens.shape)} and "
+            f"answer_mask {tuple(answer_mask.shape)} must have the same shape [n, s]"
+        )
     if answer_mask.dtype != torch.bool:
         raise TypeError(f"answer_mask must be a bool tensor, got {answer_mask.dtype}")
     wrong = (predictions != tokens) & answer_mask  # [n, s]

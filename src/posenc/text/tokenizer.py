@@ -58,8 +58,10 @@ MAX_TRAINED_VOCAB = 1_000_000
 
 def _check_vocab_cap(vocab_size: int) -> None:
     if vocab_size > MAX_TRAINED_VOCAB:
-        raise ValueError(f"vocab_size={vocab_size:,} is larger than {MAX_TRAINED_VOCAB:,}; train a smaller "
-                         "vocabulary (a corpus rarely supports even 100,000 tokens)")
+        raise ValueError(
+            f"vocab_size={vocab_size:,} is larger than {MAX_TRAINED_VOCAB:,}; train a smaller "
+            "vocabulary (a corpus rarely supports even 100,000 tokens)"
+        )
 
 
 def _hf() -> Any:
@@ -163,8 +165,10 @@ class Tokenizer:
 # ---------------------------------------------------------------------------------------------
 def _check_texts(texts: Iterable[str], name: str = "texts") -> list[str]:
     if isinstance(texts, (str, bytes)):
-        raise TypeError(f"{name} must be an iterable of str (documents), not a single "
-                        f"{type(texts).__name__}; wrap it in a list")
+        raise TypeError(
+            f"{name} must be an iterable of str (documents), not a single "
+            f"{type(texts).__name__}; wrap it in a list"
+        )
     out = list(texts)
     bad = next((i for i, t in enumerate(out) if not isinstance(t, str)), None)
     if bad is not None:
@@ -252,8 +256,12 @@ def train_bpe(
     """
     hf = _hf()
     texts = _check_texts(texts)
-    check_int(vocab_size, "vocab_size", minimum=256 + len(special_tokens),
-              hint=" (a byte-level BPE holds all 256 bytes plus its special tokens)")
+    check_int(
+        vocab_size,
+        "vocab_size",
+        minimum=256 + len(special_tokens),
+        hint=" (a byte-level BPE holds all 256 bytes plus its special tokens)",
+    )
     _check_vocab_cap(vocab_size)
     check_int(min_frequency, "min_frequency")
     tok = hf.Tokenizer(hf.models.BPE())
@@ -367,8 +375,10 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
     if path.is_dir():
         path = path / "tokenizer.json"
     if not path.is_file():
-        raise ValueError(f"tokenizer file {str(path)!r} does not exist; train one and save it, "
-                         "or use a built-in kind: " + ", ".join(TOKENIZER_KINDS))
+        raise ValueError(
+            f"tokenizer file {str(path)!r} does not exist; train one and save it, "
+            "or use a built-in kind: " + ", ".join(TOKENIZER_KINDS)
+        )
     try:
         hf_tok = hf.Tokenizer.from_file(str(path))
     except Exception as err:  # the Rust side raises a plain Exception for bad JSON/schema
