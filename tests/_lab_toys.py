@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import torch
@@ -47,3 +49,11 @@ def tiny_study(corpus: Path, **overrides):
     )
     fields.update(overrides)
     return StudyConfig(**fields)
+
+
+def torchrun_command(args: list[str], nproc: int = 2) -> tuple[list[str], dict[str, str]]:
+    """``torchrun --standalone --nproc-per-node N -m posenc ARGS`` and an environment that finds posenc."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+           "-m", "posenc", *args]  # fmt: skip
+    return cmd, env

@@ -11,7 +11,7 @@ import statistics
 import pytest
 import torch
 
-from _lab_toys import tiny_study, write_corpus
+from _lab_toys import tiny_study, torchrun_command, write_corpus
 from posenc.cli import main
 from posenc.lab.commands import parse_options
 from posenc.lab.extrapolate import format_table, run_study, summarize
@@ -50,22 +50,9 @@ TINY = [
 
 def test_tiny_study_with_two_seeds_end_to_end(tmp_path, corpus_dir, capsys):
     out = tmp_path / "study"
-    code = main(
-        [
-            "extrapolate",
-            "--schemes",
-            "learned,alibi,rope",
-            "--seeds",
-            "0,1",
-            "--variants",
-            "linear",
-            "--corpus",
-            str(corpus_dir),
-            *TINY,
-            "--out",
-            str(out),
-        ]
-    )
+    command = ["extrapolate", "--schemes", "learned,alibi,rope", "--seeds", "0,1", "--variants", "linear",
+               "--corpus", str(corpus_dir), *TINY, "--out", str(out)]  # fmt: skip
+    code = main(command)
     assert code == 0
     printed = capsys.readouterr().out
     assert "paired delta vs L=8" in printed and "95% interval over 2 seeds" in printed
@@ -113,20 +100,6 @@ def test_tiny_study_with_two_seeds_end_to_end(tmp_path, corpus_dir, capsys):
     assert "| alibi | - | " in md
 
     # the same folder again: refused without --resume; with it, every finished cell is reused
-    command = [
-        "extrapolate",
-        "--schemes",
-        "learned,alibi,rope",
-        "--seeds",
-        "0,1",
-        "--variants",
-        "linear",
-        "--corpus",
-        str(corpus_dir),
-        *TINY,
-        "--out",
-        str(out),
-    ]
     assert main(command) == 2
     assert "already holds a run (results.json, extrapolation.png" in capsys.readouterr().err
     assert main([*command, "--resume"]) == 0
@@ -314,10 +287,7 @@ def test_compare_two_studies_on_the_same_bytes(tmp_path, corpus_dir, capsys):
 @pytest.mark.slow
 def test_study_under_torchrun_matches_one_process(tmp_path, corpus_dir):
     """Two gloo processes train each cell together (DDP); rank 0 evaluates and writes."""
-    import os
     import subprocess
-    import sys
-    from pathlib import Path
 
     args = [
         "extrapolate",
@@ -331,20 +301,7 @@ def test_study_under_torchrun_matches_one_process(tmp_path, corpus_dir):
         str(corpus_dir),
         *TINY,
     ]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        "-m",
-        "posenc",
-        *args,
-        "--out",
-        str(tmp_path / "ddp"),
-    ]
+    cmd, env = torchrun_command([*args, "--out", str(tmp_path / "ddp")])
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert main([*args, "--out", str(tmp_path / "one")]) == 0

@@ -22,6 +22,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from _lab_toys import torchrun_command
 from posenc.base import PositionalScheme
 from posenc.cli import main
 from posenc.lab import (
@@ -518,18 +519,7 @@ def test_two_gloo_processes_match_one(tmp_path, text_corpus):
     """``torchrun --nproc-per-node 2 posenc train`` (DDP, gloo) == 1 process, same global batch."""
     one, two = tmp_path / "one", tmp_path / "two"
     args = _train_cli_args(text_corpus, two, 8, checkpoint_every=4)
-    env = {**os.environ, "PYTHONPATH": SRC}
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        "-m",
-        "posenc",
-        *args,
-    ]
+    cmd, env = torchrun_command(args)
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "2 process(es)" in done.stdout
@@ -609,5 +599,5 @@ def test_load_trained_model_from_checkpoint_and_model_file(tmp_path):
     with pytest.raises(ValueError, match="no checkpoint at"):
         load_trained_model(tmp_path / "missing.safetensors")
     (tmp_path / "junk.safetensors").write_bytes(b"not a tensor file")
-    with pytest.raises(ValueError, match="is not a safetensors file"):
+    with pytest.raises(ValueError, match="is not a readable safetensors file"):
         load_trained_model(tmp_path / "junk.safetensors")

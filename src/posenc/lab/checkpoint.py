@@ -172,19 +172,10 @@ def read_checkpoint_meta(path: str | os.PathLike) -> dict[str, str]:
         ValueError: the file is missing, unreadable (truncated, empty, not safetensors), not a posenc
             training checkpoint, or lacks metadata this format writes.
     """
-    import safetensors
+    from ..model.io import read_metadata
 
     path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"no checkpoint at {str(path)!r}; run without resume to start a new run")
-    try:
-        with safetensors.safe_open(str(path), framework="pt") as fh:
-            meta = fh.metadata() or {}
-    except Exception as err:  # safetensors raises its own error types (SafetensorError) for bad files
-        raise ValueError(
-            f"{str(path)!r} is not a readable safetensors file ({err}); it may be truncated: "
-            "delete it to start again"
-        ) from None
+    meta = read_metadata(path, "checkpoint")
     if meta.get("posenc_checkpoint") != CHECKPOINT_FORMAT:
         raise ValueError(
             f"{str(path)!r} is not a posenc training checkpoint (format {meta.get('posenc_checkpoint')!r}, "
@@ -263,18 +254,11 @@ def load_trained_model(path: str | os.PathLike) -> nn.Module:
     Raises:
         ValueError: the file is missing or is neither kind of posenc file.
     """
-    import safetensors
-
     from .. import model as models
+    from ..model.io import read_metadata
 
     path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"no checkpoint at {str(path)!r}")
-    try:
-        with safetensors.safe_open(str(path), framework="pt") as fh:
-            meta = fh.metadata() or {}
-    except Exception as err:  # safetensors raises its own error types for non-safetensors files
-        raise ValueError(f"{str(path)!r} is not a safetensors file: {err}") from None
+    meta = read_metadata(path, "checkpoint")
     if meta.get("posenc_checkpoint") != CHECKPOINT_FORMAT:
         return models.load_model(path).eval()  # a save_model file, or its clear error
     cls = getattr(models, meta.get("model_class", ""), None)

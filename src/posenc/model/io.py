@@ -19,7 +19,7 @@ from torch import nn
 from .config import ModelConfig
 from .transformer import Decoder, Encoder, EncoderDecoder, TransformerLM
 
-__all__ = ["MODEL_CLASSES", "load_model", "save_model"]
+__all__ = ["MODEL_CLASSES", "load_model", "read_metadata", "save_model"]
 
 #: The model classes :func:`load_model` can rebuild, by name.
 MODEL_CLASSES: dict[str, type[nn.Module]] = {
@@ -52,18 +52,24 @@ def save_model(model: nn.Module, path: str | os.PathLike) -> None:
     safetensors.torch.save_model(model, str(path), metadata=metadata)  # drops duplicate (tied) names
 
 
+def read_metadata(path: str | os.PathLike, what: str = "file") -> dict[str, str]:
+    """The metadata of a safetensors file; ``ValueError`` naming the file when it is missing or
+    unreadable (empty, truncated, not safetensors)."""
+    if not os.path.isfile(path):
+        raise ValueError(f"no {what} at {str(path)!r}")
+    try:
+        with safetensors.safe_open(str(path), framework="pt") as f:
+            return f.metadata() or {}
+    except Exception as err:  # safetensors raises its own error types (SafetensorError) for bad files
+        raise ValueError(f"{str(path)!r} is not a readable safetensors file ({err})") from None
+
+
 def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> nn.Module:
     """Rebuild the model saved by :func:`save_model` at ``path`` and load its weights.
 
     Returns the model in eval mode on ``device``.
     """
-    if not os.path.isfile(path):
-        raise ValueError(f"no model file at {str(path)!r}")
-    try:
-        with safetensors.safe_open(str(path), framework="pt") as f:
-            metadata = f.metadata() or {}
-    except Exception as err:  # safetensors raises its own error types (SafetensorError) for bad files
-        raise ValueError(f"{str(path)!r} is not a readable safetensors file ({err})") from None
+    metadata = read_metadata(path, "model file")
     if "posenc_model" not in metadata or "posenc_config" not in metadata:
         raise ValueError(f"{path} has no posenc metadata: it was not written by posenc.model.save_model")
     name = metadata["posenc_model"]
