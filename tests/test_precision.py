@@ -72,6 +72,17 @@ def test_only_the_frequencies_that_need_it_are_split_in_any_order():
     assert slow.any() and torch.equal(sorted_angles[:, slow], plain[:, slow])
 
 
+def test_per_block_table_gives_the_direct_numbers():
+    """Dense positions take ``hi f mod 2 pi`` from a per-block table: the very same float64 numbers."""
+    from posenc._precision import _split_angles
+
+    positions = torch.arange(-5000, 20_000, 7)  # many positions, few blocks of 4096
+    got = _split_angles(positions, INV, torch.float32)
+    lo = torch.remainder(positions, ANGLE_SPLIT)
+    far = torch.remainder((positions - lo).double()[:, None] * INV, 2 * math.pi).float()
+    assert torch.equal(got, far + lo.float()[:, None] * INV.float())
+
+
 def test_compiled_tables_take_the_split_form_and_agree():
     positions = torch.tensor([0, 5, 4095, 4096, 2**24 + 1, 2**31])
     eager = position_angles(positions, INV, torch.float32)
