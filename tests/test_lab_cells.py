@@ -122,3 +122,26 @@ def test_cluster_needs_dask(monkeypatch, corpus_dir):
                 cluster="tcp://127.0.0.1:1",
             )
         )
+
+
+def test_an_unreachable_cluster_is_a_clear_error(corpus_dir):
+    distributed = pytest.importorskip("distributed")
+    import dask
+
+    config = tiny_study(corpus_dir)
+    with (
+        dask.config.set({"distributed.comm.timeouts.connect": "1s"}),
+        pytest.raises(ValueError, match=r"--cluster 'tcp://127.0.0.1:1': cannot reach the Dask scheduler"),
+    ):
+        list(
+            iter_cells(
+                config,
+                study_cells(config),
+                out=None,
+                device=torch.device("cpu"),
+                resume=False,
+                progress=False,
+                cluster="tcp://127.0.0.1:1",
+            )
+        )
+    assert distributed is not None

@@ -167,3 +167,12 @@ def test_task_batches_score_answers_only():
         assert scored == [*question[::-1], EOS]  # exactly the answer and EOS count
     top, bottom = batch(3, 0, 2), batch(3, 1, 2)
     assert torch.equal(torch.cat((top[0], bottom[0])), ids)  # ranks partition the global batch
+
+
+def test_a_float64_model_is_scored_in_float64():
+    model, es = Bigram().double(), _evalset()
+    with torch.no_grad():
+        model.table.mul_(1e-3).add_(1e6)  # logits near 1e6: float32 would round their differences away
+    point = evaluate_lm(model, es, 16, train_len=8, score_len=4)
+    windows, _, _ = reference(model, es, 16, 8, 4)
+    assert point.window_bits == pytest.approx(windows, rel=1e-12)

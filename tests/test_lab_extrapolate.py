@@ -311,3 +311,27 @@ def test_study_under_torchrun_matches_one_process(tmp_path, corpus_dir):
     for a, b in zip(ddp["summary"], one["summary"]):  # float summation order differs, nothing else
         if a["bpb_window"] is not None:
             assert a["bpb_window"]["mean"] == pytest.approx(b["bpb_window"]["mean"], abs=1e-4)
+
+
+def test_workers_default_to_the_free_cores_and_threads_stay_per_cell(monkeypatch, corpus_dir):
+    import posenc.lab.distributed as dist
+    import posenc.lab.extrapolate as ex
+
+    seen = {}
+
+    def fake_run_study(config, **kw):
+        seen.update(workers=kw["workers"], threads=kw["threads"])
+        raise SystemExit(0)
+
+    monkeypatch.setattr(dist, "free_cores", lambda world_size=1: 3)
+    monkeypatch.setattr(ex, "run_study", fake_run_study)
+    base = ["extrapolate", "--schemes", "alibi,nope", "--seeds", "0,1", "--corpus", str(corpus_dir)]
+    with pytest.raises(SystemExit):
+        main(base)
+    assert seen == {"workers": 3, "threads": 1}  # three cells at once, one thread each
+    with pytest.raises(SystemExit):
+        main([*base, "--threads", "2"])
+    assert seen == {"workers": 3, "threads": 2}  # --threads sets each cell's threads, not the workers
+    with pytest.raises(SystemExit):
+        main([*base, "--workers", "1", "--threads", "2"])
+    assert seen == {"workers": 1, "threads": 2}

@@ -32,17 +32,18 @@ def _reach(positions: torch.Tensor) -> int:
 
 
 def position_angles(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``positions * inv_freq`` as angles in ``dtype`` (float32 or float64), exact for any int64 position.
+    """``positions * inv_freq`` as angles in ``dtype`` (float32 or float64), right for large positions.
 
     A float32 product loses the position past about 2^20 (at 2^24 neighbouring positions get the
     same angle). Where ``|p f|`` can reach 4096, each position is split as ``p = hi + lo`` with
-    ``lo = p mod 4096``: ``hi * f`` is multiplied in float64 and reduced modulo ``2 pi`` (exact,
-    since ``hi`` is an integer), then the small ``lo * f`` is added in ``dtype``. The angle differs
-    from ``p * f`` by a multiple of ``2 pi`` (cos and sin are unchanged) and stays within about
-    ``5e-4`` rad of float64 for every position up to ``2^40``. On CPU in eager mode only the
-    frequencies that need it are split (the others, and every frequency when all positions lie in
-    ``[-4096, 4096)``, take the plain float32 product: the same bits as other libraries); GPUs (no
-    host sync) and compiled graphs split every frequency.
+    ``lo = p mod 4096``: ``hi * f`` is multiplied in float64 (``hi`` is an exact integer there) and
+    reduced modulo ``2 pi``, then the small ``lo * f`` is added in ``dtype``. The angle differs from
+    ``p * f`` by a multiple of ``2 pi`` (cos and sin are unchanged) and stays within about ``5e-4``
+    rad of the exact angle for every position up to ``2^40`` (about ``7e-4`` at ``2^44``; past
+    that the float64 product ``hi * f`` itself rounds: ``0.01`` rad at ``2^48``). On CPU in eager
+    mode only the frequencies that need it are split (the others, and every frequency when all
+    positions lie in ``[0, 4096)``, take the plain float32 product: the same bits as other
+    libraries); GPUs (no host sync) and compiled graphs split every frequency.
 
     Args:
         positions: integer tensor ``[...]``.

@@ -360,8 +360,13 @@ def iter_cells(
             ctx = multiprocessing.get_context("spawn")
             executor = stack.enter_context(ProcessPoolExecutor(max_workers=workers, mp_context=ctx))
         futures = [executor.submit(_cell_task, args[0], cell, *args[1:]) for cell in cells]
-        for future in as_completed(futures):
-            yield future.result()
+        try:
+            for future in as_completed(futures):
+                yield future.result()
+        except BaseException:  # one cell failed (or Ctrl-C): do not wait for the queued ones
+            for future in futures:
+                future.cancel()
+            raise
 
 
 @contextlib.contextmanager
@@ -375,5 +380,9 @@ def _dask_executor(cluster: Any):
     if isinstance(cluster, distributed.Client):
         yield cluster.get_executor()
         return
-    with distributed.Client(cluster) as client:
+    try:
+        client = distributed.Client(cluster)
+    except OSError as err:  # unreachable or refusing scheduler: the user's address
+        raise ValueError(f"--cluster {cluster!r}: cannot reach the Dask scheduler ({err})") from None
+    with client:
         yield client.get_executor()

@@ -249,6 +249,7 @@ def extrapolate_run(args: argparse.Namespace) -> int:
     if args.markdown:
         raise ValueError("--markdown formats a finished study: use it with --from RESULTS")
     from .config import PRESETS, TASK_DEFAULTS, StudyConfig
+    from .distributed import free_cores as configure_free_cores
     from .extrapolate import STUDY_ARTIFACTS, format_table, run_study
     from .runs import RunFolder
 
@@ -284,7 +285,12 @@ def extrapolate_run(args: argparse.Namespace) -> int:
     if args.workers is not None and args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
     info, device, threads = _setup(args)
-    workers = args.workers if args.workers is not None else (threads or 1) if device.type == "cpu" else 1
+    if info.world_size > 1 or device.type != "cpu":
+        workers = 1  # DDP trains each cell with every process; a GPU takes one cell at a time
+    elif args.workers is not None:
+        workers = args.workers
+    else:  # the free cores, one cell each (not --threads, which sets the threads of each cell)
+        workers = configure_free_cores()
     workers = min(workers, len(config.schemes) * len(config.seeds))
     if workers > 1 and args.threads is None:
         threads = 1  # one thread per cell process: the cores go to the cells

@@ -11,7 +11,19 @@ import torch
 
 from .._validate import check_int
 
-__all__ = ["DistInfo", "configure_threads", "dist_info", "init_distributed"]
+__all__ = ["DistInfo", "configure_threads", "dist_info", "free_cores", "init_distributed"]
+
+
+def free_cores(world_size: int = 1) -> int:
+    """The CPUs this process may run on, divided among ``world_size`` local processes, minus the
+    cores other processes keep busy (1-minute load average); at least 1."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cpus = max(1, cpus // max(1, world_size))
+    try:
+        busy = max(0.0, os.getloadavg()[0] - 1.0)  # the load of everything but ourselves, roughly
+    except OSError:  # pragma: no cover - no load average on this platform
+        busy = 0.0
+    return max(1, min(cpus, round(cpus - busy / max(1, world_size))))
 
 
 def configure_threads(num_threads: int | None = None, *, world_size: int = 1) -> int:
@@ -24,13 +36,7 @@ def configure_threads(num_threads: int | None = None, *, world_size: int = 1) ->
     1.5 s with 1 thread at load 11).
     """
     if num_threads is None:
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        cpus = max(1, cpus // max(1, world_size))
-        try:
-            busy = max(0.0, os.getloadavg()[0] - 1.0)  # the load of everything but ourselves, roughly
-        except OSError:  # pragma: no cover - no load average on this platform
-            busy = 0.0
-        num_threads = max(1, min(cpus, round(cpus - busy / max(1, world_size))))
+        num_threads = free_cores(world_size)
     check_int(num_threads, "num_threads")
     torch.set_num_threads(num_threads)
     return num_threads

@@ -104,6 +104,11 @@ def _eval_batch(model_config, length: int, n_windows: int, budget_tokens: int, d
     return b
 
 
+def _loss_dtype(logits: torch.Tensor) -> torch.Tensor:
+    """Logits for the loss: float32 at least (bf16 logits lose small probabilities), float64 kept."""
+    return logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
+
+
 def _curve(position_bits: torch.Tensor) -> list[list[float]]:
     """``[E]`` mean bits per position -> at most about :data:`CURVE_POINTS` ``[mid position, mean
     bits]``, in bins that widen geometrically (every early position alone, where the loss moves)."""
@@ -163,7 +168,7 @@ def evaluate_lm(
         window = evalset.windows(length, slice(i, i + b)).to(device)  # [b', E + 1]
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
             out = model(window[:, :-1])
-        logits = getattr(out, "logits", out).float()  # [b', E, V]; float32 loss whatever the autocast
+        logits = _loss_dtype(getattr(out, "logits", out))  # [b', E, V], float32 or better
         nats = F.cross_entropy(logits.transpose(1, 2), window[:, 1:], reduction="none")  # [b', E]
         bits = nats.double().cpu() / math.log(2)  # [b', E], summed in float64
         window_bits[i : i + bits.shape[0]] = bits[:, -score_len:].mean(dim=1)

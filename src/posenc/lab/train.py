@@ -378,7 +378,8 @@ def _train_step(
     with _autocast(device, config.autocast):
         out = model(ids)
     logits = getattr(out, "logits", out)  # [b, s, V]
-    loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
+    logits = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()  # float64 kept
+    loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()  # DDP: gradients averaged over ranks here
     if config.grad_clip > 0:
