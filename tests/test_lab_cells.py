@@ -145,3 +145,21 @@ def test_an_unreachable_cluster_is_a_clear_error(corpus_dir):
             )
         )
     assert distributed is not None
+
+
+def test_a_changed_corpus_is_never_mistaken_for_the_old_one(tmp_path):
+    """Finished cells and checkpoints remember the bytes they read: after the corpus changes, a
+    resume neither reuses a cell nor continues a checkpoint trained on the old text."""
+    (tmp_path / "corpus").mkdir()
+    corpus = write_corpus(tmp_path / "corpus", n_docs=12)
+    config = tiny_study(corpus, checkpoint_every=2)
+    out = tmp_path / "study"
+    kw = dict(out=out, device=torch.device("cpu"), resume=True, progress=False)
+    first = run_cell(config, Cell("alibi", 0), **kw)
+    assert run_cell(config, Cell("alibi", 0), **kw)["reused"]
+    for f in corpus.iterdir():
+        f.write_text(f.read_text().upper())  # the same files, other bytes
+    cells_mod._study_data.cache_clear()
+    with pytest.raises(ValueError, match=r"it was trained on other data .* the corpus changed"):
+        run_cell(config, Cell("alibi", 0), **kw)
+    assert first["key"]["data"] != cells_mod.study_data(config).data_id

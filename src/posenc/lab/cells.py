@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import hashlib
 import json
 import math
 import os
@@ -83,6 +84,8 @@ class StudyData:
     seq_len: int
     max_len: int
     record: dict[str, Any]
+    data_id: str = ""  # the corpus sha256 and the split: what a cell trains on
+    eval_id: str = ""  # the evaluation anchors, hashed: what a cell reads
 
 
 @functools.lru_cache(maxsize=2)
@@ -114,7 +117,10 @@ def _study_data(key: str) -> StudyData:
             **evalset.record(),
         },
     }
-    return StudyData(corpus.train_bytes, evalset, 256, config.train_len, config.train_len, record)
+    data_id = f"{corpus.info.sha256}:split{config.split_seed}"  # the bytes a cell trains on
+    eval_id = hashlib.sha256(evalset.anchors.numpy().tobytes()).hexdigest()[:16]  # the windows it reads
+    return StudyData(corpus.train_bytes, evalset, 256, config.train_len, config.train_len, record, data_id,
+                     eval_id)  # fmt: skip
 
 
 def study_data(config: StudyConfig) -> StudyData:
@@ -224,7 +230,10 @@ def run_cell(
     """
     out_dir = Path(out) if out is not None else None
     cell_file = out_dir / "cells" / f"{cell.name}.json" if out_dir is not None else None
-    key = cell_key(config)
+    device = torch.device(device)
+    data = study_data(config)
+    # what the numbers depend on beyond the config: the bytes read and the device type
+    key = {**cell_key(config), "data": data.data_id, "eval": data.eval_id, "device": device.type}
     if resume and cell_file is not None and cell_file.is_file():
         record = json.loads(cell_file.read_text())
         if record.get("key") == key:
@@ -232,8 +241,6 @@ def run_cell(
             return record
     if threads is not None:
         torch.set_num_threads(threads)
-    device = torch.device(device)
-    data = study_data(config)
     mc = config.model_config(cell.scheme, vocab_size=data.vocab, max_len=data.max_len)
     ckpt = out_dir / "checkpoints" / f"{cell.name}.safetensors" if out_dir is not None else None
     model, result = _train_cell(config, cell, data, mc, device, ckpt, resume, progress)
@@ -302,6 +309,7 @@ def _train_cell(
         resume=resume,
         progress=progress,
         desc=cell.name,
+        data_id=data.data_id or None,
     )
     return model, result
 

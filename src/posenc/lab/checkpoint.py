@@ -96,8 +96,11 @@ def save_checkpoint(
     train_config: TrainConfig,
     losses: list[float] | None = None,
     elapsed_s: float = 0.0,
+    data_id: str | None = None,
 ) -> None:
     """Write everything needed to resume at ``step`` to ``path`` (safetensors, never pickle).
+
+    ``data_id`` names the training data (e.g. the corpus sha256), so a resume can refuse other data.
 
     Holds the weights (tied tensors once), every AdamW state tensor, the torch/CUDA/NumPy/Python
     RNG states, the loss history, the next step, and the train and model configs as JSON
@@ -139,6 +142,7 @@ def save_checkpoint(
         "optimizer_scalars": json.dumps(scalars),
         "rng": json.dumps(rng_meta),
         "torch_version": torch.__version__,
+        "data_id": data_id or "",
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")

@@ -397,6 +397,7 @@ def _train_one(args, study, tc, mc, out: Path, info, device, threads) -> None:
         resume=args.resume,
         progress=False if args.no_progress else None,
         desc=args.scheme,
+        data_id=f"{corpus.info.sha256}:split{study.split_seed}",  # a resume on other data is refused
     )
     if not info.is_main:
         return

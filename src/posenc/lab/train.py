@@ -193,10 +193,16 @@ def _autocast(device: torch.device, mode: str) -> contextlib.AbstractContextMana
     return contextlib.nullcontext()
 
 
-def _check_resumable(path: Path, config: TrainConfig, module: nn.Module) -> None:
-    """Refuse to resume from ``path`` when the training or the model config differ (naming every
-    differing field), before anything is loaded."""
+def _check_resumable(path: Path, config: TrainConfig, module: nn.Module, data_id: str | None) -> None:
+    """Refuse to resume from ``path`` when the training data, the training config or the model
+    config differ (naming every differing field), before anything is loaded."""
     meta = read_checkpoint_meta(path)
+    saved_data = meta.get("data_id") or None
+    if data_id and saved_data and saved_data != data_id:
+        raise ValueError(
+            f"cannot resume from {str(path)!r}: it was trained on other data ({saved_data[:16]}..., now "
+            f"{data_id[:16]}...: the corpus changed); start a new run in another folder"
+        )
     saved_train, saved_model = json.loads(meta["train_config"]), json.loads(meta["model_config"])
     current = config.to_dict()
     diff = [
@@ -233,6 +239,7 @@ def train(
     stop_at: int | None = None,
     memory_check: bool = True,
     on_log: Callable[[int, float], None] | None = None,
+    data_id: str | None = None,
 ) -> TrainResult:
     """Train ``model`` (ids ``[b, s]`` -> logits ``[b, s, V]``) on ``data`` by next-token prediction.
 
@@ -260,6 +267,8 @@ def train(
         memory_check: estimate the memory first and refuse a run that cannot fit
             (:class:`InsufficientMemoryError`); needs ``model.config``.
         on_log: called as ``on_log(step, loss)`` on rank 0 at every log point.
+        data_id: names the training data (e.g. the corpus sha256); kept in the checkpoint, and a
+            resume with another ``data_id`` is refused.
 
     Returns:
         a :class:`TrainResult`.
@@ -278,7 +287,7 @@ def train(
     optimizer = make_optimizer(module, config)
     start, losses, elapsed_before = 0, [], 0.0
     if resume and ckpt is not None and ckpt.is_file():
-        _check_resumable(ckpt, config, module)  # before anything is loaded into the model
+        _check_resumable(ckpt, config, module, data_id)  # before anything is loaded into the model
         state = load_checkpoint(ckpt, module, optimizer)
         start, losses, elapsed_before = state.step, state.losses, state.elapsed_s
     elif ckpt is not None and ckpt.exists():
@@ -327,6 +336,7 @@ def train(
                     train_config=config,
                     losses=losses,
                     elapsed_s=elapsed_before + time.perf_counter() - t0,
+                    data_id=data_id,
                 )
             if info.world_size > 1:
                 torch.distributed.barrier()
