@@ -732,3 +732,25 @@ def test_position_options_that_contradict_the_model_are_refused_at_config_time()
             vocab_size=V, d_model=32, num_heads=4, position="alibi", position_options={"num_heads": 2}
         )
     ModelConfig(vocab_size=V, d_model=32, num_heads=4, position="alibi", position_options={"num_heads": 4})
+
+
+def test_files_saved_before_a_default_changed_load_as_they_were_trained(tmp_path):
+    """T5's max_distance now follows max_len; a file from before (no defaults-version mark) keeps
+    the 128 it was built and trained with, instead of silently changing its buckets."""
+    import json
+
+    import safetensors.torch
+
+    model = TransformerLM(ModelConfig(vocab_size=V, d_model=16, num_heads=2, position="t5", max_len=64))
+    assert model.decoder.scheme(0).max_distance == 32
+    path = tmp_path / "lm.safetensors"
+    save_model(model, path)
+    assert load_model(path).decoder.scheme(0).max_distance == 32  # a current file: as saved
+    tensors = safetensors.torch.load_file(str(path))
+    with safetensors.safe_open(str(path), framework="pt") as f:
+        meta = {k: v for k, v in f.metadata().items() if k != "posenc_defaults"}
+    safetensors.torch.save_file(tensors, str(tmp_path / "old.safetensors"), metadata=meta)
+    old = load_model(tmp_path / "old.safetensors")
+    assert old.decoder.scheme(0).max_distance == 128
+    assert old.config.position_options == {"max_distance": 128}
+    assert json.loads(meta["posenc_config"])["position_options"] == {}

@@ -20,6 +20,7 @@ Legend: ``b`` batch, ``h`` heads, ``s_q``/``s_k`` query/key lengths.
 from __future__ import annotations
 
 import math
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -301,6 +302,9 @@ class T5RelativeBias(PositionalScheme):
 
     name = "t5"
     hooks = ("score_bias",)
+    legacy_defaults: ClassVar[dict[str, Any]] = {
+        "max_distance": T5_MAX_DISTANCE
+    }  # before max_distance followed max_len
     summary = "learned scalar per (log-bucketed distance, head) on the logits (Raffel et al. 2020)"
 
     def __init__(

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..base import DEFAULTS_VERSION
 from .config import TrainConfig
 
 __all__ = [
@@ -143,6 +144,7 @@ def save_checkpoint(
         "rng": json.dumps(rng_meta),
         "torch_version": torch.__version__,
         "data_id": data_id or "",
+        "posenc_defaults": DEFAULTS_VERSION,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
@@ -259,7 +261,7 @@ def load_trained_model(path: str | os.PathLike) -> nn.Module:
         ValueError: the file is missing or is neither kind of posenc file.
     """
     from .. import model as models
-    from ..model.io import read_metadata
+    from ..model.io import config_from_metadata, read_metadata
 
     path = Path(path)
     meta = read_metadata(path, "checkpoint")
@@ -268,6 +270,6 @@ def load_trained_model(path: str | os.PathLike) -> nn.Module:
     cls = getattr(models, meta.get("model_class", ""), None)
     if cls is None or not meta.get("model_config") or meta["model_config"] == "null":
         raise ValueError(f"{str(path)!r} does not record a posenc model class and config")
-    model = cls(models.ModelConfig.from_dict(json.loads(meta["model_config"])))
+    model = cls(config_from_metadata(meta["model_config"], meta))
     load_checkpoint(path, model, restore_rng=False)
     return model.eval()

@@ -211,9 +211,11 @@ def _check_resumable(path: Path, config: TrainConfig, module: nn.Module, data_id
         if k not in _RESUMABLE_CHANGES and saved_train.get(k) != current[k]
     ]
     model_config = getattr(module, "config", None)
-    if hasattr(model_config, "to_dict"):
-        now = model_config.to_dict()
-        saved_model = saved_model or {}
+    if hasattr(model_config, "to_dict") and saved_model:
+        from ..model.io import config_from_metadata
+
+        now = model_config.to_dict()  # and the saved config as it was built (old files: old defaults)
+        saved_model = config_from_metadata(meta["model_config"], meta).to_dict()
         diff += [
             f"model {k}: checkpoint {saved_model.get(k)!r} vs now {now.get(k)!r}"
             for k in sorted(set(now) | set(saved_model))

@@ -16,10 +16,11 @@ import safetensors.torch
 import torch
 from torch import nn
 
+from ..base import DEFAULTS_VERSION
 from .config import ModelConfig
 from .transformer import Decoder, Encoder, EncoderDecoder, TransformerLM
 
-__all__ = ["MODEL_CLASSES", "load_model", "read_metadata", "save_model"]
+__all__ = ["MODEL_CLASSES", "config_from_metadata", "load_model", "read_metadata", "save_model"]
 
 #: The model classes :func:`load_model` can rebuild, by name.
 MODEL_CLASSES: dict[str, type[nn.Module]] = {
@@ -48,8 +49,16 @@ def save_model(model: nn.Module, path: str | os.PathLike) -> None:
             "strings, lists and dicts in position_options"
         ) from None
     extra = {"cross_attention": str(model.cross_attention)} if isinstance(model, Decoder) else {}
-    metadata = {"format": "pt", "posenc_model": name, "posenc_config": config_json, **extra}
+    metadata = {"format": "pt", "posenc_model": name, "posenc_config": config_json,
+                "posenc_defaults": DEFAULTS_VERSION, **extra}  # fmt: skip
     safetensors.torch.save_model(model, str(path), metadata=metadata)  # drops duplicate (tied) names
+
+
+def config_from_metadata(config_json: str, metadata: dict[str, str]) -> ModelConfig:
+    """The :class:`ModelConfig` a file was saved with; a file from before defaults version 2 gets
+    the old values of the defaults that changed since (``PositionalScheme.legacy_defaults``)."""
+    config = ModelConfig.from_dict(json.loads(config_json))
+    return config if metadata.get("posenc_defaults") == DEFAULTS_VERSION else config.with_legacy_defaults()
 
 
 def read_metadata(path: str | os.PathLike, what: str = "file") -> dict[str, str]:
@@ -75,7 +84,7 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> n
     name = metadata["posenc_model"]
     if name not in MODEL_CLASSES:
         raise ValueError(f"{path} holds an unknown model class {name!r}; known: {', '.join(MODEL_CLASSES)}")
-    config = ModelConfig.from_dict(json.loads(metadata["posenc_config"]))
+    config = config_from_metadata(metadata["posenc_config"], metadata)
     # Built on the target device (not meta + to_empty, which would untie shared weights).
     with torch.device(device):
         if name == "Decoder":
