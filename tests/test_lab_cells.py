@@ -163,3 +163,13 @@ def test_a_changed_corpus_is_never_mistaken_for_the_old_one(tmp_path):
     with pytest.raises(ValueError, match=r"it was trained on other data .* the corpus changed"):
         run_cell(config, Cell("alibi", 0), **kw)
     assert first["key"]["data"] != cells_mod.study_data(config).data_id
+
+
+def test_an_evaluation_that_cannot_fit_is_refused_before_training(corpus_dir, monkeypatch):
+    import posenc.lab.memory
+
+    monkeypatch.setattr(cells_mod, "train", lambda *a, **k: pytest.fail("trained before the check"))
+    monkeypatch.setattr(posenc.lab.memory, "available_memory", lambda device: 64 * 2**10)  # 64 KiB free
+    config = tiny_study(corpus_dir, eval_lens=(8, 32))
+    with pytest.raises(ValueError, match=r"evaluation at length 32 \(one window\) would not fit"):
+        run_cell(config, Cell("alibi", 0))

@@ -40,6 +40,7 @@ from .config import StudyConfig
 from .distributed import dist_info
 from .evalset import EvalSet, sample_eval_set
 from .evaluate import EVALUATORS, EvalPoint, task_batch_fn, task_seq_len
+from .memory import check_memory, estimate_memory
 from .runs import write_json
 from .train import seed_everything, train
 
@@ -243,6 +244,10 @@ def run_cell(
         torch.set_num_threads(threads)
     mc = config.model_config(cell.scheme, vocab_size=data.vocab, max_len=data.max_len)
     ckpt = out_dir / "checkpoints" / f"{cell.name}.safetensors" if out_dir is not None else None
+    if config.lm:  # the longest evaluation must fit too: refuse before training, on every rank
+        longest = max(config.eval_lens)
+        check_memory(estimate_memory(mc, 1, longest, training=False), device,
+                     what=f"evaluation at length {longest} (one window)")  # fmt: skip
     model, result = _train_cell(config, cell, data, mc, device, ckpt, resume, progress)
     tail = result.losses[-max(1, len(result.losses) // 10) :]
     record = {
