@@ -117,6 +117,12 @@ class RunFolder:
         except BaseException:
             self._release()
             raise
+        from .distributed import dist_info
+
+        if dist_info().world_size > 1:  # torchrun: no rank starts before the lock holder cleaned up
+            import torch.distributed
+
+            torch.distributed.barrier()
         return self
 
     def __exit__(self, *exc: object) -> None:
