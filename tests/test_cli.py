@@ -141,3 +141,103 @@ def test_a_reader_that_leaves_early_is_not_an_error():
     proc.stdout.close()
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 0 and "Traceback" not in err, err[-1500:]
+
+
+#: A handful of bad values for any flag: negative, zero, not a number, overflowing, enormous, a
+#: missing path, a folder, a file where a folder is expected, empty.
+FUZZ_VALUES = ["-1", "0", "abc", "1e309", "99999999999999999999", "/nonexistent/dir/x", "{dir}", "{file}", ""]
+
+
+def _fuzz_base(tmp_path, corpus) -> dict[str, list[str]]:
+    """Per command, arguments that make a valid run cheap (so a bad value is what is tested)."""
+    tiny = ["--train-len", "8", "--steps", "2", "--batch-size", "2", "--d-model", "16", "--layers", "1",
+            "--heads", "2", "--corpus", str(corpus), "--no-progress"]  # fmt: skip
+    return {
+        "list": [],
+        "show": ["sinusoidal"],
+        "verify": ["sinusoidal"],
+        "plot": ["rope", "--kind", "kernel", "-o", str(tmp_path / "p.png")],
+        "report": ["-o", str(tmp_path / "rep"), "nope"],
+        "encode": ["hi", "--tokenizer", "byte"],
+        "extrapolate": [
+            "--schemes",
+            "alibi",
+            "--eval-lens",
+            "8,16",
+            "--eval-windows",
+            "2",
+            "--seeds",
+            "0",
+            "--workers",
+            "1",
+            "--variants",
+            "none",
+            *tiny,
+        ],
+        "train": ["--scheme", "alibi", "--out", str(tmp_path / "tr"), "--overwrite", *tiny],
+        "bench": ["sinusoidal_table", "--quick", "--repeats", "1"],
+    }
+
+
+@pytest.mark.slow
+def test_fuzz_every_flag_of_every_command(tmp_path, monkeypatch):
+    """Every flag of every command gets each bad value in turn: the command ends with exit code 0
+    or 2 (argparse's own errors included), never with a traceback, within 15 s, except a valid
+    enormous amount of work (e.g. --steps 99999999999999999999), which starts and is stopped."""
+    import argparse
+    import contextlib
+    import io
+    import signal
+
+    from posenc.cli import build_parser
+
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "file").write_text("x")
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(12):
+        (corpus / f"d{i}.txt").write_text(f"posenc fuzz corpus line {i}\n" * 120)
+    monkeypatch.chdir(tmp_path)
+    base = _fuzz_base(tmp_path, corpus)
+    threads = torch.get_num_threads()
+
+    class Timeout(Exception):
+        pass
+
+    def alarm(*_):
+        raise Timeout
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    failures = []
+    try:
+        for command, args in base.items():
+            for action in sub.choices[command]._actions:
+                if not action.option_strings or action.nargs == 0:
+                    continue
+                flag = action.option_strings[-1]
+                for raw in FUZZ_VALUES:
+                    value = raw.format(dir=tmp_path / "dir", file=tmp_path / "file")
+                    argv = [command, *args]
+                    if flag in argv:  # replace the base's own value
+                        del argv[argv.index(flag) : argv.index(flag) + 2]
+                    argv += [flag, value] + ([value] if action.nargs == 2 else [])
+                    err = io.StringIO()
+                    signal.alarm(15)
+                    try:
+                        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+                            code = main(argv)
+                    except SystemExit as exc:  # argparse: a bad choice or type
+                        code = exc.code
+                    except Timeout:
+                        code = "started" if value.isdigit() and int(value) > 10**6 else "timeout"
+                    except BaseException as exc:
+                        code = f"{type(exc).__name__}: {exc}"
+                    finally:
+                        signal.alarm(0)
+                    if code not in (0, 2, "started") or "Traceback" in err.getvalue():
+                        failures.append(([command, flag, value], code, err.getvalue()[-300:]))
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+        torch.set_num_threads(threads)
+    assert not failures, failures[:10]
