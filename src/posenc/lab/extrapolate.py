@@ -129,7 +129,8 @@ def _run_study(config, out, device, resume, progress, log, threads, workers, clu
         say(_corpus_line(data.record))
     cells = study_cells(config)
     records = {}
-    bar = _cell_bar(progress and info.is_main and len(cells) > 1, len(cells))
+    show = sys.stderr.isatty() if progress is None else progress  # None: bars on a terminal only
+    bar = _cell_bar(show and info.is_main and len(cells) > 1, len(cells))
     for record in iter_cells(
         config,
         cells,
