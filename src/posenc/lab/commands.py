@@ -170,7 +170,7 @@ def extrapolate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--seeds",
         default=None,
-        help="comma list of training seeds, one model per scheme and seed (default 0)",
+        help="comma list of training seeds, one model per scheme and seed (default 0,1,2; --quick: 0)",
     )
     p.add_argument(
         "--eval-windows",
