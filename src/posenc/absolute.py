@@ -315,7 +315,7 @@ class LearnedPE(PositionalScheme):
         d_model: ``d``, the model width.
         max_len: the number of positions in the table; positions must be in ``[0, max_len)``.
             Learned positions cannot extrapolate: a longer input raises ``ValueError``.
-        init_std: std of the normal initialisation (0.02, as BERT and seed 002).
+        init_std: std of the normal initialisation (0.02, as BERT).
         padding_idx: fairseq's convention: when given, position ``p`` uses row
             ``p + padding_idx + 1`` and row ``padding_idx`` is a zero, untrained padding row, so
             fairseq/RoBERTa-style tables (``max_len + padding_idx + 1`` rows) load directly.

@@ -1,10 +1,10 @@
 """Token embeddings, weight tying, and the input layer of a Transformer.
 
-The seeds' pipeline, after tokenization::
+The classic input pipeline, after tokenization::
 
     ids [b, s] -> E[ids] * sqrt(d) -> + positional part -> LayerNorm -> dropout -> [b, s, d]
 
-An embedding lookup is a one-hot vector times the weight matrix (seed 003):
+An embedding lookup is a one-hot vector times the weight matrix:
 ``E[ids] == one_hot(ids, V) @ E``, computed as a gather.
 
 Legend: ``b`` batch, ``s`` sequence length, ``d`` model width, ``V`` vocabulary size.

@@ -506,7 +506,7 @@ class TransformerLM(nn.Module):
 
 
 class EncoderDecoder(nn.Module):
-    """Encoder-decoder Transformer (Vaswani et al. 2017; seed 000 section 4) with any scheme.
+    """Encoder-decoder Transformer (Vaswani et al. 2017) with any scheme.
 
     The encoder builds the scheme with ``causal=False`` (e.g. symmetric ALiBi, bidirectional T5
     buckets), the decoder with ``causal=True``; cross-attention carries no positional term.

@@ -1,4 +1,4 @@
-"""From text to vectors: tokenizers, corpora, synthetic tasks, the seeds' pipeline step by step.
+"""From text to vectors: tokenizers, corpora, synthetic tasks, the input pipeline step by step.
 
 * :mod:`.tokenizer` - WordPiece / byte-level BPE / byte tokenizers on Hugging Face ``tokenizers``.
 * :mod:`.corpus` - the Python stdlib's own source and user files, split by document, byte views.

@@ -1,4 +1,4 @@
-"""``posenc encode TEXT``: the seeds' input pipeline on a sentence, step by step.
+"""``posenc encode TEXT``: the input pipeline on a sentence, step by step.
 
 Kept apart from :mod:`posenc.cli` and imported only when the command runs, so ``import posenc``
 and ``posenc list`` never load ``tokenizers``.

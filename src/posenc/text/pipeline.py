@@ -1,4 +1,4 @@
-"""The seeds' input pipeline as data: every step from token ids to the vectors a Transformer sees.
+"""The input pipeline as data: every step from token ids to the vectors a Transformer sees.
 
 Seeds 002 and 003 walk one sentence through the input layer::
 
@@ -279,7 +279,7 @@ def format_pipeline(result: PipelineResult, digits: int = 3, columns: int = 6) -
     lines += _matrix_lines(result, st["sum"].tensor, digits, columns)
     ids = result.ids.tolist()
     repeat = next((i for i in range(s) if ids.index(ids[i]) != i), None)
-    if repeat is not None:  # seed 003's point: the id alone cannot tell the two occurrences apart
+    if repeat is not None:  # the id alone cannot tell the two occurrences apart
         first = ids.index(ids[repeat])
         gap = float((st["sum"].tensor[repeat] - st["sum"].tensor[first]).norm())
         lines.append(

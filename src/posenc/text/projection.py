@@ -1,4 +1,4 @@
-"""The learned token space seen in 2D (seed 002, section 8): PCA and t-SNE of an embedding matrix.
+"""The learned token space seen in 2D: PCA and t-SNE of an embedding matrix.
 
 :func:`project_2d` maps the rows of a ``[V, d]`` weight to ``[V, 2]`` by a method from
 :data:`PROJECTIONS`; :func:`plot_embedding_space` draws the ``top_k`` most frequent tokens (or the
@@ -11,7 +11,7 @@ first ``top_k`` ids) and labels them.
   fixed seed; it keeps neighbourhoods, not distances, so only clusters are meaningful.
 
 Caveat: at initialisation an embedding matrix is random, so neither picture shows structure; the
-clusters seed 002 describes ("dog", "puppy", ...) appear only after training.
+clusters often described ("dog", "puppy", ...) appear only after training.
 
 Legend: ``V`` vocabulary size, ``d`` model width, ``k`` tokens shown.
 """
