@@ -859,3 +859,36 @@ def test_rope_2d_errors():
 
 def test_classes_are_exported():
     assert posenc.RotaryEmbedding is RotaryEmbedding and posenc.XPos is XPos and posenc.Rope2D is Rope2D
+
+
+def test_document_lengths():
+    from posenc.rotary import document_lengths
+
+    assert document_lengths(torch.tensor([0, 1, 2, 0, 1, 0, 1, 2, 3])).tolist() == [3, 3, 3, 2, 2, 4, 4, 4, 4]
+    assert document_lengths(torch.tensor([7, 8, 9])).tolist() == [10, 10, 10]  # an offset range: one
+    assert document_lengths(torch.tensor([[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]])).tolist() == [[3], [5]]
+
+
+@pytest.mark.parametrize("rule", ["dynamic", "longrope"])
+def test_length_dependent_rules_treat_each_document_and_row_alone(rule):
+    """A packed short document must not take the long one's base, nor a left-padded short row the
+    long row's: packed == separate and left-padded == alone (it was 0.33 off for dynamic)."""
+    rope = posenc.build(
+        "rope", head_dim=16, scaling={**scaling_for(rule, 16), "original_max_position_embeddings": 8}
+    )
+    g = torch.Generator().manual_seed(0)
+    a, b = 5, 20  # a document within the original length, one past it
+    q, k = torch.randn(2, 1, 2, a + b, 16, generator=g)
+    pos = torch.cat((torch.arange(a), torch.arange(b)))  # [a + b]: two packed documents
+    packed = rope.rotate(q, k, pos, pos)[0]
+    separate = torch.cat(
+        (rope.rotate(q[..., :a, :], k[..., :a, :])[0], rope.rotate(q[..., a:, :], k[..., a:, :])[0]), -2
+    )
+    torch.testing.assert_close(packed, separate, rtol=0, atol=1e-6)
+    mask = torch.tensor([[False] * 3 + [True] * 5, [True] * 8])
+    positions = posenc.positions_from_mask(mask)  # [2, 8]: row 0 padded on the left
+    q, k = torch.randn(2, 2, 2, 8, 16, generator=g)
+    rq, rk = rope.rotate(q, k, positions, positions)
+    aq, ak = rope.rotate(q[:1, :, 3:], k[:1, :, 3:])  # the short row alone
+    torch.testing.assert_close(rq[:1, :, 3:], aq, rtol=0, atol=1e-6)
+    torch.testing.assert_close(rk[:1, :, 3:], ak, rtol=0, atol=1e-6)

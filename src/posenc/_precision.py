@@ -47,8 +47,9 @@ def position_angles(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torc
 
     Args:
         positions: integer tensor ``[...]``.
-        inv_freq: ``[r]`` frequencies, float64 for exact angles at large positions (a float32
-            frequency is itself off by ~6e-8 relative: a radian at 2^24).
+        inv_freq: ``[r]`` frequencies, or ``[..., r]`` per position (length-dependent RoPE
+            scalings); float64 for exact angles at large positions (a float32 frequency is itself
+            off by ~6e-8 relative: a radian at 2^24).
         dtype: float32 or float64, the angles' dtype.
 
     Returns:
@@ -61,12 +62,13 @@ def position_angles(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torc
         return _split_angles(positions, inv_freq, dtype)
     angles = positions.to(dtype)[..., None] * f  # [..., 1] * [r] -> [..., r], the plain product
     # the frequencies whose angles reach 4096 rad somewhere: float32 loses them there
-    cols = (inv_freq.abs().double() * _reach(positions) >= ANGLE_SPLIT).nonzero().flatten()  # [k]
+    reaches = inv_freq.abs().double() * _reach(positions) >= ANGLE_SPLIT  # [..., r]
+    cols = reaches.reshape(-1, reaches.shape[-1]).any(0).nonzero().flatten()  # [k] over any row
     if cols.numel() and int(cols[-1]) - int(cols[0]) + 1 == cols.numel():  # a range (decreasing f)
         a, b = int(cols[0]), int(cols[-1]) + 1
-        angles[..., a:b] = _split_angles(positions, inv_freq[a:b], dtype)  # [..., k], written in place
+        angles[..., a:b] = _split_angles(positions, inv_freq[..., a:b], dtype)  # [..., k], in place
     elif cols.numel():
-        angles[..., cols] = _split_angles(positions, inv_freq[cols], dtype)  # [..., k]
+        angles[..., cols] = _split_angles(positions, inv_freq[..., cols], dtype)  # [..., k]
     return angles
 
 
@@ -83,7 +85,8 @@ def _split_angles(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.
     wide = wide_dtype(positions.device)
     f_wide = inv_freq.to(positions.device, wide)  # [r]
     near = lo.to(dtype)[..., None] * inv_freq.to(positions.device, dtype)  # [..., r]
-    if not torch.compiler.is_compiling() and positions.device.type == "cpu" and positions.numel():
+    if (not torch.compiler.is_compiling() and positions.device.type == "cpu" and positions.numel()
+            and inv_freq.dim() == 1):  # fmt: skip
         q0, q1 = int(q.min()), int(q.max())  # a host reduction: CPU only (no GPU sync, no meta)
         if q1 - q0 < positions.numel():  # few blocks: a [blocks, r] table, gathered
             blocks = torch.arange(q0, q1 + 1, device=positions.device).to(wide) * ANGLE_SPLIT  # [u]

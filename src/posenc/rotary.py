@@ -512,6 +512,24 @@ def rope_cos_sin(
     return cos.to(dtype), sin.to(dtype)
 
 
+def document_lengths(positions: torch.Tensor) -> torch.Tensor:
+    """The current length of each position's sequence, as a length-dependent RoPE rule (dynamic
+    NTK, LongRoPE) uses it: ``[s]`` -> ``[s]``, ``[b, s]`` -> ``[b, 1]``, int64.
+
+    ``[b, s]`` positions (left padding, per-row cache offsets): each row's largest position + 1.
+    ``[s]`` positions: each document's largest position + 1, where a document starts at every 0
+    after the first position (packed documents restart at 0; a plain or offset range is one
+    document, so its length is the largest position + 1 as in Hugging Face's dynamic NTK).
+    """
+    if positions.dim() == 2:
+        return positions.amax(dim=-1, keepdim=True) + 1  # [b, 1]
+    start = torch.cat((torch.ones_like(positions[:1], dtype=torch.bool), positions[1:] == 0))  # [s]
+    document = start.long().cumsum(0) - 1  # [s] document index
+    top = torch.full_like(positions, torch.iinfo(torch.int64).min, dtype=torch.int64)  # [s]
+    top = top.scatter_reduce(0, document, positions.long(), reduce="amax")  # [s] max per document
+    return top[document] + 1  # [s]
+
+
 # ----------------------------------------------------------------------------------------------
 # Modules
 # ----------------------------------------------------------------------------------------------
@@ -613,20 +631,27 @@ class RotaryEmbedding(PositionalScheme):
         kp = resolve_positions(k_positions, k.shape[-2], k.device, name="k_positions")
         return qp, kp
 
-    def _seq_len(self, qp: torch.Tensor, kp: torch.Tensor) -> torch.Tensor | None:
+    def _lengths(self, qp: torch.Tensor, kp: torch.Tensor):
+        """The lengths queries and keys are rotated for under a length-dependent rule
+        (``[..., s, 1]`` or ``[b, 1, 1]``, :func:`document_lengths`; each side from its own
+        positions: in every model path the queries are the last keys, so both agree), or
+        ``None, None`` for rules whose frequencies do not depend on the length."""
         if not self.needs_unrotated_cache or (qp.numel() == 0 and kp.numel() == 0):
-            return None
-        top = [p.max() for p in (qp, kp) if p.numel()]
-        return (top[0] if len(top) == 1 else torch.maximum(top[0], top[1])) + 1  # 0-d tensor: traceable
+            return None, None
+        return (None if qp.numel() == 0 else document_lengths(qp)[..., None],
+                None if kp.numel() == 0 else document_lengths(kp)[..., None])  # fmt: skip
 
     def _tables(self, q, k, q_positions, k_positions):
-        """cos/sin for q and for k, with one frequency set for both."""
+        """cos/sin for q and for k (frequencies per document under a length-dependent rule)."""
         qp, kp = self._positions(q, k, q_positions, k_positions)
-        inv, scale = self.frequencies(self._seq_len(qp, kp), device=q.device)
+        len_q, len_k = self._lengths(qp, kp)
+        inv, scale = self.frequencies(len_q, device=q.device)  # [r/2], or [..., s_q, r/2] per document
         cq, sq = rope_cos_sin(qp, inv, attention_scale=scale, dtype=q.dtype)
         if q_positions is None and k_positions is None and qp.shape == kp.shape and k.dtype == q.dtype:
             ck, sk = cq, sq  # same default positions: one table
         else:
+            if self.needs_unrotated_cache:  # the keys' own lengths
+                inv, scale = self.frequencies(len_k, device=q.device)  # [..., s_k, r/2]
             ck, sk = rope_cos_sin(kp, inv, attention_scale=scale, dtype=k.dtype)
         return (_for_heads(cq, qp), _for_heads(sq, qp)), (_for_heads(ck, kp), _for_heads(sk, kp)), (qp, kp)
 
