@@ -109,41 +109,25 @@ def test_cluster_needs_dask(monkeypatch, corpus_dir):
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_dask)
-    config = tiny_study(corpus_dir)
     with pytest.raises(ValueError, match=r"cluster needs Dask distributed: pip install 'posenc\[cluster\]'"):
-        list(
-            iter_cells(
-                config,
-                study_cells(config),
-                out=None,
-                device=torch.device("cpu"),
-                resume=False,
-                progress=False,
-                cluster="tcp://127.0.0.1:1",
-            )
-        )
+        _run_on_cluster(tiny_study(corpus_dir), "tcp://127.0.0.1:1")
+
+
+def _run_on_cluster(config, cluster):
+    cells = study_cells(config)
+    return list(iter_cells(config, cells, out=None, device=torch.device("cpu"), resume=False, progress=False,
+                           cluster=cluster))  # fmt: skip
 
 
 def test_an_unreachable_cluster_is_a_clear_error(corpus_dir):
     distributed = pytest.importorskip("distributed")
     import dask
 
-    config = tiny_study(corpus_dir)
     with (
         dask.config.set({"distributed.comm.timeouts.connect": "1s"}),
         pytest.raises(ValueError, match=r"--cluster 'tcp://127.0.0.1:1': cannot reach the Dask scheduler"),
     ):
-        list(
-            iter_cells(
-                config,
-                study_cells(config),
-                out=None,
-                device=torch.device("cpu"),
-                resume=False,
-                progress=False,
-                cluster="tcp://127.0.0.1:1",
-            )
-        )
+        _run_on_cluster(tiny_study(corpus_dir), "tcp://127.0.0.1:1")
     assert distributed is not None
 
 
