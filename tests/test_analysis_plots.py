@@ -62,3 +62,24 @@ def test_import_posenc_stays_light():
     code = "import sys, posenc, posenc.cli; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_plot_defects_stay_fixed():
+    import matplotlib.pyplot as plt
+
+    from posenc.analysis.plots import render
+
+    waves = render("sinusoidal", "waves")
+    labels = [t.get_text() for t in waves.axes[0].get_legend().get_texts()]
+    assert "dim 0" not in labels and "dim 1" not in labels  # the fastest pairs read as noise
+    sim = render("sinusoidal", "similarity")
+    image = sim.axes[0].images[0]
+    lo, hi = image.get_clim()
+    assert hi == 1.0 and lo == pytest.approx(float(image.get_array().min())) and lo > -0.5  # its own range
+    kernel = render("rope", "kernel")  # one panel: a figure about its width, no blank half
+    assert kernel.get_size_inches()[0] < 5.5
+    bias = render("alibi", "bias")  # both panels carry a colour bar (the curves: which head)
+    assert sorted(ax.get_ylabel() for ax in bias.axes if ax.get_label() == "<colorbar>") == [
+        "bias (scaled-logit units)", "head"]  # fmt: skip
+    for fig in (waves, sim, kernel, bias):
+        plt.close(fig)

@@ -137,7 +137,9 @@ def _waves(fig: Figure, probe: Probe) -> None:
     n = _n(probe, 256)
     enc = encodings(probe, n).float()  # [s, d]
     d = enc.shape[1]
-    dims = sorted({0, 1, d // 8, d // 4, d // 2, d - 2} - {-1})
+    # pairs from a wavelength of about 20 tokens (d/8) to the slowest; the first pairs turn every
+    # ~6 tokens, which over 256 positions reads as noise
+    dims = sorted({2 * (d // 16), 2 * (d // 8), 2 * (3 * d // 16), 2 * (d // 4), d - 2} - {0})
     ax = fig.add_subplot()
     for i in dims:
         ax.plot(range(n), enc[:, i].numpy(), lw=1.4, label=f"dim {i}")
@@ -154,7 +156,8 @@ def _similarity(fig: Figure, probe: Probe) -> None:
     unit = enc / enc.norm(dim=-1, keepdim=True).clamp_min(1e-30)
     sim = (unit @ unit.T).float()  # [s, s]
     ax = fig.add_subplot()
-    im = ax.imshow(sim.numpy(), cmap="viridis", origin="lower", vmin=-1, vmax=1, interpolation="nearest")
+    lo = min(float(sim.min()), 0.99)  # the values' own range (they often sit in 0.5..1), up to 1
+    im = ax.imshow(sim.numpy(), cmap="viridis", origin="lower", vmin=lo, vmax=1, interpolation="nearest")
     ax.set_xlabel("position n (tokens)")
     ax.set_ylabel("position m (tokens)")
     ax.set_title(f"{probe.name}: cosine similarity of {_what(probe)}")
@@ -203,6 +206,8 @@ def _kernel(fig: Figure, probe: Probe) -> None:
     k, content = display_kernel(probe, n)  # [h, n, n]
     k = k.float()
     heads = [0] if k.shape[0] == 1 else [0, k.shape[0] - 1]
+    if len(heads) == 1:  # one square panel: a figure its width, not half a blank canvas
+        fig.set_size_inches(4.9, fig.get_size_inches()[1])
     axes = fig.subplots(1, len(heads), squeeze=False)[0]
     for ax, h in zip(axes, heads):
         vmax = float(k[h].abs().max()) or 1.0  # one colour scale per head: slopes differ by 2^8 in ALiBi
@@ -278,11 +283,14 @@ def _bias(fig: Figure, probe: Probe) -> None:
     ax1.set_ylabel("head")
     ax1.set_title("bias per head")
     fig.colorbar(im, ax=ax1, label="bias (scaled-logit units)")
-    for h in range(curve.shape[0]):
-        ax2.plot(r.numpy(), curve[h].numpy(), lw=1, color=plt.cm.viridis(h / max(curve.shape[0] - 1, 1)))
+    heads = curve.shape[0]
+    norm = matplotlib.colors.Normalize(vmin=0, vmax=max(heads - 1, 1))
+    for h in range(heads):
+        ax2.plot(r.numpy(), curve[h].numpy(), lw=1, color=plt.cm.viridis(norm(h)))
+    fig.colorbar(matplotlib.cm.ScalarMappable(norm=norm, cmap="viridis"), ax=ax2, label="head")
     ax2.set_xlabel("relative distance m − n (tokens)")
     ax2.set_ylabel("bias")
-    ax2.set_title("one curve per head (dark = head 0)")
+    ax2.set_title("one curve per head")
     ax2.grid(alpha=0.3)
     fig.suptitle(
         f"{probe.name}: attention bias against distance"
