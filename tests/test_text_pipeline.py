@@ -203,3 +203,23 @@ def test_cli_encode_errors(tmp_path, capsys):
 def test_byte_pipeline_runs():
     r = encode_text("ab", byte_tokenizer(), d_model=4)
     assert r.tokens == ["a", "b"] and r.ids.tolist() == [97, 98]
+
+
+def test_plot_of_a_scheme_acting_in_attention_says_so(tok, tmp_path, monkeypatch):
+    """The positional panel of rope holds a note, not an empty heatmap; the layout is constrained
+    (the figure title no longer overlaps the panel titles)."""
+    import matplotlib.figure
+
+    seen = {}
+    real = matplotlib.figure.Figure.savefig
+
+    def keep(fig, *args, **kwargs):
+        seen["fig"] = fig
+        return real(fig, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", keep)
+    plot_pipeline(encode_text("the cat sat", tok, scheme="rope", d_model=8), tmp_path / "rope.png")
+    fig = seen["fig"]
+    panel = next(ax for ax in fig.axes if ax.get_title().startswith("positional part"))
+    assert not panel.images and "acts inside attention" in panel.texts[0].get_text()
+    assert fig.get_layout_engine().__class__.__name__ == "ConstrainedLayoutEngine"

@@ -336,18 +336,23 @@ def plot_pipeline(result: PipelineResult, out_path: str | Path) -> Path:
     out_path = plot_path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)  # the rule of every posenc plot: folders are made
     s, d = result.steps["lookup"].tensor.shape
-    fig, axes = plt.subplots(2, 3, figsize=(3 + 0.35 * d * 3, 1.5 + 0.4 * s * 2), squeeze=False)
+    size = (3 + 0.35 * d * 3, 1.8 + 0.4 * s * 2)
+    fig, axes = plt.subplots(2, 3, figsize=size, squeeze=False, layout="constrained")  # no overlaps
     for ax, name in zip(axes.flat, PLOT_STEPS):
         step = result.steps[name]
         x = step.tensor.float()
-        lim = float(x.abs().max()) or 1.0
-        im = ax.imshow(x.numpy(), cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto")
         ax.set_title(step.title, fontsize=9)
+        if not bool(x.any()):  # e.g. the positional part of a scheme that acts inside attention
+            ax.text(0.5, 0.5, step.stats.get("note") or "all zeros", ha="center", va="center", wrap=True,
+                    fontsize=8, transform=ax.transAxes)  # fmt: skip
+            ax.set_axis_off()
+            continue
+        lim = float(x.abs().max())
+        im = ax.imshow(x.numpy(), cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto")
         ax.set_yticks(range(s), result.tokens, fontsize=7)
         ax.set_xlabel("dimension")
         fig.colorbar(im, ax=ax, fraction=0.046)
     fig.suptitle(f"posenc encode: {s} tokens, d_model={d}, scheme {result.module.scheme_name!r}")
-    fig.tight_layout()
     fig.savefig(out_path, dpi=120)
     plt.close(fig)
     return out_path
