@@ -179,26 +179,25 @@ def _frequencies(fig: Figure, probe: Probe) -> None:
 
 
 def _surface(fig: Figure, probe: Probe) -> None:
-    n, k = _n(probe, 32), 8
-    enc = encodings(probe, n).float()[:, :k]  # [s, 8]
-    pos, dim = torch.meshgrid(torch.arange(n), torch.arange(enc.shape[1]), indexing="ij")  # [s, 8] each
+    """Eight dimensions spread over the spectrum (every d/8-th, fastest first) over position, as a
+    3-D waterfall: one curve per dimension (a mesh across dimensions would interpolate between
+    unrelated ones and look jagged)."""
+    n = _n(probe, 64)
+    enc = encodings(probe, n).float()  # [s, d]
+    d = enc.shape[1]
+    dims = sorted({2 * ((j * d // 8) // 2) for j in range(8)})  # even (sin) dims across the spectrum
     ax = fig.add_subplot(projection="3d")
-    surf = ax.plot_surface(
-        pos.numpy(),
-        dim.numpy(),
-        enc.numpy(),
-        cmap="coolwarm",
-        linewidth=0,
-        antialiased=True,
-        vmin=-float(enc.abs().max()),
-        vmax=float(enc.abs().max()),
-    )
+    lim = float(enc[:, dims].abs().max()) or 1.0
+    pos = torch.arange(n).numpy()
+    for row, i in enumerate(dims):
+        ax.plot(pos, [row] * n, enc[:, i].numpy(), lw=1.6, color=plt.cm.viridis(row / max(len(dims) - 1, 1)))
+    ax.set_yticks(range(len(dims)), [str(i) for i in dims])
+    ax.set_zlim(-lim, lim)
     ax.set_xlabel("position p (tokens)", labelpad=6)
-    ax.set_ylabel("dimension i", labelpad=6)
+    ax.set_ylabel("dimension i", labelpad=10)
     ax.set_zlabel("value", labelpad=4)
-    ax.set_title(f"{probe.name}: first {enc.shape[1]} dimensions over position")
-    ax.view_init(elev=30, azim=-50)
-    fig.colorbar(surf, ax=ax, shrink=0.6, pad=0.12, label="value")
+    ax.set_title(f"{probe.name}: {len(dims)} dimensions across the spectrum over position")
+    ax.view_init(elev=28, azim=-60)
 
 
 def _kernel(fig: Figure, probe: Probe) -> None:
@@ -347,7 +346,7 @@ PLOT_KINDS: dict[str, PlotKind] = {
         PlotKind("waves", "per-dimension waveforms", _vectors, _waves, (8.0, 4.2)),
         PlotKind("similarity", "position similarity", _vectors, _similarity, (6.0, 4.8)),
         PlotKind("frequencies", "wavelength per dimension", _has_frequencies, _frequencies),
-        PlotKind("surface", "3-D surface of the first dimensions", _vectors, _surface, (7.0, 5.2)),
+        PlotKind("surface", "3-D view of dimensions across the spectrum", _vectors, _surface, (7.0, 5.2)),
         PlotKind("kernel", "positional kernel heatmap", _any_hook, _kernel, (8.5, 4.2)),
         PlotKind("kernel_curve", "kernel against distance", _any_hook, _kernel_curve, (8.5, 4.2)),
         PlotKind("bias", "bias per head", _bias_hook, _bias, (10.0, 4.2)),
