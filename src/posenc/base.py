@@ -1,6 +1,6 @@
 """The one interface every positional scheme has: up to three hooks on attention.
 
-A scheme acts in one or more of three places (DESIGN.md section 2):
+A scheme acts in one or more of three places (docs/architecture.md):
 
 ============  ===========================================  =====================================
 hook          acts on                                      schemes

@@ -1,7 +1,7 @@
 """One training step of the lab's language model against an x-transformers model of the same size
 and positional scheme.
 
-The lab's model (DESIGN.md section 6): byte-level (V = 256), ``d = 128``, 4 layers, 4 heads
+The lab's model (docs/lab.md): byte-level (V = 256), ``d = 128``, 4 layers, 4 heads
 (``d_h = 32``), MLP ``4d`` with GELU, pre-LayerNorm, output layer tied to the token embedding, no
 dropout, sequences of ``L = 128``, batch 32. x-transformers' ``TransformerWrapper(Decoder(...))``
 is configured to match: ``attn_dim_head=32``, ``tie_embedding=True``, ``ff_no_bias=True``, no

@@ -16,7 +16,7 @@ the opposite angle (``sign = -1``), the same kernel.
 float32, bfloat16 and float16). It has not yet run on a GPU: no GPU was lent to the sessions that
 wrote it. On first use on a GPU it checks itself against the PyTorch reference and, on any
 difference or error, warns and leaves every call to the reference path. Its speed against
-Liger-Kernel and flash-attention's rotary is still to be measured (issue 8).
+Liger-Kernel and flash-attention's rotary is still to be measured on a GPU.
 
 Legend: ``b`` batch, ``h`` heads, ``s`` sequence, ``d_h`` head width, ``r`` rotary width.
 """

@@ -74,9 +74,9 @@ def format_comparison(rows: list[dict[str, Any]], lens: list[int]) -> str:
 
     names = list(dict.fromkeys(r["name"] for r in rows))
     width = max(8, *(len(n) for n in names)) if names else 8
+    over = rows[0]["over"] if rows else "windows"  # "seeds" or "windows"
     lines = [
-        "B - A, sliding-window bits/byte on the same bytes (< 0: B is better; 95% interval over "
-        f"{'seeds' if rows and rows[0]['over'] == 'seeds' else 'windows'})",
+        f"B - A, sliding-window bits/byte on the same bytes (< 0: B is better; 95% interval over {over})",
         f"{'scheme':<{width}}" + "".join(f"{e:>16}" for e in lens),
     ]
     for name in names:
