@@ -393,9 +393,21 @@ def _dask_executor(cluster: Any):
     if isinstance(cluster, distributed.Client):
         yield cluster.get_executor()
         return
-    try:
-        client = distributed.Client(cluster)
-    except OSError as err:  # unreachable or refusing scheduler: the user's address
-        raise ValueError(f"--cluster {cluster!r}: cannot reach the Dask scheduler ({err})") from None
-    with client:
+    _check_scheduler(cluster)  # before a Client exists: a failed one lingers (its __del__ blocks 60 s)
+    with distributed.Client(cluster) as client:
         yield client.get_executor()
+
+
+def _check_scheduler(address: object) -> None:
+    """``address`` must look like ``[tcp://]HOST:PORT`` and accept a connection (5 s)."""
+    import re
+    import socket
+
+    match = re.fullmatch(r"(?:tcp://)?([^/:\s]+):(\d{1,5})", str(address))
+    if match is None:
+        raise ValueError(f"--cluster {address!r} is not a Dask scheduler address; give tcp://HOST:PORT "
+                         "(dask scheduler prints it, e.g. tcp://10.0.0.5:8786)")  # fmt: skip
+    try:
+        socket.create_connection((match.group(1), int(match.group(2))), timeout=5).close()
+    except (OSError, OverflowError) as err:  # refused, unknown host, timed out, port out of range
+        raise ValueError(f"--cluster {address!r}: cannot reach the Dask scheduler ({err})") from None
