@@ -235,6 +235,10 @@ def test_fuzz_every_flag_of_every_command(tmp_path, monkeypatch):
                         code = f"{type(exc).__name__}: {exc}"
                     finally:
                         signal.alarm(0)
+                        # an alarm can land inside torch.no_grad's __enter__, leaving grad mode off
+                        # for every later test of this worker: restore the process's torch state
+                        torch.set_grad_enabled(True)
+                        torch.set_num_threads(threads)
                     if code not in (0, 2, "started") or "Traceback" in err.getvalue():
                         failures.append(([command, flag, value], code, err.getvalue()[-300:]))
     finally:

@@ -25,6 +25,7 @@ def _numbers(record):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("ports")
 def test_same_cell_same_numbers_here_in_processes_and_on_a_dask_cluster(corpus_dir):
     distributed = pytest.importorskip("distributed")
     config = tiny_study(corpus_dir, schemes=("alibi", "rope"), seeds=(0, 1), variants=("yarn",), steps=12)

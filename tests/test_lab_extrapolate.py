@@ -285,6 +285,7 @@ def test_compare_two_studies_on_the_same_bytes(tmp_path, corpus_dir, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("ports")
 def test_study_under_torchrun_matches_one_process(tmp_path, corpus_dir):
     """Two gloo processes train each cell together (DDP); rank 0 evaluates and writes."""
     import subprocess

@@ -515,6 +515,7 @@ def test_cli_out_checked_before_any_work(tmp_path, text_corpus, capsys, monkeypa
         assert ("is a file, not a folder" in err or "lies under the file" in err) and "Traceback" not in err
 
 
+@pytest.mark.xdist_group("ports")
 def test_two_gloo_processes_match_one(tmp_path, text_corpus):
     """``torchrun --nproc-per-node 2 posenc train`` (DDP, gloo) == 1 process, same global batch."""
     one, two = tmp_path / "one", tmp_path / "two"
