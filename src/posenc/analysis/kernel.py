@@ -1,6 +1,6 @@
 """The positional kernel: what a scheme adds to the attention logit between positions m and n.
 
-Every scheme acts through up to three hooks (DESIGN.md section 2). For fixed content, the part of
+Every scheme acts through up to three hooks (docs/architecture.md). For fixed content, the part of
 the scaled attention logit that depends on the query position ``m`` and key position ``n`` is
 
 ==============  ===================================================================================

@@ -746,7 +746,7 @@ def verify(
 # ---------------------------------------------------------------------------------------------- seeds
 @dataclass(frozen=True)
 class SeedClaim:
-    """A claim from the user's seed notes, and what posenc measures instead."""
+    """A claim that circulates about positional encodings, and what posenc measures instead."""
 
     seed: str
     claim: str
@@ -757,9 +757,9 @@ class SeedClaim:
 
 
 def seed_claims() -> list[SeedClaim]:
-    """Measure the seeds' wrong claims (DESIGN.md section 8) with posenc's own sinusoidal encoding."""
+    """Measure common claims about sinusoidal encodings with posenc's own sinusoidal encoding."""
     out = []
-    pe = sinusoidal_table(20, 32, dtype=torch.float64)  # [20, 32], seed 004's setting
+    pe = sinusoidal_table(20, 32, dtype=torch.float64)  # [20, 32], the setting the claims use
     dots = pe @ pe.T  # [20, 20]
     iu = torch.triu_indices(20, 20, offset=1)
     avg = float(dots[iu[0], iu[1]].abs().mean())

@@ -309,8 +309,8 @@ translation invariant); <b>n/a</b>: does not apply (hover for why).
 <h2>Schemes</h2>
 {"".join(sections)}
 
-<h2>What the seed notes got wrong</h2>
-<p>Measured with posenc's own sinusoidal encoding (DESIGN.md section 8).</p>
+<h2>Common claims, measured</h2>
+<p>Measured with posenc's own sinusoidal encoding.</p>
 {_seed_table()}
 
 <h2>How to read the plots</h2>
