@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+
+import pytest
 
 from _analysis_toys import ToyBF16Positions, registered
 from posenc.cli import main
@@ -38,7 +41,27 @@ def test_verify_and_plot_errors(capsys, tmp_path):
 
 
 def test_report_command(tmp_path, capsys):
-    assert main(["report", "-o", str(tmp_path / "rep"), "sinusoidal", "learned", "nope"]) == 0
-    page = tmp_path / "rep" / "index.html"
-    assert page.stat().st_size > 100_000 and "wrote" in capsys.readouterr().out
-    assert page.read_text(encoding="utf-8").count('<img src="data:image/png;base64,') == 7
+    out = tmp_path / "rep"
+    assert main(["report", "-o", str(out), "sinusoidal", "learned", "nope", "--fast", "--max-len", "64"]) == 0
+    page = (out / "index.html").read_text(encoding="utf-8")
+    assert "wrote" in capsys.readouterr().out and "max_len=64" in page
+    assert page.count('<img src="data:image/png;base64,') == 4  # sinusoidal 2, learned 2 (nope none)
+    assert "Built without training (fast mode)" in page
+
+
+@pytest.mark.parametrize(
+    ("argv", "match"),
+    [
+        (["--d-model", "33"], "--d-model must be even"),
+        (["--head-dim", "0"], "--head-dim must be >= 2, got 0"),
+        (["--max-len", "100000"], "--max-len=100000 is too large"),
+        (["--fast", "--study", "x"], "not allowed with argument"),
+        (["--study", "{tmp}"], "holds no results.json"),
+    ],
+)
+def test_report_command_errors(tmp_path, capsys, argv, match):
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    with contextlib.suppress(SystemExit):  # argparse's own errors exit 2 as well
+        assert main(["report", "-o", str(tmp_path / "rep"), "nope", *argv]) == 2
+    err = capsys.readouterr().err
+    assert match in err.strip().splitlines()[-1] and "Traceback" not in err

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import posenc
 from _analysis_toys import ToyALiBi, ToyBF16Positions, ToyLearnedBias, ToyRoPE, registered
-from posenc.analysis import PROPERTIES, check, fit_shift_map, roformer_bound, seed_claims, verify
+from posenc.analysis import PROPERTIES, check, fit_shift_map, roformer_bound, verify
 
 SMALL = {"d_model": 32, "head_dim": 16, "num_heads": 4, "max_len": 64}
 
@@ -219,19 +219,3 @@ def test_fit_recovers_any_rotation_trajectory(freqs, shift):
     m, resid = fit_shift_map(x, shift)
     assert resid < 1e-9
     torch.testing.assert_close(x[shift:], x[:-shift] @ m.T, atol=1e-8, rtol=0)
-
-
-# ---------------------------------------------------------------------------------------------- seeds
-def test_seed_claims_are_measured():
-    claims = {(c.seed, c.claim[:12]): c for c in seed_claims()}
-    # seed 004: mean |PE(i).PE(j)| over i < j < 20 for d = 32, written plainly
-    total, count = 0.0, 0
-    for i in range(20):
-        for j in range(i + 1, 20):
-            total += abs(sum(math.cos((i - j) * 10000 ** (-2 * k / 32)) for k in range(16)))
-            count += 1
-    avg = claims[("004", "different po")].value
-    assert avg == pytest.approx(total / count, rel=1e-12) and avg > 11  # not 0.0128
-    assert claims[("004", "printed lowe")].value == pytest.approx(10000 ** (-30 / 32), rel=1e-12)
-    assert claims[("000", "the first di")].value == pytest.approx(2 * math.pi)
-    assert claims[("002", "positions 0 ")].value == pytest.approx(1.0, abs=1e-12)

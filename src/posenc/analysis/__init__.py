@@ -7,6 +7,7 @@ the report need matplotlib (``pip install posenc[viz]``) and are imported lazily
 Legend: ``h`` heads, ``m`` query positions, ``n`` key positions, ``s`` positions, ``d`` width.
 """
 
+from .claims import Claim, common_claims, study_claims
 from .kernel import (
     DEFAULT_CONTEXT,
     Probe,
@@ -20,22 +21,21 @@ from .kernel import (
 from .properties import (
     PROPERTIES,
     PropertyResult,
-    SeedClaim,
     check,
     fit_shift_map,
     roformer_bound,
     scheme_frequencies,
-    seed_claims,
     verify,
 )
 
 __all__ = [
     "DEFAULT_CONTEXT",
     "PROPERTIES",
+    "Claim",
     "Probe",
     "PropertyResult",
-    "SeedClaim",
     "check",
+    "common_claims",
     "display_kernel",
     "encodings",
     "fit_shift_map",
@@ -45,6 +45,6 @@ __all__ = [
     "roformer_bound",
     "rotation_frequencies",
     "scheme_frequencies",
-    "seed_claims",
+    "study_claims",
     "verify",
 ]

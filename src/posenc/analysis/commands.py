@@ -11,7 +11,15 @@ import json
 import sys
 import time
 
-__all__ = ["plot_args", "plot_run", "report_args", "report_run", "verify_args", "verify_run"]
+__all__ = [
+    "plot_args",
+    "plot_run",
+    "report_args",
+    "report_context",
+    "report_run",
+    "verify_args",
+    "verify_run",
+]
 
 
 # ---------------------------------------------------------------------------------------------- verify
@@ -101,6 +109,8 @@ def plot_run(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------------------- report
 def report_args(p: argparse.ArgumentParser) -> None:
+    from .kernel import DEFAULT_CONTEXT
+
     p.add_argument(
         "-o",
         "--output",
@@ -111,6 +121,59 @@ def report_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "schemes", nargs="*", metavar="SCHEME", help="schemes to include (default: all registered)"
     )
+    sizes = p.add_argument_group("sizes the schemes are built with")
+    for flag, key in (
+        ("--d-model", "d_model"),
+        ("--head-dim", "head_dim"),
+        ("--num-heads", "num_heads"),
+        ("--max-len", "max_len"),
+    ):
+        sizes.add_argument(flag, type=int, metavar="N", help=f"default {DEFAULT_CONTEXT[key]}")
+    sizes.add_argument(
+        "--causal",
+        action="store_true",
+        help="build schemes as a causal decoder would (default: bidirectional)",
+    )
+    train = p.add_argument_group("learnable schemes")
+    how = train.add_mutually_exclusive_group()
+    how.add_argument(
+        "--fast",
+        action="store_true",
+        help="train nothing: learnable schemes show their random initial values (the page says so)",
+    )
+    how.add_argument(
+        "--study",
+        metavar="DIR",
+        help="a `posenc extrapolate --out DIR` study: show its results and use its trained checkpoints",
+    )
+    train.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        help="where the report's trained models are kept and reused (default ~/.cache/posenc/report)",
+    )
+
+
+def report_context(args: argparse.Namespace) -> dict:
+    """The sizes given on the command line, checked (``--head-dim`` etc.), as a scheme context."""
+    from .._validate import check_int
+
+    ctx: dict = {}
+    for flag, key in (
+        ("--d-model", "d_model"),
+        ("--head-dim", "head_dim"),
+        ("--num-heads", "num_heads"),
+        ("--max-len", "max_len"),
+    ):
+        value = getattr(args, key)
+        if value is not None:
+            ctx[key] = check_int(value, flag, minimum=2 if key != "num_heads" else 1)
+            if key in ("d_model", "head_dim") and value % 2:
+                raise ValueError(f"{flag} must be even (pairs of dimensions rotate together), got {value}")
+            if value > 8192:
+                raise ValueError(f"{flag}={value} is too large for a page of figures; use at most 8192")
+    if args.causal:
+        ctx["causal"] = True
+    return ctx
 
 
 def report_run(args: argparse.Namespace) -> int:
@@ -118,8 +181,17 @@ def report_run(args: argparse.Namespace) -> int:
     from .report import build_report
 
     check_folder(args.output, "-o")
+    ctx = report_context(args)
     t0 = time.perf_counter()
-    path = build_report(args.output, args.schemes or None)
+    path = build_report(
+        args.output,
+        args.schemes or None,
+        context=ctx,
+        fast=args.fast,
+        study=args.study,
+        cache_dir=args.cache_dir,
+        log=lambda line: print(line, file=sys.stderr),
+    )
     print(
         f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB, {time.perf_counter() - t0:.1f} s)",
         file=sys.stdout,

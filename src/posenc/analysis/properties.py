@@ -45,7 +45,6 @@ from typing import Any
 import torch
 
 from .._validate import check_choice
-from ..absolute import sinusoidal_frequencies, sinusoidal_table
 from ..base import PositionalScheme
 from ..registry import schemes as registered_schemes
 from .kernel import (
@@ -62,12 +61,10 @@ __all__ = [
     "PROPERTIES",
     "Property",
     "PropertyResult",
-    "SeedClaim",
     "check",
     "fit_shift_map",
     "roformer_bound",
     "scheme_frequencies",
-    "seed_claims",
     "verify",
 ]
 
@@ -740,73 +737,4 @@ def verify(
             ]
             continue
         out += check(probe, [p.name for p in props])
-    return out
-
-
-# ---------------------------------------------------------------------------------------------- seeds
-@dataclass(frozen=True)
-class SeedClaim:
-    """A claim that circulates about positional encodings, and what posenc measures instead."""
-
-    seed: str
-    claim: str
-    claimed: str
-    measured: str
-    verdict: str
-    value: float
-
-
-def seed_claims() -> list[SeedClaim]:
-    """Measure common claims about sinusoidal encodings with posenc's own sinusoidal encoding."""
-    out = []
-    pe = sinusoidal_table(20, 32, dtype=torch.float64)  # [20, 32], the setting the claims use
-    dots = pe @ pe.T  # [20, 20]
-    iu = torch.triu_indices(20, 20, offset=1)
-    avg = float(dots[iu[0], iu[1]].abs().mean())
-    out.append(
-        SeedClaim(
-            "004",
-            "different positions are nearly orthogonal (d=32, max_len=20)",
-            "mean |PE(i)·PE(j)| = 0.0128",
-            f"mean |PE(i)·PE(j)| = {avg:.4f} (|PE|² = d/2 = 16)",
-            "wrong: neighbouring encodings are strongly aligned; "
-            "PE(i)·PE(j) = Σ cos((i−j)ω_k) depends only on i−j",
-            avg,
-        )
-    )
-    w = sinusoidal_frequencies(512, dtype=torch.float64)
-    lam = 2 * math.pi / w
-    out.append(
-        SeedClaim(
-            "000",
-            "the first dimensions have the longest wavelengths",
-            "first dims: long wavelengths",
-            f"dims 0-1: {float(lam[0]):.3f}; dims 510-511: {float(lam[-1]):.4g} (d=512)",
-            "wrong: wavelengths grow with the dimension index, from 2π to almost 2π·10000",
-            float(lam[0]),
-        )
-    )
-    p = sinusoidal_table(torch.tensor([0, 1, 100, 101]), 512, dtype=torch.float64)
-    d01, d100 = float((p[1] - p[0]).norm()), float((p[3] - p[2]).norm())
-    out.append(
-        SeedClaim(
-            "002",
-            "positions 0 and 1 differ far more than positions 100 and 101",
-            "|PE(1) − PE(0)| ≫ |PE(101) − PE(100)|",
-            f"{d01:.6f} vs {d100:.6f} (d=512)",
-            "wrong: PE(p+1) = M_1 PE(p) with M_1 a rotation, so every neighbour pair is equally far apart",
-            d01 / d100,
-        )
-    )
-    low = float(sinusoidal_frequencies(32, dtype=torch.float64).min())
-    out.append(
-        SeedClaim(
-            "004",
-            "printed lowest frequency for d=32",
-            "0.024543",
-            f"{low:.6g} = 10000^(-30/32)",
-            "wrong: the formula's lowest frequency is 1.78e-4, not 0.024543",
-            low,
-        )
-    )
     return out

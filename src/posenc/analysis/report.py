@@ -1,36 +1,53 @@
-"""One self-contained HTML page comparing every registered scheme: figures, properties, formulas.
+"""One self-contained HTML page that shows every registered scheme, checks it, and teaches it.
 
-:func:`build_report` builds every scheme from :data:`~posenc.analysis.kernel.DEFAULT_CONTEXT`
-(no data, no downloads), runs every property check, draws the plots that apply to each scheme
-and writes ``DIR/index.html`` with the images embedded as base64 ``data:`` URIs, so the single
-file can be mailed or opened offline. ``posenc report`` calls it.
+:func:`build_report` builds every scheme from :data:`~posenc.analysis.kernel.DEFAULT_CONTEXT` (or the
+sizes given), runs every property check, trains one small model per learnable scheme (or reads a
+study's checkpoints, or skips training in the fast mode), and writes ``DIR/index.html``: static
+images as base64 ``data:`` URIs and interactive figures drawn by plotly.js, embedded in the page,
+so the single file opens offline and fetches nothing. ``posenc report`` calls it.
+
+Sections, in order: how to read the page; which scheme (a study's verdicts); the kernel of every
+scheme (small multiples); learnable schemes trained; explore (sliders); the input layer end to
+end; every scheme in detail; the property checks; common claims, measured.
 """
 
 from __future__ import annotations
 
-import base64
 import html
-import io
+import json
 import multiprocessing
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import matplotlib.pyplot as plt
 import torch
 
 from .. import __version__
 from .._validate import check_choice, check_int
 from ..registry import describe
 from ..registry import schemes as registered_schemes
-from .kernel import DEFAULT_CONTEXT, Probe, display_kernel, kernel_curve, make_probe
+from .claims import common_claims, study_claims
+from .explore import explorers
+from .interactive import HOOK_COLORS, kernel_profile, overview_figure
+from .kernel import DEFAULT_CONTEXT, Probe, make_probe
+from .page import CSS, figure_data_uri, img, interactive, plotly_script
 from .plots import PLOT_KINDS, render
-from .properties import PROPERTIES, PropertyResult, check, seed_claims
+from .properties import PropertyResult, check
+from .sections import (
+    GROUPS,
+    HOW_TO_READ,
+    KIND_CAPTIONS,
+    claims_section,
+    property_notes,
+    property_table,
+    study_section,
+    trained_section,
+)
 
-__all__ = ["REPORT_KINDS", "build_report", "figure_data_uri", "report_html", "report_kinds"]
+__all__ = ["REPORT_KINDS", "build_report", "figure_data_uri", "report_html", "report_kinds", "scheme_group"]
 
 #: Plot kinds shown per scheme in the report, in order (each only where it applies).
 REPORT_KINDS = ("heatmap", "frequencies", "kernel_curve", "bias", "kernel", "scalings")
@@ -39,7 +56,8 @@ REPORT_KINDS = ("heatmap", "frequencies", "kernel_curve", "bias", "kernel", "sca
 def report_kinds(probe: Probe, results: Sequence[PropertyResult]) -> list[str]:
     """The report's plots for one scheme: every applicable kind of :data:`REPORT_KINDS`, except the
     kernel heatmap where it adds nothing to the curve (one head, translation invariant: constant
-    diagonals). Keeps the report under a minute on 2 cores."""
+    diagonals) and the kernel curve where the page's overview already shows it (anything but a
+    rotation, whose curve here adds RoFormer's bound)."""
     invariant = any(r.property == "translation_inv" and r.passed for r in results)
     kinds = []
     for kind in REPORT_KINDS:
@@ -47,8 +65,20 @@ def report_kinds(probe: Probe, results: Sequence[PropertyResult]) -> list[str]:
             continue
         if kind == "kernel" and invariant and "score_bias" not in probe.hooks:
             continue
+        if kind == "kernel_curve" and not probe.rotates:
+            continue  # the overview draws it; only a rotation adds RoFormer's bound here
         kinds.append(kind)
     return kinds
+
+
+def scheme_group(probe: Probe) -> str:
+    """The key of :data:`~posenc.analysis.sections.GROUPS` a scheme belongs to: where its
+    positional signal enters (a bias wins over a rotation, a rotation over an added vector)."""
+    if "score_bias" in probe.hooks:
+        return "score_bias"
+    if probe.rotates:
+        return "rotate"
+    return "embed" if "embed" in probe.hooks else "none"
 
 
 _EXPLAIN: dict[str, str] = {
@@ -73,117 +103,14 @@ _EXPLAIN: dict[str, str] = {
     "with wavelength ≤ L wrap around inside the context; the slowest must not, or far positions alias.",
 }
 
-_STATUS_CLASS = {"pass": "pass", "FAIL": "fail", "no": "no", "n/a": "na"}
 
-_CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1280px;margin:0 auto;
-padding:24px;color:#1d1d1f;line-height:1.45}
-h1{margin-bottom:0}h2{border-bottom:2px solid #ddd;padding-bottom:4px;margin-top:40px}
-code,.formula{font-family:ui-monospace,Menlo,Consolas,monospace;background:#f4f4f6;padding:1px 4px;
-border-radius:3px}
-table{border-collapse:collapse;margin:12px 0;font-size:13px}
-th,td{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top}
-th{background:#f0f0f3}
-td.pass{background:#dff3e3}td.fail{background:#f8d0d0;font-weight:bold}td.no{background:#fff2cc}
-td.na{color:#999}
-.figs{display:flex;flex-wrap:wrap;gap:12px}
-.figs figure{margin:0;max-width:100%}
-.figs img{max-width:100%;height:auto;border:1px solid #eee}
-figcaption{font-size:12px;color:#555}
-.muted{color:#666;font-size:13px}
-"""
-
-
-def figure_data_uri(fig: Any, *, dpi: int = 72) -> str:
-    """A matplotlib figure as a ``data:image/png;base64,...`` URI (the figure is closed)."""
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
-    plt.close(fig)
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-def _img(uri: str, caption: str) -> str:
-    return (
-        f'<figure><img src="{uri}" alt="{html.escape(caption)}">'
-        f"<figcaption>{html.escape(caption)}</figcaption></figure>"
-    )
-
-
-def _fmt(v: float | None) -> str:
-    if v is None:
-        return "–"
-    return f"{v:.3g}"
-
-
-def _property_table(results: dict[str, list[PropertyResult]]) -> str:
-    props = list(PROPERTIES)
-    head = "".join(f'<th title="{html.escape(PROPERTIES[p].formula)}">{html.escape(p)}</th>' for p in props)
-    rows = []
-    for name, res in results.items():
-        cells = []
-        for r in res:
-            tip = html.escape(
-                f"{r.reason}; threshold {r.comparison} {_fmt(r.threshold)}; "
-                f"{'promised' if r.promised else 'not promised'}"
-            )
-            text = r.status if r.value is None else f"{r.status}<br><small>{_fmt(r.value)}</small>"
-            cells.append(f'<td class="{_STATUS_CLASS[r.status]}" title="{tip}">{text}</td>')
-        rows.append(f"<tr><th>{html.escape(name)}</th>{''.join(cells)}</tr>")
-    return f"<table><tr><th>scheme</th>{head}</tr>{''.join(rows)}</table>"
-
-
-def _property_notes() -> str:
-    items = []
-    for name, p in PROPERTIES.items():
-        items.append(
-            f"<li><b>{html.escape(name)}</b> — <span class='formula'>{html.escape(p.formula)}</span>"
-            f" ({html.escape(p.comparison)} threshold). {_EXPLAIN.get(name, '')}</li>"
-        )
-    return "<ul>" + "".join(items) + "</ul>"
-
-
-def _mean_curve(probe: Probe) -> tuple[list[int], list[float]] | None:
-    """The scheme's kernel against key distance ``r >= 0`` (mean over heads), scaled to max 1."""
-    if not probe.hooks:
-        return None
-    n = min(probe.nominal_len, 256)
-    r, curve = kernel_curve(display_kernel(probe, n)[0])  # [2n-1], [h, 2n-1]
-    c = curve.mean(0)[r >= 0]  # [n]
-    scale = float(c.abs().max()) or 1.0
-    return list(range(n)), (c / scale).tolist()
-
-
-def _comparison_figure(curves: dict[str, tuple[list[int], list[float]] | None]) -> str | None:
-    """Every scheme's kernel against distance on one axes, each scaled to max |K| = 1."""
-    drawn = {name: c for name, c in curves.items() if c is not None}
-    if not drawn:
-        return None
-    fig = plt.figure(figsize=(9.5, 4.4), layout="constrained")
-    ax = fig.add_subplot()
-    for idx, (name, (r, c)) in enumerate(drawn.items()):
-        ax.plot(r, c, lw=1.3, label=name, color=f"C{idx % 10}", ls="-" if idx < 10 else "--")
-    ax.set_xlabel("key distance before the query, m − n (tokens)")
-    ax.set_ylabel("mean kernel / max |kernel|")
-    ax.set_title("Positional kernel against distance, every scheme (mean over heads and content)")
-    ax.grid(alpha=0.3)
-    fig.legend(loc="outside right upper", fontsize=8, frameon=False)
-    return figure_data_uri(fig)
-
-
-def _seed_table() -> str:
-    rows = "".join(
-        f"<tr><td>{html.escape(c.seed)}</td><td>{html.escape(c.claim)}</td><td>{html.escape(c.claimed)}</td>"
-        f"<td>{html.escape(c.measured)}</td><td>{html.escape(c.verdict)}</td></tr>"
-        for c in seed_claims()
-    )
-    return (
-        "<table><tr><th>seed</th><th>claim</th><th>says</th><th>posenc measures</th><th>verdict</th></tr>"
-        f"{rows}</table>"
-    )
+def _caption(probe: Probe, kind: str) -> str:
+    tag = " <span class='tag untrained'>initialisation</span>" if probe.trainable else ""
+    return f"<b>{html.escape(PLOT_KINDS[kind].title)}</b>{tag}. {KIND_CAPTIONS.get(kind, '')}"
 
 
 def _scheme_part(name: str, ctx: dict[str, Any], dpi: int) -> dict[str, Any]:
-    """Checks, figures and kernel curve of one scheme (runs in a worker process)."""
+    """Checks, figures and kernel profile of one scheme (runs in a worker process)."""
     info = describe(name)
     try:
         probe = make_probe(name, ctx)
@@ -192,31 +119,49 @@ def _scheme_part(name: str, ctx: dict[str, Any], dpi: int) -> dict[str, Any]:
             "section": f"<h3 id='{html.escape(name)}'>{html.escape(name)}</h3>"
             f"<p class='muted'>cannot be built from the report's context: {html.escape(str(err))}</p>",
             "results": None,
-            "curve": None,
+            "profile": None,
+            "group": "none",
+            "trainable": False,
+            "sequence": False,
         }
     results = check(probe)
-    figs = []
-    for kind in report_kinds(probe, results):
-        spec = PLOT_KINDS[kind]
-        figs.append(_img(figure_data_uri(render(probe, kind), dpi=dpi), f"{name}: {spec.title}"))
+    figs = [
+        img(
+            figure_data_uri(render(probe, kind), dpi=dpi),
+            _caption(probe, kind),
+            f"{name}: {PLOT_KINDS[kind].title}",
+        )
+        for kind in report_kinds(probe, results)
+    ]
     broken = [r.property for r in results if r.broken_promise]
     verdict = (
         f"<b style='color:#b00'>breaks: {', '.join(broken)}</b>"
         if broken
         else "keeps every property it promises"
     )
+    trained_link = (
+        f" Its trained version: <a href='#trained-{html.escape(name)}'>above</a>." if probe.trainable else ""
+    )
     section = (
         f"<h3 id='{html.escape(name)}'>{html.escape(name)}</h3>"
         f"<p>{html.escape(info['summary'])}. Hooks: "
         f"<code>{html.escape(', '.join(info['hooks']) or 'none')}</code>; "
-        f"nominal length {probe.nominal_len}; {verdict}.</p>"
+        f"nominal length {probe.nominal_len}; {verdict}.{trained_link}</p>"
         + (
             f"<div class='figs'>{''.join(figs)}</div>"
             if figs
-            else "<p class='muted'>no positional hooks: nothing to plot (its kernel is zero).</p>"
+            else "<p class='muted'>No positional hooks: nothing to plot (its kernel is zero).</p>"
         )
     )
-    return {"section": section, "results": results, "curve": _mean_curve(probe)}
+    profile = kernel_profile(probe, min(probe.nominal_len, 256)) if probe.hooks else None
+    return {
+        "section": section,
+        "results": results,
+        "profile": profile,
+        "group": scheme_group(probe),
+        "trainable": probe.trainable,
+        "sequence": probe.scheme.position_dims == 1,  # encodes token positions (not a 2-D/3-D grid)
+    }
 
 
 def _worker_init() -> None:
@@ -239,14 +184,97 @@ def _parts(names: list[str], ctx: dict[str, Any], dpi: int, workers: int) -> lis
     return [_scheme_part(n, ctx, dpi) for n in names]
 
 
+def _overview(names: list[str], parts: list[dict[str, Any]], trained: dict[str, Any]) -> str:
+    """Small multiples of every scheme's kernel against distance, grouped by hook."""
+    panels = []
+    for key, _, _ in GROUPS:
+        for name, part in zip(names, parts):
+            if part["group"] != key or part["profile"] is None:
+                continue
+            r, y = part["profile"]
+            panel = {"title": name, "group": key, "r": r, "y": y, "label": "kernel"}
+            if name in trained:
+                t = trained[name]
+                tr, ty = kernel_profile(t.trained, t.train_len)
+                panel.update(
+                    r=tr, y=ty, label=f"trained, L = {t.train_len}", extra=[("initialisation", r, y, "dot")]
+                )
+            elif part["trainable"]:
+                panel["title"] = f"{name} (initialisation)"
+            panels.append(panel)
+    if not panels:
+        return ""
+    legend = " · ".join(
+        f"<span style='color:{HOOK_COLORS[k]}'>■</span> {html.escape(title.lower())}"
+        for k, title, _ in GROUPS
+        if k != "none"
+    )
+    caption = (
+        f"One panel per scheme, colour by where it acts ({legend}); each curve is scaled to a largest "
+        "|K| of 1 so shapes compare on shared axes (hover for values, drag to zoom one panel and all "
+        "follow). Learnable schemes show their trained kernel, with the initialisation dotted. "
+        "Notice the families: sinusoids oscillate, rotations decay with ripples, biases fall smoothly "
+        "(ALiBi linearly), and a scheme without position has no kernel at all."
+    )
+    return interactive("overview", overview_figure(panels), caption)
+
+
+def _explore(names: list[str], ctx: dict[str, Any]) -> str:
+    out = []
+    for i, (ex, name) in enumerate(explorers(names)):
+        out.append(f"<h3>{html.escape(ex.title)} <span class='muted'>({html.escape(name)})</span></h3>")
+        out.append(interactive(f"explore-{i}", ex.build(name, ctx), ex.caption, height=420))
+    return "".join(out) or "<p class='muted'>None of the chosen schemes has an explore figure.</p>"
+
+
+def _scheme_sections(names: list[str], parts: list[dict[str, Any]]) -> str:
+    out = []
+    for key, title, what in GROUPS:
+        members = [p["section"] for n, p in zip(names, parts) if p["group"] == key]
+        if members:
+            out.append(
+                f"<h3 class='group'>{html.escape(title)}</h3><p class='muted'>{html.escape(what)}.</p>"
+            )
+            out.extend(members)
+    return "".join(out)
+
+
+def _input_layer(names: list[str], parts: list[dict[str, Any]]) -> str:
+    """The input-layer section for up to three schemes that add to the input, and one that acts
+    inside attention (to show that it adds nothing there)."""
+    from .input_layer import input_layer_section
+
+    seq = [(n, p["group"]) for n, p in zip(names, parts) if p["sequence"]]
+    chosen = [n for n, g in seq if g == "embed"][:3] + [n for n, g in seq if g in ("rotate", "score_bias")][
+        :1
+    ]
+    if not chosen:
+        return "<p class='muted'>None of the chosen schemes encodes token sequences.</p>"
+    return input_layer_section(chosen)
+
+
 def report_html(
     schemes: Sequence[str] | None = None,
     *,
     context: dict[str, Any] | None = None,
     dpi: int = 72,
     workers: int | None = None,
+    trained: Sequence[Any] = (),
+    fast: bool = False,
+    study: dict[str, Any] | None = None,
+    study_folder: str | None = None,
+    trained_note: str = "",
 ) -> str:
-    """The report as one HTML string (see :func:`build_report`)."""
+    """The report as one HTML string (see :func:`build_report`).
+
+    Args:
+        schemes, context, dpi, workers: as in :func:`build_report`.
+        trained: :class:`~posenc.analysis.trained.TrainedScheme` per learnable scheme shown trained.
+        fast: the page says that learnable schemes show their initialisation.
+        study: a ``posenc extrapolate`` results dict, shown with its intervals.
+        study_folder: where ``study`` came from (shown).
+        trained_note: one sentence (HTML) on how the trained models were made.
+    """
     t0 = time.perf_counter()
     ctx = {**DEFAULT_CONTEXT, **(context or {})}
     names = list(schemes) if schemes else registered_schemes()
@@ -254,79 +282,57 @@ def report_html(
         check_choice(n, "scheme", registered_schemes())
     workers = min(2, os.cpu_count() or 1) if workers is None else check_int(workers, "workers")
     parts = _parts(names, ctx, dpi, workers)
-    sections = [p["section"] for p in parts]
     results: dict[str, list[PropertyResult]] = {n: p["results"] for n, p in zip(names, parts) if p["results"]}
-    curves = {n: p["curve"] for n, p in zip(names, parts)}
-    comparison = _comparison_figure(curves)
-    elapsed = time.perf_counter() - t0
-    ctx_text = ", ".join(f"{k}={v}" for k, v in ctx.items())
+    by_name = {t.name: t for t in trained if t.name in names}
+    input_layer = _input_layer(names, parts)
+    claims = common_claims() + (study_claims(study) if study else [])
     broken_all = [f"{r.scheme}.{r.property}" for res in results.values() for r in res if r.broken_promise]
-    toc = " · ".join(f"<a href='#{html.escape(n)}'>{html.escape(n)}</a>" for n in names)
+    body = {
+        "which": ("Which scheme? Measured in training", study_section(study, study_folder)),
+        "kernels": ("The positional kernel of every scheme", _overview(names, parts, by_name)),
+        "trained": (
+            "Learnable schemes, trained",
+            trained_section(list(by_name.values()), fast, trained_note),
+        ),
+        "explore": ("Explore", _explore(names, ctx)),
+        "input": ("The input layer, end to end", input_layer),
+        "schemes": ("Every scheme in detail", _scheme_sections(names, parts)),
+        "properties": (
+            "Checked properties",
+            "<p>Each cell: status and measured value (hover for the threshold and how it was measured). "
+            "<b>pass</b>: holds; <b>FAIL</b>: a promised property does not hold (<code>posenc verify</code> "
+            "exits 1); <b>no</b>: does not hold and is not promised; <b>n/a</b>: does not apply. "
+            + (
+                "<b style='color:#b00'>Broken promises: " + html.escape(", ".join(broken_all)) + "</b>"
+                if broken_all
+                else "No scheme breaks a property it promises."
+            )
+            + "</p>"
+            + property_table(results)
+            + property_notes(_EXPLAIN),
+        ),
+        "claims": (
+            "Common claims, measured",
+            "<p>Statements that circulate about positional encodings, each measured here in float64 "
+            "with posenc's own code.</p>" + claims_section(claims),
+        ),
+    }
+    nav = "".join(f"<a href='#{k}'>{html.escape(title)}</a>" for k, (title, _) in body.items())
+    sections = "".join(f"<h2 id='{k}'>{html.escape(t)}</h2>{content}" for k, (t, content) in body.items())
+    ctx_text = ", ".join(f"{k}={v}" for k, v in ctx.items())
+    elapsed = time.perf_counter() - t0
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>posenc report</title>
-<meta name="viewport" content="width=device-width, initial-scale=1"><style>{_CSS}</style></head>
+<meta name="viewport" content="width=device-width, initial-scale=1"><style>{CSS}</style></head>
 <body>
 <h1>posenc: every positional scheme, seen and checked</h1>
-<p class="muted">posenc {__version__} · torch {torch.__version__} · {
-        len(names)
-    } registered schemes · built from
-defaults ({html.escape(ctx_text)}), no data · {elapsed:.1f} s</p>
-<p>{toc}</p>
-
-<h2>The positional kernel</h2>
-<p>A scheme acts on attention through up to three hooks. For fixed content, the part of the (scaled)
-attention logit that depends on the query position m and the key position n is the <b>positional
-kernel</b> K(m, n):</p>
-<ul>
-<li><code>embed</code> (added to the input): <span class="formula">K(m, n) = PE(m)·PE(n) / √d</span>
-(with an identity projection);</li>
-<li><code>rotate</code> (queries and keys):
-<span class="formula">K(m, n) = (R<sub>m</sub>q)·(R<sub>n</sub>k) / √d<sub>h</sub></span>;
-the report uses the mean over isotropic content shared by q and k,
-<span class="formula">trace(R<sub>m</sub><sup>T</sup>R<sub>n</sub>) / √d<sub>h</sub></span>;</li>
-<li><code>score_bias</code> (added to the logits):
-<span class="formula">K<sub>h</sub>(m, n) = bias<sub>h</sub>(m, n)</span>, per head.</li>
-</ul>
-{
-        ('<div class="figs">' + _img(comparison, "kernel against distance, every scheme") + "</div>")
-        if comparison
-        else ""
-    }
-
-<h2>Properties</h2>
-<p>Each cell: status and measured value (hover for the threshold and how it was measured).
-<b>pass</b>: holds; <b>FAIL</b>: a property the scheme promises does not hold (<code>posenc verify</code>
-exits 1); <b>no</b>: does not hold and is not promised (e.g. a learned table at init is not
-translation invariant); <b>n/a</b>: does not apply (hover for why).
-{
-        ("<b style='color:#b00'>Broken promises: " + html.escape(", ".join(broken_all)) + "</b>")
-        if broken_all
-        else "No scheme breaks a property it promises."
-    }</p>
-{_property_table(results)}
-{_property_notes()}
-
-<h2>Schemes</h2>
-{"".join(sections)}
-
-<h2>Common claims, measured</h2>
-<p>Measured with posenc's own sinusoidal encoding.</p>
-{_seed_table()}
-
-<h2>How to read the plots</h2>
-<ul>
-<li><b>heatmap</b>: rows are positions, columns dimensions; fast dimensions (low i) flicker, slow ones
-barely change over the context.</li>
-<li><b>frequencies</b>: wavelength 2π/θ<sub>i</sub> per dimension pair on a log axis against the context
-length L (dashed): pairs below the line complete a period inside the context.</li>
-<li><b>kernel against distance</b>: the mean of K(m, m − r) over m; for rotations the dashed line is
-RoFormer's decay bound.</li>
-<li><b>bias per head</b>: each head's bias against m − n; ALiBi's heads are lines with slopes
-2<sup>−8h/H</sup>.</li>
-<li><b>kernel</b>: K(m, n) as an image; translation invariance shows as constant diagonals.</li>
-<li><b>scalings</b>: how linear (PI), NTK, YaRN and Llama 3 scaling stretch each pair's wavelength.</li>
-</ul>
-<p class="muted">See docs/analysis.md for the maths and caveats.</p>
+<p class="muted">posenc {__version__} · torch {torch.__version__} · {len(names)} schemes · sizes:
+{html.escape(ctx_text)} · {"fast mode (untrained)" if fast else f"{len(by_name)} learnable schemes trained"}
+· page built in {elapsed:.0f} s</p>
+<nav>{nav}</nav>
+{HOW_TO_READ}
+{sections}
+{plotly_script()}
 </body></html>
 """
 
@@ -338,18 +344,74 @@ def build_report(
     context: dict[str, Any] | None = None,
     dpi: int = 72,
     workers: int | None = None,
+    fast: bool = False,
+    study: str | Path | None = None,
+    cache_dir: str | Path | None = None,
+    progress: bool | None = None,
+    log: Callable[[str], None] | None = None,
+    training: dict[str, Any] | None = None,
 ) -> Path:
     """Write the self-contained report to ``out_dir/index.html`` and return its path.
 
     Args:
         out_dir: the output folder (created).
         schemes: scheme names (default: every registered scheme).
-        context: model sizes to build schemes with (default :data:`DEFAULT_CONTEXT`).
+        context: sizes to build schemes with (``d_model``, ``num_heads``, ``head_dim``, ``max_len``,
+            ``causal``; default :data:`DEFAULT_CONTEXT`).
         dpi: resolution of the embedded PNGs.
         workers: processes drawing schemes in parallel (default: 2, or 1 on a 1-core machine).
+        fast: train nothing; learnable schemes show their initialisation, and the page says so.
+        study: a ``posenc extrapolate --out`` folder: its tables and figure are shown, and its
+            checkpoints are the trained schemes (nothing is trained here).
+        cache_dir: where the report's own trained models are kept and reused (default
+            :func:`~posenc.analysis.trained.default_cache_dir`).
+        progress: training progress bars (``None`` = when stderr is a terminal).
+        log: where training progress lines go (``None`` = silent).
+        training: study fields replacing the report's training defaults
+            (:data:`~posenc.analysis.trained.REPORT_STUDY`), e.g. ``{"steps": 50}``.
     """
+    from .trained import default_cache_dir, learnable, read_study, train_for_report
+
+    names = list(schemes) if schemes else registered_schemes()
+    for n in names:
+        check_choice(n, "scheme", registered_schemes())
+    results, trained, note = None, [], ""
+    if study is not None:
+        results = (
+            json.loads((Path(study) / "results.json").read_text(encoding="utf-8"))
+            if (Path(study) / "results.json").is_file()
+            else None
+        )
+        trained = read_study(study)  # raises with the fix when the folder holds no study
+        note = f"Checkpoints of the study in <code>{html.escape(str(study))}</code> (its first seed)."
+    elif not fast:
+        ctx = {**DEFAULT_CONTEXT, **(context or {})}
+        probes = []
+        for n in names:
+            try:
+                probes.append(make_probe(n, ctx))
+            except (ValueError, TypeError):
+                continue  # reported as "cannot be built" in its section
+        cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        trained = train_for_report(learnable(probes), cache, progress=progress, log=log, overrides=training)
+        note = (
+            "Each was trained here, as a 2-layer byte-level language model (d = 64, 4 heads) on the Python "
+            f"standard library's source, and cached in <code>{html.escape(str(cache))}</code>. "
+            "One seed: these panels show what training does to a table, not which scheme is better."
+        )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "index.html"
-    path.write_text(report_html(schemes, context=context, dpi=dpi, workers=workers), encoding="utf-8")
+    page = report_html(
+        names,
+        context=context,
+        dpi=dpi,
+        workers=workers,
+        trained=trained,
+        fast=fast and study is None,
+        study=results,
+        study_folder=str(study) if study is not None else None,
+        trained_note=note,
+    )
+    path.write_text(page, encoding="utf-8")
     return path

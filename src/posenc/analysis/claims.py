@@ -1,0 +1,191 @@
+"""Common claims about positional encodings, each measured with posenc's own code.
+
+Tutorials and notes on Transformers repeat a handful of statements about sinusoidal encodings
+(and print numbers for them). :func:`common_claims` measures each one in float64 and returns the
+measured value with a verdict, so the report, the docs and the tests read the same numbers.
+
+A claim about training (does an encoding let a model read longer inputs?) is measured only from
+a study with several seeds: :func:`study_claims` reads a ``posenc extrapolate`` result.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..absolute import sinusoidal_frequencies, sinusoidal_table
+from .properties import fit_shift_map
+
+__all__ = ["Claim", "common_claims", "study_claims"]
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One claim and its measurement.
+
+    Attributes:
+        claim: the statement as it is usually made.
+        quoted: the number or form usually given with it ("" when none).
+        measured: what posenc measures (with the setting).
+        verdict: ``"right"``, ``"wrong"`` or ``"not measured"``, then why.
+        value: the key measured number (for tests and JSON); ``nan`` when not measured.
+        how: how to reproduce the measurement (a formula or a command).
+    """
+
+    claim: str
+    quoted: str
+    measured: str
+    verdict: str
+    value: float
+    how: str
+
+
+def _orthogonal() -> Claim:
+    pe = sinusoidal_table(20, 32, dtype=torch.float64)  # [20, 32]: 20 positions, d = 32
+    dots = pe @ pe.T  # [20, 20]
+    iu = torch.triu_indices(20, 20, offset=1)
+    avg = float(dots[iu[0], iu[1]].abs().mean())
+    cos = avg / 16  # |PE(p)|^2 = d/2 = 16 for every p
+    random_cos = math.sqrt(2 / (math.pi * 32))  # E|cos| of two random directions in 32-D (normal approx.)
+    return Claim(
+        "sinusoidal encodings of different positions are nearly orthogonal (d = 32, 20 positions)",
+        "mean |PE(i)·PE(j)| = 0.0128",
+        f"mean |PE(i)·PE(j)| = {avg:.4f} with |PE|² = 16, i.e. mean |cos| = {cos:.3f}; "
+        f"two random directions in 32-D have mean |cos| ≈ {random_cos:.3f}",
+        "wrong: neighbouring encodings are strongly aligned, more than random vectors; "
+        "PE(i)·PE(j) = Σ<sub>k</sub> cos((i − j)ω<sub>k</sub>) depends only on i − j",
+        avg,
+        "sinusoidal_table(20, 32) in float64; mean over the 190 pairs i < j",
+    )
+
+
+def _wavelengths() -> Claim:
+    lam = 2 * math.pi / sinusoidal_frequencies(512, dtype=torch.float64)  # [256] wavelengths
+    return Claim(
+        "the first dimensions of a sinusoidal encoding have the longest wavelengths",
+        "",
+        f"dims 0–1: {float(lam[0]):.3f} tokens; dims 510–511: {float(lam[-1]):.4g} tokens (d = 512)",
+        "wrong: wavelengths grow with the dimension index, from 2π to almost 2π·10000",
+        float(lam[0]),
+        "2π / ω<sub>k</sub> with ω<sub>k</sub> = 10000<sup>−2k/d</sup>",
+    )
+
+
+def _neighbours() -> Claim:
+    p = sinusoidal_table(torch.tensor([0, 1, 100, 101]), 512, dtype=torch.float64)  # [4, 512]
+    d01, d100 = float((p[1] - p[0]).norm()), float((p[3] - p[2]).norm())
+    return Claim(
+        "neighbouring positions differ more near the start of a sequence",
+        "|PE(1) − PE(0)| ≫ |PE(101) − PE(100)|",
+        f"|PE(1) − PE(0)| = {d01:.6f}, |PE(101) − PE(100)| = {d100:.6f} (d = 512)",
+        "wrong: PE(p + 1) = M<sub>1</sub> PE(p) with M<sub>1</sub> a rotation, so every neighbouring "
+        "pair is equally far apart",
+        d01 / d100,
+        "Euclidean distances in float64",
+    )
+
+
+def _lowest_frequency() -> Claim:
+    low = float(sinusoidal_frequencies(32, dtype=torch.float64).min())
+    return Claim(
+        "for d = 32 the lowest sinusoidal frequency is about 0.0245",
+        "0.024543",
+        f"{low:.6g} rad/token = 10000<sup>−30/32</sup>",
+        "wrong: the formula's lowest frequency for d = 32 is 1.78·10<sup>−4</sup>",
+        low,
+        "min over k of 10000<sup>−2k/d</sup>, k = 0..d/2 − 1",
+    )
+
+
+def _linear_shift() -> Claim:
+    enc = sinusoidal_table(256, 64, dtype=torch.float64)  # [256, 64]
+    _, resid = fit_shift_map(enc, 5)
+    return Claim(
+        "a fixed linear map takes PE(p) to PE(p + k) for every p (why the sinusoids were chosen)",
+        "",
+        f"least-squares M<sub>5</sub> over 256 positions, d = 64: relative residual {resid:.1e}",
+        "right: float64 rounding; M<sub>k</sub> is a block rotation by k·ω<sub>i</sub>",
+        resid,
+        "posenc verify sinusoidal --property relative_linear",
+    )
+
+
+def _gpt_positions() -> Claim:
+    how = "transformers.GPT2Model(GPT2Config(n_layer=1)).wpe, built without weights"
+    try:
+        from transformers import GPT2Config, GPT2Model
+    except ImportError:
+        return Claim(
+            "GPT models use sinusoidal position encodings",
+            "",
+            "not measured here: transformers is not installed (pip install transformers)",
+            "not measured: GPT-2's published code keeps a trained table, wpe",
+            math.nan,
+            how,
+        )
+    with torch.random.fork_rng(devices=[]):  # building initialises weights: leave the caller's RNG alone
+        model = GPT2Model(GPT2Config(n_layer=1, n_embd=32, n_head=2, n_positions=64))
+    wpe = model.wpe
+    learned = isinstance(wpe, torch.nn.Embedding) and wpe.weight.requires_grad
+    return Claim(
+        "GPT models use sinusoidal position encodings",
+        "",
+        f"GPT-2's position layer is {type(wpe).__name__}{tuple(wpe.weight.shape)}, "
+        f"requires_grad={wpe.weight.requires_grad}",
+        "wrong: GPT-2 learns its position table (posenc's <code>learned</code>)"
+        if learned
+        else "right: GPT-2's position table is fixed",
+        1.0 if learned else 0.0,
+        how,
+    )
+
+
+def common_claims() -> list[Claim]:
+    """Measure the common claims about sinusoidal encodings (float64, no data)."""
+    return [
+        _wavelengths(),
+        _neighbours(),
+        _orthogonal(),
+        _lowest_frequency(),
+        _linear_shift(),
+        _gpt_positions(),
+    ]
+
+
+def study_claims(results: dict[str, Any]) -> list[Claim]:
+    """Claims a study settles: does each absolute encoding hold up at twice the trained length?
+
+    Reads the paired delta (bits/byte at ``E = 2L`` minus at ``L`` on the same bytes) of every
+    scheme with an ``embed`` hook the study trained, with its 95% interval.
+    """
+    from ..registry import describe
+
+    cfg = results["config"]
+    L = cfg["train_len"]
+    out = []
+    for row in results.get("summary", []):
+        if row.get("variant") or row["length"] != 2 * L or not row.get("delta"):
+            continue
+        if "embed" not in describe(row["scheme"])["hooks"]:
+            continue
+        d = row["delta"]
+        low, high = d.get("low"), d.get("high")
+        interval = f" (95%: {low:+.3f} to {high:+.3f})" if low is not None else ""
+        worse = low is not None and low > 0
+        out.append(
+            Claim(
+                f"{row['scheme']} encodings let a model read inputs longer than it was trained on",
+                "",
+                f"bits/byte at E = {2 * L} minus at L = {L} on the same bytes: {d['mean']:+.3f}{interval}, "
+                f"{len(row['seeds'])} seed(s)",
+                "wrong: the model is measurably worse at twice its trained length"
+                if worse
+                else "not contradicted by this study: no significant loss at 2L",
+                float(d["mean"]),
+                f"posenc extrapolate (this study: {cfg['steps']} steps, L = {L})",
+            )
+        )
+    return out

@@ -1,0 +1,246 @@
+"""The report's "explore" figures: one parameter on a slider, another in a menu.
+
+Each figure builds the schemes through the registry for every value shown (the same path a
+model takes) and reads them through :mod:`~posenc.analysis.kernel`; the page switches between
+precomputed traces (:func:`~posenc.analysis.interactive.selector_figure`), so it stays offline.
+Schemes are chosen by what they declare: a frequency-based ``embed`` scheme taking ``base`` for the
+first figure, a ``rotate`` scheme taking ``scaling`` and ``base`` for the next two, and a
+``score_bias`` scheme taking ``causal`` for the last (:func:`explorers` finds them).
+
+Legend: ``s`` positions, ``d`` model width, ``r`` distance ``m - n``, ``L`` the context length.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..registry import config_keys
+from ..registry import schemes as registered_schemes
+from .interactive import selector_figure
+from .kernel import display_kernel, encodings, make_probe
+
+__all__ = ["EXPLORERS", "Explorer", "explorers"]
+
+
+@dataclass(frozen=True)
+class Explorer:
+    """One explore figure: which schemes it can show (``accepts(hooks, config keys)``), how to build
+    its figure (``build(name, context)``) and its caption (HTML, what to try and what to notice)."""
+
+    title: str
+    accepts: Callable[[tuple[str, ...], dict[str, Any]], bool]
+    build: Callable[[str, dict[str, Any]], dict[str, Any]]
+    caption: str
+
+
+def _fmt(x: float) -> str:
+    return f"{x:g}"
+
+
+# ---------------------------------------------------------------------------------------------- embed
+def _similarity(name: str, ctx: dict[str, Any]) -> dict[str, Any]:
+    """cos(PE(p), PE(n)) against n, slider over the query position p, menu over d."""
+    L = min(int(ctx["max_len"]), 512)
+    widths = sorted({16, 64, int(ctx["d_model"]), 512})
+    offsets = sorted({0, L // 8, L // 4, L // 2, 3 * L // 4, L - 1})
+    traces = {}
+    for d in widths:
+        enc = encodings(make_probe(name, {**ctx, "d_model": d}), L).double()  # [s, d]
+        unit = enc / enc.norm(dim=-1, keepdim=True).clamp_min(1e-30)  # [s, d], rows of norm 1
+        for p in offsets:
+            sim = unit @ unit[p]  # [s]: cos(PE(n), PE(p)) for every n
+            traces[(str(d), str(p))] = [
+                {
+                    "type": "scatter",
+                    "mode": "lines",
+                    "x": list(range(L)),
+                    "y": sim.tolist(),
+                    "name": f"d = {d}, p = {p}",
+                    "line": {"width": 1.6, "color": "#1f77b4"},
+                    "hovertemplate": f"n = %{{x}}<br>cos(PE({p}), PE(n)) = %{{y:.3f}}<extra></extra>",
+                }
+            ]
+    layout = {
+        "xaxis": {"title": {"text": "position n (tokens)"}},
+        "yaxis": {"title": {"text": "cos(PE(p), PE(n))"}, "range": [-0.3, 1.05]},
+        "height": 400,
+    }
+    start = (str(int(ctx["d_model"])), str(offsets[2]))
+    return selector_figure(
+        traces, ("d_model", [str(d) for d in widths]), ("p", [str(p) for p in offsets]), layout, start=start
+    )
+
+
+# ---------------------------------------------------------------------------------------------- rotate
+#: Scalings offered by the rotary explorer (HF's ``rope_type`` names), factor set by the slider.
+_SCALINGS: dict[str, dict[str, Any] | None] = {
+    "none": None,
+    "linear": {"rope_type": "linear"},
+    "ntk": {"rope_type": "ntk"},
+    "yarn": {"rope_type": "yarn", "original_max_position_embeddings": None},
+}
+
+
+def _curve_trace(probe, n: int, step: int, label: str) -> dict[str, Any]:
+    """The kernel seen from the last of ``n`` queries against every key before it (a rotation's
+    kernel depends only on the distance, so one query row is the whole curve)."""
+    kern, _ = display_kernel(probe, [n - 1], n)  # [h, 1, n]
+    r = torch.arange(n - 1, -1, -1)  # distance of each key from the query [n]
+    keep = r % step == 0  # thinned to <= ~500 points
+    return {
+        "type": "scatter",
+        "mode": "lines",
+        "x": r[keep].tolist(),
+        "y": kern.mean(0)[0][keep].tolist(),
+        "name": label,
+        "line": {"width": 1.4, "color": "#d62728"},
+        "hovertemplate": f"{label}<br>r = %{{x}}<br>K = %{{y:.3f}}<extra></extra>",
+    }
+
+
+def _scalings(name: str, ctx: dict[str, Any]) -> dict[str, Any]:
+    """Kernel against distance up to 4L: menu over the scaling, slider over its factor."""
+    L = min(int(ctx["max_len"]), 256)  # K(m, n) over 4L positions: 1024^2 values per head at most
+    n = 4 * L
+    factors = ["1", "2", "4", "8"]
+    traces = {}
+    for label, scaling in _SCALINGS.items():
+        for f in factors:
+            config = None
+            if scaling is not None and f != "1":
+                config = {"scaling": {**scaling, "factor": float(f)}}
+                if "original_max_position_embeddings" in scaling:
+                    config["scaling"]["original_max_position_embeddings"] = L
+            probe = make_probe(name, {**ctx, "max_len": L}, config)
+            traces[(label, f)] = [_curve_trace(probe, n, max(1, n // 512), f"{label}, factor {f}")]
+    layout = {
+        "xaxis": {"title": {"text": "distance m − n (tokens)"}},
+        "yaxis": {"title": {"text": "mean K (logit units)"}},
+        "shapes": [
+            {
+                "type": "line",
+                "x0": L,
+                "x1": L,
+                "yref": "paper",
+                "y0": 0,
+                "y1": 1,
+                "line": {"dash": "dash", "color": "#999"},
+            }
+        ],
+        "annotations": [
+            {"x": L, "y": 1, "yref": "paper", "text": f"L = {L}", "showarrow": False, "xanchor": "left"}
+        ],
+        "height": 400,
+    }
+    return selector_figure(traces, ("scaling", list(_SCALINGS)), ("factor", factors), layout)
+
+
+def _bases(name: str, ctx: dict[str, Any]) -> dict[str, Any]:
+    """Kernel against distance for bases 100 .. 1e6 (slider): the base sets the slowest wavelength."""
+    L = min(int(ctx["max_len"]), 512)
+    bases = ["100", "1000", "10000", "100000", "1000000"]
+    traces = {
+        ("", b): [_curve_trace(make_probe(name, ctx, {"base": float(b)}), L, max(1, L // 512), f"base {b}")]
+        for b in bases
+    }
+    layout = {
+        "xaxis": {"title": {"text": "distance m − n (tokens)"}},
+        "yaxis": {"title": {"text": "mean K (logit units)"}},
+        "height": 380,
+    }
+    return selector_figure(traces, None, ("base", bases), layout, start=("", "10000"))
+
+
+# ---------------------------------------------------------------------------------------------- bias
+def _heads(name: str, ctx: dict[str, Any]) -> dict[str, Any]:
+    """The bias ``[m, n]`` of one head (slider), causal or bidirectional (menu)."""
+    n = min(int(ctx["max_len"]), 48)
+    forms = {"causal": True, "bidirectional": False}
+    traces = {}
+    heads = int(ctx["num_heads"])
+    shown = list(range(0, heads, max(1, heads // 16)))  # at most ~16 heads: the page stays small
+    for form, causal in forms.items():
+        kern, _ = display_kernel(make_probe(name, {**ctx, "causal": causal}), n)  # [h, n, n]
+        if causal:  # keys after the query are masked out: the model never sees those entries
+            kern = kern.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), math.nan)
+        for h in shown:
+            z = kern[h].float()
+            vmax = float(z.nan_to_num().abs().max()) or 1.0
+            traces[(form, str(h))] = [
+                {
+                    "type": "heatmap",
+                    "z": z.tolist(),
+                    "zmin": -vmax,
+                    "zmax": vmax,
+                    "colorscale": "RdBu",
+                    "hovertemplate": "query m = %{y}<br>key n = %{x}<br>bias = %{z:.3f}<extra></extra>",
+                }
+            ]
+    layout = {
+        "xaxis": {"title": {"text": "key position n"}},
+        "yaxis": {"title": {"text": "query position m"}, "autorange": "reversed", "scaleanchor": "x"},
+        "height": 470,
+    }
+    start = ("causal" if ctx.get("causal") else "bidirectional", "0")
+    return selector_figure(
+        traces, ("form", list(forms)), ("head", [str(h) for h in shown]), layout, start=start
+    )
+
+
+EXPLORERS: tuple[Explorer, ...] = (
+    Explorer(
+        "Position similarity: move the query position, change the width",
+        lambda hooks, keys: "embed" in hooks and "base" in keys and "d_model" in keys,
+        _similarity,
+        "cos(PE(p), PE(n)) for every position n. Move <b>p</b>: the curve moves with it and keeps its "
+        "shape, because PE(p)·PE(n) depends only on p − n. Change <b>d_model</b>: more dimensions give a "
+        "sharper peak (positions become easier to tell apart), but neighbours stay strongly aligned: "
+        "sinusoidal encodings are far from orthogonal.",
+    ),
+    Explorer(
+        "Rotary scalings: stretch the context",
+        lambda hooks, keys: "rotate" in hooks and "scaling" in keys,
+        _scalings,
+        "The rotary kernel against distance up to 4L. With <b>factor</b> 1 every scaling is plain RoPE. "
+        "Linear interpolation (PI) slows every frequency, so the whole curve stretches by the factor; NTK "
+        "and YaRN leave the fast pairs (short distances) almost as they were and stretch the slow ones, "
+        "which is why they need less fine-tuning.",
+    ),
+    Explorer(
+        "Rotary base: the slowest wavelength",
+        lambda hooks, keys: "rotate" in hooks and "base" in keys,
+        _bases,
+        "The same kernel for bases from 100 to 10<sup>6</sup> (10 000 is the usual default). A small "
+        "base makes every pair turn quickly: the kernel oscillates and stops telling far distances "
+        "apart. A large base keeps slow pairs slow: the kernel decays gently over the whole context.",
+    ),
+    Explorer(
+        "Biases by head: causal or bidirectional",
+        lambda hooks, keys: "score_bias" in hooks and "causal" in keys,
+        _heads,
+        "One head's bias for every query m and key n. Move <b>head</b>: each head has its own slope, "
+        "from steep (attends locally) to almost flat (sees the whole context). <b>causal</b> shows what a "
+        "decoder sees (keys after the query are masked, blank); <b>bidirectional</b> the symmetric "
+        "form an encoder uses, −slope·|m − n|.",
+    ),
+)
+
+
+def explorers(names: Sequence[str] | None = None) -> list[tuple[Explorer, str]]:
+    """Each explorer with the first scheme of ``names`` (default: every registered scheme) it
+    accepts, by the scheme's declared hooks and configuration keys."""
+    from ..registry import describe
+
+    names = list(names) if names else registered_schemes()
+    out = []
+    for ex in EXPLORERS:
+        for n in names:
+            if ex.accepts(tuple(describe(n)["hooks"]), config_keys(n)):
+                out.append((ex, n))
+                break
+    return out

@@ -1,0 +1,144 @@
+"""The report's input-layer section: one sentence through the input layer, step by step.
+
+``text -> tokens -> ids -> E[ids] -> x sqrt(d) -> + PE -> LayerNorm -> dropout``, computed by
+:func:`posenc.text.pipeline.run_pipeline` (posenc's own :class:`~posenc.InputEmbedding`, the same
+numbers ``posenc encode`` prints) and drawn as one heatmap per step: a slider walks the steps, a
+menu switches the positional scheme.
+
+Legend: ``s`` tokens, ``d`` model width.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from typing import Any
+
+from .interactive import selector_figure
+from .page import interactive, table
+
+__all__ = ["EXAMPLE", "STEPS", "input_layer_section"]
+
+#: The sentence the section encodes.
+EXAMPLE = "The cat sat on the mat, and the dog sat on the log."
+
+#: Pipeline steps drawn, in order: (step name in :func:`run_pipeline`'s result, slider label).
+STEPS: tuple[tuple[str, str], ...] = (
+    ("lookup", "1 E[ids]"),
+    ("scaled", "2 × √d"),
+    ("positional", "3 PE"),
+    ("sum", "4 sum"),
+    ("layer_norm", "5 LayerNorm"),
+    ("dropout_train", "6 dropout (train)"),
+)
+
+
+def _tokenizer():
+    """A small BPE tokenizer trained here on the Python standard library's source (no download)."""
+    from ..text.corpus import stdlib_documents
+    from ..text.tokenizer import build_tokenizer
+
+    docs, _ = stdlib_documents(max_chars=400_000)
+    return build_tokenizer("bpe", [d.text for d in docs], vocab_size=800)
+
+
+def _label(i: int, token: str) -> str:
+    return f"{i}: {token}"
+
+
+def input_layer_section(schemes: Sequence[str], d_model: int = 16, dropout: float = 0.1) -> str:
+    """The section's HTML: the tokens and ids as a table, the steps as one interactive figure.
+
+    Args:
+        schemes: schemes offered in the menu, the first shown first (each must build from
+            ``d_model`` alone, e.g. by name from the registry).
+        d_model: ``d``, small enough to read every number.
+        dropout: the dropout rate of the last step.
+    """
+    from ..text.pipeline import encode_text
+
+    try:
+        tok = _tokenizer()
+    except ImportError as err:
+        why = html.escape(str(err))
+        return f"<p class='note'>This section needs HF tokenizers: pip install 'posenc[text]' ({why}).</p>"
+    results = {s: encode_text(EXAMPLE, tok, scheme=s, d_model=d_model, dropout=dropout) for s in schemes}
+    first = results[schemes[0]]
+    labels = [_label(i, t) for i, t in enumerate(first.tokens)]
+    traces: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for scheme, res in results.items():
+        for step, label in STEPS:
+            z = res[step].tensor.float()  # [s, d]
+            vmax = float(z.abs().max()) or 1.0
+            traces[(scheme, label)] = [
+                {
+                    "type": "heatmap",
+                    "z": z.tolist(),
+                    "y": labels,
+                    "zmin": -vmax,
+                    "zmax": vmax,
+                    "colorscale": "RdBu",
+                    "name": res[step].title,
+                    "hovertemplate": "token %{y}<br>dimension %{x}<br>value %{z:.4f}<extra>"
+                    + html.escape(res[step].title)
+                    + "</extra>",
+                }
+            ]
+    layout = {
+        "xaxis": {"title": {"text": f"dimension (d = {d_model})"}, "dtick": 1},
+        "yaxis": {"autorange": "reversed", "type": "category"},
+        "margin": {"l": 110, "t": 70},
+        "height": 520,
+    }
+    fig = selector_figure(traces, ("scheme", list(schemes)), ("step", [lbl for _, lbl in STEPS]), layout)
+    tokens_table = table(
+        ["position", *range(len(first.tokens))],
+        [
+            ["token", *(html.escape(repr(t)[1:-1]) for t in first.tokens)],
+            ["id", *first.ids.tolist()],
+        ],
+    )
+    st = first.steps
+    stats = table(
+        ["step", "what happens", f"std over the {len(first.tokens)} × {d_model} values"],
+        [
+            [
+                "E[ids]",
+                "each id picks its row of the embedding matrix E [V, d]",
+                f"{st['lookup'].stats['std']:.3f}",
+            ],
+            [
+                "× √d",
+                f"every value times √{d_model} = {d_model**0.5:.3g}",
+                f"{st['scaled'].stats['std']:.3f}",
+            ],
+            ["+ PE", html.escape(st["positional"].stats["note"]), f"{st['sum'].stats['std']:.3f}"],
+            [
+                "LayerNorm",
+                "per token: mean 0, variance 1 (then a learned gain and bias, 1 and 0 at start)",
+                f"{st['layer_norm'].stats['std']:.3f}",
+            ],
+            [
+                "dropout",
+                f"training only: {st['dropout_train'].stats['zeroed_fraction']:.0%} of values zeroed "
+                f"here, the rest × {st['dropout_train'].stats['keep_scale']:.3g}; identity at evaluation",
+                f"{st['dropout_train'].stats['std']:.3f}",
+            ],
+        ],
+        numeric=(2,),
+    )
+    caption = (
+        "Move the <b>step</b> slider to walk the input layer; hover a cell for its value. Rows are the "
+        "tokens above, columns the model's dimensions (each step has its own colour range). Notice how "
+        "× √d lifts the tiny initial embeddings to the scale of the positional encoding, how each scheme's "
+        "positional part differs (a scheme that acts inside attention adds nothing here), and how "
+        "LayerNorm puts every row back on the same scale."
+    )
+    return (
+        f"<p>The sentence <code>{html.escape(EXAMPLE)}</code>, split by a small BPE tokenizer trained "
+        f"on Python's own source ({tok.vocab_size} tokens), becomes {len(first.tokens)} ids:</p>"
+        + tokens_table
+        + interactive("input-layer", fig, caption, height=520)
+        + f"<p>The same steps as numbers ({html.escape(schemes[0])}, d = {d_model}, dropout p = {dropout}; "
+        "<code>posenc encode</code> prints them all):</p>" + stats
+    )

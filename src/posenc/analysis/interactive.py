@@ -1,0 +1,329 @@
+"""The report's interactive figures as Plotly figure dicts (drawn by :mod:`~posenc.analysis.page`).
+
+Every figure reads its numbers from the same functions as the static plots and the checks
+(:func:`~posenc.analysis.kernel.display_kernel`, :func:`~posenc.analysis.kernel.encodings`), never
+from a second copy of a scheme's maths. Figures that vary a parameter precompute one set of
+traces per value and switch between them with Plotly's own controls (a drop-down menu and a
+slider, :func:`selector_figure`), so the page needs no server.
+
+Legend: ``h`` heads, ``m`` query positions, ``n`` key positions, ``r`` distance ``m - n``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .kernel import Probe, display_kernel, encodings, kernel_curve
+
+__all__ = [
+    "HOOK_COLORS",
+    "kernel_profile",
+    "overview_figure",
+    "selector_figure",
+    "study_figure",
+    "trained_figure",
+]
+
+#: One colour per hook group, shared by every figure of the report.
+HOOK_COLORS = {"embed": "#1f77b4", "rotate": "#d62728", "score_bias": "#2ca02c", "none": "#7f7f7f"}
+
+
+def kernel_profile(probe: Probe, n: int) -> tuple[list[int], list[float]]:
+    """The kernel against key distance ``r = 0..n-1`` before the query (mean over heads and query
+    positions), scaled so its largest ``|value|`` is 1: ``(r [n], profile [n])``."""
+    r, curve = kernel_curve(display_kernel(probe, n)[0])  # [2n-1], [h, 2n-1]
+    c = curve.mean(0)[r >= 0]  # [n]: keys at or before the query
+    scale = float(c.abs().max()) or 1.0
+    return list(range(n)), (c / scale).tolist()
+
+
+def _axis(i: int) -> str:
+    """Plotly's name of the i-th axis pair's suffix: '' for the first, '2', '3', ... after."""
+    return "" if i == 0 else str(i + 1)
+
+
+def overview_figure(panels: Sequence[dict[str, Any]], columns: int = 4) -> dict[str, Any]:
+    """Small multiples: one panel per scheme, shared axes.
+
+    Args:
+        panels: ``{"title", "group", "r", "y", "extra"}`` per scheme: distances, scaled kernel, and
+            optional extra traces (e.g. a trained curve) as ``[(label, r, y, dash)]``.
+        columns: panels per row.
+    """
+    rows = -(-len(panels) // columns)
+    data, annotations, layout = [], [], {}
+    for i, panel in enumerate(panels):
+        ax = _axis(i)
+        color = HOOK_COLORS.get(panel["group"], "#444")
+        traces = [(panel.get("label", "kernel"), panel["r"], panel["y"], "solid", color)]
+        traces += [(label, r, y, dash, "#111") for label, r, y, dash in panel.get("extra", ())]
+        for label, r, y, dash, c in traces:
+            data.append(
+                {
+                    "type": "scatter",
+                    "mode": "lines",
+                    "x": r,
+                    "y": y,
+                    "name": f"{panel['title']}: {label}",
+                    "line": {"color": c, "width": 1.8, "dash": dash},
+                    "xaxis": f"x{ax}",
+                    "yaxis": f"y{ax}",
+                    "showlegend": False,
+                    "hovertemplate": f"{panel['title']} ({label})<br>r = %{{x}}<br>K/max|K| = %{{y:.3f}}"
+                    "<extra></extra>",
+                }
+            )
+        row = i // columns
+        layout[f"xaxis{ax}"] = {"matches": "x" if i else None, "showticklabels": row == rows - 1}
+        layout[f"yaxis{ax}"] = {"matches": "y" if i else None, "range": [-1.1, 1.1], "zeroline": True}
+        annotations.append(
+            {
+                "text": f"<b>{panel['title']}</b>",
+                "xref": f"x{ax} domain",
+                "yref": f"y{ax} domain",
+                "x": 0.5,
+                "y": 1.0,
+                "yanchor": "bottom",
+                "showarrow": False,
+                "font": {"color": color, "size": 12},
+            }
+        )
+    layout.update(
+        {
+            "grid": {"rows": rows, "columns": columns, "pattern": "independent", "ygap": 0.35},
+            "annotations": annotations,
+            "height": 170 * rows + 90,
+            "margin": {"l": 50, "r": 10, "t": 30, "b": 50},
+        }
+    )
+    return {"data": data, "layout": layout}
+
+
+def selector_figure(
+    traces: dict[tuple[str, str], list[dict[str, Any]]],
+    menu: tuple[str, Sequence[str]] | None,
+    slider: tuple[str, Sequence[str]],
+    layout: dict[str, Any],
+    *,
+    start: tuple[str, str] | None = None,
+) -> dict[str, Any]:
+    """A figure that shows one group of traces at a time, chosen by a drop-down ``menu`` (label,
+    values) and a ``slider`` (label, values); ``traces[(menu value, slider value)]`` are the group's
+    Plotly traces. Choosing a menu value also rebuilds the slider for that value."""
+    menu_values = list(menu[1]) if menu else [""]
+    keys = [(m, s) for m in menu_values for s in slider[1]]
+    data, owner = [], []
+    for key in keys:
+        for t in traces[key]:
+            data.append(t)
+            owner.append(key)
+    m0, s0 = start or keys[0]
+
+    def visible(key: tuple[str, str]) -> list[bool]:
+        return [o == key for o in owner]
+
+    def make_slider(m: str, active: int) -> dict[str, Any]:
+        return {
+            "active": active,
+            "currentvalue": {"prefix": f"{slider[0]} = "},
+            "pad": {"t": 40},
+            "steps": [
+                {"label": s, "method": "restyle", "args": [{"visible": visible((m, s))}]} for s in slider[1]
+            ],
+        }
+
+    for t, o in zip(data, owner):
+        t["visible"] = o == (m0, s0)
+    out_layout = {**layout, "sliders": [make_slider(m0, list(slider[1]).index(s0))]}
+    if menu:
+        out_layout["updatemenus"] = [
+            {
+                "type": "dropdown",
+                "x": 0.0,
+                "y": 1.18,
+                "xanchor": "left",
+                "active": menu_values.index(m0),
+                "buttons": [
+                    {
+                        "label": f"{menu[0]}: {m}",
+                        "method": "update",
+                        "args": [{"visible": visible((m, slider[1][0]))}, {"sliders": [make_slider(m, 0)]}],
+                    }
+                    for m in menu_values
+                ],
+            }
+        ]
+        out_layout.setdefault("margin", {"t": 70})
+    return {"data": data, "layout": out_layout}
+
+
+def _heat(z: torch.Tensor, *, name: str, x: str, y: str, axis: int = 0, **extra: Any) -> dict[str, Any]:
+    """A heatmap trace of ``z`` ``[rows, cols]`` with a symmetric colour scale around 0."""
+    z = z.float()
+    vmax = float(z.abs().max()) or 1.0
+    ax = _axis(axis)
+    return {
+        "type": "heatmap",
+        "z": z.tolist(),
+        "zmin": -vmax,
+        "zmax": vmax,
+        "colorscale": "RdBu",
+        "name": name,
+        "xaxis": f"x{ax}",
+        "yaxis": f"y{ax}",
+        "hovertemplate": f"{x} = %{{x}}<br>{y} = %{{y}}<br>value = %{{z:.4f}}<extra>{name}</extra>",
+        **extra,
+    }
+
+
+def trained_figure(initial: Probe, trained: Probe, train_len: int) -> dict[str, Any]:
+    """Initial and trained kernel ``K(m, n)`` side by side (head 0; one colour scale each), and the
+    kernel against distance per head, trained (solid) and initial (dotted, head mean)."""
+    n = train_len
+    k_init, _ = display_kernel(initial, n)  # [h, n, n]
+    k_trained, _ = display_kernel(trained, n)  # [h, n, n]
+    data = [
+        _heat(k_init[0], name="initial", x="key n", y="query m", axis=0, showscale=False),
+        _heat(
+            k_trained[0],
+            name="trained",
+            x="key n",
+            y="query m",
+            axis=1,
+            colorbar={"x": 0.575, "xanchor": "left", "len": 0.9, "thickness": 12},
+        ),
+    ]
+    r, curve = kernel_curve(k_trained)  # [2n-1], [h, 2n-1]
+    keep = r >= 0  # keys at or before the query: what a causal model attends to
+    for h in range(curve.shape[0]):
+        data.append(_line(r[keep], curve[h][keep], f"trained, head {h}", axis=2))
+    _, curve0 = kernel_curve(k_init)
+    data.append(_line(r[keep], curve0.mean(0)[keep], "initial (mean of heads)", axis=2, dash="dot"))
+    layout = {
+        "grid": {"rows": 1, "columns": 3, "pattern": "independent", "xgap": 0.12},
+        "xaxis": {"title": {"text": "key n"}, "domain": [0, 0.26]},
+        "yaxis": {"title": {"text": "query m"}, "scaleanchor": "x"},
+        "xaxis2": {"title": {"text": "key n"}, "domain": [0.31, 0.57]},
+        "yaxis2": {"scaleanchor": "x2"},
+        "xaxis3": {"title": {"text": "distance m − n"}, "domain": [0.72, 1.0]},
+        "yaxis3": {"title": {"text": "K (logit units)"}},
+        "annotations": [
+            _panel_title("initial K(m, n), head 0", 0),
+            _panel_title("trained K(m, n), head 0", 1),
+            _panel_title("K against distance", 2),
+        ],
+        "legend": {"x": 1.02, "y": 1, "font": {"size": 11}},
+        "height": 360,
+    }
+    return {"data": data, "layout": layout}
+
+
+def _line(x: torch.Tensor, y: torch.Tensor, name: str, *, axis: int = 0, **line: Any) -> dict[str, Any]:
+    ax = _axis(axis)
+    return {
+        "type": "scatter",
+        "mode": "lines",
+        "x": x.tolist(),
+        "y": y.float().tolist(),
+        "name": name,
+        "line": {"width": 1.6, **line},
+        "xaxis": f"x{ax}",
+        "yaxis": f"y{ax}",
+    }
+
+
+def _panel_title(text: str, axis: int) -> dict[str, Any]:
+    ax = _axis(axis)
+    return {
+        "text": text,
+        "xref": f"x{ax} domain",
+        "yref": f"y{ax} domain",
+        "x": 0.5,
+        "y": 1.02,
+        "yanchor": "bottom",
+        "showarrow": False,
+    }
+
+
+def encodings_figure(initial: Probe, trained: Probe, train_len: int) -> dict[str, Any]:
+    """Initial and trained position vectors ``[s, d]`` (positions ``0..L-1``) side by side."""
+    e0 = encodings(initial, train_len)  # [s, d]
+    e1 = encodings(trained, train_len)  # [s, d]
+    data = [
+        _heat(e0, name="initial", x="dimension", y="position", axis=0, showscale=False),
+        _heat(e1, name="trained", x="dimension", y="position", axis=1),
+    ]
+    layout = {
+        "grid": {"rows": 1, "columns": 2, "pattern": "independent"},
+        "xaxis": {"title": {"text": "dimension i"}},
+        "yaxis": {"title": {"text": "position p"}},
+        "xaxis2": {"title": {"text": "dimension i"}},
+        "annotations": [_panel_title("initial PE(p)", 0), _panel_title("trained PE(p)", 1)],
+        "height": 340,
+    }
+    return {"data": data, "layout": layout}
+
+
+def study_figure(results: dict[str, Any]) -> dict[str, Any]:
+    """A study's sliding-window bits/byte against evaluation length, one line per run with its 95%
+    interval as a band (lower is better)."""
+    data = []
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for row in results["summary"]:
+        by_name.setdefault(row["name"], []).append(row)
+    for idx, (name, rows) in enumerate(by_name.items()):
+        pts = [r for r in rows if r.get("bpb_window")]
+        x = [r["length"] for r in pts]
+        mean = [r["bpb_window"]["mean"] for r in pts]
+        low = [r["bpb_window"]["low"] if r["bpb_window"]["low"] is not None else m for r, m in zip(pts, mean)]
+        high = [
+            r["bpb_window"]["high"] if r["bpb_window"]["high"] is not None else m for r, m in zip(pts, mean)
+        ]
+        color = f"hsl({(idx * 47) % 360},65%,42%)"
+        band = {
+            "type": "scatter",
+            "x": x + x[::-1],
+            "y": high + low[::-1],
+            "fill": "toself",
+            "fillcolor": color.replace("hsl", "hsla").replace("%)", "%,0.15)"),
+            "line": {"width": 0},
+            "hoverinfo": "skip",
+            "showlegend": False,
+            "legendgroup": name,
+        }
+        data.append(band)
+        data.append(
+            {
+                "type": "scatter",
+                "mode": "lines+markers",
+                "x": x,
+                "y": mean,
+                "name": name,
+                "legendgroup": name,
+                "line": {"color": color, "width": 2},
+                "customdata": [[lo, hi] for lo, hi in zip(low, high)],
+                "hovertemplate": f"{name}<br>E = %{{x}}<br>%{{y:.3f}} bits/byte "
+                "(95%: %{customdata[0]:.3f} to %{customdata[1]:.3f})<extra></extra>",
+            }
+        )
+    L = results["config"]["train_len"]
+    layout = {
+        "xaxis": {"type": "log", "title": {"text": "evaluation length E (tokens, log)"}},
+        "yaxis": {"title": {"text": "bits per byte (lower is better)"}},
+        "shapes": [
+            {
+                "type": "line",
+                "x0": L,
+                "x1": L,
+                "yref": "paper",
+                "y0": 0,
+                "y1": 1,
+                "line": {"dash": "dash", "color": "#999"},
+            }
+        ],
+        "height": 420,
+    }
+    return {"data": data, "layout": layout}

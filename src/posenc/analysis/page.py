@@ -1,0 +1,139 @@
+"""HTML building blocks of the report: style, static images, interactive figures, tables.
+
+Interactive figures are Plotly figure specifications (plain ``{"data": [...], "layout": {...}}``
+dicts, see https://plotly.com/javascript/reference/) written into the page as JSON and drawn by
+plotly.js, which :func:`plotly_script` embeds in the page itself: the file works offline and
+fetches nothing. Only the JavaScript bundle is taken from the ``plotly`` Python package.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+__all__ = [
+    "CSS",
+    "figure_data_uri",
+    "img",
+    "interactive",
+    "plotly_script",
+    "rounded",
+    "table",
+]
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1180px;margin:0 auto;
+padding:24px;color:#1d1d1f;line-height:1.5;font-size:15px}
+h1{margin-bottom:4px}h2{border-bottom:2px solid #ddd;padding-bottom:4px;margin-top:44px}
+h3{margin-top:28px}
+code,.formula{font-family:ui-monospace,Menlo,Consolas,monospace;background:#f4f4f6;padding:1px 4px;
+border-radius:3px;font-size:13px}
+table{border-collapse:collapse;margin:12px 0;font-size:13px}
+th,td{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top}
+th{background:#f0f0f3}
+td.pass{background:#dff3e3}td.fail{background:#f8d0d0;font-weight:bold}td.no{background:#fff2cc}
+td.na{color:#999}td.num{text-align:right;font-variant-numeric:tabular-nums}
+.figs{display:flex;flex-wrap:wrap;gap:16px;align-items:flex-start}
+figure{margin:8px 0;max-width:100%}
+.figs figure{flex:1 1 420px}
+.figs img{max-width:100%;height:auto;border:1px solid #eee}
+figcaption{font-size:13px;color:#444;max-width:900px;margin-top:4px}
+.plot{width:100%;min-height:200px}
+.muted{color:#666;font-size:13px}
+.note{background:#fff8e1;border-left:4px solid #f0b400;padding:8px 12px;margin:12px 0}
+.read{background:#eef5ff;border-left:4px solid #3b7ddd;padding:8px 16px;margin:12px 0}
+nav a{margin-right:10px}
+.tag{display:inline-block;font-size:12px;padding:0 6px;border-radius:8px;background:#eee;margin-left:6px}
+.tag.trained{background:#dff3e3}.tag.untrained{background:#fff2cc}
+"""
+
+
+def figure_data_uri(fig: Any, *, dpi: int = 72) -> str:
+    """A matplotlib figure as a ``data:image/png;base64,...`` URI (the figure is closed)."""
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, pil_kwargs={"optimize": True})  # lossless, ~10% smaller
+    plt.close(fig)
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def img(uri: str, caption: str, alt: str) -> str:
+    """A static figure: ``uri`` a data URI, ``caption`` HTML (what to notice), ``alt`` plain text."""
+    return f'<figure><img src="{uri}" alt="{html.escape(alt)}"><figcaption>{caption}</figcaption></figure>'
+
+
+def rounded(value: Any, digits: int = 4) -> Any:
+    """``value`` with every float rounded to ``digits`` significant digits (lists and dicts walked),
+    so a figure's JSON stays small; non-finite floats become ``None`` (a gap in the plot)."""
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return None
+        return float(f"{value:.{digits}g}")
+    if isinstance(value, dict):
+        return {k: rounded(v, digits) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [rounded(v, digits) for v in value]
+    return value
+
+
+def interactive(fig_id: str, spec: dict[str, Any], caption: str, *, height: int = 380) -> str:
+    """An interactive figure: a ``<div>`` drawn by plotly.js from ``spec`` (a Plotly figure dict with
+    ``data`` and ``layout``), and ``caption`` (HTML). The spec travels as JSON in a
+    ``<script type="application/json">`` element, read by :func:`plotly_script`'s loader."""
+    layout = {
+        "height": height,
+        "margin": {"l": 60, "r": 20, "t": 40, "b": 50},
+        "font": {"size": 13},
+        "template": None,
+        **spec.get("layout", {}),
+    }
+    payload = json.dumps(
+        {"data": rounded(spec["data"]), "layout": layout, "frames": spec.get("frames", [])},
+        separators=(",", ":"),
+        allow_nan=False,
+    ).replace("</", "<\\/")  # a "</script>" inside a string must not end the element
+    return (
+        f'<figure><div class="plot" id="{fig_id}" data-spec="{fig_id}-spec"></div>'
+        f'<script type="application/json" id="{fig_id}-spec">{payload}</script>'
+        f"<figcaption>{caption}</figcaption></figure>"
+    )
+
+
+_LOADER = """
+document.querySelectorAll("div.plot").forEach((div) => {
+  const spec = JSON.parse(document.getElementById(div.dataset.spec).textContent);
+  Plotly.newPlot(div, spec.data, spec.layout, {responsive: true, displaylogo: false,
+    toImageButtonOptions: {format: "svg"}}).then(() => { div.dataset.rendered = "1"; });
+});
+"""
+
+
+def plotly_script() -> str:
+    """plotly.js, embedded, and the loader that draws every :func:`interactive` figure.
+
+    Raises:
+        ImportError: the ``plotly`` package is missing (``pip install posenc[viz]``).
+    """
+    try:
+        from plotly.offline import get_plotlyjs
+    except ImportError as err:
+        raise ImportError("the report's interactive figures need plotly: pip install 'posenc[viz]'") from err
+    return f"<script>{get_plotlyjs()}</script>\n<script>{_LOADER}</script>"
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[str]], *, numeric: Sequence[int] = ()) -> str:
+    """An HTML table; cells are HTML already (escape text first); ``numeric`` columns align right."""
+    head = "".join(f"<th>{h}</th>" for h in header)
+    body = "".join(
+        "<tr>"
+        + "".join(f"<td class='num'>{c}</td>" if i in numeric else f"<td>{c}</td>" for i, c in enumerate(r))
+        + "</tr>"
+        for r in rows
+    )
+    return f"<table><tr>{head}</tr>{body}</table>"

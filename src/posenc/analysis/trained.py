@@ -1,0 +1,208 @@
+"""Learnable schemes as training leaves them, next to their initialisation.
+
+A learned position table, T5's bias or Shaw's vectors at initialisation are random numbers: what
+they *learn* is what a reader wants to see. The report therefore trains one small byte-level
+language model per learnable scheme with posenc's lab (:func:`~posenc.lab.extrapolate.run_study`,
+~1 minute on 2 cores), or reads the checkpoints of a study a user ran (``posenc extrapolate
+--out DIR``), and pairs each trained scheme with the same scheme at the same seed's
+initialisation.
+
+Trained models are cached in a folder keyed by everything that decides them (the study's
+configuration and the posenc version), so a second report reuses them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import __version__
+from ..base import DEFAULTS_VERSION, PositionalScheme
+from .kernel import Probe, make_probe
+
+__all__ = [
+    "REPORT_STUDY",
+    "TrainedScheme",
+    "default_cache_dir",
+    "learnable",
+    "read_study",
+    "report_study",
+    "train_for_report",
+]
+
+#: The report's training: a 2-layer, d = 64 byte-level language model per learnable scheme, trained
+#: at L = 64 for 400 steps of 32 windows on the first ~1 MB of the Python standard library's source.
+REPORT_STUDY: dict[str, Any] = {
+    "train_len": 64,
+    "eval_lens": (64,),
+    "steps": 400,
+    "batch_size": 32,
+    "warmup_steps": 20,
+    "d_model": 64,
+    "num_layers": 2,
+    "num_heads": 4,
+    "max_chars": 1_000_000,
+    "eval_windows": 8,
+    "variants": (),
+    "checkpoint_every": 0,
+    "seeds": (0,),
+}
+
+
+@dataclass(frozen=True)
+class TrainedScheme:
+    """One learnable scheme, trained and at initialisation.
+
+    Attributes:
+        name: the scheme's registry name.
+        initial: the scheme as the model built it (same seed), before any step.
+        trained: the scheme after training (layer 0 when each layer has its own).
+        steps: optimizer steps trained.
+        train_len: ``L``, the training window length (positions past it were never trained).
+        final_loss: mean training loss over the last tenth of the steps, nats per byte.
+        source: where the checkpoint came from (a study folder).
+    """
+
+    name: str
+    initial: Probe
+    trained: Probe
+    steps: int
+    train_len: int
+    final_loss: float
+    source: str
+
+
+def learnable(probes: Sequence[Probe]) -> list[str]:
+    """Names of the probes whose scheme has trainable parameters and encodes token sequences (the
+    lab trains language models on 1-D positions)."""
+    return [p.name for p in probes if p.trainable and p.scheme.position_dims == 1]
+
+
+def report_study(schemes: Sequence[str], **overrides: Any):
+    """The :class:`~posenc.lab.config.StudyConfig` the report trains: :data:`REPORT_STUDY`, with
+    ``overrides`` (any study field, e.g. ``steps``)."""
+    from ..lab.config import StudyConfig
+
+    return StudyConfig(schemes=tuple(schemes), **{**REPORT_STUDY, **overrides})
+
+
+def default_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/posenc/report`` (``~/.cache/posenc/report`` when unset)."""
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "posenc" / "report"
+
+
+def _study_key(config) -> str:
+    """A short hash of what decides the trained weights: the study, posenc's version and defaults."""
+    text = json.dumps(
+        {"config": config.to_dict(), "posenc": __version__, "defaults": DEFAULTS_VERSION, "torch": 2},
+        sort_keys=True,
+    )
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def train_for_report(
+    schemes: Sequence[str],
+    cache_dir: str | os.PathLike,
+    *,
+    progress: bool | None = None,
+    log: Callable[[str], None] | None = None,
+    workers: int | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> list[TrainedScheme]:
+    """Train (or reuse from ``cache_dir``) one small model per scheme of ``schemes``.
+
+    Args:
+        schemes: learnable scheme names (:func:`learnable`).
+        cache_dir: the cache folder; the study goes into ``cache_dir/study-KEY``.
+        progress: progress bars (``None`` = when stderr is a terminal).
+        log: where one line per finished model goes (``None`` = silent).
+        workers: processes training at once (default: up to 2).
+        overrides: study fields replacing :data:`REPORT_STUDY`'s (e.g. fewer ``steps``).
+    """
+    from ..lab.extrapolate import run_study
+
+    if not schemes:
+        return []
+    config = report_study(schemes, **(overrides or {}))
+    out = Path(cache_dir) / f"study-{_study_key(config)}"
+    workers = min(2, os.cpu_count() or 1, len(schemes)) if workers is None else workers
+    run_study(config, out=out, resume=True, progress=progress, log=log, workers=workers)
+    return read_study(out, schemes)
+
+
+def _first_scheme(model: torch.nn.Module) -> PositionalScheme:
+    """The model's first positional scheme (layer 0's, or the input layer's), found by type."""
+    return next(m for m in model.modules() if isinstance(m, PositionalScheme))
+
+
+def _pair(path: Path, name: str, seed: int) -> tuple[Probe, Probe]:
+    """The trained scheme of checkpoint ``path`` and the same model's scheme at initialisation."""
+    from ..lab.checkpoint import load_trained_model
+    from ..lab.train import seed_everything
+
+    model = load_trained_model(path)
+    context = model.config.scheme_context(True)  # the lab trains causal language models
+    with torch.random.fork_rng(devices=[]):  # the same initialisation the lab drew, RNG untouched
+        seed_everything(seed)
+        initial = type(model)(model.config)
+    probes = []
+    for m in (initial, model):
+        scheme = _first_scheme(m).eval()
+        probe = make_probe(scheme, context)
+        probes.append(dataclasses.replace(probe, name=name))
+    return probes[0], probes[1]
+
+
+def read_study(folder: str | os.PathLike, schemes: Sequence[str] | None = None) -> list[TrainedScheme]:
+    """The learnable schemes of a finished study in ``folder`` (its first seed's checkpoints).
+
+    Args:
+        folder: a ``posenc extrapolate --out`` folder (``results.json`` and ``checkpoints/``).
+        schemes: only these (default: every scheme of the study with trainable parameters).
+
+    Raises:
+        ValueError: no ``results.json`` in ``folder``, or a requested scheme has no checkpoint.
+    """
+    folder = Path(folder)
+    results_file = folder / "results.json"
+    if not results_file.is_file():
+        raise ValueError(
+            f"--study {str(folder)!r} holds no results.json: give the --out folder of a finished "
+            "`posenc extrapolate` run"
+        )
+    results = json.loads(results_file.read_text(encoding="utf-8"))
+    cfg = results["config"]
+    seed = cfg["seeds"][0]
+    losses = {c["cell"]: c["train"] for c in results.get("cells", [])}
+    out = []
+    for name in schemes if schemes is not None else cfg["schemes"]:
+        path = folder / "checkpoints" / f"{name}-seed{seed}.safetensors"
+        if not path.is_file():
+            if schemes is not None:
+                raise ValueError(f"study {str(folder)!r} has no checkpoint for {name!r} ({path.name})")
+            continue
+        initial, trained = _pair(path, name, seed)
+        if not trained.trainable:
+            continue
+        train = losses.get(f"{name}-seed{seed}", {})
+        out.append(
+            TrainedScheme(
+                name=name,
+                initial=initial,
+                trained=trained,
+                steps=int(train.get("steps", cfg["steps"])),
+                train_len=int(cfg["train_len"]),
+                final_loss=float(train.get("final_loss_nats", float("nan"))),
+                source=str(folder),
+            )
+        )
+    return out
