@@ -135,7 +135,7 @@ def test_report_with_a_study(tmp_path):
     assert re.search(r"<td class='num'>[+-]\d\.\d{3} ±\d\.\d{3}</td>", html)  # deltas with intervals
     assert "study" in dict(SPEC.findall(html)) and "trained-t5" in html
     assert "sinusoidal encodings let a model read inputs longer than it was trained on" in html
-    with pytest.raises(ValueError, match="holds no results.json"):
+    with pytest.raises(ValueError, match=r"holds no results\.json"):
         build_report(tmp_path / "rep2", ["t5"], study=tmp_path / "corpus")
 
 
@@ -166,8 +166,9 @@ window.addEventListener("load", () => {
     const ok = imgs.filter((i) => i.complete && i.naturalWidth > 0).length;
     const div = document.createElement("div");
     div.id = "page-check";
+    const sliders = document.querySelectorAll("g.slider-container").length;
     div.textContent = `plots drawn ${drawn.length}/${plots.length}; images loaded ${ok}/${imgs.length}; ` +
-      `sliders ${document.querySelectorAll("g.slider-container").length}; errors ${JSON.stringify(window.__errors)}`;
+      `sliders ${sliders}; errors ${JSON.stringify(window.__errors)}`;
     document.body.appendChild(div);
   };
   report();

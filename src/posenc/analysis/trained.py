@@ -103,7 +103,7 @@ def default_cache_dir() -> Path:
 def _study_key(config) -> str:
     """A short hash of what decides the trained weights: the study, posenc's version and defaults."""
     text = json.dumps(
-        {"config": config.to_dict(), "posenc": __version__, "defaults": DEFAULTS_VERSION, "torch": 2},
+        {"config": config.to_dict(), "posenc": __version__, "defaults": DEFAULTS_VERSION},
         sort_keys=True,
     )
     return hashlib.sha256(text.encode()).hexdigest()[:12]
