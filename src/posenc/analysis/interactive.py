@@ -160,10 +160,13 @@ def selector_figure(
     return {"data": data, "layout": out_layout}
 
 
-def _heat(z: torch.Tensor, *, name: str, x: str, y: str, axis: int = 0, **extra: Any) -> dict[str, Any]:
-    """A heatmap trace of ``z`` ``[rows, cols]`` with a symmetric colour scale around 0."""
+def _heat(
+    z: torch.Tensor, *, name: str, x: str, y: str, axis: int = 0, vmax: float | None = None, **extra: Any
+) -> dict[str, Any]:
+    """A heatmap trace of ``z`` ``[rows, cols]`` with a colour scale symmetric around 0, to ``vmax``
+    (default: ``max |z|``)."""
     z = z.float()
-    vmax = float(z.abs().max()) or 1.0
+    vmax = vmax or float(z.abs().max()) or 1.0
     ax = _axis(axis)
     return {
         "type": "heatmap",
@@ -180,19 +183,21 @@ def _heat(z: torch.Tensor, *, name: str, x: str, y: str, axis: int = 0, **extra:
 
 
 def trained_figure(initial: Probe, trained: Probe, train_len: int) -> dict[str, Any]:
-    """Initial and trained kernel ``K(m, n)`` side by side (head 0; one colour scale each), and the
+    """Initial and trained kernel ``K(m, n)`` side by side (head 0; one colour scale for both), and the
     kernel against distance per head, trained (solid) and initial (dotted, head mean)."""
     n = train_len
     k_init, _ = display_kernel(initial, n)  # [h, n, n]
     k_trained, _ = display_kernel(trained, n)  # [h, n, n]
+    vmax = float(torch.cat([k_init[0], k_trained[0]]).abs().max())  # one colour scale for both panels
     data = [
-        _heat(k_init[0], name="initial", x="key n", y="query m", axis=0, showscale=False),
+        _heat(k_init[0], name="initial", x="key n", y="query m", axis=0, vmax=vmax, showscale=False),
         _heat(
             k_trained[0],
             name="trained",
             x="key n",
             y="query m",
             axis=1,
+            vmax=vmax,
             colorbar={"x": 0.575, "xanchor": "left", "len": 0.9, "thickness": 12},
         ),
     ]
@@ -252,9 +257,10 @@ def encodings_figure(initial: Probe, trained: Probe, train_len: int) -> dict[str
     """Initial and trained position vectors ``[s, d]`` (positions ``0..L-1``) side by side."""
     e0 = encodings(initial, train_len)  # [s, d]
     e1 = encodings(trained, train_len)  # [s, d]
+    vmax = float(torch.cat([e0, e1]).abs().max())  # one colour scale for both panels
     data = [
-        _heat(e0, name="initial", x="dimension", y="position", axis=0, showscale=False),
-        _heat(e1, name="trained", x="dimension", y="position", axis=1),
+        _heat(e0, name="initial", x="dimension", y="position", axis=0, vmax=vmax, showscale=False),
+        _heat(e1, name="trained", x="dimension", y="position", axis=1, vmax=vmax),
     ]
     layout = {
         "grid": {"rows": 1, "columns": 2, "pattern": "independent"},

@@ -138,9 +138,10 @@ def trained_section(trained: Sequence[Any], fast: bool, note: str) -> str:
         )
         caption = (
             f"Left and middle: K(m, n) of head 0 at initialisation and after {t.steps} steps at L = "
-            f"{t.train_len} (final training loss {t.final_loss:.2f} nats/byte). Right: K against distance "
-            "per head, trained (solid) and at initialisation (dotted). Training turns noise into structure: "
-            "watch for a kernel that falls with distance (recency) and heads that differ."
+            f"{t.train_len} (final training loss {t.final_loss:.2f} nats/byte), on one colour scale. "
+            "Right: K against distance per head, trained (solid) and at initialisation (dotted). "
+            "Training turns noise into structure: watch for a kernel that falls with distance "
+            "(recency) and heads that differ."
         )
         parts.append(
             interactive(f"trained-{t.name}", trained_figure(t.initial, t.trained, t.train_len), caption)
