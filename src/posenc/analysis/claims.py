@@ -162,18 +162,20 @@ def study_claims(results: dict[str, Any]) -> list[Claim]:
     scheme with an ``embed`` hook the study trained, with its 95% interval.
     """
     from ..registry import describe
+    from ..registry import schemes as registered_schemes
 
+    registered = set(registered_schemes())
     cfg = results["config"]
     L = cfg["train_len"]
     out = []
     for row in results.get("summary", []):
         if row.get("variant") or row["length"] != 2 * L or not row.get("delta"):
             continue
-        if "embed" not in describe(row["scheme"])["hooks"]:
-            continue
+        if row["scheme"] not in registered or "embed" not in describe(row["scheme"])["hooks"]:
+            continue  # a scheme this process does not know, or one that does not add to the input
         d = row["delta"]
         low, high = d.get("low"), d.get("high")
-        interval = f" (95%: {low:+.3f} to {high:+.3f})" if low is not None else ""
+        interval = f" (95%: {low:+.3f} to {high:+.3f})" if low is not None and high is not None else ""
         worse = low is not None and low > 0
         out.append(
             Claim(

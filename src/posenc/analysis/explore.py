@@ -163,7 +163,7 @@ def _heads(name: str, ctx: dict[str, Any]) -> dict[str, Any]:
     forms = {"causal": True, "bidirectional": False}
     traces = {}
     heads = int(ctx["num_heads"])
-    shown = list(range(0, heads, max(1, heads // 16)))  # at most ~16 heads: the page stays small
+    shown = list(range(0, heads, -(-heads // 16)))  # at most ~16 heads: the page stays small
     for form, causal in forms.items():
         kern, _ = display_kernel(make_probe(name, {**ctx, "causal": causal}), n)  # [h, n, n]
         if causal:  # keys after the query are masked out: the model never sees those entries
@@ -236,7 +236,7 @@ def explorers(names: Sequence[str] | None = None) -> list[tuple[Explorer, str]]:
     accepts, by the scheme's declared hooks and configuration keys."""
     from ..registry import describe
 
-    names = list(names) if names else registered_schemes()
+    names = list(names) if names is not None else registered_schemes()
     out = []
     for ex in EXPLORERS:
         for n in names:

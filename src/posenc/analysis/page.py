@@ -94,7 +94,7 @@ def interactive(fig_id: str, spec: dict[str, Any], caption: str, *, height: int 
         **spec.get("layout", {}),
     }
     payload = json.dumps(
-        {"data": rounded(spec["data"]), "layout": layout, "frames": spec.get("frames", [])},
+        rounded({"data": spec["data"], "layout": layout, "frames": spec.get("frames", [])}),
         separators=(",", ":"),
         allow_nan=False,
     ).replace("</", "<\\/")  # a "</script>" inside a string must not end the element

@@ -82,7 +82,11 @@ def property_table(results: dict[str, list[PropertyResult]]) -> str:
     rows = []
     for name, res in results.items():
         cells = []
-        for r in res:
+        by_property = {r.property: r for r in res}
+        for r in (by_property.get(p) for p in PROPERTIES):
+            if r is None:  # not checked
+                cells.append("<td class='na'>–</td>")
+                continue
             tip = html.escape(
                 f"{r.reason}; threshold {r.comparison} {_fmt(r.threshold)}; "
                 f"{'promised' if r.promised else 'not promised'}"
