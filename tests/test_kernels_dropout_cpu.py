@@ -161,3 +161,41 @@ def test_dropout_module_gives_one_mask_with_or_without_the_kernel(monkeypatch):
     torch.manual_seed(5)
     drop(xg).sum().backward()
     assert torch.equal(xg.grad, (with_kernel != 0).float() / (1 - 0.3))
+
+
+# ---------------------------------------------------------------------------------------------- compiled
+def test_the_op_passes_torch_library_opcheck():
+    x = torch.randn(4, 33, dtype=torch.float64, requires_grad=True)
+    seed = torch.tensor(-5, dtype=torch.int64)  # an unsigned seed >= 2^63, as int64
+    torch.library.opcheck(dropout_cpu.dropout_op, (x, 0.25, seed))
+    assert torch.equal(dropout_cpu.dropout_op(x, 0.25, seed), dropout_cpu.dropout(x, 0.25, seed=2**64 - 5))
+
+
+def test_a_compiled_input_layer_runs_the_kernel_with_the_eager_numbers(monkeypatch):
+    """torch.compile(fullgraph=True) keeps the dropout kernel (the registered op) in forward and
+    backward, with the same seed drawn from PyTorch's generator: the eager mask and gradients."""
+    from posenc.embedding import InputEmbedding
+
+    torch.manual_seed(0)
+    layer = InputEmbedding(100, 32, "sinusoidal", dropout=0.1).train()
+    ids = torch.randint(0, 100, (2, 16))
+    torch.manual_seed(1)
+    want = layer(ids)
+    want.square().sum().backward()
+    grad = layer.token.weight.grad.clone()
+    layer.zero_grad()
+    calls = {"n": 0}
+    launch = dropout_cpu._launch
+
+    def counted(*args):
+        calls["n"] += 1
+        return launch(*args)
+
+    monkeypatch.setattr(dropout_cpu, "_launch", counted)
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    torch.manual_seed(1)
+    got = compiled(ids)
+    assert calls["n"] == 1
+    got.square().sum().backward()
+    assert calls["n"] == 2
+    assert torch.equal(got, want) and torch.equal(layer.token.weight.grad, grad)

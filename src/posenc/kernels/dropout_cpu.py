@@ -34,7 +34,15 @@ import torch
 
 from . import _cbuild, _memory
 
-__all__ = ["available", "dropout", "keep_mask", "reference_dropout", "reference_keep_mask", "usable"]
+__all__ = [
+    "available",
+    "dropout",
+    "dropout_op",
+    "keep_mask",
+    "reference_dropout",
+    "reference_keep_mask",
+    "usable",
+]
 
 _SOURCE = r"""
 #include <stdint.h>
@@ -142,8 +150,12 @@ def status() -> str:
 
 def usable(x: torch.Tensor) -> bool:
     """Whether :func:`dropout` runs the kernel for ``x``: a plain contiguous CPU tensor of dtype
-    float32/float64/bfloat16, outside ``torch.compile``/tracing/functorch, kernel available."""
-    if torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.jit.is_scripting():
+    float32/float64/bfloat16, outside tracing/functorch, kernel available (under ``torch.compile``
+    as the registered op :func:`dropout_op`)."""
+    if torch.compiler.is_compiling():  # traced: the kernel enters the graph as posenc::dropout_cpu
+        ok = x.device.type == "cpu" and x.layout == torch.strided and x.dtype in _DTYPES
+        return ok and x.is_contiguous() and x.numel() > 0 and _available_when_compiled()
+    if torch.jit.is_tracing() or torch.jit.is_scripting():
         return False
     if type(x) is not torch.Tensor or x.device.type != "cpu" or x.layout != torch.strided:
         return False
@@ -152,6 +164,12 @@ def usable(x: torch.Tensor) -> bool:
     functorch = getattr(torch._C, "_functorch", None)
     if functorch is not None and functorch.is_functorch_wrapped_tensor(x):
         return False
+    return available()
+
+
+@torch.compiler.assume_constant_result
+def _available_when_compiled() -> bool:
+    """:func:`available`, evaluated once while torch.compile traces (a constant in the graph)."""
     return available()
 
 
@@ -198,6 +216,34 @@ class _Dropout(torch.autograd.Function):
         return _Dropout.apply(grad, ctx.p, ctx.seed, False), None, None, None
 
 
+# ---------------------------------------------------------------------------------------------- the op
+@torch.library.custom_op("posenc::dropout_cpu", mutates_args=(), device_types="cpu")
+def dropout_op(x: torch.Tensor, p: float, seed: torch.Tensor) -> torch.Tensor:
+    """The kernel as a registered operator for compiled graphs: ``x`` (contiguous) with the mask of
+    ``seed`` (an int64 scalar tensor, read as unsigned) applied, into a new tensor. Fake (meta)
+    implementation and autograd (the same mask on the gradient) are registered."""
+    return _launch(x, _memory.empty_like(x), p, int(seed) % 2**64)
+
+
+@dropout_op.register_fake
+def _(x, p, seed):
+    return torch.empty_like(x)
+
+
+def _dropout_setup(ctx, inputs, output) -> None:
+    _, p, seed = inputs
+    ctx.save_for_backward(seed)
+    ctx.p = p
+
+
+def _dropout_backward(ctx, grad):
+    (seed,) = ctx.saved_tensors
+    return dropout_op(grad.contiguous(), ctx.p, seed), None, None
+
+
+dropout_op.register_autograd(_dropout_backward, setup_context=_dropout_setup)
+
+
 def dropout(x: torch.Tensor, p: float, *, inplace: bool = False, seed: int | None = None) -> torch.Tensor:
     """Training-mode dropout of ``x`` with the counter-based kernel (call only when :func:`usable`).
 
@@ -210,6 +256,12 @@ def dropout(x: torch.Tensor, p: float, *, inplace: bool = False, seed: int | Non
     Returns:
         ``x`` scaled by ``1 / (1 - p)`` where kept, zero where dropped; differentiable in ``x``.
     """
+    if torch.compiler.is_compiling():  # in a compiled graph: the registered op, the seed a graph value
+        if seed is None:
+            drawn = torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64)
+        else:
+            drawn = torch.tensor(_i64(seed % 2**64), dtype=torch.int64)
+        return dropout_op(x, p, drawn)
     seed = _draw_seed() if seed is None else seed % 2**64
     if torch.is_grad_enabled() and x.requires_grad:
         return _Dropout.apply(x, p, seed, inplace)

@@ -18,7 +18,10 @@ differentiable, so double backward works). Gradients with respect to ``cos``/``s
 provided here: :func:`usable` says no when they require grad, and the reference path runs.
 
 Used for: CPU tensors of dtype float32, float64 or bfloat16 with a contiguous last dim, outside
-``torch.compile`` (Inductor fuses the reference ops itself) and outside tracing. Everything else
+tracing and functorch transforms. Under ``torch.compile`` the kernel is the registered operator
+``posenc::rope_cpu`` (:func:`rope_op`, with a fake implementation and an autograd formula), so a
+compiled model keeps the one-pass path, also with ``fullgraph=True``; in eager mode it is called
+directly (a dispatcher round trip costs more than a decoding step's rotation). Everything else
 takes the reference path.
 
 Legend: ``s`` sequence length, ``d_h`` head width, ``r`` rotary width (even, ``<= d_h``), ``...``
@@ -35,7 +38,7 @@ import torch
 
 from . import _cbuild, _memory
 
-__all__ = ["available", "check_out", "rotate", "usable"]
+__all__ = ["available", "check_out", "rope_op", "rotate", "usable"]
 
 _SOURCE = r"""
 #include <stdint.h>
@@ -224,12 +227,15 @@ def status() -> str:
 def usable(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
     """Whether :func:`rotate` can take these (already validated) inputs.
 
-    True for plain CPU tensors (no subclass, not under ``torch.compile``, tracing or a functorch
-    transform) of dtype float32/float64/bfloat16 with a contiguous last dim and at most
-    ``8`` dims, whose ``cos``/``sin`` do not require grad, when the kernel is available.
+    True for plain CPU tensors (no subclass, not under tracing or a functorch transform; under
+    ``torch.compile`` the op :func:`rope_op` goes into the graph) of dtype float32/float64/bfloat16
+    with a contiguous last dim and at most ``8`` dims, whose ``cos``/``sin`` do not require grad,
+    when the kernel is available.
     (Ordered so the common case costs ~1 us: this runs on every decoding step.)
     """
-    if type(x) is not torch.Tensor or type(cos) is not torch.Tensor or type(sin) is not torch.Tensor:
+    if _compiling():  # dynamo sees FakeTensors: only their metadata is checked below
+        pass
+    elif type(x) is not torch.Tensor or type(cos) is not torch.Tensor or type(sin) is not torch.Tensor:
         return False  # subclasses (FakeTensor, DTensor, ...) and Parameters take the reference path
     if x.dtype not in _DTYPES or not (x.is_cpu and cos.is_cpu and sin.is_cpu) or x.layout != torch.strided:
         return False
@@ -237,7 +243,9 @@ def usable(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
         return False
     if (cos.requires_grad or sin.requires_grad) and torch.is_grad_enabled():
         return False
-    if _compiling() or torch.jit.is_tracing():
+    if _compiling():  # traced by torch.compile: the kernel enters the graph as the op posenc::rope_cpu
+        return _available_when_compiled()
+    if torch.jit.is_tracing():
         return False
     if _functorch is not None and _functorch.is_functorch_wrapped_tensor(x):
         return False
@@ -246,6 +254,12 @@ def usable(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
 
 _functorch = getattr(torch._C, "_functorch", None)
 _compiling = torch.compiler.is_compiling
+
+
+@torch.compiler.assume_constant_result
+def _available_when_compiled() -> bool:
+    """:func:`available`, evaluated once while torch.compile traces (a constant in the graph)."""
+    return available()
 
 
 def _table_strides(shape: torch.Size, stride: tuple[int, ...], nd: int) -> list[int]:
@@ -367,6 +381,35 @@ def check_out(x: torch.Tensor, out: object) -> None:
         raise ValueError("out shares memory with x without being x: pass out=x (in place) or another tensor")
 
 
+# ---------------------------------------------------------------------------------------------- the op
+@torch.library.custom_op("posenc::rope_cpu", mutates_args=(), device_types="cpu")
+def rope_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str, sign: float) -> torch.Tensor:
+    """The kernel as a registered operator: ``x`` rotated by ``sign`` times the angles into a new
+    tensor with ``x``'s strides. A fake (meta) implementation and an autograd formula are registered,
+    so ``torch.compile(fullgraph=True)`` keeps it in the graph and differentiates through it."""
+    return _launch(x, cos, sin, _memory.empty_like(x), layout, sign)
+
+
+@rope_op.register_fake
+def _(x, cos, sin, layout, sign):
+    return torch.empty_like(x)  # same shape, dtype and strides as the real output
+
+
+def _rope_setup(ctx, inputs, output) -> None:
+    _, cos, sin, layout, sign = inputs
+    ctx.save_for_backward(cos, sin)
+    ctx.layout, ctx.sign = layout, sign
+
+
+def _rope_backward(ctx, grad):
+    cos, sin = ctx.saved_tensors
+    grad = grad if grad.stride(-1) == 1 else grad.contiguous()  # the kernel reads rows
+    return rope_op(grad, cos, sin, ctx.layout, -ctx.sign), None, None, None, None
+
+
+rope_op.register_autograd(_rope_backward, setup_context=_rope_setup)
+
+
 def rotate(
     x: torch.Tensor,
     cos: torch.Tensor,
@@ -388,4 +431,7 @@ def rotate(
     Returns:
         ``[..., s, d_h]``: the new tensor, or ``out``.
     """
+    if _compiling():  # in a compiled graph: the registered op (an in-place call becomes a copy)
+        y = rope_op(x, cos, sin, layout, 1.0)
+        return y if out is None else out.copy_(y)
     return rotate_with(_launch, _memory.empty_like, x, cos, sin, layout, out)
