@@ -139,7 +139,19 @@ def test_property_table_marks_each_status():
     for i, name in enumerate(names):
         applies, passed, promised = cases[i % 4]
         value = None if not applies else 0.125 * (i + 1)
-        rows.append(PropertyResult("toy", name, applies, value, 0.5, "<=", passed, promised, "why <so>"))
+        rows.append(
+            PropertyResult(
+                scheme="toy",
+                property=name,
+                applies=applies,
+                value=value,
+                threshold=0.5,
+                comparison="<=",
+                passed=passed,
+                promised=promised,
+                reason="why <so>",
+            )
+        )
     page = property_table({"toy <1>": rows})
     header = re.search(r"<tr><th>scheme</th>(.*?)</tr>", page).group(1)
     assert re.findall(r'<th title="[^"]*">([^<]*)</th>', header) == names

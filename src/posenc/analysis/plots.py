@@ -40,7 +40,8 @@ from .._validate import check_choice
 from ..base import PositionalScheme
 from ..registry import config_keys
 from .kernel import Probe, display_kernel, encodings, kernel_curve, make_probe, positional_kernel
-from .properties import roformer_bound, scheme_frequencies
+from .measures import PROPERTIES
+from .spectrum import roformer_bound, scheme_frequencies
 
 __all__ = ["FORMATS", "PLOT_KINDS", "ROPE_SCALINGS", "PlotKind", "applicable_kinds", "plot", "render", "save"]
 
@@ -76,9 +77,7 @@ class PlotKind:
 
 
 def _has_frequencies(probe: Probe) -> str | None:
-    from .properties import _wavelengths_applies
-
-    return _wavelengths_applies(probe)
+    return PROPERTIES["wavelengths"].applies(probe)  # frequencies exist where wavelengths can be read
 
 
 def _vectors(probe: Probe) -> str | None:
