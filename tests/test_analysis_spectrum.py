@@ -63,4 +63,6 @@ def test_scheme_frequencies_exact_for_rotations_and_fitted_for_sinusoids():
     theta, how = scheme_frequencies(sin)
     assert how == "fitted"
     want = torch.tensor([10000 ** (-2 * i / 16) for i in range(8)], dtype=torch.float64)
-    torch.testing.assert_close(theta.sort(descending=True).values, want, rtol=1e-6, atol=1e-9)
+    # fitted on the module's float32 encodings at positions up to 131072: float32 angle rounding
+    # (2^-24 relative) over ~1e5 positions bounds the fit's accuracy near 1e-5 relative
+    torch.testing.assert_close(theta.sort(descending=True).values, want, rtol=1e-4, atol=0)
