@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from ._precision import autocast_off
-from ._validate import check_int, check_positive_float
+from ._validate import check_choice, check_int, check_positive_float
 from .absolute import sinusoidal_table
 from .base import PositionalScheme
 from .bias import _check_pos, relative_positions
@@ -244,18 +244,26 @@ class TransformerXLRelative(PositionalScheme):
         k: torch.Tensor,
         q_positions: torch.Tensor | None = None,
         k_positions: torch.Tensor | None = None,
+        *,
+        qk_layout: str | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(q + u, k)``: the content bias ``u`` on every query (``qk_layout`` as in
+        :meth:`PositionalScheme.rotate`: ``"bhsd"``, the default, or ``"bshd"``)."""
+        bshd = check_choice(qk_layout or "bhsd", "qk_layout", ("bhsd", "bshd")) == "bshd"
+        head_axis = 2 if bshd else 1
         if (
             not isinstance(q, torch.Tensor)
             or q.dim() != 4
-            or q.shape[1] != self.num_heads
+            or q.shape[head_axis] != self.num_heads
             or (q.shape[-1] != self.head_dim)
         ):
+            form = "[b, s_q, {h}, {d}]" if bshd else "[b, {h}, s_q, {d}]"
             raise ValueError(
-                f"q must have shape [b, {self.num_heads}, s_q, {self.head_dim}], "
+                f"q must have shape {form.format(h=self.num_heads, d=self.head_dim)}, "
                 f"got {tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__}"
             )
-        return q + self.r_w_bias.to(q.dtype)[None, :, None, :], k  # (q + u).k = (a) + (c)
+        u = self.r_w_bias.to(q.dtype)  # [h, d_h]
+        return q + (u[None, None] if bshd else u[None, :, None, :]), k  # (q + u).k = (a) + (c)
 
     def score_bias(
         self, q_positions: torch.Tensor, k_positions: torch.Tensor, q: torch.Tensor | None = None
