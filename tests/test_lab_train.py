@@ -246,7 +246,7 @@ def test_checkpoint_round_trip(tmp_path):
     assert model.lm_head.weight is model.decoder.embed.token.weight  # tied: stored once
     train(model, data, cfg, progress=False)
     opt = make_optimizer(model, cfg)
-    model(batch_at(data, 0, 2, 16)[0]).sum().backward()
+    model(batch_at(data, 0, 2, 16)[0]).logits.sum().backward()
     opt.step()  # some optimizer state to save
     path = tmp_path / "c.safetensors"
     save_checkpoint(path, model, opt, 3, train_config=cfg, losses=[1.0, 2.0, 3.0], elapsed_s=1.5)
@@ -596,7 +596,7 @@ def test_load_trained_model_from_checkpoint_and_model_file(tmp_path):
     for name in ("ck.safetensors", "model.safetensors"):
         loaded = load_trained_model(tmp_path / name)
         assert not loaded.training
-        torch.testing.assert_close(loaded(ids), model.eval()(ids), rtol=0, atol=0)
+        torch.testing.assert_close(loaded(ids).logits, model.eval()(ids).logits, rtol=0, atol=0)
     with pytest.raises(ValueError, match="no checkpoint at"):
         load_trained_model(tmp_path / "missing.safetensors")
     (tmp_path / "junk.safetensors").write_bytes(b"not a tensor file")

@@ -136,11 +136,25 @@ class Memory:
 
 @dataclass
 class LMOutput:
-    """What :class:`TransformerLM` returns when ``config.memory_len > 0``: logits ``[b, s, V]`` and
-    the :class:`Memory` to pass with the next segment."""
+    """What :class:`TransformerLM` returns, always (as Hugging Face's ``CausalLMOutput``).
+
+    Attributes:
+        logits: ``[b, s, V]`` next-token logits.
+        loss: the mean cross-entropy, a 0-d float32 (or float64) tensor, when ``labels`` were given;
+            else ``None``.
+        memory: the Transformer-XL :class:`Memory` for the next segment when
+            ``config.memory_len > 0``; else ``None``.
+    """
 
     logits: torch.Tensor
-    memory: Memory
+    loss: torch.Tensor | None = None
+    memory: Memory | None = None
+
+
+def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int) -> torch.Tensor:
+    """Mean cross-entropy of ``logits`` ``[b, s, V]`` against ``targets`` ``[b, s]``, in float32 or better."""
+    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    return F.cross_entropy(logits.flatten(0, 1).to(dtype), targets.flatten(), ignore_index=ignore_index)
 
 
 def _check_ids(ids: object, name: str = "ids") -> None:
@@ -408,8 +422,10 @@ class TransformerLM(nn.Module):
 
         config = ModelConfig(vocab_size=256, position="alibi", max_len=128)
         model = TransformerLM(config)
-        logits = model(ids)                        # [b, s] -> [b, s, V]
-        out = model.generate(prompt, max_new_tokens=50, temperature=0.8)
+        out = model(ids)                           # LMOutput: out.logits [b, s, V]
+        out = model(ids, labels=ids)               # out.loss: next-token cross-entropy
+        tokens = model.generate(prompt, max_new_tokens=50, temperature=0.8)
+        cache = model.new_cache()                  # a KV cache sized for this model
     """
 
     def __init__(self, config: ModelConfig) -> None:
@@ -437,8 +453,10 @@ class TransformerLM(nn.Module):
         cu_seqlens: torch.Tensor | None = None,
         cache: KVCache | None = None,
         memory: Memory | None = None,
-    ) -> torch.Tensor | LMOutput:
-        """Next-token logits.
+        labels: torch.Tensor | None = None,
+        ignore_index: int = -100,
+    ) -> LMOutput:
+        """Next-token logits, and the loss when ``labels`` are given.
 
         Args:
             ids: ``[b, s]`` token ids (the new tokens when a cache is passed).
@@ -451,10 +469,13 @@ class TransformerLM(nn.Module):
                 attention is block-diagonal and positions restart at 0 in each document.
             cache: a :class:`KVCache` (``model.new_cache()``), filled in place.
             memory: Transformer-XL memory from the previous segment (``config.memory_len > 0``).
+            labels: ``[b, s]`` token ids, usually ``ids`` itself. As in Hugging Face, they are shifted
+                inside: position ``t`` is scored on ``labels[:, t + 1]``; ``ignore_index`` entries
+                (-100) are skipped.
 
         Returns:
-            logits ``[b, s, V]``; with ``config.memory_len > 0`` an :class:`LMOutput` (logits and the
-            memory for the next segment).
+            an :class:`LMOutput`: ``.logits`` ``[b, s, V]``, ``.loss`` (with ``labels``), ``.memory``
+            (with ``config.memory_len > 0``).
         """
         x, new_memory = self.decoder(
             ids,
@@ -465,15 +486,20 @@ class TransformerLM(nn.Module):
             memory=memory,
         )
         logits = self.lm_head(x)  # [b, s, d] -> [b, s, V]
-        return logits if new_memory is None else LMOutput(logits, new_memory)
+        loss = None
+        if labels is not None:
+            if not isinstance(labels, torch.Tensor) or labels.shape != ids.shape:
+                shape = tuple(labels.shape) if isinstance(labels, torch.Tensor) else type(labels).__name__
+                raise ValueError(f"labels must have the shape of ids {tuple(ids.shape)}, got {shape}")
+            loss = _cross_entropy(logits[:, :-1], labels[:, 1:], ignore_index)
+        return LMOutput(logits, loss, new_memory)
 
     def loss(
         self, ids: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100, **kwargs
     ) -> torch.Tensor:
-        """Mean cross-entropy of ``targets`` ``[b, s]`` given ``ids`` ``[b, s]`` (skips ``ignore_index``)."""
-        out = self(ids, **kwargs)
-        logits = out.logits if isinstance(out, LMOutput) else out
-        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=ignore_index)
+        """Mean cross-entropy of ``targets`` ``[b, s]`` given ``ids`` ``[b, s]``, aligned (target ``t``
+        is scored at position ``t``, no shift; ``forward(ids, labels=...)`` shifts); skips ``ignore_index``."""
+        return _cross_entropy(self(ids, **kwargs).logits, targets, ignore_index)
 
     @torch.no_grad()
     def generate(
@@ -497,8 +523,7 @@ class TransformerLM(nn.Module):
         _check_sampling(max_new_tokens, temperature, top_k)
         cache, out, step_ids, mask = self.new_cache(), [ids], ids, attention_mask
         for _ in range(max_new_tokens):
-            logits = self(step_ids, attention_mask=mask, cache=cache)
-            logits = logits.logits if isinstance(logits, LMOutput) else logits
+            logits = self(step_ids, attention_mask=mask, cache=cache).logits  # [b, s, V]
             step_ids = sample_next(logits[:, -1], temperature, top_k, generator)  # [b, 1]
             out.append(step_ids)
             mask = None  # the new tokens are real; the cache remembers the prompt's padding
