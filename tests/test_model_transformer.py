@@ -780,3 +780,14 @@ def test_forward_returns_one_output_type_with_the_loss_for_labels():
     got.loss.backward()
     with pytest.raises(ValueError, match=r"labels must have the shape of ids \(2, 6\), got \(2, 5\)"):
         model(ids, labels=ids[:, :5])
+
+
+def test_models_take_factory_kwargs_and_keep_ties():
+    lm = TransformerLM(config(), dtype=torch.float64)
+    assert {p.dtype for p in lm.parameters()} == {torch.float64}
+    assert lm.lm_head.weight is lm.decoder.embed.token.weight
+    assert lm(ids_(1, 4)).logits.dtype == torch.float64
+    meta = EncoderDecoder(config(tie="three_way"), device="meta")
+    assert all(p.is_meta for p in meta.parameters())
+    with pytest.raises(TypeError, match="dtype must be a floating-point"):
+        TransformerLM(config(), dtype=torch.int32)

@@ -950,7 +950,7 @@ def test_positions_that_cannot_match_the_sequence_axis_raise_naming_the_layout()
         posenc.apply_rotary(q, cos, sin)
     with pytest.raises(ValueError, match=r"s = 100 along its sequence axis \(dim 1: qk_layout='bshd'"):
         posenc.apply_rotary(q, *rope.cos_sin(torch.arange(4)), qk_layout="bshd")
-    with pytest.raises(ValueError, match="unknown qk_layout 'bsdh'.*did you mean 'bshd'"):
+    with pytest.raises(ValueError, match=r"unknown qk_layout 'bsdh'.*did you mean 'bshd'"):
         rope.rotate(q, q, qk_layout="bsdh")
     with pytest.raises(ValueError, match="unknown qk_layout"):
         RotaryEmbedding(64, qk_layout="sbhd")

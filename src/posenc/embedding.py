@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._alloc import check_allocation
+from ._alloc import check_allocation, factory_kwargs
 from ._validate import check_int, check_positive_float, check_probability
 from .absolute import LearnedPE, ScaledSinusoidalPE, SinusoidalPE, init_table_
 from .base import PositionalScheme
@@ -50,6 +50,7 @@ class TokenEmbedding(nn.Module):
         init_std: std of the normal initialisation. Default ``1 / scale``, so that the scaled
             output starts with unit variance, which is what the sqrt(d) factor is for
             (tensor2tensor initialises with ``d ** -0.5``); ``nn.Embedding`` uses 1.0.
+        device, dtype: where and in which floating dtype the table is made (as ``nn.Linear``'s).
 
     Shapes: ``forward(ids [b, s]) -> [b, s, d]`` (any leading shape ``[...]`` works).
 
@@ -63,8 +64,12 @@ class TokenEmbedding(nn.Module):
         scale: str | float | None = "sqrt_d_model",
         padding_idx: int | None = None,
         init_std: float | None = None,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
+        factory = factory_kwargs(device, dtype)
         self.vocab_size = check_int(vocab_size, "vocab_size")
         self.d_model = check_int(d_model, "d_model")
         self.scale = _scale_value(scale, d_model)
@@ -76,11 +81,12 @@ class TokenEmbedding(nn.Module):
         self.init_std = 1.0 / self.scale if init_std is None else check_positive_float(init_std, "init_std")
         check_allocation(
             (self.vocab_size, self.d_model),
-            None,
+            dtype,
             f"vocab_size={vocab_size}, d_model={d_model}",
             "use a smaller vocab_size or d_model",
+            device=device,
         )
-        self.weight = nn.Parameter(torch.empty(self.vocab_size, self.d_model))
+        self.weight = nn.Parameter(torch.empty(self.vocab_size, self.d_model, **factory))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -227,6 +233,7 @@ class InputEmbedding(nn.Module):
         dropout: dropout rate after the normalisation.
         scale, padding_idx, init_std: passed to :class:`TokenEmbedding`.
         scheme_options: extra options for a scheme given by name (e.g. ``{"max_len": 512}``).
+        device, dtype: factory kwargs for every parameter (token table, positional table, LayerNorm).
 
     Shapes: ``forward(ids [b, s], positions [s] | [b, s] | None) -> [b, s, d]``.
 
@@ -249,19 +256,24 @@ class InputEmbedding(nn.Module):
         padding_idx: int | None = None,
         init_std: float | None = None,
         scheme_options: dict[str, Any] | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        self.token = TokenEmbedding(vocab_size, d_model, scale, padding_idx, init_std)
+        factory = factory_kwargs(device, dtype)
+        self.token = TokenEmbedding(vocab_size, d_model, scale, padding_idx, init_std, **factory)
         if isinstance(scheme, PositionalScheme):
             if scheme_options:
                 raise ValueError("scheme_options only apply when scheme is given by name")
             self.position: PositionalScheme | None = scheme if "embed" in scheme.hooks else None
         elif "embed" in scheme_class(scheme).hooks:
-            self.position = build_with_context(scheme, {"d_model": d_model}, scheme_options)
+            self.position = build_with_context(
+                scheme, {"d_model": d_model}, {**(scheme_options or {}), **factory}
+            )
         else:
             self.position = None
         self.scheme_name = scheme if isinstance(scheme, str) else scheme.name
-        self.norm = nn.LayerNorm(d_model) if layer_norm else nn.Identity()
+        self.norm = nn.LayerNorm(d_model, **factory) if layer_norm else nn.Identity()
         self.dropout = Dropout(check_probability(dropout, "dropout"))
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:

@@ -837,10 +837,10 @@ class XPos(RotaryEmbedding):
             scale = self._scale(pos, sign)
             cos, sin = (cos * scale).to(x.dtype), (sin * scale).to(x.dtype)
             cos, sin = _for_heads(cos, pos, qk_layout), _for_heads(sin, pos, qk_layout)
-            out.append(self._apply(x, cos, sin, qk_layout))
+            out.append(self._rotate_one(x, cos, sin, qk_layout))
         return out[0], out[1]
 
-    def _apply(self, x, cos, sin, qk_layout):
+    def _rotate_one(self, x, cos, sin, qk_layout):
         return apply_rotary(x, cos, sin, layout=self.layout, rotary_dim=self.rotary_dim, qk_layout=qk_layout)
 
     def extra_repr(self) -> str:

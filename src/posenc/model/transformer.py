@@ -18,18 +18,22 @@ length, ``L`` layers.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._alloc import factory_kwargs
 from ..base import PositionalScheme
 from ..embedding import InputEmbedding, apply_tying
 from ..registry import build_with_context
 from .attention import AttentionPlan, KVCache, MultiHeadAttention, plan_attention, plan_cross_attention
 from .config import ModelConfig
+from .pretrained import Pretrained
 
 __all__ = [
     "MLP",
@@ -151,6 +155,15 @@ class LMOutput:
     memory: Memory | None = None
 
 
+@contextlib.contextmanager
+def _placed(device: torch.device | str | None, dtype: torch.dtype | None) -> Iterator[None]:
+    """Build a model's parameters on ``device`` (as ``nn.Linear``'s factory kwargs); the caller casts
+    to ``dtype`` after (one ``module.to(dtype)``, which keeps tied weights tied)."""
+    factory = factory_kwargs(device, dtype)
+    with torch.device(factory["device"]) if factory["device"] is not None else contextlib.nullcontext():
+        yield
+
+
 def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int) -> torch.Tensor:
     """Mean cross-entropy of ``logits`` ``[b, s, V]`` against ``targets`` ``[b, s]``, in float32 or better."""
     dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
@@ -263,7 +276,7 @@ class _Stack(nn.Module):
 # ----------------------------------------------------------------------------------------------
 # Encoder, decoder
 # ----------------------------------------------------------------------------------------------
-class Encoder(_Stack):
+class Encoder(Pretrained, _Stack):
     """Bidirectional Transformer encoder (the scheme is built with ``causal=False``).
 
     Args:
@@ -297,7 +310,7 @@ class Encoder(_Stack):
         return self.run(ids, plan)[0]
 
 
-class Decoder(_Stack):
+class Decoder(Pretrained, _Stack):
     """Causal Transformer decoder, with cross-attention to an encoder (``cross_attention=True``) or
     without (the body of :class:`TransformerLM`).
 
@@ -412,11 +425,13 @@ def sample_next(
 # ----------------------------------------------------------------------------------------------
 # Models
 # ----------------------------------------------------------------------------------------------
-class TransformerLM(nn.Module):
+class TransformerLM(Pretrained, nn.Module):
     """Decoder-only language model (GPT-style) with any causal positional scheme.
 
     Args:
         config: a :class:`ModelConfig`; ``tie`` must be ``"none"`` or ``"output"``.
+        device, dtype: factory kwargs (as ``nn.Linear``'s): where the parameters are made and their
+            floating dtype.
 
     Example::
 
@@ -426,9 +441,17 @@ class TransformerLM(nn.Module):
         out = model(ids, labels=ids)               # out.loss: next-token cross-entropy
         tokens = model.generate(prompt, max_new_tokens=50, temperature=0.8)
         cache = model.new_cache()                  # a KV cache sized for this model
+        model.save_pretrained("my-model")          # my-model/config.json + model.safetensors
+        model = TransformerLM.from_pretrained("my-model")
     """
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         if config.tie not in ("none", "output"):
             raise ValueError(
@@ -436,10 +459,13 @@ class TransformerLM(nn.Module):
             )
         config.check_fits()
         self.config = config
-        self.decoder = Decoder(config, cross_attention=False)
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        with _placed(device, dtype):
+            self.decoder = Decoder(config, cross_attention=False)
+            self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         nn.init.normal_(self.lm_head.weight, std=0.02)
         apply_tying(config.tie, decoder_embedding=self.decoder.embed.token, output=self.lm_head)
+        if dtype is not None:
+            self.to(dtype)
 
     def new_cache(self) -> KVCache:
         """An empty :class:`KVCache` for this model."""
@@ -497,8 +523,8 @@ class TransformerLM(nn.Module):
     def loss(
         self, ids: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100, **kwargs
     ) -> torch.Tensor:
-        """Mean cross-entropy of ``targets`` ``[b, s]`` given ``ids`` ``[b, s]``, aligned (target ``t``
-        is scored at position ``t``, no shift; ``forward(ids, labels=...)`` shifts); skips ``ignore_index``."""
+        """Mean cross-entropy of ``targets`` ``[b, s]`` given ``ids`` ``[b, s]``, aligned (target
+        ``t`` is scored at position ``t``; ``forward(ids, labels=...)`` shifts); skips ``ignore_index``."""
         return _cross_entropy(self(ids, **kwargs).logits, targets, ignore_index)
 
     @torch.no_grad()
@@ -530,7 +556,7 @@ class TransformerLM(nn.Module):
         return torch.cat(out, dim=1)
 
 
-class EncoderDecoder(nn.Module):
+class EncoderDecoder(Pretrained, nn.Module):
     """Encoder-decoder Transformer (Vaswani et al. 2017) with any scheme.
 
     The encoder builds the scheme with ``causal=False`` (e.g. symmetric ALiBi, bidirectional T5
@@ -540,9 +566,18 @@ class EncoderDecoder(nn.Module):
 
     Shapes: ``forward(src [b, s_src], tgt [b, s_tgt], src_mask [b, s_src] | None,
     tgt_mask [b, s_tgt] | None) -> logits [b, s_tgt, V]``.
+
+    ``device``/``dtype`` are factory kwargs as in :class:`TransformerLM`; ``save_pretrained`` and
+    ``from_pretrained`` as there.
     """
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         if config.memory_len:
             raise ValueError(f"memory_len={config.memory_len} applies to decoder-only models (TransformerLM)")
@@ -555,9 +590,10 @@ class EncoderDecoder(nn.Module):
                 "use one vocabulary or tie='output'/'none'"
             )
         self.config = config
-        self.encoder = Encoder(config)
-        self.decoder = Decoder(config, cross_attention=True)
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        with _placed(device, dtype):
+            self.encoder = Encoder(config)
+            self.decoder = Decoder(config, cross_attention=True)
+            self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         nn.init.normal_(self.lm_head.weight, std=0.02)
         apply_tying(
             config.tie,
@@ -565,6 +601,8 @@ class EncoderDecoder(nn.Module):
             decoder_embedding=self.decoder.embed.token,
             output=self.lm_head,
         )
+        if dtype is not None:
+            self.to(dtype)
 
     def new_cache(self) -> KVCache:
         """An empty :class:`KVCache` for the decoder's self-attention."""
