@@ -92,6 +92,37 @@ class TokenEmbedding(nn.Module):
     def reset_parameters(self) -> None:
         init_table_(self.weight, self.init_std, self.padding_idx)
 
+    @classmethod
+    def from_pretrained(
+        cls,
+        weights: torch.Tensor,
+        freeze: bool = False,
+        *,
+        scale: str | float | None = None,
+        padding_idx: int | None = None,
+    ) -> TokenEmbedding:
+        """An embedding holding ``weights`` ``[V, d]`` (copied), as ``nn.Embedding.from_pretrained``.
+
+        Args:
+            weights: a float ``[V, d]`` table, row ``i`` for token id ``i`` (see
+                :func:`posenc.pretrained_embedding` to read one from a file and align it to a tokenizer).
+            freeze: no gradient for the table (``weight.requires_grad = False``).
+            scale: the output scale; default ``None``: the vectors come out as they are.
+            padding_idx: the padding id (its row is kept as given and receives no gradient).
+        """
+        if not isinstance(weights, torch.Tensor) or weights.dim() != 2 or not weights.is_floating_point():
+            shape = f"{tuple(weights.shape)} {weights.dtype}" if isinstance(weights, torch.Tensor) else ""
+            raise ValueError(
+                f"weights must be a float tensor [V, d], got {type(weights).__name__} {shape}".rstrip()
+            )
+        if not isinstance(freeze, bool):
+            raise TypeError(f"freeze must be a bool, got {freeze!r}")
+        V, d = weights.shape
+        with torch.device("meta"):
+            emb = cls(V, d, scale, padding_idx)
+        emb.weight = nn.Parameter(weights.detach().clone(), requires_grad=not freeze)
+        return emb
+
     def check_ids(self, ids: torch.Tensor) -> None:
         """Raise a clear error for non-integer ids or ids outside ``[0, V)`` (eager mode only)."""
         if not isinstance(ids, torch.Tensor):
