@@ -11,7 +11,21 @@ import json
 import sys
 import time
 
-__all__ = ["plot_args", "plot_run", "report_args", "report_run", "verify_args", "verify_run"]
+__all__ = [
+    "PLOT_KIND_NAMES",
+    "plot_args",
+    "plot_run",
+    "report_args",
+    "report_run",
+    "verify_args",
+    "verify_run",
+]
+
+#: the names of ``plots.PLOT_KINDS``, here so that ``posenc plot --help`` and its argument errors
+#: need no matplotlib or torch (tests/test_cli.py checks the two agree)
+PLOT_KIND_NAMES = (
+    "heatmap", "waves", "similarity", "frequencies", "surface", "kernel", "kernel_curve", "bias", "scalings",
+)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------- verify
@@ -57,13 +71,15 @@ def verify_run(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------------------- plot
 def plot_args(p: argparse.ArgumentParser) -> None:
+    kinds = "{" + ",".join(PLOT_KIND_NAMES) + "}"
+    p.usage = f"%(prog)s SCHEME --kind {kinds} -o FILE\n       %(prog)s embeddings --checkpoint PATH -o FILE"
     p.add_argument(
         "scheme", help="a registered scheme, e.g. sinusoidal; or `embeddings` (needs --checkpoint)"
     )
     p.add_argument(
         "--kind",
-        metavar="KIND",
-        help="heatmap, waves, similarity, frequencies, surface, kernel, kernel_curve, bias, scalings",
+        choices=PLOT_KIND_NAMES,
+        help="required for a scheme (not for embeddings): %(choices)s",
     )
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="output image, .png or .svg")
     emb = p.add_argument_group("posenc plot embeddings: a trained model's token space")
@@ -88,10 +104,7 @@ def plot_run(args: argparse.Namespace) -> int:
 
         return plot_embeddings_run(args)
     if args.kind is None:
-        raise ValueError(
-            "--kind is required: heatmap, waves, similarity, frequencies, surface, kernel, "
-            "kernel_curve, bias, scalings"
-        )
+        raise ValueError(f"--kind is required for a scheme: one of {', '.join(PLOT_KIND_NAMES)}")
     from .plots import plot
 
     path = plot(args.scheme, args.kind, args.output)
