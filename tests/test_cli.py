@@ -317,3 +317,16 @@ def test_plot_usage_lists_the_kinds_and_they_match_the_plots(capsys):
 def test_a_negative_position_needs_no_equals_sign(capsys):
     assert main(["show", "sinusoidal", "--dim", "4", "--positions", "-2:1"]) == 0
     assert "position -2:" in capsys.readouterr().out
+
+
+def test_verify_prints_a_compact_matrix_and_details_with_verbose(capsys):
+    assert (
+        main(["verify", "sinusoidal", "alibi", "--property", "translation_inv", "--property", "bounded"]) == 0
+    )
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split() == ["scheme", "1", "2"]
+    assert out[1].split() == ["sinusoidal", "pass", "pass"] and out[2].split() == ["alibi", "pass", "-"]
+    assert "1 translation_inv  2 bounded" in out and max(map(len, out)) <= 100
+    assert main(["verify", "alibi", "--verbose"]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert sum(r.rstrip().endswith('"') for r in rows) >= 3  # a reason repeated for one scheme: once
