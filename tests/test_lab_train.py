@@ -602,3 +602,30 @@ def test_load_trained_model_from_checkpoint_and_model_file(tmp_path):
     (tmp_path / "junk.safetensors").write_bytes(b"not a tensor file")
     with pytest.raises(ValueError, match="is not a readable safetensors file"):
         load_trained_model(tmp_path / "junk.safetensors")
+
+
+def test_cli_trains_on_a_single_file_split_by_position(tmp_path, capsys):
+    big = tmp_path / "bigdoc.txt"
+    big.write_text(Path(__file__).read_text()[:40000])
+    assert main(_train_cli_args(big, tmp_path / "run", 2, val_fraction=0.25)) == 0
+    corpus = json.loads((tmp_path / "run" / "train.json").read_text())["corpus"]
+    assert (corpus["n_documents"], corpus["n_train"], corpus["n_val"], corpus["val_fraction"]) == (
+        1,
+        1,
+        1,
+        0.25,
+    )
+    capsys.readouterr()
+    assert main(_train_cli_args(big, tmp_path / "bad", 2, val_fraction=1.5)) == 2
+    assert "val_fraction must be in [0, 1), got 1.5" in capsys.readouterr().err
+
+
+def test_train_help_speaks_of_one_run(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "per scheme" not in text and "task mode" not in text and "evaluation windows" not in text
+    assert "--steps STEPS optimizer steps (default 600)" in text and "--val-fraction" in text
+    with pytest.raises(SystemExit):
+        main(["extrapolate", "--help"])
+    assert "optimizer steps per scheme" in " ".join(capsys.readouterr().out.split())
