@@ -264,7 +264,8 @@ print(code)
 @pytest.mark.parametrize(
     "argv",
     [["--help"], ["--version"], [], ["list"], ["list", "--json"], ["show", "--help"], ["lst"],
-     ["show", "sinusoidal", "--dmi", "4"], ["bench", "--help"]],
+     ["show", "sinusoidal", "--dmi", "4"], ["bench", "--help"], ["encode", "--help"], ["train", "--help"],
+     ["extrapolate", "--help"], ["train", "--out", "x", "--stpes", "3"], ["encode"]],
 )  # fmt: skip
 def test_help_version_list_and_argument_errors_do_not_import_torch(argv):
     done = subprocess.run(

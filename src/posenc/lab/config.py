@@ -10,9 +10,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 from .._validate import check_choice, check_fields, check_int, check_positive_float
 
@@ -41,7 +42,8 @@ IGNORE_INDEX = -100
 
 #: A batch source: ``(step, rank, world_size) -> (ids [b, s], targets [b, s])``, this rank's rows of
 #: the step's global batch; a pure function of its arguments (so resume and DDP stay exact).
-BatchFn = Callable[[int, int, int], tuple[torch.Tensor, torch.Tensor]]
+#: (a string annotation: this module imports no torch, so ``posenc extrapolate --help`` stays light)
+BatchFn = Callable[[int, int, int], "tuple[torch.Tensor, torch.Tensor]"]
 
 
 # ----------------------------------------------------------------------------------------------
