@@ -224,3 +224,30 @@ def test_benchmarks_scripts_are_thin_runners():
     )
     report = json.loads(result.stdout)
     assert [c["case"] for c in report["cases"]] == ["sinusoidal_table", "sinusoidal_embed"]
+
+
+def test_missing_peers_are_named_with_how_to_enable_them(capsys, monkeypatch):
+    import posenc.bench
+
+    monkeypatch.setitem(posenc.bench.PEERS, "posenc_no_such_peer", "no-such-peer")
+    assert posenc.bench.missing_peers() == ["no-such-peer"]
+    assert main(["bench", "sinusoidal_table", "--quick", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-1] == (
+        "not installed, so not compared: no-such-peer; to compare with them: "
+        "pip install 'posenc[bench]' (or pip install no-such-peer)"
+    )
+
+
+def test_the_bench_extra_lists_every_peer():
+    import tomllib
+
+    from posenc.bench import PEERS
+
+    extras = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    named = {req.split(">")[0].split("=")[0].strip() for req in extras["bench"]}
+    assert named == set(PEERS.values())
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    assert "posenc[bench]" in readme or '".[bench' in readme or ".[all,bench]" in readme

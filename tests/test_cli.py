@@ -184,7 +184,6 @@ def test_fuzz_every_flag_of_every_command(tmp_path, monkeypatch):
     """Every flag of every command gets each bad value in turn: the command ends with exit code 0
     or 2 (argparse's own errors included), never with a traceback, within 15 s, except a valid
     enormous amount of work (e.g. --steps 99999999999999999999), which starts and is stopped."""
-    import argparse
     import contextlib
     import io
     import signal
@@ -208,11 +207,10 @@ def test_fuzz_every_flag_of_every_command(tmp_path, monkeypatch):
         raise Timeout
 
     previous = signal.signal(signal.SIGALRM, alarm)
-    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     failures = []
     try:
         for command, args in base.items():
-            for action in sub.choices[command]._actions:
+            for action in build_parser([command])[1][command]._actions:  # only the chosen one has its flags
                 if not action.option_strings or action.nargs == 0:
                     continue
                 flag = action.option_strings[-1]
@@ -245,3 +243,92 @@ def test_fuzz_every_flag_of_every_command(tmp_path, monkeypatch):
         signal.signal(signal.SIGALRM, previous)
         torch.set_num_threads(threads)
     assert not failures, failures[:10]
+
+
+# ---------------------------------------------------------------------------------------------
+# Light commands, one error format, close matches
+# ---------------------------------------------------------------------------------------------
+_NO_TORCH = """
+import contextlib, io, sys
+from posenc.cli import main
+with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    try:
+        code = main(sys.argv[1:])
+    except SystemExit as exc:  # --help and --version exit through argparse
+        code = exc.code
+assert "torch" not in sys.modules, sorted(m for m in sys.modules if m.startswith("torch"))[:5]
+print(code)
+"""
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--help"], ["--version"], [], ["list"], ["list", "--json"], ["show", "--help"], ["lst"],
+     ["show", "sinusoidal", "--dmi", "4"], ["bench", "--help"], ["encode", "--help"], ["train", "--help"],
+     ["extrapolate", "--help"], ["train", "--out", "x", "--stpes", "3"], ["encode"], ["plot", "--help"],
+     ["verify", "--help"], ["report", "--help"], ["report", "--fats"]],
+)  # fmt: skip
+def test_help_version_list_and_argument_errors_do_not_import_torch(argv):
+    done = subprocess.run(
+        [sys.executable, "-c", _NO_TORCH, *argv], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr[-1500:]
+    assert done.stdout.strip() in ("0", "2")
+
+
+def test_list_reads_the_same_schemes_as_the_registry(capsys):
+    import json
+
+    assert main(["list", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows == json.loads(json.dumps([posenc.describe(n) for n in posenc.schemes()], default=str))
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["lst"], "posenc: error: unknown command 'lst'; commands: list, show,"),
+        (["show", "sinusoidal", "--dmi", "4"], "unrecognized arguments: --dmi 4; did you mean '--dim'"),
+        (["plot", "rope", "--knid", "kernel", "-o", "x.png"], "did you mean '--kind'?"),
+        (["plot", "rope", "--kind", "kernl", "-o", "x.png"], "invalid choice: 'kernl' (choose from"),
+        (["plot", "rope", "--kind", "kernl", "-o", "x.png"], "did you mean 'kernel'?"),
+        (["plot", "rope", "-o", "x.png"], "posenc plot: error: --kind is required for a scheme: one of"),
+        (["plot", "rope", "--kind", "kernel"], "plot: error: the following arguments are required: -o"),
+        (["show", "rop"], "unknown scheme 'rop'; valid schemes: nope,"),
+        (["show", "sinusoidal", "--dim", "x"], "posenc show: error: argument --dim: invalid int value: 'x'"),
+    ],
+)  # fmt: skip
+def test_argument_errors_are_one_line_with_close_matches(argv, expected, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert expected in err and len(err.strip().splitlines()) == 1, err
+    assert "usage:" not in err
+
+
+def test_plot_usage_lists_the_kinds_and_they_match_the_plots(capsys):
+    plots = pytest.importorskip("posenc.analysis.plots")
+    from posenc.analysis.commands import PLOT_KIND_NAMES
+
+    assert tuple(plots.PLOT_KINDS) == PLOT_KIND_NAMES
+    with pytest.raises(SystemExit):
+        main(["plot", "--help"])
+    usage = capsys.readouterr().out.split("\n\n")[0]
+    assert "--kind {heatmap,waves," in usage and "embeddings --checkpoint PATH" in usage
+
+
+def test_a_negative_position_needs_no_equals_sign(capsys):
+    assert main(["show", "sinusoidal", "--dim", "4", "--positions", "-2:1"]) == 0
+    assert "position -2:" in capsys.readouterr().out
+
+
+def test_verify_prints_a_compact_matrix_and_details_with_verbose(capsys):
+    assert (
+        main(["verify", "sinusoidal", "alibi", "--property", "translation_inv", "--property", "bounded"]) == 0
+    )
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split() == ["scheme", "1", "2"]
+    assert out[1].split() == ["sinusoidal", "pass", "pass"] and out[2].split() == ["alibi", "pass", "-"]
+    assert "1 translation_inv  2 bounded" in out and max(map(len, out)) <= 100
+    assert main(["verify", "alibi", "--verbose"]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert sum(r.rstrip().endswith('"') for r in rows) >= 3  # a reason repeated for one scheme: once

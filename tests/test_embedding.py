@@ -326,3 +326,11 @@ def test_dropout_module_is_nn_dropout_with_the_fast_path():
     drop.eval()
     assert torch.equal(drop(before), before)
     assert torch.equal(Dropout(0.0).train()(before), before)
+
+
+def test_token_and_input_embedding_take_factory_kwargs():
+    tok = TokenEmbedding(10, 4, device="meta", dtype=torch.float16)
+    assert tok.weight.is_meta and tok.weight.dtype == torch.float16
+    layer = InputEmbedding(10, 4, "learned", scheme_options={"max_len": 8}, dtype=torch.float64)
+    assert {p.dtype for p in layer.parameters()} == {torch.float64}
+    assert layer(torch.tensor([[1, 2, 3]])).dtype == torch.float64

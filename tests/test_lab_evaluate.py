@@ -18,6 +18,7 @@ from posenc.lab.evaluate import (
     paired_deltas,
     task_batch_fn,
 )
+from posenc.model import LMOutput
 from posenc.text.tasks import EOS, SEP, TASK_VOCAB
 
 
@@ -32,7 +33,7 @@ def reference(model: nn.Module, es, length: int, train_len: int, score_len: int)
     with torch.no_grad():
         for a in es.anchors.tolist():
             window = es.tokens[a - length : a + 1].long()
-            logp = torch.log_softmax(model(window[None, :-1])[0].double(), dim=-1)  # [E, V]
+            logp = torch.log_softmax(model(window[None, :-1]).logits[0].double(), dim=-1)  # [E, V]
             bits = [-logp[i, window[i + 1]].item() / math.log(2) for i in range(length)]
             per_window.append(sum(bits[-score_len:]) / score_len)
             all_bits += bits
@@ -69,7 +70,7 @@ def reference_positions(model: nn.Module, es, length: int) -> list[float]:
     with torch.no_grad():
         for a in es.anchors.tolist():
             window = es.tokens[a - length : a + 1].long()
-            logp = torch.log_softmax(model(window[None, :-1])[0].double(), dim=-1)
+            logp = torch.log_softmax(model(window[None, :-1]).logits[0].double(), dim=-1)
             for i in range(length):
                 sums[i] -= logp[i, window[i + 1]].item() / math.log(2)
     return [x / es.anchors.numel() for x in sums]
@@ -82,8 +83,8 @@ class Bigram(nn.Module):
         super().__init__()
         self.table = nn.Parameter(torch.randn(256, 256, generator=torch.Generator().manual_seed(1)))
 
-    def forward(self, ids):  # [b, s] -> [b, s, V]
-        return self.table[ids]
+    def forward(self, ids):  # [b, s] -> logits [b, s, V], as a posenc LM returns them
+        return LMOutput(self.table[ids])
 
 
 def test_paired_delta_is_zero_for_a_model_blind_to_context():
@@ -145,7 +146,7 @@ class CopyOracle(nn.Module):
         nxt[:, 2 * n + 1] = EOS
         if self.wrong_at is not None:
             nxt[:, n + 1 + self.wrong_at] = (nxt[:, n + 1 + self.wrong_at] + 1) % len(TASK_VOCAB)
-        return nn.functional.one_hot(nxt, len(TASK_VOCAB)).float() + 0 * self.weight
+        return LMOutput(nn.functional.one_hot(nxt, len(TASK_VOCAB)).float() + 0 * self.weight)
 
 
 def test_evaluate_task_aligns_predictions_with_answers():

@@ -246,7 +246,7 @@ def test_checkpoint_round_trip(tmp_path):
     assert model.lm_head.weight is model.decoder.embed.token.weight  # tied: stored once
     train(model, data, cfg, progress=False)
     opt = make_optimizer(model, cfg)
-    model(batch_at(data, 0, 2, 16)[0]).sum().backward()
+    model(batch_at(data, 0, 2, 16)[0]).logits.sum().backward()
     opt.step()  # some optimizer state to save
     path = tmp_path / "c.safetensors"
     save_checkpoint(path, model, opt, 3, train_config=cfg, losses=[1.0, 2.0, 3.0], elapsed_s=1.5)
@@ -596,9 +596,36 @@ def test_load_trained_model_from_checkpoint_and_model_file(tmp_path):
     for name in ("ck.safetensors", "model.safetensors"):
         loaded = load_trained_model(tmp_path / name)
         assert not loaded.training
-        torch.testing.assert_close(loaded(ids), model.eval()(ids), rtol=0, atol=0)
+        torch.testing.assert_close(loaded(ids).logits, model.eval()(ids).logits, rtol=0, atol=0)
     with pytest.raises(ValueError, match="no checkpoint at"):
         load_trained_model(tmp_path / "missing.safetensors")
     (tmp_path / "junk.safetensors").write_bytes(b"not a tensor file")
     with pytest.raises(ValueError, match="is not a readable safetensors file"):
         load_trained_model(tmp_path / "junk.safetensors")
+
+
+def test_cli_trains_on_a_single_file_split_by_position(tmp_path, capsys):
+    big = tmp_path / "bigdoc.txt"
+    big.write_text(Path(__file__).read_text()[:40000])
+    assert main(_train_cli_args(big, tmp_path / "run", 2, val_fraction=0.25)) == 0
+    corpus = json.loads((tmp_path / "run" / "train.json").read_text())["corpus"]
+    assert (corpus["n_documents"], corpus["n_train"], corpus["n_val"], corpus["val_fraction"]) == (
+        1,
+        1,
+        1,
+        0.25,
+    )
+    capsys.readouterr()
+    assert main(_train_cli_args(big, tmp_path / "bad", 2, val_fraction=1.5)) == 2
+    assert "val_fraction must be in [0, 1), got 1.5" in capsys.readouterr().err
+
+
+def test_train_help_speaks_of_one_run(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "per scheme" not in text and "task mode" not in text and "evaluation windows" not in text
+    assert "--steps STEPS optimizer steps (default 600)" in text and "--val-fraction" in text
+    with pytest.raises(SystemExit):
+        main(["extrapolate", "--help"])
+    assert "optimizer steps per scheme" in " ".join(capsys.readouterr().out.split())

@@ -153,7 +153,7 @@ def test_explicit_path_stays_float64_and_passes_gradcheck():
             position_options={"values": True},
         )
     ).double()
-    assert lm(torch.randint(0, 11, (1, 5))).dtype == torch.float64
+    assert lm(torch.randint(0, 11, (1, 5))).logits.dtype == torch.float64
 
 
 def test_relative_values_of_a_wrong_shape_raise():
@@ -357,9 +357,9 @@ def test_cache_never_writes_in_place_with_grad_enabled():
         p.requires_grad_("q_proj" in name)
     ids = torch.randint(0, 11, (1, 8))
     cache = model.new_cache()
-    loss = model(ids[:, :4], cache=cache).sum()
+    loss = model(ids[:, :4], cache=cache).logits.sum()
     for i in range(4, 7):
-        loss = loss + model(ids[:, i : i + 1], cache=cache).sum()
+        loss = loss + model(ids[:, i : i + 1], cache=cache).logits.sum()
     loss.backward()  # raised "modified by an inplace operation" when the cache wrote into its buffers
     q_grad = model.decoder.blocks[0].attn.q_proj.weight.grad
     assert q_grad is not None and q_grad.abs().sum() > 0
@@ -389,8 +389,8 @@ def test_unrotated_cache_is_what_makes_length_dependent_rotations_exact(monkeypa
     def last_step_error():
         cache = model.new_cache()
         model(ids[:, :9], cache=cache)
-        want = model(ids)[:, -1]
-        return ((model(ids[:, 9:], cache=cache)[:, -1] - want).abs().max() / want.abs().max()).item()
+        want = model(ids).logits[:, -1]
+        return ((model(ids[:, 9:], cache=cache).logits[:, -1] - want).abs().max() / want.abs().max()).item()
 
     with torch.no_grad():
         exact = last_step_error()
@@ -439,3 +439,26 @@ def test_attention_logits_of_relative_schemes_are_translation_invariant(position
             shifted = attn.logits(x, plan, scheme)
             base = attn.logits(x, plan_attention(2, 6, x.device, causal=cls.causal_ok), scheme)
             torch.testing.assert_close(shifted, base, msg=f"{position}: shift {shift}, batched={batched}")
+
+
+@pytest.mark.parametrize(
+    "position, options",
+    [("rope", {}), ("xpos", {}), ("alibi", {}), ("transformer_xl", {}), ("shaw", {"values": True}),
+     ("rope", {"scaling": {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 8}})],
+)  # fmt: skip
+def test_bshd_attention_gives_the_same_model(position, options):
+    import dataclasses
+
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=40, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2,
+                         position=position, position_options=options)  # fmt: skip
+    a = TransformerLM(config).eval()
+    b = TransformerLM(dataclasses.replace(config, qk_layout="bshd")).eval()
+    b.load_state_dict(a.state_dict())
+    ids = torch.randint(0, 40, (2, 12))
+    torch.testing.assert_close(b(ids).logits, a(ids).logits, rtol=0, atol=0)
+    torch.testing.assert_close(
+        b.generate(ids[:, :4], 5, temperature=0), a.generate(ids[:, :4], 5, temperature=0)
+    )
+    with pytest.raises(ValueError, match="unknown qk_layout 'bhds'"):
+        ModelConfig(vocab_size=40, qk_layout="bhds")

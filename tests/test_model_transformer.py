@@ -98,13 +98,13 @@ def test_incremental_decoding_equals_full_forward(position):
     cache = model.new_cache()
     with torch.no_grad():
         for start, stop in [(0, 4), (4, 5), (5, 6), (6, 9)]:
-            got = model(ids[:, start:stop], cache=cache)
+            got = model(ids[:, start:stop], cache=cache).logits
             torch.testing.assert_close(
-                got, model(ids[:, :stop])[:, start:], msg=f"{position}: {start}:{stop}"
+                got, model(ids[:, :stop]).logits[:, start:], msg=f"{position}: {start}:{stop}"
             )
         assert len(cache) == 9
         if not scheme_class(position).needs_unrotated_cache:
-            torch.testing.assert_close(got, model(ids)[:, 6:])
+            torch.testing.assert_close(got, model(ids).logits[:, 6:])
 
 
 @pytest.mark.parametrize("position", ["rope", "alibi", "t5"])
@@ -115,9 +115,9 @@ def test_incremental_decoding_with_gradients_on_equals_full_forward(position):
     model = TransformerLM(config(position))
     ids = ids_(2, 7)
     cache = model.new_cache()
-    prefill = model(ids[:, :6], cache=cache)
-    step = model(ids[:, 6:], cache=cache)
-    full = model(ids)
+    prefill = model(ids[:, :6], cache=cache).logits
+    step = model(ids[:, 6:], cache=cache).logits
+    full = model(ids).logits
     torch.testing.assert_close(torch.cat((prefill, step), dim=1), full, rtol=1e-5, atol=1e-5)
     grads = torch.autograd.grad(step.sum(), list(model.parameters()), allow_unused=True)
     want = torch.autograd.grad(full[:, 6:].sum(), list(model.parameters()), allow_unused=True)
@@ -133,8 +133,8 @@ def test_packed_documents_equal_separate_runs(position):
     packed = torch.cat(docs, dim=1)  # [1, 14]
     cu = torch.tensor([0, 5, 8, 14])
     with torch.no_grad():
-        got = model(packed, cu_seqlens=cu)
-        want = torch.cat([model(d) for d in docs], dim=1)
+        got = model(packed, cu_seqlens=cu).logits
+        want = torch.cat([model(d).logits for d in docs], dim=1)
     torch.testing.assert_close(got, want)
 
 
@@ -149,9 +149,9 @@ def test_left_padded_batch_equals_unpadded(position):
     for i, r in enumerate(rows):
         ids[i, s - len(r) :], mask[i, s - len(r) :] = r, 1
     with torch.no_grad():
-        got = model(ids, attention_mask=mask)
+        got = model(ids, attention_mask=mask).logits
         for i, r in enumerate(rows):
-            torch.testing.assert_close(got[i, s - len(r) :], model(r[None])[0])
+            torch.testing.assert_close(got[i, s - len(r) :], model(r[None]).logits[0])
         assert torch.isfinite(got).all()  # padding rows see themselves, never an all -inf softmax
         out = model.generate(ids, 4, attention_mask=mask, temperature=0)
         for i, r in enumerate(rows):
@@ -233,10 +233,14 @@ def test_variants_decode_incrementally(options):
     cache = model.new_cache()
     with torch.no_grad():
         got = torch.cat(
-            [model(ids[:, :3], cache=cache), model(ids[:, 3:5], cache=cache), model(ids[:, 5:], cache=cache)],
+            [
+                model(ids[:, :3], cache=cache).logits,
+                model(ids[:, 3:5], cache=cache).logits,
+                model(ids[:, 5:], cache=cache).logits,
+            ],
             dim=1,
         )
-        torch.testing.assert_close(got, model(ids))
+        torch.testing.assert_close(got, model(ids).logits)
 
 
 def test_share_position_false_builds_one_scheme_per_layer():
@@ -328,7 +332,7 @@ def test_greedy_generation_matches_argmax_of_full_forwards():
     ref = ids
     with torch.no_grad():
         for _ in range(5):  # the plain algorithm: no cache, recompute everything each step
-            ref = torch.cat([ref, model(ref)[:, -1].argmax(-1, keepdim=True)], dim=1)
+            ref = torch.cat([ref, model(ref).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
     assert torch.equal(out, ref)
 
 
@@ -347,7 +351,7 @@ def test_loss_is_cross_entropy_of_the_logits():
     model = lm_or_skip("toy_alibi")
     ids, targets = ids_(2, 6), ids_(2, 6, seed=9)
     targets[0, 0] = -100
-    logits = model(ids)
+    logits = model(ids).logits
     keep = targets != -100
     want = -torch.log_softmax(logits, -1)[keep].gather(-1, targets[keep][:, None]).mean()
     torch.testing.assert_close(model.loss(ids, targets), want)
@@ -358,9 +362,9 @@ def test_dropout_only_in_training():
     model = TransformerLM(config(dropout=0.5))
     ids = ids_(1, 6)
     model.train()
-    assert not torch.equal(model(ids), model(ids))
+    assert not torch.equal(model(ids).logits, model(ids).logits)
     model.eval()
-    assert torch.equal(model(ids), model(ids))
+    assert torch.equal(model(ids).logits, model(ids).logits)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -466,7 +470,7 @@ def test_save_load_round_trip_gives_identical_outputs(tmp_path, make):
             ctx = torch.randn(2, 3, 32)
             a, b = model(tgt, ctx)[0], loaded(tgt, ctx)[0]
         else:
-            a, b = model(src), loaded(src)
+            a, b = model(src).logits, loaded(src).logits
     assert torch.equal(a, b)
     for (name, p), (_, q) in zip(model.state_dict().items(), loaded.state_dict().items()):
         assert torch.equal(p, q), name
@@ -509,7 +513,7 @@ def test_compiled_forward_matches_eager():
     ids = ids_(2, 8)
     compiled = torch.compile(model, fullgraph=True, dynamic=False)
     with torch.no_grad():
-        torch.testing.assert_close(compiled(ids), model(ids))
+        torch.testing.assert_close(compiled(ids).logits, model(ids).logits)
 
 
 @pytest.mark.parametrize("position", ["toy_content", "learned", "sinusoidal"])
@@ -538,8 +542,8 @@ def test_packing_any_document_lengths_equals_separate_runs(lengths, seed):
     docs = [ids_(1, n, seed=seed + i) for i, n in enumerate(lengths)]
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
     with torch.no_grad():
-        got = model(torch.cat(docs, dim=1), cu_seqlens=cu)
-        want = torch.cat([model(d) for d in docs], dim=1)
+        got = model(torch.cat(docs, dim=1), cu_seqlens=cu).logits
+        want = torch.cat([model(d).logits for d in docs], dim=1)
     torch.testing.assert_close(got, want)
 
 
@@ -549,8 +553,8 @@ def test_bfloat16_model_tracks_float32(position):
     model = lm_or_skip(position)
     ids = ids_(2, 40)
     with torch.no_grad():
-        want = model(ids)
-        got = model.to(torch.bfloat16)(ids)
+        want = model(ids).logits
+        got = model.to(torch.bfloat16)(ids).logits
     assert got.dtype == torch.bfloat16
     # The logits reach |7|, where one bf16 ulp is 2^-5 = 0.031: measured max error 0.026 (2 layers).
     torch.testing.assert_close(got.float(), want, rtol=1e-2, atol=0.04)
@@ -605,14 +609,16 @@ def test_established_rope_runs_through_cache_and_padding(monkeypatch):
     ids = ids_(2, 8)
     cache = model.new_cache()
     with torch.no_grad():
-        steps = torch.cat([model(ids[:, :5], cache=cache), model(ids[:, 5:], cache=cache)], dim=1)
-        torch.testing.assert_close(steps, model(ids))
+        steps = torch.cat(
+            [model(ids[:, :5], cache=cache).logits, model(ids[:, 5:], cache=cache).logits], dim=1
+        )
+        torch.testing.assert_close(steps, model(ids).logits)
         padded = torch.cat([torch.zeros(2, 3, dtype=torch.long), ids], dim=1)
         mask = torch.cat([torch.zeros(2, 3), torch.ones(2, 8)], dim=1).long()
-        torch.testing.assert_close(model(padded, attention_mask=mask)[:, 3:], model(ids))
+        torch.testing.assert_close(model(padded, attention_mask=mask).logits[:, 3:], model(ids).logits)
         # relative: shifting every position leaves the logits unchanged
         torch.testing.assert_close(
-            model(ids, positions=torch.arange(8) + 100), model(ids), rtol=1e-4, atol=1e-4
+            model(ids, positions=torch.arange(8) + 100).logits, model(ids).logits, rtol=1e-4, atol=1e-4
         )
 
 
@@ -631,12 +637,12 @@ def test_content_free_bias_is_computed_once_per_forward(position, share, expecte
         count_calls(monkeypatch, scheme, "score_bias", calls)
     ids = ids_(2, 6)
     with torch.no_grad():
-        out = model(ids)
+        out = model(ids).logits
         assert len(calls) == expected
         cache = model.new_cache()
         model(ids[:, :4], cache=cache)  # a new forward plans (and builds) its bias anew
         assert len(calls) == 2 * expected
-        torch.testing.assert_close(model(ids[:, 4:], cache=cache), out[:, 4:], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(model(ids[:, 4:], cache=cache).logits, out[:, 4:], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize(
@@ -668,9 +674,11 @@ def test_torch_func_transforms_take_the_full_table_path(monkeypatch):
     model = TransformerLM(config("alibi", num_layers=1, max_len=512)).eval()
     ids = ids_(1, 300)
     params = dict(model.named_parameters())
-    grads = torch.func.grad(lambda p: torch.func.functional_call(model, p, (ids,)).square().mean())(params)
+    grads = torch.func.grad(lambda p: torch.func.functional_call(model, p, (ids,)).logits.square().mean())(
+        params
+    )
     model.zero_grad()
-    model(ids).square().mean().backward()
+    model(ids).logits.square().mean().backward()
     for name, p in model.named_parameters():
         torch.testing.assert_close(grads[name], p.grad, rtol=1e-4, atol=1e-6)
 
@@ -706,13 +714,13 @@ def test_blocked_cpu_bias_path_equals_the_full_table_path(position, monkeypatch)
         monkeypatch.setenv("POSENC_C_KERNELS", fast)
         blocked_calls.clear()
         model.zero_grad()
-        logits = model(ids)
+        logits = model(ids).logits
         (logits.square().mean()).backward()
         grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
         with torch.no_grad():
             cache = model.new_cache()
             model(ids[:, :300], cache=cache)
-            chunk = model(ids[:, 300:], cache=cache)  # 300 queries after 300 cached keys: 2 blocks
+            chunk = model(ids[:, 300:], cache=cache).logits  # 300 queries after 300 cached keys: 2 blocks
         # one call per layer and forward (forward, prefill, chunk) on the fast path, none without
         assert len(blocked_calls) == (3 * model.config.num_layers if fast == "1" else 0)
         return logits.detach(), grads, chunk
@@ -754,3 +762,32 @@ def test_files_saved_before_a_default_changed_load_as_they_were_trained(tmp_path
     assert old.decoder.scheme(0).max_distance == 128
     assert old.config.position_options == {"max_distance": 128}
     assert json.loads(meta["posenc_config"])["position_options"] == {}
+
+
+def test_forward_returns_one_output_type_with_the_loss_for_labels():
+    model = lm_or_skip("toy_alibi")
+    ids = ids_(2, 6)
+    out = model(ids)
+    assert isinstance(out, LMOutput) and out.loss is None and out.memory is None
+    labels = ids.clone()
+    labels[1, 3] = -100
+    got = model(ids, labels=labels)
+    logp = torch.log_softmax(got.logits[:, :-1].double(), -1)  # position t predicts labels[:, t + 1]
+    keep = labels[:, 1:] != -100
+    want = -logp[keep].gather(-1, labels[:, 1:][keep][:, None]).mean()
+    torch.testing.assert_close(got.loss.double(), want, rtol=1e-6, atol=1e-6)
+    assert got.loss.dtype == torch.float32 and got.loss.dim() == 0
+    got.loss.backward()
+    with pytest.raises(ValueError, match=r"labels must have the shape of ids \(2, 6\), got \(2, 5\)"):
+        model(ids, labels=ids[:, :5])
+
+
+def test_models_take_factory_kwargs_and_keep_ties():
+    lm = TransformerLM(config(), dtype=torch.float64)
+    assert {p.dtype for p in lm.parameters()} == {torch.float64}
+    assert lm.lm_head.weight is lm.decoder.embed.token.weight
+    assert lm(ids_(1, 4)).logits.dtype == torch.float64
+    meta = EncoderDecoder(config(tie="three_way"), device="meta")
+    assert all(p.is_meta for p in meta.parameters())
+    with pytest.raises(TypeError, match="dtype must be a floating-point"):
+        TransformerLM(config(), dtype=torch.int32)

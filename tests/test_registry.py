@@ -78,3 +78,38 @@ def test_register_custom_scheme():
         register(int)
     with pytest.raises(ValueError, match="lowercase"):
         register(Shift, name="Bad Name")
+
+
+@pytest.mark.parametrize("name", posenc.schemes())
+def test_every_scheme_takes_device_and_dtype_factory_kwargs(name):
+    context = {"d_model": 16, "num_heads": 2, "head_dim": 8, "max_len": 32}
+    extra = {"grid": (2, 2)} if name == "rope_2d" else {}
+    scheme = build_with_context(name, context, {**extra, "device": "meta", "dtype": torch.bfloat16})
+    for p in scheme.parameters():
+        assert p.is_meta and p.dtype == torch.bfloat16
+    assert "device" not in posenc.describe(name)["optional"]  # factory kwargs are not scheme options
+
+
+def test_factory_kwargs_errors():
+    with pytest.raises(TypeError, match=r"dtype must be a floating-point torch\.dtype.*torch\.int64"):
+        posenc.build("learned", d_model=4, max_len=3, dtype=torch.int64)
+    with pytest.raises(ValueError, match="device 'gpu0' is not a device"):
+        posenc.build("learned", d_model=4, max_len=3, device="gpu0")
+    with pytest.raises(ValueError, match=r"unknown config key\(s\) \['devise'\].*did you mean 'device'"):
+        posenc.build("learned", d_model=4, max_len=3, devise="cpu")
+    with pytest.raises(ValueError, match=r"unknown scheme 'rop'.*did you mean 'rope'"):
+        posenc.build("rop", head_dim=8)
+
+
+def test_a_user_scheme_without_factory_kwargs_is_placed_by_build(monkeypatch):
+    class Table(posenc.PositionalScheme):
+        name = "user_table"
+        hooks = ("embed",)
+
+        def __init__(self, d_model: int) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.zeros(4, d_model))
+
+    monkeypatch.setitem(posenc.registry.SCHEMES, "user_table", Table)
+    scheme = posenc.build("user_table", d_model=3, device="meta", dtype=torch.float64)
+    assert scheme.weight.is_meta and scheme.weight.dtype == torch.float64

@@ -293,3 +293,14 @@ def test_compile_fullgraph_matches_eager():
     q, qp, kp = torch.randn(2, 2, 3, 4), torch.tensor([4, 5, 9]), torch.tensor([0, 4, 5, 9])
     compiled = torch.compile(f, fullgraph=True)
     torch.testing.assert_close(compiled(q, qp, kp), f(q, qp, kp))
+
+
+def test_transformer_xl_rotate_in_bshd():
+    torch.manual_seed(0)
+    txl = posenc.build("transformer_xl", d_model=16, num_heads=2, head_dim=8)
+    q = torch.randn(1, 2, 5, 8)
+    ref, _ = txl.rotate(q, q)
+    got, _ = txl.rotate(q.transpose(1, 2), q.transpose(1, 2), qk_layout="bshd")
+    torch.testing.assert_close(got.transpose(1, 2), ref, rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"q must have shape \[b, s_q, 2, 8\]"):
+        txl.rotate(q, q, qk_layout="bshd")

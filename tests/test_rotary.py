@@ -892,3 +892,74 @@ def test_length_dependent_rules_treat_each_document_and_row_alone(rule):
     aq, ak = rope.rotate(q[:1, :, 3:], k[:1, :, 3:])  # the short row alone
     torch.testing.assert_close(rq[:1, :, 3:], aq, rtol=0, atol=1e-6)
     torch.testing.assert_close(rk[:1, :, 3:], ak, rtol=0, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------------------------
+# qk_layout: [b, h, s, d_h] and [b, s, h, d_h] give the same rotation
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("make", [lambda: RotaryEmbedding(64), lambda: XPos(64), lambda: RotaryEmbedding(
+    64, layout="interleaved", partial_rotary_factor=0.5,
+    scaling={"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 32})])  # fmt: skip
+@pytest.mark.parametrize("per_row", [False, True])
+def test_bshd_equals_bhsd_transposed(make, per_row):
+    rope = make()
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 4, 100, 64), torch.randn(2, 2, 100, 64)  # GQA: h_kv = 2
+    pos = torch.randint(0, 90, (2, 100)) if per_row else torch.arange(7, 107)
+    ref_q, ref_k = rope.rotate(q, k, pos, pos)
+    for qs, ks in ((q.transpose(1, 2), k.transpose(1, 2)),  # views
+                   (q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous())):  # fmt: skip
+        got_q, got_k = rope.rotate(qs, ks, pos, pos, qk_layout="bshd")
+        assert got_q.shape == (2, 100, 4, 64) and got_k.shape == (2, 100, 2, 64)
+        torch.testing.assert_close(got_q.transpose(1, 2), ref_q, rtol=0, atol=0)
+        torch.testing.assert_close(got_k.transpose(1, 2), ref_k, rtol=0, atol=0)
+
+
+def test_bshd_as_module_default_and_call():
+    torch.manual_seed(0)
+    q = torch.randn(1, 100, 4, 64)  # [b, s, h, d_h]
+    rope = posenc.build("rope", head_dim=64, qk_layout="bshd")
+    ref, _ = posenc.build("rope", head_dim=64)(q.transpose(1, 2), q.transpose(1, 2))
+    got, _ = rope(q, q)
+    torch.testing.assert_close(got.transpose(1, 2), ref, rtol=0, atol=0)
+    assert "qk_layout='bshd'" in repr(rope)
+
+
+def test_apply_rotary_bshd_tables():
+    torch.manual_seed(0)
+    rope = RotaryEmbedding(16)
+    x = torch.randn(3, 10, 2, 16)  # [b, s, h, d_h]
+    pos = torch.randint(0, 50, (3, 10))
+    cos, sin = rope.cos_sin(pos, qk_layout="bshd")
+    assert cos.shape == (3, 10, 1, 8)
+    ref_cos, ref_sin = rope.cos_sin(pos)  # [b, 1, s, r/2]
+    ref = posenc.apply_rotary(x.transpose(1, 2), ref_cos, ref_sin)
+    got = posenc.apply_rotary(x, cos, sin, qk_layout="bshd")
+    torch.testing.assert_close(got.transpose(1, 2), ref, rtol=0, atol=0)
+    shared = posenc.apply_rotary(x, *rope.cos_sin(torch.arange(10)), qk_layout="bshd")  # [s, r/2]
+    torch.testing.assert_close(shared, rope.rotate(x, x, qk_layout="bshd")[0], rtol=0, atol=0)
+
+
+def test_positions_that_cannot_match_the_sequence_axis_raise_naming_the_layout():
+    rope = RotaryEmbedding(64)
+    q = torch.randn(1, 100, 4, 64)  # [b, s, h, d_h] passed without saying so
+    with pytest.raises(ValueError, match=r"q_positions must have shape .* s = 4.*pass qk_layout='bshd'"):
+        rope.rotate(q, q, torch.arange(100), torch.arange(100))
+    cos, sin = rope.cos_sin(torch.arange(100))
+    with pytest.raises(ValueError, match=r"cos/sin \(100, 32\) hold 100 positions .*qk_layout='bshd'"):
+        posenc.apply_rotary(q, cos, sin)
+    with pytest.raises(ValueError, match=r"s = 100 along its sequence axis \(dim 1: qk_layout='bshd'"):
+        posenc.apply_rotary(q, *rope.cos_sin(torch.arange(4)), qk_layout="bshd")
+    with pytest.raises(ValueError, match=r"unknown qk_layout 'bsdh'.*did you mean 'bshd'"):
+        rope.rotate(q, q, qk_layout="bsdh")
+    with pytest.raises(ValueError, match="unknown qk_layout"):
+        RotaryEmbedding(64, qk_layout="sbhd")
+
+
+def test_rope_2d_bshd():
+    torch.manual_seed(0)
+    rope = Rope2D(16, grid=(3, 4))
+    q = torch.randn(2, 2, 12, 16)
+    ref, _ = rope.rotate(q, q)
+    got, _ = rope.rotate(q.transpose(1, 2), q.transpose(1, 2), qk_layout="bshd")
+    torch.testing.assert_close(got.transpose(1, 2), ref, rtol=0, atol=0)

@@ -63,3 +63,33 @@ def test_byte_labels_are_readable():
     assert _byte_label(10) == "\\n"
     assert _byte_label(0xE2) == "\\xe2"
     assert len({_byte_label(i) for i in range(256)}) == 256
+
+
+def test_encode_caps_rows_and_shows_all_on_request(capsys):
+    text = " ".join(f"w{i}" for i in range(40))
+    assert main(["encode", text, "--tokenizer", "byte", "--rows", "5"]) == 0
+    out = capsys.readouterr().out
+    s = len(text.encode())
+    assert f"    ... {s - 5:,} more rows (posenc encode --all shows every row)" in out
+    assert f"({s - 20:,} more)" in out.splitlines()[1]  # the token list: 4 x rows entries, then a count
+    assert main(["encode", text, "--tokenizer", "byte", "--all"]) == 0
+    full = capsys.readouterr().out
+    assert "more rows" not in full and len(full.splitlines()) > len(out.splitlines()) + 5 * (s - 5)
+
+
+def test_encode_shows_what_attention_schemes_do(capsys):
+    import re
+
+    assert main(["encode", "the cat the cat", "--tokenizer", "byte", "--scheme", "rope"]) == 0
+    out = capsys.readouterr().out
+    step6 = out.split("\n6. ")[1].split("\n7. ")[0]
+    assert (
+        step6.startswith("inside attention: rope turns q and k")
+        and "|R_p x| / |x| is 1.0000 .. 1.0000" in step6
+    )
+    assert "+0.000, +0.000, +0.000, +0.000, +0.000, +0.000" not in step6
+    assert main(["encode", "the cat", "--tokenizer", "byte", "--scheme", "alibi"]) == 0
+    step6 = capsys.readouterr().out.split("\n6. ")[1].split("\n7. ")[0]
+    assert "alibi adds a bias to the attention logits" in step6
+    first = re.findall(r"[-+]\d\.\d+", step6.splitlines()[2])  # the second query: keys 0, 1, ...
+    assert float(first[0]) < 0 and float(first[1]) == 0.0  # distance 1 penalised, distance 0 not

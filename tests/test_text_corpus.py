@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from posenc.text.corpus import (
     CORPORA,
     DOC_SEPARATOR,
+    SPLIT_GAP_CHARS,
     STDLIB_SKIP_DIRS,
     Document,
     file_documents,
@@ -98,7 +99,7 @@ def test_split_zero_and_errors():
     docs = [Document("a", "x"), Document("b", "y")]
     train, val = split_documents(docs, 0.0, 0)
     assert train == tuple(docs) and val == ()
-    with pytest.raises(ValueError, match=r"cannot split 1 document\(s\).*give more files or val_fraction=0"):
+    with pytest.raises(ValueError, match=r"cannot split the single document 'a' \(1 chars\) by position"):
         split_documents(docs[:1], 0.1, 0)
     with pytest.raises(ValueError, match=r"val_fraction must be in \[0, 1\), got 1.5"):
         split_documents(docs, 1.5, 0)
@@ -153,3 +154,14 @@ def test_full_stdlib_loads():
     c = load_corpus("stdlib")
     assert c.info.n_documents > 100 and c.train_bytes.numel() > 1_000_000 and c.val_bytes.numel() > 0
     assert c.train_bytes.numel() + c.val_bytes.numel() >= c.info.n_chars  # UTF-8 is >= 1 byte per char
+
+
+def test_a_single_document_is_split_by_position_with_a_gap():
+    text = "".join(f"line {i:05d}\n" for i in range(3000))  # 33,000 chars
+    train, val = split_documents([Document("big.txt", text)], 0.1, 0)
+    (tr,), (va,) = train, val
+    assert va.text == text[-3300:] and tr.text == text[: 33000 - 3300 - SPLIT_GAP_CHARS]
+    assert text.index(va.text) - len(tr.text) == SPLIT_GAP_CHARS  # nothing shared, a gap between
+    assert tr.name == "big.txt[:28676]" and va.name == "big.txt[29700:]"
+    small = split_documents([Document("s", "x" * 100)], 0.2, 0)
+    assert len(small[0][0].text) == 100 - 20 - 5  # the gap is at most 5% of a short text

@@ -2,66 +2,116 @@
 
 Public names only; the maths lives in the scheme files (``absolute``, ...), the glue in
 ``registry`` and ``embedding``. See README.md and docs/.
+
+Names load on first use (PEP 562), so ``import posenc`` and ``posenc --help`` do not import
+torch; ``from posenc import build`` or ``posenc.build`` imports what it needs.
 """
 
-from .absolute import (
-    LearnedPE,
-    NoPE,
-    ScaledSinusoidalPE,
-    Sinusoidal2D,
-    Sinusoidal3D,
-    SinusoidalND,
-    SinusoidalPE,
-    sinusoidal_frequencies,
-    sinusoidal_nd_table,
-    sinusoidal_table,
-)
-from .base import HOOKS, PositionalScheme
-from .bias import ALiBi, T5RelativeBias, alibi_bias, alibi_slopes, relative_positions, t5_relative_bucket
-from .embedding import TIE_STRATEGIES, InputEmbedding, TokenEmbedding, apply_tying, tie_weights
-from .model import (
-    Decoder,
-    Encoder,
-    EncoderDecoder,
-    KVCache,
-    LMOutput,
-    Memory,
-    ModelConfig,
-    MultiHeadAttention,
-    TransformerLM,
-    load_model,
-    save_model,
-)
-from .positions import arange_positions, positions_from_cu_seqlens, positions_from_mask
-from .registry import build, build_with_context, describe, register, schemes
-from .relative import ShawRelative, TransformerXLRelative
-from .rotary import (
-    ROPE_SCALINGS,
-    ROTARY_LAYOUTS,
-    Rope2D,
-    RotaryEmbedding,
-    XPos,
-    apply_rotary,
-    hf_rope_config,
-    permute_qk_weights,
-    rope_cos_sin,
-    rope_frequencies,
-    rope_from_hf,
-)
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
+#: public name -> the module (relative to this package) that defines it
+_EXPORTS: dict[str, str] = {
+    # absolute
+    "LearnedPE": "absolute",
+    "NoPE": "absolute",
+    "ScaledSinusoidalPE": "absolute",
+    "Sinusoidal2D": "absolute",
+    "Sinusoidal3D": "absolute",
+    "SinusoidalND": "absolute",
+    "SinusoidalPE": "absolute",
+    "sinusoidal_frequencies": "absolute",
+    "sinusoidal_nd_table": "absolute",
+    "sinusoidal_table": "absolute",
+    # base
+    "HOOKS": "base",
+    "PositionalScheme": "base",
+    # bias
+    "ALiBi": "bias",
+    "T5RelativeBias": "bias",
+    "alibi_bias": "bias",
+    "alibi_slopes": "bias",
+    "relative_positions": "bias",
+    "t5_relative_bucket": "bias",
+    # embedding
+    "InputEmbedding": "embedding",
+    "TIE_STRATEGIES": "embedding",
+    "TokenEmbedding": "embedding",
+    "apply_tying": "embedding",
+    "tie_weights": "embedding",
+    # model
+    "Decoder": "model",
+    "Encoder": "model",
+    "EncoderDecoder": "model",
+    "KVCache": "model",
+    "LMOutput": "model",
+    "Memory": "model",
+    "ModelConfig": "model",
+    "MultiHeadAttention": "model",
+    "TransformerLM": "model",
+    "load_model": "model",
+    "save_model": "model",
+    # positions
+    "arange_positions": "positions",
+    "positions_from_cu_seqlens": "positions",
+    "positions_from_mask": "positions",
+    # registry
+    "build": "registry",
+    "build_with_context": "registry",
+    "describe": "registry",
+    "register": "registry",
+    "schemes": "registry",
+    # relative
+    "ShawRelative": "relative",
+    "TransformerXLRelative": "relative",
+    # rotary
+    "QK_LAYOUTS": "rotary",
+    "ROPE_SCALINGS": "rotary",
+    "ROTARY_LAYOUTS": "rotary",
+    "Rope2D": "rotary",
+    "RotaryEmbedding": "rotary",
+    "XPos": "rotary",
+    "apply_rotary": "rotary",
+    "hf_rope_config": "rotary",
+    "permute_qk_weights": "rotary",
+    "rope_cos_sin": "rotary",
+    "rope_frequencies": "rotary",
+    "rope_from_hf": "rotary",
+    # vectors
+    "VectorCoverage": "vectors",
+    "align_vectors": "vectors",
+    "pretrained_embedding": "vectors",
+    "read_safetensors_vectors": "vectors",
+    "read_word_vectors": "vectors",
+}
 
-def __getattr__(name: str):  # `posenc.text` loads lazily: it needs the optional `tokenizers`
-    if name == "text":
-        import importlib
+#: subpackages and modules reachable as attributes (``posenc.registry.SCHEMES``, ``posenc.text``)
+_SUBMODULES = (
+    "absolute", "analysis", "base", "bias", "bench", "benchmarks", "cli", "embedding", "kernels", "lab",
+    "model", "positions", "registry", "relative", "rotary", "text", "vectors",
+)  # fmt: skip
 
-        return importlib.import_module(".text", __name__)
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module("." + _EXPORTS[name], __name__), name)
+        globals()[name] = value  # once loaded, a plain attribute
+        return value
+    if name in _SUBMODULES:
+        return importlib.import_module("." + name, __name__)
     raise AttributeError(f"module 'posenc' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS, *_SUBMODULES})
 
 
 __all__ = [
     "HOOKS",
+    "QK_LAYOUTS",
     "ROPE_SCALINGS",
     "ROTARY_LAYOUTS",
     "TIE_STRATEGIES",
@@ -90,10 +140,12 @@ __all__ = [
     "TokenEmbedding",
     "TransformerLM",
     "TransformerXLRelative",
+    "VectorCoverage",
     "XPos",
     "__version__",
     "alibi_bias",
     "alibi_slopes",
+    "align_vectors",
     "apply_rotary",
     "apply_tying",
     "arange_positions",
@@ -105,6 +157,9 @@ __all__ = [
     "permute_qk_weights",
     "positions_from_cu_seqlens",
     "positions_from_mask",
+    "pretrained_embedding",
+    "read_safetensors_vectors",
+    "read_word_vectors",
     "register",
     "relative_positions",
     "rope_cos_sin",

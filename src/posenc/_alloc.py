@@ -26,6 +26,28 @@ class InsufficientMemoryError(MemoryError, ValueError):
     """
 
 
+def factory_kwargs(device: object = None, dtype: object = None) -> dict:
+    """``{"device": ..., "dtype": ...}`` for ``torch.empty``/``nn.Linear``, as ``nn.Linear``'s own
+    factory kwargs: ``device`` a ``torch.device``, a string (``"cpu"``, ``"cuda:0"``, ``"meta"``) or
+    None; ``dtype`` a floating-point ``torch.dtype`` or None (the default dtype). ``TypeError`` or
+    ``ValueError`` naming the argument otherwise."""
+    if device is not None and not isinstance(device, (str, torch.device, int)):
+        raise TypeError(f"device must be a torch.device or a string like 'cpu', got {type(device).__name__}")
+    if device is not None:
+        try:
+            device = torch.device(device)
+        except RuntimeError:
+            raise ValueError(
+                f"device {device!r} is not a device; use e.g. 'cpu', 'cuda:0' or 'meta'"
+            ) from None
+    if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
+        raise TypeError(
+            f"dtype must be a floating-point torch.dtype (e.g. torch.bfloat16), got {dtype!r}: "
+            "parameters are floats"
+        )
+    return {"device": device, "dtype": dtype}
+
+
 def _gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**27 else f"{n / 2**20:.1f} MiB"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import math
 
 
@@ -28,10 +29,23 @@ def check_positive_float(value: object, name: str) -> float:
     return float(value)
 
 
+def did_you_mean(value: object, choices) -> str:
+    """``"; did you mean 'rope'?"`` when ``value`` is close to one of ``choices`` (difflib), else ``""``."""
+    if not isinstance(value, str):
+        return ""
+    close = difflib.get_close_matches(value, [str(c) for c in choices], n=3, cutoff=0.6)
+    if not close:
+        return ""
+    return "; did you mean " + " or ".join(repr(c) for c in close) + "?"
+
+
 def check_choice(value: object, name: str, choices: dict | tuple | list) -> str:
-    """``value`` if it is one of ``choices``, else a ValueError listing them."""
+    """``value`` if it is one of ``choices``, else a ValueError listing them (and the closest)."""
     if value not in choices:
-        raise ValueError(f"unknown {name} {value!r}; valid values: {', '.join(map(repr, choices))}")
+        raise ValueError(
+            f"unknown {name} {value!r}; valid values: {', '.join(map(repr, choices))}"
+            + did_you_mean(value, choices)
+        )
     return value  # type: ignore[return-value]
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ._alloc import check_allocation
+from ._alloc import check_allocation, factory_kwargs
 from ._precision import autocast_off, position_angles, wide_dtype
 from ._validate import check_choice, check_int, check_positive_float
 from .base import PositionalScheme
@@ -295,11 +295,18 @@ class ScaledSinusoidalPE(SinusoidalPE):
     summary = "sinusoidal times a learned scalar gain (Hua et al. 2022)"
 
     def __init__(
-        self, d_model: int, base: float = 10000.0, variant: str = "vaswani", init_gain: float | None = None
+        self,
+        d_model: int,
+        base: float = 10000.0,
+        variant: str = "vaswani",
+        init_gain: float | None = None,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__(d_model, base, variant)
         gain = d_model**-0.5 if init_gain is None else check_positive_float(init_gain, "init_gain")
-        self.gain = nn.Parameter(torch.tensor(float(gain)))
+        self.gain = nn.Parameter(torch.tensor(float(gain), **factory_kwargs(device, dtype)))
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         self._check_width(x)
@@ -328,9 +335,17 @@ class LearnedPE(PositionalScheme):
     summary = "a trained vector per position (BERT, GPT-2); cannot run past max_len"
 
     def __init__(
-        self, d_model: int, max_len: int, init_std: float = 0.02, padding_idx: int | None = None
+        self,
+        d_model: int,
+        max_len: int,
+        init_std: float = 0.02,
+        padding_idx: int | None = None,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
+        factory = factory_kwargs(device, dtype)
         self.d_model = check_int(d_model, "d_model")
         self.max_len = check_int(max_len, "max_len")
         self.init_std = check_positive_float(init_std, "init_std")
@@ -339,8 +354,10 @@ class LearnedPE(PositionalScheme):
         self.padding_idx = padding_idx
         self.offset = 0 if padding_idx is None else padding_idx + 1
         shape = (self.max_len + self.offset, self.d_model)
-        check_allocation(shape, None, f"max_len={max_len}, d_model={d_model}", "use a smaller max_len")
-        self.weight = nn.Parameter(torch.empty(shape))
+        check_allocation(
+            shape, dtype, f"max_len={max_len}, d_model={d_model}", "use a smaller max_len", device=device
+        )
+        self.weight = nn.Parameter(torch.empty(shape, **factory))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

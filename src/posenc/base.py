@@ -24,6 +24,12 @@ Contract between schemes and models (every model in posenc keeps it):
   ``a^V_ij``; a model adds ``sum_j p_ij a^V_ij`` to each head's output (needs the attention
   probabilities, so an explicit-softmax path). ``None`` for every other scheme.
 
+Every scheme is also callable: ``scheme(...)`` runs its one hook (:meth:`PositionalScheme.forward`),
+so ``pe(x)`` adds the encoding, ``rope(q, k)`` rotates and ``alibi(q_pos, k_pos)`` returns the bias.
+
+Queries and keys are ``[b, h, s, d_h]`` by default; ``rotate(..., qk_layout="bshd")`` takes
+``[b, s, h, d_h]`` (flash-attention, torchtune).
+
 A hook a scheme does not use is the identity (``embed`` returns ``x``, ``rotate`` returns
 ``(q, k)``, ``score_bias`` returns ``None``), so a model can call all three unconditionally;
 ``scheme.hooks`` says which ones do something, so a model can also skip the rest.
@@ -69,6 +75,8 @@ class PositionalScheme(nn.Module):
         eval_variants: variants a model trained with this scheme can be *evaluated* with, without
             retraining, on inputs longer than it was trained on (RoPE: its scalings); each is turned
             into ``position_options`` by :meth:`variant_options`.
+        promises: the analysis properties the scheme promises (``posenc verify`` fails when one
+            breaks); ``None`` = the analysis's default rules from the scheme's hooks and parameters.
     """
 
     name: ClassVar[str] = "base"
@@ -80,6 +88,7 @@ class PositionalScheme(nn.Module):
     position_dims: ClassVar[int] = 1
     eval_variants: ClassVar[tuple[str, ...]] = ()
     legacy_defaults: ClassVar[dict[str, Any]] = {}
+    promises: ClassVar[tuple[str, ...] | None] = None
     max_len: int | None = None
 
     @classmethod
@@ -108,14 +117,18 @@ class PositionalScheme(nn.Module):
         k: torch.Tensor,
         q_positions: torch.Tensor | None = None,
         k_positions: torch.Tensor | None = None,
+        *,
+        qk_layout: str | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Apply the positional transform to queries and keys.
 
         Args:
-            q: ``[b, h, s_q, d_h]`` queries.
-            k: ``[b, h_kv, s_k, d_h]`` keys.
+            q: ``[b, h, s_q, d_h]`` queries (``[b, s_q, h, d_h]`` with ``qk_layout="bshd"``).
+            k: ``[b, h_kv, s_k, d_h]`` keys (``[b, s_k, h_kv, d_h]`` with ``qk_layout="bshd"``).
             q_positions: ``[s_q]`` or ``[b, s_q]``, default ``arange(s_q)``.
             k_positions: ``[s_k]`` or ``[b, s_k]``, default ``arange(s_k)``.
+            qk_layout: ``"bhsd"`` or ``"bshd"``; ``None`` = the scheme's own (``"bhsd"`` unless
+                built with another). Schemes with this hook accept it.
 
         Returns:
             ``(q, k)`` with the same shapes and dtypes. The identity for schemes without this hook.
@@ -152,6 +165,26 @@ class PositionalScheme(nn.Module):
             ``[s_q, s_k, d_h]`` vectors ``a^V_ij`` (or ``[h, s_q, s_k, d_h]``), or ``None``.
         """
         return None
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the scheme's hook, so a scheme is called like any module.
+
+        * ``embed`` schemes: ``pe(x [b, s, d], positions=None) -> [b, s, d]`` (``x`` + the encoding);
+        * ``rotate`` schemes: ``rope(q, k, q_positions=None, k_positions=None, qk_layout=None)
+          -> (q, k)`` (shapes as :meth:`rotate`);
+        * ``score_bias`` schemes: ``alibi(q_positions [s_q], k_positions [s_k], q=None)
+          -> [b | 1, h, s_q, s_k]``;
+        * no hooks (NoPE): ``nope(x) -> x``.
+
+        A scheme with several hooks (Transformer-XL: ``rotate`` and ``score_bias``) has no single
+        meaning for a call: ``TypeError`` naming the hooks to call instead.
+        """
+        if len(self.hooks) > 1:
+            raise TypeError(
+                f"scheme {self.name!r} has several hooks ({', '.join(self.hooks)}), so calling it is "
+                f"ambiguous; call one: " + ", ".join(f"scheme.{h}(...)" for h in self.hooks)
+            )
+        return getattr(self, self.hooks[0] if self.hooks else "embed")(*args, **kwargs)
 
     def extra_repr(self) -> str:
         return f"hooks={list(self.hooks)}"

@@ -28,6 +28,28 @@ __all__ = ["bench_args", "bench_run", "run"]
 
 SCHEMA = 1
 
+#: the peers' import names and the packages that provide them (the ``bench`` extra)
+PEERS = {"transformers": "transformers", "rotary_embedding_torch": "rotary-embedding-torch",
+         "x_transformers": "x-transformers"}  # fmt: skip
+
+
+def missing_peers() -> list[str]:
+    """The peer packages that are not installed (found without importing them)."""
+    import importlib.util
+
+    return [package for module, package in PEERS.items() if importlib.util.find_spec(module) is None]
+
+
+def peers_hint() -> str | None:
+    """One line saying how to enable the comparisons that cannot run, or ``None``."""
+    missing = missing_peers()
+    if not missing:
+        return None
+    return (
+        f"not installed, so not compared: {', '.join(missing)}; to compare with them: "
+        "pip install 'posenc[bench]' (or pip install " + " ".join(missing) + ")"
+    )
+
 
 def bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
@@ -155,4 +177,6 @@ def bench_run(args: argparse.Namespace) -> int:
         write_json(args.out, report)
     if args.json:
         sys.stdout.write(text + "\n")
+    elif peers_hint() is not None:
+        print("\n" + peers_hint())
     return 0

@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from ._alloc import factory_kwargs
 from ._precision import autocast_off
 from ._validate import check_int, check_positive_float
 from .base import PositionalScheme
@@ -315,6 +316,9 @@ class T5RelativeBias(PositionalScheme):
         bidirectional: bool = True,
         init_std: float = 0.02,
         max_len: int | None = None,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         self.num_heads = check_int(num_heads, "num_heads")
@@ -324,7 +328,9 @@ class T5RelativeBias(PositionalScheme):
         _check_buckets(bidirectional, num_buckets, max_distance)
         self.num_buckets, self.max_distance, self.bidirectional = num_buckets, max_distance, bidirectional
         self.init_std = check_positive_float(init_std, "init_std")
-        self.relative_attention_bias = nn.Embedding(num_buckets, self.num_heads)  # [buckets, h]
+        self.relative_attention_bias = nn.Embedding(
+            num_buckets, self.num_heads, **factory_kwargs(device, dtype)
+        )  # [buckets, h]
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

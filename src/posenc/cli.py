@@ -2,33 +2,63 @@
 
 Each subcommand is one entry in :data:`COMMANDS`: a function that adds its arguments and a
 function that runs it. ``posenc --help`` lists them.
+
+Only the chosen subcommand's arguments are built, and torch is imported only by the commands that
+compute, so ``posenc --help``, ``--version``, ``list`` and argument errors never load it. Every user
+mistake (a bad flag, value, name or path) prints one line, ``posenc CMD: error: ...``, with the
+closest valid names when there are some, and exits with code 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 
-import torch
-
 from . import __version__
-from .registry import build, describe, scheme_class, schemes
 
-__all__ = ["COMMANDS", "main", "parse_positions"]
+__all__ = ["COMMANDS", "Parser", "main", "parse_positions"]
 
 
 class CLIError(Exception):
     """A user error: printed as ``posenc: error: ...`` with exit code 2, no traceback."""
 
 
+def _suggest(value: str, choices) -> str:
+    close = difflib.get_close_matches(value, [str(c) for c in choices], n=3, cutoff=0.6)
+    return "; did you mean " + " or ".join(repr(c) for c in close) + "?" if close else ""
+
+
+class Parser(argparse.ArgumentParser):
+    """``argparse`` with posenc's error format: one line on stderr, exit code 2, close matches.
+
+    A value that starts with ``-`` and a digit (``--positions -5:3``) is a value, not a flag.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-\d")  # no posenc flag starts with a digit
+
+    def error(self, message: str):  # type: ignore[override]
+        raise CLIError(message)
+
+    def _check_value(self, action, value):  # invalid choice: add the closest ones
+        if action.choices is not None and value not in action.choices:
+            choices = ", ".join(map(repr, action.choices))
+            raise argparse.ArgumentError(
+                action, f"invalid choice: {value!r} (choose from {choices}){_suggest(value, action.choices)}"
+            )
+
+
 #: The most values ``posenc show`` computes and prints (positions x dims): beyond it, a plot says more.
 SHOW_MAX_VALUES = 10_000_000
 
 
-def parse_positions(spec: str, max_count: int = SHOW_MAX_VALUES) -> torch.Tensor:
+def parse_positions(spec: str, max_count: int = SHOW_MAX_VALUES):
     """``"0:3"`` -> ``[0, 1, 2]``; ``"0:100:10"`` -> every 10th; ``"0,5,9"`` -> those positions.
     An empty range or more than ``max_count`` positions is a :class:`CLIError` (nothing is allocated)."""
     try:
@@ -53,6 +83,8 @@ def parse_positions(spec: str, max_count: int = SHOW_MAX_VALUES) -> torch.Tensor
             f"--positions {spec!r} has {count:,} positions, more than {max_count:,}; use a step "
             "(e.g. 0:1000000:1000) or a plot"
         )
+    import torch
+
     if ":" in spec:
         return torch.arange(start, stop, step)
     return torch.tensor(values, dtype=torch.long)
@@ -64,7 +96,9 @@ def _list_args(p: argparse.ArgumentParser) -> None:
 
 
 def _list_run(args: argparse.Namespace) -> int:
-    rows = [describe(name) for name in schemes()]
+    from ._catalog import builtin_schemes  # the scheme files' declarations, read without torch
+
+    rows = builtin_schemes()
     if args.json:
         import json
 
@@ -92,6 +126,10 @@ def _show_args(p: argparse.ArgumentParser) -> None:
 
 
 def _show_run(args: argparse.Namespace) -> int:
+    import torch
+
+    from .registry import build, scheme_class, schemes
+
     cls = scheme_class(args.scheme)
     if "embed" not in cls.hooks:
         raise CLIError(
@@ -170,20 +208,53 @@ COMMANDS: dict[str, Command] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def _chosen(argv: Sequence[str]) -> str | None:
+    """The subcommand named in ``argv`` (its first word that is not an option), if any."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def build_parser(argv: Sequence[str] | None = None) -> tuple[Parser, dict[str, Parser]]:
+    """The top-level parser and the subcommand parsers; only the subcommand chosen in ``argv``
+    gets its arguments (building the others would import their modules)."""
+    parser = Parser(
         prog="posenc", description="Token embeddings and positional encodings: see, check, measure."
     )
     parser.add_argument("--version", action="version", version=f"posenc {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    chosen = _chosen(sys.argv[1:] if argv is None else argv)
+    subparsers = {}
     for name, (help_text, add_args, _) in COMMANDS.items():
-        add_args(sub.add_parser(name, help=help_text, description=help_text))
-    return parser
+        subparsers[name] = sub.add_parser(name, help=help_text, description=help_text)
+        if name == chosen:
+            add_args(subparsers[name])
+    return parser, subparsers
+
+
+def _flag_error(extras: list[str], sub: Parser | None) -> str:
+    """The message for unrecognized arguments, with the closest flags of the subcommand."""
+    flags = [o for a in (sub._actions if sub else []) for o in a.option_strings]
+    first = extras[0]
+    hint = _suggest(first.split("=")[0], flags) if first.startswith("-") else ""
+    what = "argument" if len(extras) == 1 else "arguments"
+    return f"unrecognized {what}: {' '.join(extras)}{hint}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    chosen = _chosen(argv)
+    prog = f"posenc {chosen}" if chosen in COMMANDS else "posenc"
+    try:
+        parser, subparsers = build_parser(argv)
+        if chosen is not None and chosen not in COMMANDS:
+            raise CLIError(
+                f"unknown command {chosen!r}; commands: {', '.join(COMMANDS)}{_suggest(chosen, COMMANDS)}"
+            )
+        args, extras = parser.parse_known_args(argv)
+        if extras:
+            raise CLIError(_flag_error(extras, subparsers.get(chosen)))
+    except CLIError as err:
+        print(f"{prog}: error: {err}", file=sys.stderr)
+        return 2
     if args.command is None:
         parser.print_help()
         return 2

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._alloc import check_allocation
+from ._alloc import check_allocation, factory_kwargs
 from ._validate import check_int, check_positive_float, check_probability
 from .absolute import LearnedPE, ScaledSinusoidalPE, SinusoidalPE, init_table_
 from .base import PositionalScheme
@@ -50,6 +50,7 @@ class TokenEmbedding(nn.Module):
         init_std: std of the normal initialisation. Default ``1 / scale``, so that the scaled
             output starts with unit variance, which is what the sqrt(d) factor is for
             (tensor2tensor initialises with ``d ** -0.5``); ``nn.Embedding`` uses 1.0.
+        device, dtype: where and in which floating dtype the table is made (as ``nn.Linear``'s).
 
     Shapes: ``forward(ids [b, s]) -> [b, s, d]`` (any leading shape ``[...]`` works).
 
@@ -63,8 +64,12 @@ class TokenEmbedding(nn.Module):
         scale: str | float | None = "sqrt_d_model",
         padding_idx: int | None = None,
         init_std: float | None = None,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
+        factory = factory_kwargs(device, dtype)
         self.vocab_size = check_int(vocab_size, "vocab_size")
         self.d_model = check_int(d_model, "d_model")
         self.scale = _scale_value(scale, d_model)
@@ -76,15 +81,47 @@ class TokenEmbedding(nn.Module):
         self.init_std = 1.0 / self.scale if init_std is None else check_positive_float(init_std, "init_std")
         check_allocation(
             (self.vocab_size, self.d_model),
-            None,
+            dtype,
             f"vocab_size={vocab_size}, d_model={d_model}",
             "use a smaller vocab_size or d_model",
+            device=device,
         )
-        self.weight = nn.Parameter(torch.empty(self.vocab_size, self.d_model))
+        self.weight = nn.Parameter(torch.empty(self.vocab_size, self.d_model, **factory))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         init_table_(self.weight, self.init_std, self.padding_idx)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        weights: torch.Tensor,
+        freeze: bool = False,
+        *,
+        scale: str | float | None = None,
+        padding_idx: int | None = None,
+    ) -> TokenEmbedding:
+        """An embedding holding ``weights`` ``[V, d]`` (copied), as ``nn.Embedding.from_pretrained``.
+
+        Args:
+            weights: a float ``[V, d]`` table, row ``i`` for token id ``i`` (see
+                :func:`posenc.pretrained_embedding` to read one from a file and align it to a tokenizer).
+            freeze: no gradient for the table (``weight.requires_grad = False``).
+            scale: the output scale; default ``None``: the vectors come out as they are.
+            padding_idx: the padding id (its row is kept as given and receives no gradient).
+        """
+        if not isinstance(weights, torch.Tensor) or weights.dim() != 2 or not weights.is_floating_point():
+            shape = f"{tuple(weights.shape)} {weights.dtype}" if isinstance(weights, torch.Tensor) else ""
+            raise ValueError(
+                f"weights must be a float tensor [V, d], got {type(weights).__name__} {shape}".rstrip()
+            )
+        if not isinstance(freeze, bool):
+            raise TypeError(f"freeze must be a bool, got {freeze!r}")
+        V, d = weights.shape
+        with torch.device("meta"):
+            emb = cls(V, d, scale, padding_idx)
+        emb.weight = nn.Parameter(weights.detach().clone(), requires_grad=not freeze)
+        return emb
 
     def check_ids(self, ids: torch.Tensor) -> None:
         """Raise a clear error for non-integer ids or ids outside ``[0, V)`` (eager mode only)."""
@@ -183,12 +220,11 @@ class Dropout(nn.Dropout):
     """``nn.Dropout`` whose CPU training path is one pass with a counter-based generator.
 
     Same arguments as ``nn.Dropout``. In training, on CPU tensors of dtype float32/float64/bfloat16
-    (outside ``torch.compile``), ``0 < p < 1``: :mod:`posenc.kernels.dropout_cpu` (PyTorch's dropout
+    (also under ``torch.compile``, as the registered op ``posenc::dropout_cpu``), ``0 < p < 1``: :mod:`posenc.kernels.dropout_cpu` (PyTorch's dropout
     arithmetic for the mask it draws, ``p`` quantized to a multiple of ``2^-32``, the mask recomputed
     in backward instead of stored, seeded from PyTorch's generator). Where that kernel cannot be
     built (no C compiler, ``POSENC_C_KERNELS=0``) the same mask is computed with PyTorch ops, so a
-    seed gives the same dropout on every CPU machine. Elsewhere (CUDA, ``torch.compile``)
-    ``nn.Dropout`` itself.
+    seed gives the same dropout on every CPU machine. Elsewhere (CUDA) ``nn.Dropout`` itself.
 
     Shapes: ``forward(x [...], inplace=None) -> [...]``; ``inplace`` overrides ``self.inplace`` for
     one call (a caller that owns a fresh ``x``).
@@ -227,6 +263,7 @@ class InputEmbedding(nn.Module):
         dropout: dropout rate after the normalisation.
         scale, padding_idx, init_std: passed to :class:`TokenEmbedding`.
         scheme_options: extra options for a scheme given by name (e.g. ``{"max_len": 512}``).
+        device, dtype: factory kwargs for every parameter (token table, positional table, LayerNorm).
 
     Shapes: ``forward(ids [b, s], positions [s] | [b, s] | None) -> [b, s, d]``.
 
@@ -249,19 +286,24 @@ class InputEmbedding(nn.Module):
         padding_idx: int | None = None,
         init_std: float | None = None,
         scheme_options: dict[str, Any] | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        self.token = TokenEmbedding(vocab_size, d_model, scale, padding_idx, init_std)
+        factory = factory_kwargs(device, dtype)
+        self.token = TokenEmbedding(vocab_size, d_model, scale, padding_idx, init_std, **factory)
         if isinstance(scheme, PositionalScheme):
             if scheme_options:
                 raise ValueError("scheme_options only apply when scheme is given by name")
             self.position: PositionalScheme | None = scheme if "embed" in scheme.hooks else None
         elif "embed" in scheme_class(scheme).hooks:
-            self.position = build_with_context(scheme, {"d_model": d_model}, scheme_options)
+            self.position = build_with_context(
+                scheme, {"d_model": d_model}, {**(scheme_options or {}), **factory}
+            )
         else:
             self.position = None
         self.scheme_name = scheme if isinstance(scheme, str) else scheme.name
-        self.norm = nn.LayerNorm(d_model) if layer_norm else nn.Identity()
+        self.norm = nn.LayerNorm(d_model, **factory) if layer_norm else nn.Identity()
         self.dropout = Dropout(check_probability(dropout, "dropout"))
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:

@@ -15,9 +15,14 @@ keys its constructor declares.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from typing import Any
 
+import torch
+
+from ._alloc import factory_kwargs
+from ._validate import did_you_mean
 from .absolute import LearnedPE, NoPE, ScaledSinusoidalPE, Sinusoidal2D, Sinusoidal3D, SinusoidalPE
 from .base import PositionalScheme
 from .bias import ALiBi, T5RelativeBias
@@ -36,6 +41,9 @@ __all__ = [
 ]
 
 SCHEMES: dict[str, type[PositionalScheme]] = {}
+
+#: keys every :func:`build` takes besides a scheme's own: where and in which dtype its parameters live
+FACTORY_KEYS = ("device", "dtype")
 
 
 def register(cls: type[PositionalScheme], *, name: str | None = None) -> type[PositionalScheme]:
@@ -74,14 +82,20 @@ def scheme_class(name: str) -> type[PositionalScheme]:
     try:
         return SCHEMES[name]
     except KeyError:
-        raise ValueError(f"unknown scheme {name!r}; valid schemes: {', '.join(SCHEMES)}") from None
+        raise ValueError(
+            f"unknown scheme {name!r}; valid schemes: {', '.join(SCHEMES)}" + did_you_mean(name, SCHEMES)
+        ) from None
 
 
 def config_keys(name: str) -> dict[str, Any]:
     """The configuration keys of scheme ``name`` with their defaults (``inspect.Parameter.empty``
     for required keys)."""
     params = inspect.signature(scheme_class(name).__init__).parameters
-    return {k: p.default for k, p in params.items() if k != "self" and p.kind is not p.VAR_KEYWORD}
+    return {
+        k: p.default
+        for k, p in params.items()
+        if k != "self" and k not in FACTORY_KEYS and p.kind is not p.VAR_KEYWORD
+    }
 
 
 def describe(name: str) -> dict[str, Any]:
@@ -104,17 +118,23 @@ def build(name: str, **config: Any) -> PositionalScheme:
     Args:
         name: a name from :func:`schemes`.
         **config: the scheme's constructor arguments, e.g. ``d_model`` for absolute schemes and
-            ``max_len`` for learned ones.
+            ``max_len`` for learned ones; and, for every scheme, the factory kwargs ``device`` and
+            ``dtype`` (as ``nn.Linear``'s): where and in which floating dtype its parameters are
+            made. Schemes without parameters (sinusoidal, rope, alibi) hold nothing to place and
+            compute in the dtype of their inputs.
 
     Raises:
         ValueError: unknown name (lists the valid ones), unknown key (lists the scheme's keys),
             or a missing required key.
     """
     keys = config_keys(name)
+    factory = factory_kwargs(config.pop("device", None), config.pop("dtype", None))
     unknown = sorted(set(config) - set(keys))
     if unknown:
+        hint = "".join(did_you_mean(k, (*keys, *FACTORY_KEYS)) for k in unknown)
         raise ValueError(
-            f"unknown config key(s) {unknown} for scheme {name!r}; valid keys: {', '.join(keys) or '(none)'}"
+            f"unknown config key(s) {unknown} for scheme {name!r}; valid keys: "
+            f"{', '.join((*keys, *FACTORY_KEYS))}{hint}"
         )
     missing = [k for k, v in keys.items() if v is inspect.Parameter.empty and k not in config]
     if missing:
@@ -123,7 +143,14 @@ def build(name: str, **config: Any) -> PositionalScheme:
             + ", ".join(f"{k}=..." for k in missing)
             + ")"
         )
-    return scheme_class(name)(**config)
+    cls = scheme_class(name)
+    takes = inspect.signature(cls.__init__).parameters
+    if all(k in takes for k in FACTORY_KEYS):
+        return cls(**config, **factory)
+    # a scheme without factory kwargs (a user's): made under the device, then cast
+    with torch.device(factory["device"]) if factory["device"] is not None else contextlib.nullcontext():
+        scheme = cls(**config)
+    return scheme if factory["dtype"] is None else scheme.to(factory["dtype"])
 
 
 def build_with_context(

@@ -27,8 +27,9 @@ import math
 import torch
 from torch import nn
 
+from ._alloc import factory_kwargs
 from ._precision import autocast_off
-from ._validate import check_int, check_positive_float
+from ._validate import check_choice, check_int, check_positive_float
 from .absolute import sinusoidal_table
 from .base import PositionalScheme
 from .bias import _check_pos, relative_positions
@@ -95,8 +96,18 @@ class ShawRelative(PositionalScheme):
     hooks = ("score_bias",)
     summary = "learned vectors for clipped distances, dotted with the query (Shaw et al. 2018)"
 
-    def __init__(self, head_dim: int, num_heads: int, max_relative_position: int = 16, values: bool = False):
+    def __init__(
+        self,
+        head_dim: int,
+        num_heads: int,
+        max_relative_position: int = 16,
+        values: bool = False,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ):
         super().__init__()
+        factory = factory_kwargs(device, dtype)
         self.head_dim = check_int(head_dim, "head_dim")
         self.num_heads = check_int(num_heads, "num_heads")
         self.max_relative_position = check_int(max_relative_position, "max_relative_position")
@@ -107,8 +118,8 @@ class ShawRelative(PositionalScheme):
         #: relative_value_output(...) to each head's output (needs the attention probabilities).
         self.capabilities: tuple[str, ...] = ("relative_values",) if values else ()
         n = 2 * self.max_relative_position + 1
-        self.key_embeddings = nn.Parameter(torch.empty(n, self.head_dim))
-        self.value_embeddings = nn.Parameter(torch.empty(n, self.head_dim)) if values else None
+        self.key_embeddings = nn.Parameter(torch.empty(n, self.head_dim, **factory))
+        self.value_embeddings = nn.Parameter(torch.empty(n, self.head_dim, **factory)) if values else None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -221,17 +232,26 @@ class TransformerXLRelative(PositionalScheme):
     summary = "sinusoidal relative distance through W_R, with global u, v biases (Dai et al. 2019)"
 
     def __init__(
-        self, d_model: int, num_heads: int, head_dim: int, base: float = 10000.0, init_std: float = 0.02
+        self,
+        d_model: int,
+        num_heads: int,
+        head_dim: int,
+        base: float = 10000.0,
+        init_std: float = 0.02,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
+        factory = factory_kwargs(device, dtype)
         self.d_model = check_int(d_model, "d_model", minimum=2, even=True)
         self.num_heads = check_int(num_heads, "num_heads")
         self.head_dim = check_int(head_dim, "head_dim")
         self.base = check_positive_float(base, "base")
         self.init_std = check_positive_float(init_std, "init_std")
-        self.r_w_bias = nn.Parameter(torch.empty(self.num_heads, self.head_dim))  # u
-        self.r_r_bias = nn.Parameter(torch.empty(self.num_heads, self.head_dim))  # v
-        self.r_net = nn.Linear(self.d_model, self.num_heads * self.head_dim, bias=False)  # W_R
+        self.r_w_bias = nn.Parameter(torch.empty(self.num_heads, self.head_dim, **factory))  # u
+        self.r_r_bias = nn.Parameter(torch.empty(self.num_heads, self.head_dim, **factory))  # v
+        self.r_net = nn.Linear(self.d_model, self.num_heads * self.head_dim, bias=False, **factory)  # W_R
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -244,18 +264,26 @@ class TransformerXLRelative(PositionalScheme):
         k: torch.Tensor,
         q_positions: torch.Tensor | None = None,
         k_positions: torch.Tensor | None = None,
+        *,
+        qk_layout: str | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(q + u, k)``: the content bias ``u`` on every query (``qk_layout`` as in
+        :meth:`PositionalScheme.rotate`: ``"bhsd"``, the default, or ``"bshd"``)."""
+        bshd = check_choice(qk_layout or "bhsd", "qk_layout", ("bhsd", "bshd")) == "bshd"
+        head_axis = 2 if bshd else 1
         if (
             not isinstance(q, torch.Tensor)
             or q.dim() != 4
-            or q.shape[1] != self.num_heads
+            or q.shape[head_axis] != self.num_heads
             or (q.shape[-1] != self.head_dim)
         ):
+            form = "[b, s_q, {h}, {d}]" if bshd else "[b, {h}, s_q, {d}]"
             raise ValueError(
-                f"q must have shape [b, {self.num_heads}, s_q, {self.head_dim}], "
+                f"q must have shape {form.format(h=self.num_heads, d=self.head_dim)}, "
                 f"got {tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__}"
             )
-        return q + self.r_w_bias.to(q.dtype)[None, :, None, :], k  # (q + u).k = (a) + (c)
+        u = self.r_w_bias.to(q.dtype)  # [h, d_h]
+        return q + (u[None, None] if bshd else u[None, :, None, :]), k  # (q + u).k = (a) + (c)
 
     def score_bias(
         self, q_positions: torch.Tensor, k_positions: torch.Tensor, q: torch.Tensor | None = None

@@ -29,6 +29,10 @@ The attention scale of a rule (YaRN's ``0.1 ln s + 1``, LongRoPE's factor) multi
 and ``sin`` exactly as Hugging Face transformers does, so q and k are each scaled by it and the
 logits by its square.
 
+Axis order of queries and keys (``qk_layout``): ``"bhsd"`` = ``[b, h, s, d_h]`` (the default: what
+``scaled_dot_product_attention`` takes) or ``"bshd"`` = ``[b, s, h, d_h]`` (flash-attention,
+torchtune, most fused kernels). It is always an explicit argument, never guessed from shapes.
+
 Legend: ``b`` batch, ``h`` query heads, ``h_kv`` key/value heads, ``s`` sequence length
 (``s_q``/``s_k`` for queries/keys), ``d_h`` head width, ``r`` rotary width (``r <= d_h``, even).
 """
@@ -51,6 +55,7 @@ from .kernels import rope_triton as _rope_triton
 from .positions import resolve_positions
 
 __all__ = [
+    "QK_LAYOUTS",
     "ROPE_SCALINGS",
     "ROTARY_LAYOUTS",
     "Rope2D",
@@ -91,6 +96,29 @@ ROTARY_LAYOUTS: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor, in
 }
 
 
+#: axis orders of queries and keys: ``"bhsd"`` ``[b, h, s, d_h]`` (default), ``"bshd"`` ``[b, s, h, d_h]``
+QK_LAYOUTS = ("bhsd", "bshd")
+
+
+def _seq_axis(qk_layout: str) -> int:
+    """The sequence axis of q/k in ``qk_layout``, counted from the end (``-2`` or ``-3``)."""
+    return -2 if qk_layout == "bhsd" else -3
+
+
+def _seq_mismatch(count: int, x: torch.Tensor, qk_layout: str, xname: str = "x") -> str:
+    """Where ``count`` positions fail to match ``x``'s sequence axis in ``qk_layout``, and the fix."""
+    axis = _seq_axis(qk_layout)
+    form = "[b, h, s, d_h]" if qk_layout == "bhsd" else "[b, s, h, d_h]"
+    msg = (
+        f"{xname} {tuple(x.shape)} has s = {x.shape[axis]} along its sequence axis (dim "
+        f"{x.dim() + axis}: qk_layout={qk_layout!r} reads {xname} as {form})"
+    )
+    other = "bshd" if qk_layout == "bhsd" else "bhsd"
+    if x.dim() >= 3 and x.shape[_seq_axis(other)] == count:
+        msg += f"; if {xname} is laid out the other way, pass qk_layout={other!r}"
+    return msg
+
+
 def apply_rotary(
     x: torch.Tensor,
     cos: torch.Tensor,
@@ -99,20 +127,24 @@ def apply_rotary(
     layout: str = "half",
     rotary_dim: int | None = None,
     out: torch.Tensor | None = None,
+    qk_layout: str = "bhsd",
 ) -> torch.Tensor:
     """Rotate the first ``r`` dims of ``x`` pairwise by the angles whose cos/sin are given.
 
     Args:
-        x: ``[..., s, d_h]`` queries or keys, e.g. ``[b, h, s, d_h]``.
+        x: ``[..., s, d_h]`` queries or keys, e.g. ``[b, h, s, d_h]``; with ``qk_layout="bshd"``
+            ``[..., s, h, d_h]``, e.g. ``[b, s, h, d_h]``.
         cos, sin: ``[..., s, r/2]`` half-width tables (one value per pair), broadcastable against
             ``x[..., s, :r/2]`` without growing it: ``[s, r/2]`` for shared positions,
-            ``[b, 1, s, r/2]`` for per-token positions. Cast to ``x.dtype`` before use.
+            ``[b, 1, s, r/2]`` for per-token positions. With ``qk_layout="bshd"``: ``[s, r/2]``
+            (shared; the head axis is added) or ``[b, s, 1, r/2]``. Cast to ``x.dtype`` before use.
         layout: ``"half"`` pairs dims ``(i, i + r/2)`` (HF Llama, GPT-NeoX); ``"interleaved"``
             pairs ``(2i, 2i + 1)`` (RoFormer, GPT-J, Meta). See :func:`permute_qk_weights`.
         rotary_dim: ``r``; default ``2 * cos.shape[-1]``. Dims ``r..d_h`` are returned bit-identical.
         out: for inference, where to write the result: ``x`` itself (in place, no new memory) or a
             tensor of ``x``'s shape and dtype. Not differentiable (``ValueError`` if ``x`` requires
             grad while grad mode is on).
+        qk_layout: ``"bhsd"`` (default, sequence axis ``-2``) or ``"bshd"`` (sequence axis ``-3``).
 
     Returns:
         ``[..., s, d_h]``, same dtype as ``x`` (``out`` when given). Linear in ``x``, so gradients
@@ -128,6 +160,7 @@ def apply_rotary(
         if not isinstance(t, torch.Tensor) or not t.is_floating_point():
             raise TypeError(f"{name} must be a floating-point tensor [..., s, r/2], got {_describe(t)}")
     rotate = ROTARY_LAYOUTS[check_choice(layout, "layout", ROTARY_LAYOUTS)]
+    check_choice(qk_layout, "qk_layout", QK_LAYOUTS)
     if cos.shape != sin.shape:
         raise ValueError(
             f"cos and sin must have the same shape, got {tuple(cos.shape)} and {tuple(sin.shape)}"
@@ -147,6 +180,11 @@ def apply_rotary(
             f"cos/sin cover r = {r} dims (r/2 = {cos.shape[-1]} pairs) but x has d_h = {x.shape[-1]}; "
             "cos/sin are half width: [..., s, r/2] with 2 <= r <= d_h"
         )
+    if qk_layout == "bshd":
+        if x.dim() < 3:
+            raise ValueError(f"qk_layout='bshd' needs x [..., s, h, d_h], got x {tuple(x.shape)}")
+        if cos.dim() == 2:  # [s, r/2] -> [s, 1, r/2]: shared positions, one head axis
+            cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
     # broadcasts to x[..., :r/2] without growing it (plain Python: torch.broadcast_shapes costs
     # ~50 us); [s, r/2] tables, the common case, first
     cs, xs = cos.shape, x.shape
@@ -156,6 +194,11 @@ def apply_rotary(
         target = (*xs[:-1], r // 2)
         fits = len(cs) <= len(target) and all(c in (1, t) for c, t in zip(reversed(cs), reversed(target)))
     if not fits:
+        axis = _seq_axis(qk_layout)
+        if len(cs) >= -axis and cs[axis] not in (1, xs[axis]):
+            raise ValueError(
+                f"cos/sin {tuple(cs)} hold {cs[axis]} positions but " + _seq_mismatch(cs[axis], x, qk_layout)
+            )
         raise ValueError(
             f"cos/sin of shape {tuple(cos.shape)} do not broadcast to x[..., :r/2] of shape {target}; use "
             "[s, r/2] for positions [s] or [b, 1, s, r/2] for positions [b, s] with x [b, h, s, d_h]"
@@ -533,19 +576,32 @@ def document_lengths(positions: torch.Tensor) -> torch.Tensor:
 # ----------------------------------------------------------------------------------------------
 # Modules
 # ----------------------------------------------------------------------------------------------
-def _check_qk(q: torch.Tensor, k: torch.Tensor, head_dim: int) -> None:
+def _check_qk(q: torch.Tensor, k: torch.Tensor, head_dim: int, qk_layout: str = "bhsd") -> None:
+    form = f"[b, h, s, {head_dim}]" if qk_layout == "bhsd" else f"[b, s, h, {head_dim}]"
     for name, t in (("q", q), ("k", k)):
         if not isinstance(t, torch.Tensor) or not t.is_floating_point():
-            raise TypeError(
-                f"{name} must be a floating-point tensor [b, h, s, {head_dim}], got {_describe(t)}"
-            )
+            raise TypeError(f"{name} must be a floating-point tensor {form}, got {_describe(t)}")
         if t.dim() != 4 or t.shape[-1] != head_dim:
-            raise ValueError(f"{name} must have shape [b, h, s, {head_dim}], got {tuple(t.shape)}")
+            raise ValueError(f"{name} must have shape {form}, got {tuple(t.shape)} (qk_layout={qk_layout!r})")
 
 
-def _for_heads(t: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """Tables for positions ``[b, s]`` are ``[b, s, r/2]``: add the head axis -> ``[b, 1, s, r/2]``."""
-    return t.unsqueeze(-3) if positions.dim() == 2 else t
+def _check_seq(positions: torch.Tensor | None, x: torch.Tensor, qk_layout: str, name: str, xname: str):
+    """A clear error when ``positions`` ``[s]``/``[b, s]`` cannot match ``x``'s sequence axis."""
+    if not isinstance(positions, torch.Tensor) or positions.dim() not in (1, 2):
+        return  # the type and rank are checked by resolve_positions
+    if positions.shape[-1] != x.shape[_seq_axis(qk_layout)]:
+        raise ValueError(
+            f"{name} must have shape [s] or [b, s] with s = {x.shape[_seq_axis(qk_layout)]}, got "
+            f"{tuple(positions.shape)}: " + _seq_mismatch(positions.shape[-1], x, qk_layout, xname)
+        )
+
+
+def _for_heads(t: torch.Tensor, positions: torch.Tensor, qk_layout: str = "bhsd") -> torch.Tensor:
+    """Tables for positions ``[b, s]`` are ``[b, s, r/2]``: add the head axis -> ``[b, 1, s, r/2]``
+    (``"bshd"``: ``[b, s, 1, r/2]``). Tables for ``[s]`` stay ``[s, r/2]``."""
+    if positions.dim() != 2:
+        return t
+    return t.unsqueeze(-3) if qk_layout == "bhsd" else t.unsqueeze(-2)
 
 
 class RotaryEmbedding(PositionalScheme):
@@ -558,9 +614,12 @@ class RotaryEmbedding(PositionalScheme):
             GPT-J ``rotary_dim=64``); the rest pass through bit-identical.
         layout: ``"half"`` (HF Llama/NeoX/Mistral/Qwen) or ``"interleaved"`` (GPT-J, Meta, RoFormer).
         scaling: ``None`` or ``{"rope_type": ..., ...}`` as in :func:`rope_frequencies`.
+        qk_layout: axis order of q and k: ``"bhsd"`` (default) or ``"bshd"`` (flash-attention,
+            torchtune); each call may override it.
 
     Shapes: ``rotate(q [b, h, s_q, d_h], k [b, h_kv, s_k, d_h], q_positions [s_q] | [b, s_q],
-    k_positions [s_k] | [b, s_k]) -> (q, k)`` of the same shapes and dtypes.
+    k_positions [s_k] | [b, s_k]) -> (q, k)`` of the same shapes and dtypes; with ``"bshd"``
+    ``q [b, s_q, h, d_h]``, ``k [b, s_k, h_kv, d_h]``. ``rope(q, k)`` is ``rope.rotate(q, k)``.
 
     For length-dependent rules (``dynamic``, ``longrope``) the current length is
     ``max(q_positions, k_positions) + 1`` and ``needs_unrotated_cache`` is ``True`` on the instance:
@@ -596,8 +655,10 @@ class RotaryEmbedding(PositionalScheme):
         partial_rotary_factor: float | None = None,
         layout: str = "half",
         scaling: Mapping[str, Any] | str | None = None,
+        qk_layout: str = "bhsd",
     ) -> None:
         super().__init__()
+        self.qk_layout = check_choice(qk_layout, "qk_layout", QK_LAYOUTS)
         self.head_dim = check_int(head_dim, "head_dim", minimum=2)
         self.rotary_dim = _resolve_rotary_dim(head_dim, rotary_dim, partial_rotary_factor)
         self.base = check_positive_float(base, "base")
@@ -619,16 +680,24 @@ class RotaryEmbedding(PositionalScheme):
         *,
         dtype: torch.dtype = torch.float32,
         seq_len: int | torch.Tensor | None = None,
+        qk_layout: str | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Tables for integer ``positions`` ``[s]`` -> ``[s, r/2]``, ``[b, s]`` -> ``[b, 1, s, r/2]``
-        (ready for :func:`apply_rotary` on ``[b, h, s, d_h]``)."""
+        (``"bshd"``: ``[b, s, 1, r/2]``), ready for :func:`apply_rotary` with the same ``qk_layout``."""
+        qk_layout = self._qk_layout(qk_layout)
         inv, scale = self.frequencies(seq_len, device=positions.device)
         cos, sin = rope_cos_sin(positions, inv, attention_scale=scale, dtype=dtype)
-        return _for_heads(cos, positions), _for_heads(sin, positions)
+        return _for_heads(cos, positions, qk_layout), _for_heads(sin, positions, qk_layout)
 
-    def _positions(self, q, k, q_positions, k_positions):
-        qp = resolve_positions(q_positions, q.shape[-2], q.device, name="q_positions")
-        kp = resolve_positions(k_positions, k.shape[-2], k.device, name="k_positions")
+    def _qk_layout(self, qk_layout: str | None) -> str:
+        return self.qk_layout if qk_layout is None else check_choice(qk_layout, "qk_layout", QK_LAYOUTS)
+
+    def _positions(self, q, k, q_positions, k_positions, qk_layout: str = "bhsd"):
+        _check_seq(q_positions, q, qk_layout, "q_positions", "q")
+        _check_seq(k_positions, k, qk_layout, "k_positions", "k")
+        axis = _seq_axis(qk_layout)
+        qp = resolve_positions(q_positions, q.shape[axis], q.device, name="q_positions")
+        kp = resolve_positions(k_positions, k.shape[axis], k.device, name="k_positions")
         return qp, kp
 
     def _lengths(self, qp: torch.Tensor, kp: torch.Tensor):
@@ -641,9 +710,9 @@ class RotaryEmbedding(PositionalScheme):
         return (None if qp.numel() == 0 else document_lengths(qp)[..., None],
                 None if kp.numel() == 0 else document_lengths(kp)[..., None])  # fmt: skip
 
-    def _tables(self, q, k, q_positions, k_positions):
+    def _tables(self, q, k, q_positions, k_positions, qk_layout: str = "bhsd"):
         """cos/sin for q and for k (frequencies per document under a length-dependent rule)."""
-        qp, kp = self._positions(q, k, q_positions, k_positions)
+        qp, kp = self._positions(q, k, q_positions, k_positions, qk_layout)
         len_q, len_k = self._lengths(qp, kp)
         inv, scale = self.frequencies(len_q, device=q.device)  # [r/2], or [..., s_q, r/2] per document
         cq, sq = rope_cos_sin(qp, inv, attention_scale=scale, dtype=q.dtype)
@@ -653,7 +722,8 @@ class RotaryEmbedding(PositionalScheme):
             if self.needs_unrotated_cache:  # the keys' own lengths
                 inv, scale = self.frequencies(len_k, device=q.device)  # [..., s_k, r/2]
             ck, sk = rope_cos_sin(kp, inv, attention_scale=scale, dtype=k.dtype)
-        return (_for_heads(cq, qp), _for_heads(sq, qp)), (_for_heads(ck, kp), _for_heads(sk, kp)), (qp, kp)
+        fq, fk = (lambda t: _for_heads(t, qp, qk_layout)), (lambda t: _for_heads(t, kp, qk_layout))
+        return (fq(cq), fq(sq)), (fk(ck), fk(sk)), (qp, kp)
 
     def rotate(
         self,
@@ -661,19 +731,24 @@ class RotaryEmbedding(PositionalScheme):
         k: torch.Tensor,
         q_positions: torch.Tensor | None = None,
         k_positions: torch.Tensor | None = None,
+        *,
+        qk_layout: str | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate ``q [b, h, s_q, d_h]`` and ``k [b, h_kv, s_k, d_h]`` by their positions (default
-        ``arange``; a KV-cache step passes offset positions, packing/left padding pass ``[b, s]``)."""
-        _check_qk(q, k, self.head_dim)
-        (cq, sq), (ck, sk), _ = self._tables(q, k, q_positions, k_positions)
-        kw = {"layout": self.layout, "rotary_dim": self.rotary_dim}
+        ``arange``; a KV-cache step passes offset positions, packing/left padding pass ``[b, s]``).
+        With ``qk_layout="bshd"`` (default: the module's) q and k are ``[b, s, h, d_h]``."""
+        qk_layout = self._qk_layout(qk_layout)
+        _check_qk(q, k, self.head_dim, qk_layout)
+        (cq, sq), (ck, sk), _ = self._tables(q, k, q_positions, k_positions, qk_layout)
+        kw = {"layout": self.layout, "rotary_dim": self.rotary_dim, "qk_layout": qk_layout}
         return apply_rotary(q, cq, sq, **kw), apply_rotary(k, ck, sk, **kw)
 
     def extra_repr(self) -> str:
         scaling = "" if self.scaling_rule == "default" else f", scaling={self.scaling_rule!r}"
+        qk = "" if self.qk_layout == "bhsd" else f", qk_layout={self.qk_layout!r}"
         return (
             f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base}, "
-            f"layout={self.layout!r}{scaling}"
+            f"layout={self.layout!r}{scaling}{qk}"
         )
 
 
@@ -707,8 +782,9 @@ class XPos(RotaryEmbedding):
         partial_rotary_factor: float | None = None,
         layout: str = "half",
         scale_base: float = 512.0,
+        qk_layout: str = "bhsd",
     ) -> None:
-        super().__init__(head_dim, base, rotary_dim, partial_rotary_factor, layout)
+        super().__init__(head_dim, base, rotary_dim, partial_rotary_factor, layout, qk_layout=qk_layout)
         self.scale_base = check_positive_float(scale_base, "scale_base")
 
     def log_zeta(self, device: torch.device | str | None = None) -> torch.Tensor:
@@ -744,11 +820,14 @@ class XPos(RotaryEmbedding):
         k: torch.Tensor,
         q_positions: torch.Tensor | None = None,
         k_positions: torch.Tensor | None = None,
+        *,
+        qk_layout: str | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """As :meth:`RotaryEmbedding.rotate`, with the xPos scales on q (``zeta^(n/gamma)``) and k
         (``zeta^(-m/gamma)``)."""
-        _check_qk(q, k, self.head_dim)
-        qp, kp = self._positions(q, k, q_positions, k_positions)
+        qk_layout = self._qk_layout(qk_layout)
+        _check_qk(q, k, self.head_dim, qk_layout)
+        qp, kp = self._positions(q, k, q_positions, k_positions, qk_layout)
         self._check_range(qp, q.dtype, "q_positions")
         self._check_range(kp, k.dtype, "k_positions")
         inv, _ = self.frequencies(device=q.device)
@@ -757,9 +836,12 @@ class XPos(RotaryEmbedding):
             cos, sin = rope_cos_sin(pos, inv)  # float32 [..., s, r/2]
             scale = self._scale(pos, sign)
             cos, sin = (cos * scale).to(x.dtype), (sin * scale).to(x.dtype)
-            cos, sin = _for_heads(cos, pos), _for_heads(sin, pos)
-            out.append(apply_rotary(x, cos, sin, layout=self.layout, rotary_dim=self.rotary_dim))
+            cos, sin = _for_heads(cos, pos, qk_layout), _for_heads(sin, pos, qk_layout)
+            out.append(self._rotate_one(x, cos, sin, qk_layout))
         return out[0], out[1]
+
+    def _rotate_one(self, x, cos, sin, qk_layout):
+        return apply_rotary(x, cos, sin, layout=self.layout, rotary_dim=self.rotary_dim, qk_layout=qk_layout)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", scale_base={self.scale_base}"
@@ -796,8 +878,9 @@ class Rope2D(RotaryEmbedding):
         partial_rotary_factor: float | None = None,
         layout: str = "half",
         grid: tuple[int, int] | None = None,
+        qk_layout: str = "bhsd",
     ) -> None:
-        super().__init__(head_dim, base, rotary_dim, partial_rotary_factor, layout)
+        super().__init__(head_dim, base, rotary_dim, partial_rotary_factor, layout, qk_layout=qk_layout)
         if self.rotary_dim % 4:
             raise ValueError(
                 f"rope_2d splits the rotary dims between two axes, so rotary_dim must be a multiple of 4, "
@@ -836,22 +919,29 @@ class Rope2D(RotaryEmbedding):
             )
         return positions.long()
 
-    def cos_sin(self, positions: torch.Tensor, *, dtype: torch.dtype = torch.float32, seq_len=None):
-        """Tables for coordinates ``[s, 2]`` -> ``[s, r/2]``, ``[b, s, 2]`` -> ``[b, 1, s, r/2]``."""
+    def cos_sin(
+        self, positions: torch.Tensor, *, dtype: torch.dtype = torch.float32, seq_len=None, qk_layout=None
+    ):
+        """Tables for coordinates ``[s, 2]`` -> ``[s, r/2]``, ``[b, s, 2]`` -> ``[b, 1, s, r/2]``
+        (``"bshd"``: ``[b, s, 1, r/2]``)."""
+        qk_layout = self._qk_layout(qk_layout)
         inv = _default_inv_freq(self.rotary_dim // 2, self.base, positions.device)  # [r/4], per axis
         (cos_r, sin_r), (cos_c, sin_c) = (rope_cos_sin(positions[..., a], inv, dtype=dtype) for a in (0, 1))
         cos = torch.cat((cos_r, cos_c), dim=-1)  # row [..., s, r/4] ++ column [..., s, r/4] -> [..., s, r/2]
         sin = torch.cat((sin_r, sin_c), dim=-1)
-        return _for_heads(cos, positions[..., 0]), _for_heads(sin, positions[..., 0])
+        return _for_heads(cos, positions[..., 0], qk_layout), _for_heads(sin, positions[..., 0], qk_layout)
 
-    def rotate(self, q, k, q_positions=None, k_positions=None):
-        """Rotate by 2D patch coordinates (see the class docstring for shapes)."""
-        _check_qk(q, k, self.head_dim)
+    def rotate(self, q, k, q_positions=None, k_positions=None, *, qk_layout=None):
+        """Rotate by 2D patch coordinates (see the class docstring for shapes; ``qk_layout`` as
+        :meth:`RotaryEmbedding.rotate`)."""
+        qk_layout = self._qk_layout(qk_layout)
+        _check_qk(q, k, self.head_dim, qk_layout)
         out = []
         for x, pos, name in ((q, q_positions, "q_positions"), (k, k_positions, "k_positions")):
-            coords = self.coords(pos, x.shape[-2], x.device, name)
-            cos, sin = self.cos_sin(coords, dtype=x.dtype)
-            out.append(apply_rotary(x, cos, sin, layout=self.layout, rotary_dim=self.rotary_dim))
+            coords = self.coords(pos, x.shape[_seq_axis(qk_layout)], x.device, name)
+            cos, sin = self.cos_sin(coords, dtype=x.dtype, qk_layout=qk_layout)
+            kw = {"layout": self.layout, "rotary_dim": self.rotary_dim, "qk_layout": qk_layout}
+            out.append(apply_rotary(x, cos, sin, **kw))
         return out[0], out[1]
 
     def extra_repr(self) -> str:

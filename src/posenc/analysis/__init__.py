@@ -4,47 +4,48 @@ Everything works through the hooks (``embed`` / ``rotate`` / ``score_bias``) and
 never by scheme name, so a newly registered scheme is analysed like the built-in ones. Plots and
 the report need matplotlib (``pip install posenc[viz]``) and are imported lazily.
 
+Names load on first use, so importing this package (as the command line does to read its
+arguments) does not import torch.
+
 Legend: ``h`` heads, ``m`` query positions, ``n`` key positions, ``s`` positions, ``d`` width.
 """
 
-from .claims import Claim, common_claims, study_claims
-from .kernel import (
-    DEFAULT_CONTEXT,
-    Probe,
-    display_kernel,
-    encodings,
-    kernel_curve,
-    make_probe,
-    positional_kernel,
-    rotation_frequencies,
-)
-from .properties import (
-    PROPERTIES,
-    PropertyResult,
-    check,
-    fit_shift_map,
-    roformer_bound,
-    scheme_frequencies,
-    verify,
-)
+from __future__ import annotations
 
-__all__ = [
-    "DEFAULT_CONTEXT",
-    "PROPERTIES",
-    "Claim",
-    "Probe",
-    "PropertyResult",
-    "check",
-    "common_claims",
-    "display_kernel",
-    "encodings",
-    "fit_shift_map",
-    "kernel_curve",
-    "make_probe",
-    "positional_kernel",
-    "roformer_bound",
-    "rotation_frequencies",
-    "scheme_frequencies",
-    "study_claims",
-    "verify",
-]
+import importlib
+
+#: public name -> the module of this package that defines it
+_EXPORTS: dict[str, str] = {
+    "Claim": "claims",
+    "common_claims": "claims",
+    "study_claims": "claims",
+    "DEFAULT_CONTEXT": "context",
+    "Probe": "kernel",
+    "display_kernel": "kernel",
+    "encodings": "kernel",
+    "kernel_curve": "kernel",
+    "make_probe": "kernel",
+    "positional_kernel": "kernel",
+    "rotation_frequencies": "kernel",
+    "PROPERTIES": "measures",
+    "PropertyResult": "properties",
+    "check": "properties",
+    "verify": "properties",
+    "fit_shift_map": "spectrum",
+    "roformer_bound": "spectrum",
+    "scheme_frequencies": "spectrum",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module("." + _EXPORTS[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

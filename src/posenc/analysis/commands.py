@@ -12,6 +12,7 @@ import sys
 import time
 
 __all__ = [
+    "PLOT_KIND_NAMES",
     "plot_args",
     "plot_run",
     "report_args",
@@ -20,6 +21,12 @@ __all__ = [
     "verify_args",
     "verify_run",
 ]
+
+#: the names of ``plots.PLOT_KINDS``, here so that ``posenc plot --help`` and its argument errors
+#: need no matplotlib or torch (tests/test_cli.py checks the two agree)
+PLOT_KIND_NAMES = (
+    "heatmap", "waves", "similarity", "frequencies", "surface", "kernel", "kernel_curve", "bias", "scalings",
+)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------- verify
@@ -33,10 +40,52 @@ def verify_args(p: argparse.ArgumentParser) -> None:
         help="check only this property (repeatable); default: all",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="one row per check: value, threshold and how it was measured",
+    )
+
+
+def _matrix(results) -> list[str]:
+    """Scheme rows x property columns (numbered, with a legend), each cell the check's status."""
+    props = list(dict.fromkeys(r.property for r in results))
+    schemes = list(dict.fromkeys(r.scheme for r in results))
+    cell = {(r.scheme, r.property): "-" if r.status == "n/a" else r.status for r in results}
+    w_s = max(len("scheme"), *map(len, schemes))
+    lines = [f"{'scheme':<{w_s}}" + "".join(f"{i:>6}" for i in range(1, len(props) + 1))]
+    lines += [f"{s:<{w_s}}" + "".join(f"{cell.get((s, p), ''):>6}" for p in props) for s in schemes]
+    legend = [f"{i} {p}" for i, p in enumerate(props, 1)]
+    lines.append("")
+    lines += ["  ".join(legend[i : i + 5]) for i in range(0, len(legend), 5)]
+    lines.append("pass: holds; FAIL: a promised property fails; no: fails, not promised; -: does not apply")
+    lines.append("values, thresholds and how each was measured: posenc verify --verbose")
+    return lines
+
+
+def _details(results) -> list[str]:
+    """One row per check; a reason repeated for the same scheme is printed once."""
+    w_s = max(len("scheme"), *(len(r.scheme) for r in results))
+    w_p = max(len("property"), *(len(r.property) for r in results))
+    lines = [
+        f"{'scheme':<{w_s}}  {'property':<{w_p}}  {'status':<6}  {'value':>10}  {'threshold':>12}  detail"
+    ]
+    last = None
+    for r in results:
+        value = "-" if r.value is None else f"{r.value:.3g}"
+        thr = "-" if r.threshold is None else f"{r.comparison} {r.threshold:.3g}"
+        mark = r.status + ("" if r.promised or not r.applies else "*")
+        reason = '"' if (r.scheme, r.reason) == last else r.reason
+        last = (r.scheme, r.reason)
+        lines.append(f"{r.scheme:<{w_s}}  {r.property:<{w_p}}  {mark:<6}  {value:>10}  {thr:>12}  {reason}")
+    lines.append("\n* not promised by the scheme (informational).")
+    return lines
 
 
 def verify_run(args: argparse.Namespace) -> int:
-    """Print the property table; exit 1 when a scheme breaks a property it promises."""
+    """Print the property matrix (``--verbose``: every check's details); exit 1 when a scheme
+    breaks a property it promises."""
     from .properties import verify
 
     results = verify(args.schemes or None, args.properties)
@@ -44,34 +93,26 @@ def verify_run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([r.to_json() for r in results], indent=2))
         return 1 if broken else 0
-    w_s = max(len("scheme"), *(len(r.scheme) for r in results))
-    w_p = max(len("property"), *(len(r.property) for r in results))
-    print(f"{'scheme':<{w_s}}  {'property':<{w_p}}  {'status':<6}  {'value':>10}  {'threshold':>12}  detail")
-    for r in results:
-        value = "-" if r.value is None else f"{r.value:.3g}"
-        thr = "-" if r.threshold is None else f"{r.comparison} {r.threshold:.3g}"
-        mark = r.status + ("" if r.promised or not r.applies else "*")
-        print(f"{r.scheme:<{w_s}}  {r.property:<{w_p}}  {mark:<6}  {value:>10}  {thr:>12}  {r.reason}")
+    print("\n".join(_details(results) if args.verbose else _matrix(results)))
     print(
-        "\n* not promised by the scheme (informational). "
-        + (
-            f"{len(broken)} broken promise(s): " + ", ".join(f"{r.scheme}.{r.property}" for r in broken)
-            if broken
-            else "Every scheme keeps every property it promises."
-        )
+        f"{len(broken)} broken promise(s): " + ", ".join(f"{r.scheme}.{r.property}" for r in broken)
+        if broken
+        else "Every scheme keeps every property it promises."
     )
     return 1 if broken else 0
 
 
 # ---------------------------------------------------------------------------------------------- plot
 def plot_args(p: argparse.ArgumentParser) -> None:
+    kinds = "{" + ",".join(PLOT_KIND_NAMES) + "}"
+    p.usage = f"%(prog)s SCHEME --kind {kinds} -o FILE\n       %(prog)s embeddings --checkpoint PATH -o FILE"
     p.add_argument(
         "scheme", help="a registered scheme, e.g. sinusoidal; or `embeddings` (needs --checkpoint)"
     )
     p.add_argument(
         "--kind",
-        metavar="KIND",
-        help="heatmap, waves, similarity, frequencies, surface, kernel, kernel_curve, bias, scalings",
+        choices=PLOT_KIND_NAMES,
+        help="required for a scheme (not for embeddings): %(choices)s",
     )
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="output image, .png or .svg")
     emb = p.add_argument_group("posenc plot embeddings: a trained model's token space")
@@ -96,10 +137,7 @@ def plot_run(args: argparse.Namespace) -> int:
 
         return plot_embeddings_run(args)
     if args.kind is None:
-        raise ValueError(
-            "--kind is required: heatmap, waves, similarity, frequencies, surface, kernel, "
-            "kernel_curve, bias, scalings"
-        )
+        raise ValueError(f"--kind is required for a scheme: one of {', '.join(PLOT_KIND_NAMES)}")
     from .plots import plot
 
     path = plot(args.scheme, args.kind, args.output)
@@ -109,7 +147,7 @@ def plot_run(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------------------- report
 def report_args(p: argparse.ArgumentParser) -> None:
-    from .kernel import DEFAULT_CONTEXT
+    from .context import DEFAULT_CONTEXT
 
     p.add_argument(
         "-o",

@@ -42,6 +42,7 @@ import torch
 from .._validate import check_choice, check_int
 from ..base import PositionalScheme
 from ..registry import build_with_context
+from .context import DEFAULT_CONTEXT
 
 __all__ = [
     "CONTENT_MODES",
@@ -55,14 +56,6 @@ __all__ = [
     "rotation_frequencies",
 ]
 
-#: What a model offers a scheme when analysis builds it by name (a small Transformer's sizes).
-DEFAULT_CONTEXT: dict[str, Any] = {
-    "d_model": 128,
-    "num_heads": 8,
-    "head_dim": 64,
-    "max_len": 512,
-    "causal": False,
-}
 
 CONTENT_MODES = ("mean", "random")
 

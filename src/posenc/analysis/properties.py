@@ -24,7 +24,8 @@ property            measured value                                              
 largest position used, ``eps = 2^-24`` (float32 rounding).
 
 **Promises.** ``posenc verify`` fails (exit 1) only when a scheme breaks a property it promises.
-A scheme class may declare ``promises = ("decay", ...)``; otherwise the rules are: every scheme
+A scheme class may declare ``promises = ("decay", ...)`` (:class:`~posenc.base.PositionalScheme`);
+otherwise the rules are: every scheme
 with a per-position vector promises distinct positions; formula schemes without a finite table
 (``max_len is None``) promise the relative-position properties (``relative_linear``,
 ``translation_inv``, ``beyond_length``); schemes without trainable parameters promise
@@ -120,7 +121,7 @@ _COMPARE: dict[str, Callable[[float, float], bool]] = {
 
 # ---------------------------------------------------------------------------------------------- running
 def _promised(prop: Property, probe: Probe) -> bool:
-    declared = getattr(type(probe.scheme), "promises", None)
+    declared = probe.scheme.promises
     if declared is not None:
         return prop.name in declared
     return prop.promised(probe)

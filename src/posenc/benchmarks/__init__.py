@@ -50,9 +50,11 @@ def select(names: list[str], quick: bool) -> dict[str, Callable]:
         found = all_cases(quick, [group]) if group else {}
         if name not in found:
             every = all_cases(quick)
+            from .._validate import did_you_mean
+
             raise ValueError(
                 f"unknown benchmark case {name!r}; valid: groups {', '.join(GROUPS)} "
-                f"or cases {', '.join(every)}"
+                f"or cases {', '.join(every)}" + did_you_mean(name, [*GROUPS, *every])
             )
         out[name] = found[name]
     return out

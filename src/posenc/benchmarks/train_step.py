@@ -41,11 +41,15 @@ XT_SCHEMES: dict[str, dict[str, object]] = {
 }
 
 
-def _step(model: nn.Module, ids: torch.Tensor, targets: torch.Tensor) -> Callable[[], object]:
+def _step(
+    model: nn.Module, ids: torch.Tensor, targets: torch.Tensor, *, peer: bool = False
+) -> Callable[[], object]:
+    """One AdamW step; a posenc LM returns an ``LMOutput``, a ``peer`` model the logits themselves."""
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
 
     def step() -> float:
-        logits = model(ids)  # [b, s, V]
+        out = model(ids)
+        logits = out if peer else out.logits  # [b, s, V]
         loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
         loss.backward()
         nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -132,7 +136,7 @@ def _case(name: str, scheme: str, b: int, s: int, d: int, layers: int, heads: in
             ).train()
             params["params_x_transformers"] = _count(other)
             note = f"TransformerWrapper(Decoder({', '.join(XT_SCHEMES[scheme])}, attn_flash={flash}))"
-            step = _step(other, ids, targets)
+            step = _step(other, ids, targets, peer=True)
             impls.append(Impl(f"x_transformers_{scheme}{suffix}", step, "peer", None, note))
     case = Case(name, f"one training step, {scheme}, batch {b} x L={s}", 0, impls, params, skipped)
     case.baselines = False

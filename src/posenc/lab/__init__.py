@@ -12,13 +12,68 @@
 * :mod:`.commands` - ``posenc train`` and ``posenc extrapolate``.
 
 See docs/lab.md.
+
+Names load on first use, so importing this package (as the command line does to read its
+arguments) does not import torch.
 """
 
-from .checkpoint import CheckpointState, load_checkpoint, load_trained_model, save_checkpoint
-from .config import AUTOCAST_MODES, TrainConfig
-from .distributed import DistInfo, configure_threads, dist_info, init_distributed
-from .memory import InsufficientMemoryError, MemoryEstimate, available_memory, check_memory, estimate_memory
-from .train import TrainResult, batch_at, lr_at, make_optimizer, position_parameters, seed_everything, train
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+
+#: public name -> the module of this package that defines it
+_EXPORTS: dict[str, str] = {
+    "CheckpointState": "checkpoint",
+    "load_checkpoint": "checkpoint",
+    "load_trained_model": "checkpoint",
+    "save_checkpoint": "checkpoint",
+    "AUTOCAST_MODES": "config",
+    "TrainConfig": "config",
+    "DistInfo": "distributed",
+    "configure_threads": "distributed",
+    "dist_info": "distributed",
+    "init_distributed": "distributed",
+    "InsufficientMemoryError": "memory",
+    "MemoryEstimate": "memory",
+    "available_memory": "memory",
+    "check_memory": "memory",
+    "estimate_memory": "memory",
+    "TrainResult": "train",
+    "batch_at": "train",
+    "lr_at": "train",
+    "make_optimizer": "train",
+    "position_parameters": "train",
+    "seed_everything": "train",
+    "train": "train",
+}
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module("." + _EXPORTS[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
+
+class _Package(types.ModuleType):
+    """Keeps ``posenc.lab.train`` the training function: importing the submodule of the same name
+    would otherwise rebind the package attribute to the module (the eager imports re-bound it)."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name in _EXPORTS and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
+
 
 __all__ = [
     "AUTOCAST_MODES",

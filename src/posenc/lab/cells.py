@@ -100,7 +100,9 @@ def _study_data(key: str) -> StudyData:
         return StudyData(None, None, len(TASK_VOCAB), seq_len, seq_len, {"eval": record})
     from ..text import load_corpus
 
-    corpus = load_corpus(config.corpus, max_chars=config.max_chars, seed=config.split_seed)
+    corpus = load_corpus(
+        config.corpus, max_chars=config.max_chars, seed=config.split_seed, val_fraction=config.val_fraction
+    )
     evalset = sample_eval_set(
         corpus.val_bytes,
         config.eval_windows,

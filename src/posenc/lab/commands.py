@@ -46,11 +46,22 @@ def parse_options(specs: list[str]) -> dict[str, dict[str, Any]]:
     return options
 
 
-def _common_args(p: argparse.ArgumentParser) -> None:
+def _common_args(p: argparse.ArgumentParser, *, study: bool = True) -> None:
+    """Flags shared by ``posenc extrapolate`` (``study``) and ``posenc train``, worded for each."""
     p.add_argument(
-        "--train-len", type=int, default=None, help="train length L (default 128; task mode: 8 digits)"
+        "--train-len",
+        type=int,
+        default=None,
+        help="train length L (default 128; task mode: 8 digits)"
+        if study
+        else "training window in bytes (default 128)",
     )
-    p.add_argument("--steps", type=int, default=None, help="optimizer steps per scheme (default 600)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="optimizer steps per scheme (default 600)" if study else "optimizer steps (default 600)",
+    )
     p.add_argument("--batch-size", type=int, default=None, help="global batch in windows (default 32)")
     p.add_argument("--lr", type=float, default=None, help="peak learning rate (default 3e-3)")
     p.add_argument("--seed", type=int, default=None, help="training seed (default 0)")
@@ -58,10 +69,18 @@ def _common_args(p: argparse.ArgumentParser) -> None:
         "--split-seed",
         type=int,
         default=None,
-        help="seed of the train/validation split and the evaluation windows (default 0)",
+        help="seed of the train/validation split and the evaluation windows (default 0)"
+        if study
+        else "seed of the train/validation split (default 0)",
     )
     p.add_argument("--corpus", default=None, help="stdlib (default: this Python's stdlib source) or a path")
     p.add_argument("--max-chars", type=int, default=None, help="use only the first ~N chars of the corpus")
+    p.add_argument(
+        "--val-fraction",
+        type=float,
+        default=None,
+        help="share held out for validation (default 0.1): by file, or the end of a single file",
+    )
     p.add_argument("--d-model", type=int, default=None, help="model width (default 128)")
     p.add_argument("--layers", type=int, default=None, help="Transformer layers (default 4)")
     p.add_argument("--heads", type=int, default=None, help="attention heads (default 4)")
@@ -98,6 +117,7 @@ _FLAG_TO_FIELD = {
     "position_lr_scale": "position_lr_scale",
     "corpus": "corpus",
     "max_chars": "max_chars",
+    "val_fraction": "val_fraction",
     "d_model": "d_model",
     "layers": "num_layers",
     "heads": "num_heads",
@@ -327,10 +347,15 @@ def extrapolate_run(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------- train
 def train_args(p: argparse.ArgumentParser) -> None:
     """Arguments of ``posenc train``."""
-    p.add_argument("--scheme", default="rope", help="positional scheme (default rope)")
+    p.add_argument(
+        "--scheme",
+        default="rope",
+        help="positional scheme of the model (default rope; posenc list shows them)",
+    )
     p.add_argument(
         "--out",
         required=True,
+        metavar="DIR",
         help="folder for checkpoint.safetensors (resumable), model.safetensors, train.json",
     )
     p.add_argument(
@@ -339,7 +364,7 @@ def train_args(p: argparse.ArgumentParser) -> None:
         choices=["auto", "bf16", "off"],
         help="auto (default: bf16 on CUDA), bf16 or off",
     )
-    _common_args(p)
+    _common_args(p, study=False)
 
 
 #: What ``posenc train`` writes into its folder (their presence means the folder holds a run).
@@ -384,7 +409,9 @@ def _train_one(args, study, tc, mc, out: Path, info, device, threads) -> None:
     from .runs import write_json
     from .train import seed_everything, train
 
-    corpus = load_corpus(study.corpus, max_chars=study.max_chars, seed=study.split_seed)
+    corpus = load_corpus(
+        study.corpus, max_chars=study.max_chars, seed=study.split_seed, val_fraction=study.val_fraction
+    )
     seed_everything(tc.seed)
     model = TransformerLM(mc).to(device)
     t0 = time.perf_counter()
@@ -397,7 +424,9 @@ def _train_one(args, study, tc, mc, out: Path, info, device, threads) -> None:
         resume=args.resume,
         progress=False if args.no_progress else None,
         desc=args.scheme,
-        data_id=f"{corpus.info.sha256}:split{study.split_seed}",  # a resume on other data is refused
+        # a resume on other data is refused
+        data_id=f"{corpus.info.sha256}:split{study.split_seed}"
+        + ("" if study.val_fraction == 0.1 else f":val{study.val_fraction}"),
     )
     if not info.is_main:
         return

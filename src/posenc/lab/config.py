@@ -10,9 +10,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 from .._validate import check_choice, check_fields, check_int, check_positive_float
 
@@ -41,7 +42,8 @@ IGNORE_INDEX = -100
 
 #: A batch source: ``(step, rank, world_size) -> (ids [b, s], targets [b, s])``, this rank's rows of
 #: the step's global batch; a pure function of its arguments (so resume and DDP stay exact).
-BatchFn = Callable[[int, int, int], tuple[torch.Tensor, torch.Tensor]]
+#: (a string annotation: this module imports no torch, so ``posenc extrapolate --help`` stays light)
+BatchFn = Callable[[int, int, int], "tuple[torch.Tensor, torch.Tensor]"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -190,6 +192,8 @@ class StudyConfig:
             every cell, so seeds vary the model and not the test set.
         corpus: ``"stdlib"`` or a path (``lm`` mode).
         max_chars: use only the first documents of the corpus, about this many characters.
+        val_fraction: share of the corpus held out for validation, by document (one document:
+            its last part, see :func:`posenc.text.split_documents`).
         d_model, num_layers, num_heads, dropout: the model (:class:`~posenc.model.ModelConfig`).
         eval_windows: ``K``, evaluation windows sampled across the validation documents.
         score_len: ``S``, the last targets of each window that the paired delta and the
@@ -220,6 +224,7 @@ class StudyConfig:
     split_seed: int = 0
     corpus: str = "stdlib"
     max_chars: int | None = None
+    val_fraction: float = 0.1
     d_model: int = 128
     num_layers: int = 4
     num_heads: int = 4
@@ -261,6 +266,10 @@ class StudyConfig:
         ):
             check_int(getattr(self, name), name)
         check_int(self.split_seed, "split_seed", minimum=0)
+        if isinstance(self.val_fraction, bool) or not isinstance(self.val_fraction, (int, float)):
+            raise TypeError(f"val_fraction must be a number in [0, 1), got {self.val_fraction!r}")
+        if not 0 <= self.val_fraction < 1:
+            raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
         check_int(self.checkpoint_every, "checkpoint_every", minimum=0)
         if self.max_chars is not None:
             check_int(self.max_chars, "max_chars")

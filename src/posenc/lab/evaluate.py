@@ -168,7 +168,7 @@ def evaluate_lm(
         window = evalset.windows(length, slice(i, i + b)).to(device)  # [b', E + 1]
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
             out = model(window[:, :-1])
-        logits = _loss_dtype(getattr(out, "logits", out))  # [b', E, V], float32 or better
+        logits = _loss_dtype(out.logits)  # [b', E, V], float32 or better
         nats = F.cross_entropy(logits.transpose(1, 2), window[:, 1:], reduction="none")  # [b', E]
         bits = nats.double().cpu() / math.log(2)  # [b', E], summed in float64
         window_bits[i : i + bits.shape[0]] = bits[:, -score_len:].mean(dim=1)
@@ -248,7 +248,7 @@ def evaluate_task(
     for i in range(0, examples, 64):
         tokens, mask = ex.tokens[i : i + 64].to(device), ex.answer_mask[i : i + 64].to(device)  # [b, s]
         out = model(tokens[:, :-1])
-        pred = getattr(out, "logits", out).argmax(-1)  # [b, s - 1]: prediction for position t + 1
+        pred = out.logits.argmax(-1)  # [b, s - 1]: prediction for position t + 1
         correct.append(exact_match(pred, tokens[:, 1:], mask[:, 1:]).cpu())
     acc = float(torch.cat(correct).float().mean())
     return EvalPoint(length=n, accuracy=acc, n_scored=examples, wall_s=time.perf_counter() - t0)

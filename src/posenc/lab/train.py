@@ -389,7 +389,7 @@ def _train_step(
     ids, targets = ids.to(device, non_blocking=True), targets.to(device, non_blocking=True)  # [b, s] each
     with _autocast(device, config.autocast):
         out = model(ids)
-    logits = getattr(out, "logits", out)  # [b, s, V]
+    logits = out.logits  # [b, s, V]
     logits = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()  # float64 kept
     loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
     optimizer.zero_grad(set_to_none=True)

@@ -14,6 +14,7 @@ from .attention import (
 )
 from .config import NORMS, ModelConfig
 from .io import MODEL_CLASSES, load_model, save_model
+from .pretrained import Pretrained, from_pretrained, save_pretrained
 from .transformer import (
     MLP,
     Block,
@@ -40,12 +41,15 @@ __all__ = [
     "Memory",
     "ModelConfig",
     "MultiHeadAttention",
+    "Pretrained",
     "TransformerLM",
     "attend",
     "causal_mask",
+    "from_pretrained",
     "load_model",
     "plan_attention",
     "plan_cross_attention",
     "sample_next",
     "save_model",
+    "save_pretrained",
 ]

@@ -504,7 +504,12 @@ class MultiHeadAttention(nn.Module):
 
     Args:
         config: a :class:`~posenc.model.ModelConfig` (``d_model``, ``num_heads``, ``num_kv_heads``,
-            ``dropout``, ``bias``).
+            ``dropout``, ``bias``, ``qk_layout``).
+
+    ``config.qk_layout`` is the axis order the scheme's ``rotate`` sees: ``"bhsd"`` (default,
+    ``[b, h, s, d_h]``) or ``"bshd"`` (``[b, s, h, d_h]``, rotated before the transpose, as
+    torchtune does). Both give the same outputs; scores, the cache and ``score_bias`` always
+    use ``[b, h, s, d_h]``.
 
     The positional scheme is not owned here: the caller passes it to :meth:`forward`, so one
     scheme instance can serve every layer (T5-style sharing) or each layer its own.
@@ -522,20 +527,31 @@ class MultiHeadAttention(nn.Module):
         self.v_proj = nn.Linear(d, d_kv, bias=config.bias)
         self.o_proj = nn.Linear(d, d, bias=config.bias)
         self.dropout = config.dropout
+        self.qk_layout = config.qk_layout
 
     def project(self, x: torch.Tensor, kv: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
-        """Queries ``[b, h, s, d_h]`` from ``x``; keys/values ``[b, h_kv, s_k, d_h]`` from ``kv`` or ``x``."""
+        """Queries ``[b, h, s, d_h]`` from ``x``; keys/values ``[b, h_kv, s_k, d_h]`` from ``kv`` or ``x``.
+        With ``qk_layout="bshd"`` queries and keys stay ``[b, s, h, d_h]`` (values are always bhsd)."""
         b, s, _ = x.shape
         src = x if kv is None else kv
         s_k = src.shape[1]
-        q = (
-            self.q_proj(x).view(b, s, self.num_heads, self.head_dim).transpose(1, 2)
-        )  # [b, s, d] -> [b, h, s, d_h]
-        k = (
-            self.k_proj(src).view(b, s_k, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        )  # [b, h_kv, s_k, d_h]
+        q = self.q_proj(x).view(b, s, self.num_heads, self.head_dim)  # [b, s, d] -> [b, s, h, d_h]
+        k = self.k_proj(src).view(b, s_k, self.num_kv_heads, self.head_dim)  # [b, s_k, h_kv, d_h]
         v = self.v_proj(src).view(b, s_k, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        return q, k, v
+        if self.qk_layout == "bshd":
+            return q, k, v
+        return q.transpose(1, 2), k.transpose(1, 2), v  # [b, h, s, d_h]
+
+    def _heads_first(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` from :meth:`project`'s layout to ``[b, h, s, d_h]`` (a view)."""
+        return t.transpose(1, 2) if self.qk_layout == "bshd" else t
+
+    def _rotate(self, scheme, q, k, q_pos, k_pos):
+        """Rotate q/k in this module's ``qk_layout``; returns them as ``[b, h, s, d_h]``."""
+        if self.qk_layout == "bhsd":
+            return scheme.rotate(q, k, q_pos, k_pos)
+        q, k = scheme.rotate(q, k, q_pos, k_pos, qk_layout="bshd")
+        return q.transpose(1, 2), k.transpose(1, 2)
 
     def forward(
         self,
@@ -582,23 +598,26 @@ class MultiHeadAttention(nn.Module):
         if scheme is not None:
             rel = _relative_values(scheme, plan.q_positions, plan.k_positions)
             if "score_bias" in scheme.hooks:  # q before rotate
+                qh = self._heads_first(q)
                 if blocked and rel is None:
-                    bias = plan.bias_blocks(scheme, q)
+                    bias = plan.bias_blocks(scheme, qh)
                 if bias is None:
-                    bias = plan.score_bias(scheme, q)
+                    bias = plan.score_bias(scheme, qh)
         rotates = scheme is not None and "rotate" in scheme.hooks
-        if rotates and (cache is None or scheme.needs_unrotated_cache):
-            if cache is not None:
-                k, v = cache.update(layer, k, v)  # raw keys in the cache, rotated together below
-            q, k = scheme.rotate(q, k, plan.q_positions, plan.k_positions)
+        if rotates and cache is None:
+            q, k = self._rotate(scheme, q, k, plan.q_positions, plan.k_positions)
+        elif rotates and scheme.needs_unrotated_cache:
+            k, v = cache.update(layer, self._heads_first(k), v)  # raw keys in the cache, rotated below
+            q, k = scheme.rotate(self._heads_first(q), k, plan.q_positions, plan.k_positions)
         elif rotates:
-            new_k_pos = plan.k_positions[
-                ..., plan.k_positions.shape[-1] - k.shape[2] :
-            ]  # the new keys' positions
-            q, k = scheme.rotate(q, k, plan.q_positions, new_k_pos)  # each key rotated once, on entry
+            s_new = k.shape[2 if self.qk_layout == "bhsd" else 1]
+            new_k_pos = plan.k_positions[..., plan.k_positions.shape[-1] - s_new :]  # the new keys' positions
+            q, k = self._rotate(scheme, q, k, plan.q_positions, new_k_pos)  # each key rotated once, on entry
             k, v = cache.update(layer, k, v)
-        elif cache is not None:
-            k, v = cache.update(layer, k, v)
+        else:
+            q, k = self._heads_first(q), self._heads_first(k)
+            if cache is not None:
+                k, v = cache.update(layer, k, v)
         return q, k, v, bias, rel
 
     @torch.no_grad()

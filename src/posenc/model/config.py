@@ -55,6 +55,8 @@ class ModelConfig:
             many hidden states of the previous segments (detached). 0 = off.
         bias: biases in the linear layers (attention projections and MLP).
         src_vocab_size: source vocabulary of an encoder-decoder; ``None`` = ``vocab_size``.
+        qk_layout: the axis order queries and keys are rotated in: ``"bhsd"`` (``[b, h, s, d_h]``,
+            default) or ``"bshd"`` (``[b, s, h, d_h]``); the same numbers either way.
     """
 
     vocab_size: int
@@ -74,6 +76,7 @@ class ModelConfig:
     memory_len: int = 0
     bias: bool = False
     src_vocab_size: int | None = None
+    qk_layout: str = "bhsd"
 
     def __post_init__(self) -> None:
         check_int(self.vocab_size, "vocab_size")
@@ -100,6 +103,7 @@ class ModelConfig:
         check_probability(self.dropout, "dropout")
         check_choice(self.norm, "norm", NORMS)
         check_choice(self.tie, "tie", TIE_STRATEGIES)
+        check_choice(self.qk_layout, "qk_layout", ("bhsd", "bshd"))
         for name in ("share_position", "embed_norm", "bias"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")

@@ -1,5 +1,9 @@
 """Save and load posenc models with safetensors (never pickle): weights + config as JSON metadata.
 
+Two forms: one file (``save_model(model, "model.safetensors")``) or a folder as Hugging Face users
+know it (``save_model(model, "my-model/")`` = ``model.save_pretrained("my-model")``: ``config.json``
++ ``model.safetensors``, see :mod:`posenc.model.pretrained`); :func:`load_model` reads either.
+
 The file is an ordinary ``.safetensors`` file; its metadata holds ``posenc_model`` (the class
 name) and ``posenc_config`` (the :class:`~posenc.model.ModelConfig` as JSON), so
 :func:`load_model` rebuilds the model without any code execution. Tied weights (one Parameter
@@ -20,7 +24,16 @@ from ..base import DEFAULTS_VERSION
 from .config import ModelConfig
 from .transformer import Decoder, Encoder, EncoderDecoder, TransformerLM
 
-__all__ = ["MODEL_CLASSES", "config_from_metadata", "load_model", "read_metadata", "save_model"]
+__all__ = [
+    "MODEL_CLASSES",
+    "build_saved",
+    "config_from_metadata",
+    "load_model",
+    "load_weights",
+    "read_metadata",
+    "save_model",
+    "save_model_file",
+]
 
 #: The model classes :func:`load_model` can rebuild, by name.
 MODEL_CLASSES: dict[str, type[nn.Module]] = {
@@ -32,12 +45,24 @@ MODEL_CLASSES: dict[str, type[nn.Module]] = {
 
 
 def save_model(model: nn.Module, path: str | os.PathLike) -> None:
-    """Write ``model``'s weights and config to ``path`` (a ``.safetensors`` file).
+    """Write ``model``'s weights and config to ``path``: a ``.safetensors`` file, or, when ``path``
+    is an existing folder or ends with a path separator, that folder in the ``save_pretrained``
+    form (``config.json`` + ``model.safetensors``).
 
     Raises:
         TypeError: ``model`` is not one of :data:`MODEL_CLASSES`, or its ``position_options`` are
             not JSON-serialisable.
     """
+    if os.path.isdir(path) or str(path).endswith(("/", os.sep)):
+        from .pretrained import save_pretrained
+
+        save_pretrained(model, path)
+        return
+    save_model_file(model, path)
+
+
+def save_model_file(model: nn.Module, path: str | os.PathLike) -> None:
+    """The single-file form of :func:`save_model`: one ``.safetensors`` file at ``path``."""
     name = type(model).__name__
     if MODEL_CLASSES.get(name) is not type(model):
         raise TypeError(f"save_model takes one of {', '.join(MODEL_CLASSES)}, got {name}")
@@ -73,11 +98,18 @@ def read_metadata(path: str | os.PathLike, what: str = "file") -> dict[str, str]
         raise ValueError(f"{str(path)!r} is not a readable safetensors file ({err})") from None
 
 
-def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> nn.Module:
-    """Rebuild the model saved by :func:`save_model` at ``path`` and load its weights.
+def load_model(
+    path: str | os.PathLike, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
+) -> nn.Module:
+    """Rebuild the model saved by :func:`save_model` at ``path`` (a file, or a ``save_pretrained``
+    folder) and load its weights.
 
-    Returns the model in eval mode on ``device``.
+    Returns the model in eval mode on ``device``, in ``dtype`` (default: the dtype it was saved in).
     """
+    if os.path.isdir(path):
+        from .pretrained import from_pretrained
+
+        return from_pretrained(path, device=device, dtype=dtype)
     metadata = read_metadata(path, "model file")
     if "posenc_model" not in metadata or "posenc_config" not in metadata:
         raise ValueError(f"{path} has no posenc metadata: it was not written by posenc.model.save_model")
@@ -85,15 +117,35 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> n
     if name not in MODEL_CLASSES:
         raise ValueError(f"{path} holds an unknown model class {name!r}; known: {', '.join(MODEL_CLASSES)}")
     config = config_from_metadata(metadata["posenc_config"], metadata)
-    # Built on the target device (not meta + to_empty, which would untie shared weights).
+    model = build_saved(
+        name, config, device, cross_attention=metadata.get("cross_attention", "True") == "True"
+    )
+    return load_weights(model, path, device, dtype).eval()
+
+
+def build_saved(
+    name: str, config: ModelConfig, device: str | torch.device, *, cross_attention: bool
+) -> nn.Module:
+    """A fresh model of class ``name`` on ``device`` (not meta + to_empty, which would untie weights)."""
     with torch.device(device):
         if name == "Decoder":
-            model = Decoder(config, cross_attention=metadata.get("cross_attention", "True") == "True")
-        else:
-            model = MODEL_CLASSES[name](config)
+            return Decoder(config, cross_attention=cross_attention)
+        return MODEL_CLASSES[name](config)
+
+
+def load_weights(
+    model: nn.Module, path: str | os.PathLike, device: str | torch.device, dtype: torch.dtype | None = None
+) -> nn.Module:
+    """Load the safetensors file at ``path`` into ``model`` (tied weights stored once), first cast
+    to ``dtype`` (default: the floating dtype the weights were saved in). Returns ``model``."""
     state = safetensors.torch.load_file(str(path), device=str(device))
+    if dtype is None:
+        saved = {t.dtype for t in state.values() if t.is_floating_point()}
+        dtype = saved.pop() if len(saved) == 1 else None
+    if dtype is not None:
+        model.to(dtype)
     _load_tied(model, state)
-    return model.eval()
+    return model
 
 
 def _load_tied(model: nn.Module, state: dict[str, torch.Tensor]) -> None:

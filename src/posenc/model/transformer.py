@@ -18,18 +18,22 @@ length, ``L`` layers.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._alloc import factory_kwargs
 from ..base import PositionalScheme
 from ..embedding import InputEmbedding, apply_tying
 from ..registry import build_with_context
 from .attention import AttentionPlan, KVCache, MultiHeadAttention, plan_attention, plan_cross_attention
 from .config import ModelConfig
+from .pretrained import Pretrained
 
 __all__ = [
     "MLP",
@@ -136,11 +140,34 @@ class Memory:
 
 @dataclass
 class LMOutput:
-    """What :class:`TransformerLM` returns when ``config.memory_len > 0``: logits ``[b, s, V]`` and
-    the :class:`Memory` to pass with the next segment."""
+    """What :class:`TransformerLM` returns, always (as Hugging Face's ``CausalLMOutput``).
+
+    Attributes:
+        logits: ``[b, s, V]`` next-token logits.
+        loss: the mean cross-entropy, a 0-d float32 (or float64) tensor, when ``labels`` were given;
+            else ``None``.
+        memory: the Transformer-XL :class:`Memory` for the next segment when
+            ``config.memory_len > 0``; else ``None``.
+    """
 
     logits: torch.Tensor
-    memory: Memory
+    loss: torch.Tensor | None = None
+    memory: Memory | None = None
+
+
+@contextlib.contextmanager
+def _placed(device: torch.device | str | None, dtype: torch.dtype | None) -> Iterator[None]:
+    """Build a model's parameters on ``device`` (as ``nn.Linear``'s factory kwargs); the caller casts
+    to ``dtype`` after (one ``module.to(dtype)``, which keeps tied weights tied)."""
+    factory = factory_kwargs(device, dtype)
+    with torch.device(factory["device"]) if factory["device"] is not None else contextlib.nullcontext():
+        yield
+
+
+def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int) -> torch.Tensor:
+    """Mean cross-entropy of ``logits`` ``[b, s, V]`` against ``targets`` ``[b, s]``, in float32 or better."""
+    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    return F.cross_entropy(logits.flatten(0, 1).to(dtype), targets.flatten(), ignore_index=ignore_index)
 
 
 def _check_ids(ids: object, name: str = "ids") -> None:
@@ -249,7 +276,7 @@ class _Stack(nn.Module):
 # ----------------------------------------------------------------------------------------------
 # Encoder, decoder
 # ----------------------------------------------------------------------------------------------
-class Encoder(_Stack):
+class Encoder(Pretrained, _Stack):
     """Bidirectional Transformer encoder (the scheme is built with ``causal=False``).
 
     Args:
@@ -283,7 +310,7 @@ class Encoder(_Stack):
         return self.run(ids, plan)[0]
 
 
-class Decoder(_Stack):
+class Decoder(Pretrained, _Stack):
     """Causal Transformer decoder, with cross-attention to an encoder (``cross_attention=True``) or
     without (the body of :class:`TransformerLM`).
 
@@ -398,21 +425,33 @@ def sample_next(
 # ----------------------------------------------------------------------------------------------
 # Models
 # ----------------------------------------------------------------------------------------------
-class TransformerLM(nn.Module):
+class TransformerLM(Pretrained, nn.Module):
     """Decoder-only language model (GPT-style) with any causal positional scheme.
 
     Args:
         config: a :class:`ModelConfig`; ``tie`` must be ``"none"`` or ``"output"``.
+        device, dtype: factory kwargs (as ``nn.Linear``'s): where the parameters are made and their
+            floating dtype.
 
     Example::
 
         config = ModelConfig(vocab_size=256, position="alibi", max_len=128)
         model = TransformerLM(config)
-        logits = model(ids)                        # [b, s] -> [b, s, V]
-        out = model.generate(prompt, max_new_tokens=50, temperature=0.8)
+        out = model(ids)                           # LMOutput: out.logits [b, s, V]
+        out = model(ids, labels=ids)               # out.loss: next-token cross-entropy
+        tokens = model.generate(prompt, max_new_tokens=50, temperature=0.8)
+        cache = model.new_cache()                  # a KV cache sized for this model
+        model.save_pretrained("my-model")          # my-model/config.json + model.safetensors
+        model = TransformerLM.from_pretrained("my-model")
     """
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         if config.tie not in ("none", "output"):
             raise ValueError(
@@ -420,10 +459,13 @@ class TransformerLM(nn.Module):
             )
         config.check_fits()
         self.config = config
-        self.decoder = Decoder(config, cross_attention=False)
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        with _placed(device, dtype):
+            self.decoder = Decoder(config, cross_attention=False)
+            self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         nn.init.normal_(self.lm_head.weight, std=0.02)
         apply_tying(config.tie, decoder_embedding=self.decoder.embed.token, output=self.lm_head)
+        if dtype is not None:
+            self.to(dtype)
 
     def new_cache(self) -> KVCache:
         """An empty :class:`KVCache` for this model."""
@@ -437,8 +479,10 @@ class TransformerLM(nn.Module):
         cu_seqlens: torch.Tensor | None = None,
         cache: KVCache | None = None,
         memory: Memory | None = None,
-    ) -> torch.Tensor | LMOutput:
-        """Next-token logits.
+        labels: torch.Tensor | None = None,
+        ignore_index: int = -100,
+    ) -> LMOutput:
+        """Next-token logits, and the loss when ``labels`` are given.
 
         Args:
             ids: ``[b, s]`` token ids (the new tokens when a cache is passed).
@@ -451,10 +495,13 @@ class TransformerLM(nn.Module):
                 attention is block-diagonal and positions restart at 0 in each document.
             cache: a :class:`KVCache` (``model.new_cache()``), filled in place.
             memory: Transformer-XL memory from the previous segment (``config.memory_len > 0``).
+            labels: ``[b, s]`` token ids, usually ``ids`` itself. As in Hugging Face, they are shifted
+                inside: position ``t`` is scored on ``labels[:, t + 1]``; ``ignore_index`` entries
+                (-100) are skipped.
 
         Returns:
-            logits ``[b, s, V]``; with ``config.memory_len > 0`` an :class:`LMOutput` (logits and the
-            memory for the next segment).
+            an :class:`LMOutput`: ``.logits`` ``[b, s, V]``, ``.loss`` (with ``labels``), ``.memory``
+            (with ``config.memory_len > 0``).
         """
         x, new_memory = self.decoder(
             ids,
@@ -465,15 +512,20 @@ class TransformerLM(nn.Module):
             memory=memory,
         )
         logits = self.lm_head(x)  # [b, s, d] -> [b, s, V]
-        return logits if new_memory is None else LMOutput(logits, new_memory)
+        loss = None
+        if labels is not None:
+            if not isinstance(labels, torch.Tensor) or labels.shape != ids.shape:
+                shape = tuple(labels.shape) if isinstance(labels, torch.Tensor) else type(labels).__name__
+                raise ValueError(f"labels must have the shape of ids {tuple(ids.shape)}, got {shape}")
+            loss = _cross_entropy(logits[:, :-1], labels[:, 1:], ignore_index)
+        return LMOutput(logits, loss, new_memory)
 
     def loss(
         self, ids: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100, **kwargs
     ) -> torch.Tensor:
-        """Mean cross-entropy of ``targets`` ``[b, s]`` given ``ids`` ``[b, s]`` (skips ``ignore_index``)."""
-        out = self(ids, **kwargs)
-        logits = out.logits if isinstance(out, LMOutput) else out
-        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=ignore_index)
+        """Mean cross-entropy of ``targets`` ``[b, s]`` given ``ids`` ``[b, s]``, aligned (target
+        ``t`` is scored at position ``t``; ``forward(ids, labels=...)`` shifts); skips ``ignore_index``."""
+        return _cross_entropy(self(ids, **kwargs).logits, targets, ignore_index)
 
     @torch.no_grad()
     def generate(
@@ -497,15 +549,14 @@ class TransformerLM(nn.Module):
         _check_sampling(max_new_tokens, temperature, top_k)
         cache, out, step_ids, mask = self.new_cache(), [ids], ids, attention_mask
         for _ in range(max_new_tokens):
-            logits = self(step_ids, attention_mask=mask, cache=cache)
-            logits = logits.logits if isinstance(logits, LMOutput) else logits
+            logits = self(step_ids, attention_mask=mask, cache=cache).logits  # [b, s, V]
             step_ids = sample_next(logits[:, -1], temperature, top_k, generator)  # [b, 1]
             out.append(step_ids)
             mask = None  # the new tokens are real; the cache remembers the prompt's padding
         return torch.cat(out, dim=1)
 
 
-class EncoderDecoder(nn.Module):
+class EncoderDecoder(Pretrained, nn.Module):
     """Encoder-decoder Transformer (Vaswani et al. 2017) with any scheme.
 
     The encoder builds the scheme with ``causal=False`` (e.g. symmetric ALiBi, bidirectional T5
@@ -515,9 +566,18 @@ class EncoderDecoder(nn.Module):
 
     Shapes: ``forward(src [b, s_src], tgt [b, s_tgt], src_mask [b, s_src] | None,
     tgt_mask [b, s_tgt] | None) -> logits [b, s_tgt, V]``.
+
+    ``device``/``dtype`` are factory kwargs as in :class:`TransformerLM`; ``save_pretrained`` and
+    ``from_pretrained`` as there.
     """
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         if config.memory_len:
             raise ValueError(f"memory_len={config.memory_len} applies to decoder-only models (TransformerLM)")
@@ -530,9 +590,10 @@ class EncoderDecoder(nn.Module):
                 "use one vocabulary or tie='output'/'none'"
             )
         self.config = config
-        self.encoder = Encoder(config)
-        self.decoder = Decoder(config, cross_attention=True)
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        with _placed(device, dtype):
+            self.encoder = Encoder(config)
+            self.decoder = Decoder(config, cross_attention=True)
+            self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         nn.init.normal_(self.lm_head.weight, std=0.02)
         apply_tying(
             config.tie,
@@ -540,6 +601,8 @@ class EncoderDecoder(nn.Module):
             decoder_embedding=self.decoder.embed.token,
             output=self.lm_head,
         )
+        if dtype is not None:
+            self.to(dtype)
 
     def new_cache(self) -> KVCache:
         """An empty :class:`KVCache` for the decoder's self-attention."""

@@ -8,22 +8,57 @@
 
 Heavy optional packages (``tokenizers``, ``scikit-learn``, ``matplotlib``) are imported only when
 a function needs them.
+
+Names load on first use, so importing this package (as the command line does to read its
+arguments) does not import torch.
 """
 
-from .corpus import CORPORA, Corpus, CorpusInfo, Document, load_corpus, split_documents
-from .pipeline import PipelineResult, encode_text, format_pipeline, plot_pipeline, run_pipeline
-from .projection import PROJECTIONS, plot_embedding_space, project_2d
-from .tasks import TASKS, TaskBatch, exact_match, generate_task
-from .tokenizer import (
-    TOKENIZER_KINDS,
-    Encoding,
-    Tokenizer,
-    build_tokenizer,
-    byte_tokenizer,
-    load_tokenizer,
-    train_bpe,
-    train_wordpiece,
-)
+from __future__ import annotations
+
+import importlib
+
+#: public name -> the module of this package that defines it
+_EXPORTS: dict[str, str] = {
+    "CORPORA": "corpus",
+    "Corpus": "corpus",
+    "CorpusInfo": "corpus",
+    "Document": "corpus",
+    "load_corpus": "corpus",
+    "split_documents": "corpus",
+    "PipelineResult": "pipeline",
+    "encode_text": "pipeline",
+    "format_pipeline": "pipeline",
+    "plot_pipeline": "pipeline",
+    "run_pipeline": "pipeline",
+    "PROJECTIONS": "projection",
+    "plot_embedding_space": "projection",
+    "project_2d": "projection",
+    "TASKS": "tasks",
+    "TaskBatch": "tasks",
+    "exact_match": "tasks",
+    "generate_task": "tasks",
+    "Encoding": "tokenizer",
+    "TOKENIZER_KINDS": "tokenizer",
+    "Tokenizer": "tokenizer",
+    "build_tokenizer": "tokenizer",
+    "byte_tokenizer": "tokenizer",
+    "load_tokenizer": "tokenizer",
+    "train_bpe": "tokenizer",
+    "train_wordpiece": "tokenizer",
+}
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module("." + _EXPORTS[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
 
 __all__ = [
     "CORPORA",

@@ -69,6 +69,8 @@ def encode_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--columns", type=int, default=6, help="dimensions printed per token (default 6)")
     p.add_argument("--digits", type=int, default=3, help="decimal digits (default 3)")
+    p.add_argument("--rows", type=int, default=12, help="tokens printed per step (default 12)")
+    p.add_argument("--all", action="store_true", help="print every token of every step (no row limit)")
     p.add_argument("--plot", default=None, metavar="FILE", help="write a figure of each step's [s, d] matrix")
 
 
@@ -78,8 +80,11 @@ def encode_run(args: argparse.Namespace) -> int:
 
     if not args.text.strip():
         raise ValueError(f'TEXT is empty ({args.text!r}): give a sentence, e.g. "The cat sat on the mat."')
-    if args.columns < 1 or args.digits < 0:
-        raise ValueError(f"--columns must be >= 1 and --digits >= 0, got {args.columns} and {args.digits}")
+    if args.columns < 1 or args.digits < 0 or args.rows < 1:
+        raise ValueError(
+            f"--columns and --rows must be >= 1 and --digits >= 0, got {args.columns}, {args.rows} "
+            f"and {args.digits}"
+        )
     if args.plot:
         from .pipeline import plot_path
 
@@ -89,7 +94,8 @@ def encode_run(args: argparse.Namespace) -> int:
     result = encode_text(
         args.text, tok, scheme=args.scheme, d_model=args.d_model, dropout=args.dropout, seed=args.seed
     )
-    print(format_pipeline(result, digits=args.digits, columns=args.columns))
+    rows = None if args.all else args.rows
+    print(format_pipeline(result, digits=args.digits, columns=args.columns, rows=rows))
     if args.plot:
         print(f"figure written to {plot_pipeline(result, args.plot)}")
     return 0

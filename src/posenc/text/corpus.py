@@ -12,7 +12,9 @@ Two sources, in the registry :data:`CORPORA` (plus any file or folder path):
 
 The split is by document (a file never straddles train and validation): the documents are shuffled
 with ``random.Random(seed)`` and the first ``round(n * val_fraction)`` (at least one) form the
-validation set; both sets keep the sorted file order. For byte-level language models,
+validation set; both sets keep the sorted file order. A corpus of one document (one big file) is
+split by position instead: its first part trains, its last ``val_fraction`` validates, with a gap of
+:data:`SPLIT_GAP_CHARS` characters between them. For byte-level language models,
 ``Corpus.train_bytes`` / ``val_bytes`` are ``torch.uint8`` tensors ``[n_bytes]`` of the UTF-8 text
 of the documents joined by :data:`DOC_SEPARATOR`.
 """
@@ -35,6 +37,7 @@ import torch
 __all__ = [
     "CORPORA",
     "DOC_SEPARATOR",
+    "SPLIT_GAP_CHARS",
     "STDLIB_SKIP_DIRS",
     "Corpus",
     "CorpusInfo",
@@ -263,13 +266,36 @@ def file_documents(
 # ---------------------------------------------------------------------------------------------
 # Split and load
 # ---------------------------------------------------------------------------------------------
+#: characters left out between the train and validation parts of a single document split by position
+SPLIT_GAP_CHARS = 1024
+
+
+def _split_by_position(
+    doc: Document, val_fraction: float
+) -> tuple[tuple[Document, ...], tuple[Document, ...]]:
+    """One document -> its first part (train) and its last ``val_fraction`` (validation), with a gap
+    of ``SPLIT_GAP_CHARS`` (at most 5% of the text) left out between them."""
+    n = len(doc.text)
+    gap = min(SPLIT_GAP_CHARS, n // 20)
+    n_val = round(n * val_fraction)
+    if n_val < 1 or n - n_val - gap < 1:
+        raise ValueError(
+            f"cannot split the single document {doc.name!r} ({n:,} chars) by position with "
+            f"val_fraction={val_fraction}: give a longer text, more files, or val_fraction=0"
+        )
+    train = Document(f"{doc.name}[:{n - n_val - gap}]", doc.text[: n - n_val - gap])
+    val = Document(f"{doc.name}[{n - n_val}:]", doc.text[n - n_val :])
+    return (train,), (val,)
+
+
 def split_documents(
     docs: Sequence[Document], val_fraction: float = 0.1, seed: int = 0
 ) -> tuple[tuple[Document, ...], tuple[Document, ...]]:
     """Split by document, deterministically for ``seed``: ``(train, val)``, no document in both.
 
     ``val`` holds ``round(n * val_fraction)`` documents (at least 1 when ``val_fraction > 0``);
-    both keep the input order. ``val_fraction=0`` puts everything in train.
+    both keep the input order. ``val_fraction=0`` puts everything in train. A single document is
+    split by position (its last ``val_fraction`` validates, after a gap of :data:`SPLIT_GAP_CHARS`).
     """
     if isinstance(val_fraction, bool) or not isinstance(val_fraction, (int, float)):
         raise TypeError(f"val_fraction must be a number in [0, 1), got {type(val_fraction).__name__}")
@@ -278,11 +304,13 @@ def split_documents(
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"seed must be an int, got {type(seed).__name__} ({seed!r})")
     n = len(docs)
+    if n == 1 and val_fraction > 0:
+        return _split_by_position(docs[0], val_fraction)
     n_val = 0 if val_fraction == 0 else max(1, round(n * val_fraction))
     if n_val >= n:
         raise ValueError(
             f"cannot split {n} document(s) into train and validation with val_fraction={val_fraction}: "
-            "the split is by document, so give more files or val_fraction=0"
+            "the split is by document, so give more files or a smaller val_fraction (or 0)"
         )
     order = list(range(n))
     random.Random(seed).shuffle(order)

@@ -27,7 +27,7 @@ from torch import nn
 
 from .._validate import check_int, check_probability
 from ..embedding import InputEmbedding
-from ..registry import config_keys
+from ..registry import build_with_context, config_keys, scheme_class
 from .tokenizer import Tokenizer
 
 __all__ = ["PipelineResult", "Step", "encode_text", "format_pipeline", "plot_pipeline", "run_pipeline"]
@@ -106,7 +106,10 @@ def run_pipeline(
 
     Returns:
         :class:`PipelineResult` with steps ``ids``, ``one_hot``, ``lookup``, ``scaled``,
-        ``positional``, ``sum``, ``layer_norm``, ``dropout_train``, ``dropout_eval``.
+        ``positional``, ``sum``, ``layer_norm``, ``dropout_train``, ``dropout_eval``; and, for a
+        scheme acting inside attention, ``attention``: what it does there, with the scaled
+        embeddings ``[s, d]`` as one head's queries and keys (``d_h = d``): the rotated vectors
+        ``R_p x`` ``[s, d]`` for a ``rotate`` scheme, the bias ``[s_q, s_k]`` for a ``score_bias`` one.
     """
     ids = torch.as_tensor(ids)
     if ids.dim() != 1:
@@ -169,6 +172,10 @@ def run_pipeline(
             summed = x
             note = f"{scheme} adds nothing here: it acts inside attention"
         add("positional", f"positional part ({scheme})", pe, **_row_stats(pe), note=note)
+        effect = _attention_effect(scheme, x, options)
+        if effect is not None:
+            title, tensor, stats = effect
+            add("attention", title, tensor, **stats)
         add(
             "sum",
             "token + positional",
@@ -208,6 +215,28 @@ def run_pipeline(
     return PipelineResult(tokens=tokens, ids=ids, steps=steps, module=module, seed=seed)
 
 
+def _attention_effect(scheme: str, x: torch.Tensor, options: dict[str, Any]):
+    """``(title, tensor, stats)`` of what ``scheme`` does inside attention to ``x`` ``[s, d]`` taken
+    as one head's queries and keys, or ``None`` for schemes that add to the input or do nothing."""
+    hooks = scheme_class(scheme).hooks
+    if not hooks or "embed" in hooks:
+        return None
+    s, d = x.shape
+    context = {"d_model": d, "head_dim": d, "num_heads": 1, "max_len": s, "causal": True}
+    built = build_with_context(scheme, context, options)
+    q, pos = x[None, None], torch.arange(s)  # [1, 1, s, d]: one head, d_h = d
+    if "score_bias" in hooks:
+        bias = built.score_bias(pos, pos, q)[0, 0].to(x.dtype)  # [s_q, s_k]
+        note = f"{scheme} adds a bias to the attention logits: row = query, columns = keys 0, 1, ..."
+        return f"bias {scheme} adds to the logits", bias, {"note": note, **_row_stats(bias)}
+    rotated, _ = built.rotate(q, q)  # [1, 1, s, d]
+    rotated = rotated[0, 0]
+    ratio = rotated.norm(dim=-1) / x.norm(dim=-1).clamp_min(1e-30)  # [s]
+    note = f"{scheme} turns q and k by their positions: R_p x, with x taken as one head"
+    stats = {"note": note, "norm_ratio_min": float(ratio.min()), "norm_ratio_max": float(ratio.max())}
+    return f"R_p x ({scheme})", rotated, {**stats, **_row_stats(rotated)}
+
+
 def encode_text(text: str, tokenizer: Tokenizer, **options: Any) -> PipelineResult:
     """Tokenize ``text`` and :func:`run_pipeline` it. ``options`` go to :func:`run_pipeline`.
 
@@ -237,24 +266,56 @@ def _fmt_row(values: Sequence[float], digits: int) -> str:
     return "[" + ", ".join(f"{v:+.{digits}f}" for v in values) + "]"
 
 
-def _matrix_lines(result: PipelineResult, x: torch.Tensor, digits: int, columns: int) -> list[str]:
-    width = max(len(t) for t in result.tokens)
+def _more_rows(count: int, rows: int | None) -> list[str]:
+    if rows is None or count <= rows:
+        return []
+    return [f"    ... {count - rows:,} more rows (posenc encode --all shows every row)"]
+
+
+def _matrix_lines(
+    result: PipelineResult, x: torch.Tensor, digits: int, columns: int, rows: int | None = None
+) -> list[str]:
+    width = max(len(t) for t in result.tokens[:rows])
     more = f" ... ({x.shape[1] - columns} more)" if x.shape[1] > columns else ""
-    return [
+    lines = [
         f"    {t:<{width}} {_fmt_row(row[:columns], digits)}{more}"
-        for t, row in zip(result.tokens, x.tolist())
+        for t, row in zip(result.tokens[:rows], x[:rows].tolist())
     ]
+    return lines + _more_rows(x.shape[0], rows)
 
 
-def format_pipeline(result: PipelineResult, digits: int = 3, columns: int = 6) -> str:
-    """Human-readable text of every step (what ``posenc encode`` prints)."""
+def _capped(items: list, rows: int | None, sep: str = " ") -> str:
+    """``items`` joined, at most ``4 * rows`` of them (a line, not a page), then how many more."""
+    cap = None if rows is None else 4 * rows
+    shown = sep.join(map(str, items[:cap]))
+    return shown if cap is None or len(items) <= cap else f"{shown} ... ({len(items) - cap:,} more)"
+
+
+def _attention_lines(result: PipelineResult, digits: int, columns: int, rows: int | None) -> list[str]:
+    step = result.steps["attention"]
+    st = step.stats
+    if "norm_ratio_min" in st:
+        head = (
+            f"6. inside attention: {st['note']} (d_h = {step.tensor.shape[1]}); |R_p x| / |x| is "
+            f"{st['norm_ratio_min']:.4f} .. {st['norm_ratio_max']:.4f}; nothing is added to the input"
+        )
+    else:
+        head = f"6. inside attention: {st['note']}; |max| {st['abs_max']:.3f}; nothing is added to the input"
+    return [head, *_matrix_lines(result, step.tensor, digits, columns, rows)]
+
+
+def format_pipeline(
+    result: PipelineResult, digits: int = 3, columns: int = 6, rows: int | None = None
+) -> str:
+    """Human-readable text of every step (what ``posenc encode`` prints); ``rows`` caps the tokens
+    shown per step (``None``: all), with a line saying how many more there are."""
     st = result.steps
     m = result.module
     s, d = st["lookup"].tensor.shape
     V = st["ids"].stats["vocab_size"]
     lines = [
-        f"1. tokens ({s}): {' '.join(result.tokens)}",
-        f"2. ids [s={s}]: {result.ids.tolist()}  (vocabulary V={V})",
+        f"1. tokens ({s}): {_capped(result.tokens, rows)}",
+        f"2. ids [s={s}]: [{_capped(result.ids.tolist(), rows, ', ')}]  (vocabulary V={V})",
     ]
     oh = st["one_hot"].stats
     lines.append(
@@ -265,39 +326,48 @@ def format_pipeline(result: PipelineResult, digits: int = 3, columns: int = 6) -
     )
     lk = st["lookup"].stats
     lines.append(f"4. E[ids] [{s}, {d}]: std {lk['std']:.3f} (init std {lk['init_std']:.3f} = 1/sqrt(d))")
-    lines += _matrix_lines(result, st["lookup"].tensor, digits, columns)
+    lines += _matrix_lines(result, st["lookup"].tensor, digits, columns, rows)
     sc = st["scaled"].stats
     lines.append(f"5. x sqrt(d_model) = x {sc['scale']:.4g} -> std {sc['std']:.3f}")
-    lines += _matrix_lines(result, st["scaled"].tensor, digits, columns)
-    lines.append(
-        f"6. positional part [{s}, {d}] ({st['positional'].stats['note']}), "
-        f"|max| {st['positional'].stats['abs_max']:.3f}"
-    )
-    lines += _matrix_lines(result, st["positional"].tensor, digits, columns)
+    lines += _matrix_lines(result, st["scaled"].tensor, digits, columns, rows)
+    if "attention" in st:
+        lines += _attention_lines(result, digits, columns, rows)
+    else:
+        lines.append(
+            f"6. positional part [{s}, {d}] ({st['positional'].stats['note']}), "
+            f"|max| {st['positional'].stats['abs_max']:.3f}"
+        )
+        lines += _matrix_lines(result, st["positional"].tensor, digits, columns, rows)
     sm = st["sum"].stats
     lines.append(f"7. sum [{s}, {d}]: std {sm['std']:.3f}")
-    lines += _matrix_lines(result, st["sum"].tensor, digits, columns)
+    lines += _matrix_lines(result, st["sum"].tensor, digits, columns, rows)
     ids = result.ids.tolist()
     repeat = next((i for i in range(s) if ids.index(ids[i]) != i), None)
     if repeat is not None:  # the id alone cannot tell the two occurrences apart
         first = ids.index(ids[repeat])
         gap = float((st["sum"].tensor[repeat] - st["sum"].tensor[first]).norm())
+        why = (
+            f"the same vector here; {m.scheme_name} tells them apart inside attention"
+            if "attention" in st
+            else "only the positional part tells them apart"
+        )
         lines.append(
             f"    {result.tokens[repeat]!r} at positions {first} and {repeat}: the same row of E, "
-            f"but the sums differ by |diff| = {gap:.3f} (only the positional part tells them apart)"
+            f"but the sums differ by |diff| = {gap:.3f} ({why})"
         )
     ln = st["layer_norm"].stats
     eps = getattr(m.norm, "eps", "-")
     lines.append(f"8. LayerNorm over d={d}, per token (gamma=1, beta=0 at init; eps={eps}):")
-    width = max(len(t) for t in result.tokens)
-    for t, mu, var in zip(result.tokens, ln["mean_per_token"], ln["var_per_token"]):
+    width = max(len(t) for t in result.tokens[:rows])
+    for t, mu, var in zip(result.tokens[:rows], ln["mean_per_token"], ln["var_per_token"]):
         lines.append(f"    {t:<{width}} mean {mu:+.2e}  var {var:.5f}")
+    lines += _more_rows(s, rows)
     dt = st["dropout_train"].stats
     lines.append(
         f"9. dropout p={m.dropout.p}: train zeroes {dt['zeroed_fraction']:.1%} of {s * d} values, "
         f"scales the rest by 1/(1-p) = {dt['keep_scale']:.4g}; eval is the identity"
     )
-    lines += _matrix_lines(result, st["dropout_train"].tensor, digits, columns)
+    lines += _matrix_lines(result, st["dropout_train"].tensor, digits, columns, rows)
     lines.append(f"output [1, {s}, {d}] (eval) = posenc.InputEmbedding({V}, {d}, {m.scheme_name!r})(ids)")
     return "\n".join(lines)
 

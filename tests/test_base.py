@@ -1,0 +1,47 @@
+"""Tests of posenc.base: every scheme is callable, and a call runs its one hook."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import posenc
+from posenc.registry import SCHEMES
+
+
+def _built(name: str):
+    context = {"d_model": 16, "num_heads": 2, "head_dim": 8, "max_len": 32}
+    return posenc.build_with_context(name, context, {"grid": (2, 3)} if name == "rope_2d" else None)
+
+
+@pytest.mark.parametrize("name", [n for n, cls in SCHEMES.items() if len(cls.hooks) <= 1])
+def test_calling_a_scheme_runs_its_hook(name):
+    scheme = _built(name)
+    torch.manual_seed(0)
+    hooks = scheme.hooks
+    if not hooks or "embed" in hooks:
+        shape = (2, 6, 16) if scheme.position_dims == 1 else (2, *(3,) * scheme.position_dims, 16)
+        x = torch.randn(shape)
+        torch.testing.assert_close(scheme(x), scheme.embed(x), rtol=0, atol=0)
+    elif "rotate" in hooks:
+        q, k = torch.randn(2, 2, 6, 8), torch.randn(2, 2, 6, 8)
+        for got, want in zip(scheme(q, k), scheme.rotate(q, k)):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+    else:
+        pos, q = torch.arange(6), torch.randn(1, 2, 6, 8)
+        torch.testing.assert_close(scheme(pos, pos, q), scheme.score_bias(pos, pos, q), rtol=0, atol=0)
+
+
+def test_nope_call_is_the_identity_and_rope_call_takes_the_layout():
+    x = torch.randn(1, 4, 8)
+    assert posenc.build("nope")(x) is x
+    rope = posenc.build("rope", head_dim=8)
+    q = torch.randn(1, 5, 2, 8)  # [b, s, h, d_h]
+    got, _ = rope(q, q, qk_layout="bshd")
+    torch.testing.assert_close(got, rope.rotate(q, q, qk_layout="bshd")[0], rtol=0, atol=0)
+
+
+def test_a_scheme_with_several_hooks_names_them_when_called():
+    txl = posenc.build("transformer_xl", d_model=16, num_heads=2, head_dim=8)
+    with pytest.raises(TypeError, match=r"several hooks \(rotate, score_bias\).*txl|scheme\.rotate"):
+        txl(torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8))

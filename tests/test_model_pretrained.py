@@ -1,0 +1,84 @@
+"""Tests of posenc.model.pretrained: the save_pretrained folder (config.json + model.safetensors)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import posenc
+from posenc.model import Decoder, EncoderDecoder, ModelConfig, TransformerLM, load_model, save_model
+
+
+def _config(**kw) -> ModelConfig:
+    return ModelConfig(**{"vocab_size": 40, "d_model": 16, "num_layers": 2, "num_heads": 2, **kw})
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda: TransformerLM(_config(position="t5")), lambda: EncoderDecoder(_config(tie="three_way")),
+     lambda: Decoder(_config(position="alibi"), cross_attention=False)],
+)  # fmt: skip
+def test_round_trip_is_bit_exact_and_keeps_ties(make, tmp_path):
+    torch.manual_seed(0)
+    model = make().eval()
+    folder = model.save_pretrained(tmp_path / "m")
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
+    saved = json.loads((folder / "config.json").read_text())
+    assert saved["posenc_model"] == type(model).__name__ and saved["config"] == model.config.to_dict()
+    loaded = type(model).from_pretrained(folder)
+    assert not loaded.training and loaded.config == model.config
+    for (name, a), b in zip(model.state_dict().items(), loaded.state_dict().values()):
+        assert torch.equal(a, b), name
+    if isinstance(model, EncoderDecoder):
+        assert loaded.lm_head.weight is loaded.encoder.embed.token.weight
+    if isinstance(model, Decoder):
+        assert loaded.cross_attention is False
+    assert type(load_model(folder / "model.safetensors")) is type(model)  # the file alone loads too
+
+
+def test_save_model_into_a_folder_and_load_model_from_it(tmp_path):
+    lm = TransformerLM(_config()).eval()
+    save_model(lm, tmp_path)  # an existing folder: the folder form, not "Is a directory"
+    save_model(lm, str(tmp_path / "new") + "/")  # a trailing separator: a new folder
+    save_model(lm, tmp_path / "one.safetensors")  # the single-file form is kept
+    ids = torch.randint(0, 40, (1, 6))
+    for path in (tmp_path, tmp_path / "new", tmp_path / "one.safetensors"):
+        assert torch.equal(load_model(path)(ids).logits, lm(ids).logits)
+
+
+def test_dtype_is_kept_or_chosen(tmp_path):
+    lm = TransformerLM(_config(), dtype=torch.bfloat16).eval()
+    lm.save_pretrained(tmp_path)
+    loaded = TransformerLM.from_pretrained(tmp_path)
+    assert {p.dtype for p in loaded.parameters()} == {torch.bfloat16}
+    wide = posenc.load_model(tmp_path, dtype=torch.float32)
+    assert {p.dtype for p in wide.parameters()} == {torch.float32}
+    assert wide.lm_head.weight is wide.decoder.embed.token.weight
+
+
+def test_tokenizer_is_saved_next_to_the_model(tmp_path):
+    text = pytest.importorskip("posenc.text")
+    pytest.importorskip("tokenizers")
+    tok = text.build_tokenizer("wordpiece", ["the cat sat on the mat"] * 20, vocab_size=40)
+    lm = TransformerLM(_config(vocab_size=tok.vocab_size))
+    lm.save_pretrained(tmp_path, tokenizer=tok)
+    assert (tmp_path / "tokenizer.json").is_file()
+    assert text.load_tokenizer(tmp_path).encode("the cat").ids == tok.encode("the cat").ids
+
+
+def test_errors_name_the_folder_and_the_fix(tmp_path):
+    lm = TransformerLM(_config())
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="is a file; give a folder path"):
+        lm.save_pretrained(tmp_path / "file")
+    with pytest.raises(ValueError, match=r"needs config\.json and model\.safetensors"):
+        TransformerLM.from_pretrained(tmp_path)
+    lm.save_pretrained(tmp_path / "lm")
+    with pytest.raises(ValueError, match="holds a TransformerLM, not a EncoderDecoder"):
+        EncoderDecoder.from_pretrained(tmp_path / "lm")
+    with pytest.raises(TypeError, match="save_pretrained takes one of"):
+        posenc.model.save_pretrained(torch.nn.Linear(2, 2), tmp_path / "x")
+    with pytest.raises(TypeError, match=r"tokenizer must be a posenc\.text\.Tokenizer"):
+        lm.save_pretrained(tmp_path / "y", tokenizer="bert")
