@@ -220,11 +220,12 @@ class Dropout(nn.Dropout):
     """``nn.Dropout`` whose CPU training path is one pass with a counter-based generator.
 
     Same arguments as ``nn.Dropout``. In training, on CPU tensors of dtype float32/float64/bfloat16
-    (also under ``torch.compile``, as the registered op ``posenc::dropout_cpu``), ``0 < p < 1``: :mod:`posenc.kernels.dropout_cpu` (PyTorch's dropout
-    arithmetic for the mask it draws, ``p`` quantized to a multiple of ``2^-32``, the mask recomputed
-    in backward instead of stored, seeded from PyTorch's generator). Where that kernel cannot be
-    built (no C compiler, ``POSENC_C_KERNELS=0``) the same mask is computed with PyTorch ops, so a
-    seed gives the same dropout on every CPU machine. Elsewhere (CUDA) ``nn.Dropout`` itself.
+    (also under ``torch.compile``, as the registered op ``posenc::dropout_cpu``), ``0 < p < 1``:
+    :mod:`posenc.kernels.dropout_cpu` (PyTorch's dropout arithmetic for the mask it draws, ``p``
+    quantized to a multiple of ``2^-32``, the mask recomputed in backward instead of stored, seeded
+    from PyTorch's generator). Where that kernel cannot be built (no C compiler,
+    ``POSENC_C_KERNELS=0``) the same mask is computed with PyTorch ops, so a seed gives the same
+    dropout on every CPU machine. Elsewhere (CUDA) ``nn.Dropout`` itself.
 
     Shapes: ``forward(x [...], inplace=None) -> [...]``; ``inplace`` overrides ``self.inplace`` for
     one call (a caller that owns a fresh ``x``).
