@@ -21,9 +21,9 @@ _BASE = {"hooks": (), "summary": "", "causal_ok": True}  # PositionalScheme's cl
 
 
 def _parse(module: str) -> ast.Module:
-    path = _HERE / f"{module}.py"
+    path = _HERE.joinpath(*module.split(".")).with_suffix(".py")  # "rotary.modules" -> rotary/modules.py
     if not path.is_file():
-        path = _HERE / module / "__init__.py"
+        path = _HERE.joinpath(*module.split("."), "__init__.py")
     return ast.parse(path.read_text(encoding="utf-8"))
 
 

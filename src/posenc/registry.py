@@ -27,7 +27,7 @@ from .absolute import LearnedPE, NoPE, ScaledSinusoidalPE, Sinusoidal2D, Sinusoi
 from .base import PositionalScheme
 from .bias import ALiBi, T5RelativeBias
 from .relative import ShawRelative, TransformerXLRelative
-from .rotary import Rope2D, RotaryEmbedding, XPos
+from .rotary.modules import Rope2D, RotaryEmbedding, XPos
 
 __all__ = [
     "SCHEMES",

@@ -1,0 +1,141 @@
+"""Applying RoPE: :func:`apply_rotary` (one op on the fast paths, the reference otherwise) and the
+query/key axis orders.
+
+Legend: ``b`` batch, ``h`` heads, ``s`` sequence length, ``d_h`` head width, ``r`` rotary width.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._validate import check_choice, check_int
+from ..kernels import rope_cpu as _rope_cpu
+from ..kernels import rope_triton as _rope_triton
+from ..kernels.rope_reference import ROTARY_LAYOUTS
+
+QK_LAYOUTS = ("bhsd", "bshd")
+
+
+def _seq_axis(qk_layout: str) -> int:
+    """The sequence axis of q/k in ``qk_layout``, counted from the end (``-2`` or ``-3``)."""
+    return -2 if qk_layout == "bhsd" else -3
+
+
+def _seq_mismatch(count: int, x: torch.Tensor, qk_layout: str, xname: str = "x") -> str:
+    """Where ``count`` positions fail to match ``x``'s sequence axis in ``qk_layout``, and the fix."""
+    axis = _seq_axis(qk_layout)
+    form = "[b, h, s, d_h]" if qk_layout == "bhsd" else "[b, s, h, d_h]"
+    msg = (
+        f"{xname} {tuple(x.shape)} has s = {x.shape[axis]} along its sequence axis (dim "
+        f"{x.dim() + axis}: qk_layout={qk_layout!r} reads {xname} as {form})"
+    )
+    other = "bshd" if qk_layout == "bhsd" else "bhsd"
+    if x.dim() >= 3 and x.shape[_seq_axis(other)] == count:
+        msg += f"; if {xname} is laid out the other way, pass qk_layout={other!r}"
+    return msg
+
+
+def apply_rotary(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    layout: str = "half",
+    rotary_dim: int | None = None,
+    out: torch.Tensor | None = None,
+    qk_layout: str = "bhsd",
+) -> torch.Tensor:
+    """Rotate the first ``r`` dims of ``x`` pairwise by the angles whose cos/sin are given.
+
+    Args:
+        x: ``[..., s, d_h]`` queries or keys, e.g. ``[b, h, s, d_h]``; with ``qk_layout="bshd"``
+            ``[..., s, h, d_h]``, e.g. ``[b, s, h, d_h]``.
+        cos, sin: ``[..., s, r/2]`` half-width tables (one value per pair), broadcastable against
+            ``x[..., s, :r/2]`` without growing it: ``[s, r/2]`` for shared positions,
+            ``[b, 1, s, r/2]`` for per-token positions. With ``qk_layout="bshd"``: ``[s, r/2]``
+            (shared; the head axis is added) or ``[b, s, 1, r/2]``. Cast to ``x.dtype`` before use.
+        layout: ``"half"`` pairs dims ``(i, i + r/2)`` (HF Llama, GPT-NeoX); ``"interleaved"``
+            pairs ``(2i, 2i + 1)`` (RoFormer, GPT-J, Meta). See :func:`permute_qk_weights`.
+        rotary_dim: ``r``; default ``2 * cos.shape[-1]``. Dims ``r..d_h`` are returned bit-identical.
+        out: for inference, where to write the result: ``x`` itself (in place, no new memory) or a
+            tensor of ``x``'s shape and dtype. Not differentiable (``ValueError`` if ``x`` requires
+            grad while grad mode is on).
+        qk_layout: ``"bhsd"`` (default, sequence axis ``-2``) or ``"bshd"`` (sequence axis ``-3``).
+
+    Returns:
+        ``[..., s, d_h]``, same dtype as ``x`` (``out`` when given). Linear in ``x``, so gradients
+        flow to ``x`` (and to ``cos``/``sin``).
+
+    On CPU (float32/float64/bfloat16) the rotation runs as one pass over memory in a small C kernel
+    (:mod:`posenc.kernels.rope_cpu`), bit-identical to the PyTorch expression below, which runs
+    everywhere else (GPU, ``torch.compile``, other dtypes).
+    """
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise TypeError(f"x must be a floating-point tensor [..., s, d_h], got {_describe(x)}")
+    for name, t in (("cos", cos), ("sin", sin)):
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor [..., s, r/2], got {_describe(t)}")
+    rotate = ROTARY_LAYOUTS[check_choice(layout, "layout", ROTARY_LAYOUTS)]
+    check_choice(qk_layout, "qk_layout", QK_LAYOUTS)
+    if cos.shape != sin.shape:
+        raise ValueError(
+            f"cos and sin must have the same shape, got {tuple(cos.shape)} and {tuple(sin.shape)}"
+        )
+    if x.dim() < 2 or cos.dim() < 1:
+        raise ValueError(
+            f"x must be [..., s, d_h] and cos [..., s, r/2]; got x {tuple(x.shape)}, cos {tuple(cos.shape)}"
+        )
+    r = 2 * cos.shape[-1]
+    if rotary_dim is not None and check_int(rotary_dim, "rotary_dim", minimum=2, even=True) != r:
+        raise ValueError(
+            f"rotary_dim={rotary_dim} does not match cos/sin, which are half width (r/2 = {cos.shape[-1]}, "
+            f"so r = {r}); build them for {rotary_dim // 2} pairs or drop rotary_dim"
+        )
+    if r < 2 or r > x.shape[-1]:
+        raise ValueError(
+            f"cos/sin cover r = {r} dims (r/2 = {cos.shape[-1]} pairs) but x has d_h = {x.shape[-1]}; "
+            "cos/sin are half width: [..., s, r/2] with 2 <= r <= d_h"
+        )
+    if qk_layout == "bshd":
+        if x.dim() < 3:
+            raise ValueError(f"qk_layout='bshd' needs x [..., s, h, d_h], got x {tuple(x.shape)}")
+        if cos.dim() == 2:  # [s, r/2] -> [s, 1, r/2]: shared positions, one head axis
+            cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+    # broadcasts to x[..., :r/2] without growing it (plain Python: torch.broadcast_shapes costs
+    # ~50 us); [s, r/2] tables, the common case, first
+    cs, xs = cos.shape, x.shape
+    if len(cs) == 2 and cs[0] in (1, xs[-2]):
+        fits = True  # cs[1] == r/2 by definition of r
+    else:
+        target = (*xs[:-1], r // 2)
+        fits = len(cs) <= len(target) and all(c in (1, t) for c, t in zip(reversed(cs), reversed(target)))
+    if not fits:
+        axis = _seq_axis(qk_layout)
+        if len(cs) >= -axis and cs[axis] not in (1, xs[axis]):
+            raise ValueError(
+                f"cos/sin {tuple(cs)} hold {cs[axis]} positions but " + _seq_mismatch(cs[axis], x, qk_layout)
+            )
+        raise ValueError(
+            f"cos/sin of shape {tuple(cos.shape)} do not broadcast to x[..., :r/2] of shape {target}; use "
+            "[s, r/2] for positions [s] or [b, 1, s, r/2] for positions [b, s] with x [b, h, s, d_h]"
+        )
+    if out is not None:
+        _rope_cpu.check_out(x, out)
+    if _rope_cpu.usable(x, cos, sin):
+        return _rope_cpu.rotate(x, cos, sin, layout, out)  # one pass, same numbers as below
+    if x.is_cuda and _rope_triton.usable(x, cos, sin):
+        return _rope_triton.rotate(x, cos, sin, layout, out)  # Triton, same numbers (self-checked)
+    y = rotate(x, cos.to(x.dtype), sin.to(x.dtype), r)  # [..., s, r]
+    if r < x.shape[-1]:
+        y = torch.cat((y, x[..., r:]), dim=-1)  # [..., s, r] ++ [..., s, d_h - r] -> [..., s, d_h]
+    return y if out is None else out.copy_(y)
+
+
+def _is_integer(t: torch.Tensor) -> bool:
+    return not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool)
+
+
+def _describe(obj: object) -> str:
+    if isinstance(obj, torch.Tensor):
+        return f"tensor of dtype {obj.dtype}"
+    return type(obj).__name__
