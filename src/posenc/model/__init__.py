@@ -12,9 +12,10 @@ from .attention import (
     plan_attention,
     plan_cross_attention,
 )
+from .classes import MODEL_CLASSES
 from .config import NORMS, ModelConfig
-from .io import MODEL_CLASSES, load_model, save_model
 from .pretrained import Pretrained, from_pretrained, save_pretrained
+from .saving import load_model, save_model
 from .transformer import (
     MLP,
     Block,

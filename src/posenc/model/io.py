@@ -1,17 +1,16 @@
-"""Save and load posenc models with safetensors (never pickle): weights + config as JSON metadata.
-
-Two forms: one file (``save_model(model, "model.safetensors")``) or a folder as Hugging Face users
-know it (``save_model(model, "my-model/")`` = ``model.save_pretrained("my-model")``: ``config.json``
-+ ``model.safetensors``, see :mod:`posenc.model.pretrained`); :func:`load_model` reads either.
+"""The single-file form of a saved posenc model, with safetensors (never pickle): weights + config as
+JSON metadata. :func:`posenc.model.save_model` / :func:`~posenc.model.load_model`
+(:mod:`posenc.model.saving`) write and read it, or the folder form of :mod:`posenc.model.pretrained`.
 
 The file is an ordinary ``.safetensors`` file; its metadata holds ``posenc_model`` (the class
 name) and ``posenc_config`` (the :class:`~posenc.model.ModelConfig` as JSON), so
-:func:`load_model` rebuilds the model without any code execution. Tied weights (one Parameter
+:func:`~posenc.model.load_model` rebuilds the model without any code execution. Tied weights (one Parameter
 reachable under several names) are stored once and re-tied by the model's constructor.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 
@@ -21,44 +20,17 @@ import torch
 from torch import nn
 
 from ..base import DEFAULTS_VERSION
+from .classes import MODEL_CLASSES
 from .config import ModelConfig
-from .transformer import Decoder, Encoder, EncoderDecoder, TransformerLM
 
 __all__ = [
     "MODEL_CLASSES",
     "build_saved",
     "config_from_metadata",
-    "load_model",
     "load_weights",
     "read_metadata",
-    "save_model",
     "save_model_file",
 ]
-
-#: The model classes :func:`load_model` can rebuild, by name.
-MODEL_CLASSES: dict[str, type[nn.Module]] = {
-    "TransformerLM": TransformerLM,
-    "EncoderDecoder": EncoderDecoder,
-    "Encoder": Encoder,
-    "Decoder": Decoder,
-}
-
-
-def save_model(model: nn.Module, path: str | os.PathLike) -> None:
-    """Write ``model``'s weights and config to ``path``: a ``.safetensors`` file, or, when ``path``
-    is an existing folder or ends with a path separator, that folder in the ``save_pretrained``
-    form (``config.json`` + ``model.safetensors``).
-
-    Raises:
-        TypeError: ``model`` is not one of :data:`MODEL_CLASSES`, or its ``position_options`` are
-            not JSON-serialisable.
-    """
-    if os.path.isdir(path) or str(path).endswith(("/", os.sep)):
-        from .pretrained import save_pretrained
-
-        save_pretrained(model, path)
-        return
-    save_model_file(model, path)
 
 
 def save_model_file(model: nn.Module, path: str | os.PathLike) -> None:
@@ -73,7 +45,7 @@ def save_model_file(model: nn.Module, path: str | os.PathLike) -> None:
             f"the model's config is not JSON-serialisable ({err}); use plain numbers, "
             "strings, lists and dicts in position_options"
         ) from None
-    extra = {"cross_attention": str(model.cross_attention)} if isinstance(model, Decoder) else {}
+    extra = {"cross_attention": str(model.cross_attention)} if hasattr(model, "cross_attention") else {}
     metadata = {"format": "pt", "posenc_model": name, "posenc_config": config_json,
                 "posenc_defaults": DEFAULTS_VERSION, **extra}  # fmt: skip
     safetensors.torch.save_model(model, str(path), metadata=metadata)  # drops duplicate (tied) names
@@ -98,39 +70,14 @@ def read_metadata(path: str | os.PathLike, what: str = "file") -> dict[str, str]
         raise ValueError(f"{str(path)!r} is not a readable safetensors file ({err})") from None
 
 
-def load_model(
-    path: str | os.PathLike, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
-) -> nn.Module:
-    """Rebuild the model saved by :func:`save_model` at ``path`` (a file, or a ``save_pretrained``
-    folder) and load its weights.
-
-    Returns the model in eval mode on ``device``, in ``dtype`` (default: the dtype it was saved in).
-    """
-    if os.path.isdir(path):
-        from .pretrained import from_pretrained
-
-        return from_pretrained(path, device=device, dtype=dtype)
-    metadata = read_metadata(path, "model file")
-    if "posenc_model" not in metadata or "posenc_config" not in metadata:
-        raise ValueError(f"{path} has no posenc metadata: it was not written by posenc.model.save_model")
-    name = metadata["posenc_model"]
-    if name not in MODEL_CLASSES:
-        raise ValueError(f"{path} holds an unknown model class {name!r}; known: {', '.join(MODEL_CLASSES)}")
-    config = config_from_metadata(metadata["posenc_config"], metadata)
-    model = build_saved(
-        name, config, device, cross_attention=metadata.get("cross_attention", "True") == "True"
-    )
-    return load_weights(model, path, device, dtype).eval()
-
-
 def build_saved(
     name: str, config: ModelConfig, device: str | torch.device, *, cross_attention: bool
 ) -> nn.Module:
     """A fresh model of class ``name`` on ``device`` (not meta + to_empty, which would untie weights)."""
+    cls = MODEL_CLASSES[name]
+    takes_cross = "cross_attention" in inspect.signature(cls).parameters  # a decoder stack
     with torch.device(device):
-        if name == "Decoder":
-            return Decoder(config, cross_attention=cross_attention)
-        return MODEL_CLASSES[name](config)
+        return cls(config, cross_attention=cross_attention) if takes_cross else cls(config)
 
 
 def load_weights(

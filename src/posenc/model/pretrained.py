@@ -22,6 +22,9 @@ from typing import Any
 import torch
 
 from .._paths import write_json
+from ..base import DEFAULTS_VERSION
+from .classes import MODEL_CLASSES
+from .io import build_saved, config_from_metadata, load_weights, save_model_file
 
 __all__ = ["CONFIG_FILE", "WEIGHTS_FILE", "Pretrained", "from_pretrained", "save_pretrained"]
 
@@ -36,9 +39,6 @@ def save_pretrained(model: torch.nn.Module, folder: str | os.PathLike, tokenizer
     Returns the folder. Raises ``ValueError`` when ``folder`` is an existing file, ``TypeError`` for
     a model that is not a posenc model (as :func:`posenc.model.save_model`).
     """
-    from ..base import DEFAULTS_VERSION
-    from .io import MODEL_CLASSES, save_model_file
-
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise ValueError(
@@ -71,8 +71,6 @@ def from_pretrained(
     """Rebuild the model :func:`save_pretrained` wrote into ``folder``, in eval mode on ``device``,
     in ``dtype`` (default: the dtype its weights were saved in). ``expect``: the class the caller
     wants (``ValueError`` otherwise)."""
-    from .io import MODEL_CLASSES, build_saved, config_from_metadata, load_weights
-
     folder = Path(folder)
     config_path, weights = folder / CONFIG_FILE, folder / WEIGHTS_FILE
     if not folder.is_dir() or not config_path.is_file() or not weights.is_file():

@@ -32,6 +32,7 @@ from ..base import PositionalScheme
 from ..embedding import InputEmbedding, apply_tying
 from ..registry import build_with_context
 from .attention import AttentionPlan, KVCache, MultiHeadAttention, plan_attention, plan_cross_attention
+from .classes import register_model
 from .config import ModelConfig
 from .pretrained import Pretrained
 
@@ -276,6 +277,7 @@ class _Stack(nn.Module):
 # ----------------------------------------------------------------------------------------------
 # Encoder, decoder
 # ----------------------------------------------------------------------------------------------
+@register_model
 class Encoder(Pretrained, _Stack):
     """Bidirectional Transformer encoder (the scheme is built with ``causal=False``).
 
@@ -310,6 +312,7 @@ class Encoder(Pretrained, _Stack):
         return self.run(ids, plan)[0]
 
 
+@register_model
 class Decoder(Pretrained, _Stack):
     """Causal Transformer decoder, with cross-attention to an encoder (``cross_attention=True``) or
     without (the body of :class:`TransformerLM`).
@@ -425,6 +428,7 @@ def sample_next(
 # ----------------------------------------------------------------------------------------------
 # Models
 # ----------------------------------------------------------------------------------------------
+@register_model
 class TransformerLM(Pretrained, nn.Module):
     """Decoder-only language model (GPT-style) with any causal positional scheme.
 
@@ -556,6 +560,7 @@ class TransformerLM(Pretrained, nn.Module):
         return torch.cat(out, dim=1)
 
 
+@register_model
 class EncoderDecoder(Pretrained, nn.Module):
     """Encoder-decoder Transformer (Vaswani et al. 2017) with any scheme.
 
