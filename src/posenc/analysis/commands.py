@@ -133,7 +133,7 @@ def plot_run(args: argparse.Namespace) -> int:
 
     check_output_file(args.output, "-o")  # before any rendering
     if args.scheme == "embeddings":
-        from ..text.commands import plot_embeddings_run
+        from .embeddings import plot_embeddings_run
 
         return plot_embeddings_run(args)
     if args.kind is None:
