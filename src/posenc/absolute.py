@@ -252,6 +252,7 @@ class SinusoidalPE(PositionalScheme):
 
     name = "sinusoidal"
     hooks = ("embed",)
+    additive_table = True
     summary = "fixed sin/cos of position (Vaswani 2017), added to the input; any length"
 
     def __init__(self, d_model: int, base: float = 10000.0, variant: str = "vaswani") -> None:
@@ -332,6 +333,7 @@ class LearnedPE(PositionalScheme):
 
     name = "learned"
     hooks = ("embed",)
+    additive_table = True
     summary = "a trained vector per position (BERT, GPT-2); cannot run past max_len"
 
     def __init__(

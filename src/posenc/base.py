@@ -75,6 +75,9 @@ class PositionalScheme(nn.Module):
         eval_variants: variants a model trained with this scheme can be *evaluated* with, without
             retraining, on inputs longer than it was trained on (RoPE: its scalings); each is turned
             into ``position_options`` by :meth:`variant_options`.
+        additive_table: ``embed(x, positions)`` is ``x + table(positions)`` with a table that does
+            not depend on ``x`` (sinusoidal, learned), so a model may compute ``embed(zeros)`` once
+            for a batch sharing positions and add it (the same numbers, one tensor fewer).
         promises: the analysis properties the scheme promises (``posenc verify`` fails when one
             breaks); ``None`` = the analysis's default rules from the scheme's hooks and parameters.
     """
@@ -88,6 +91,7 @@ class PositionalScheme(nn.Module):
     position_dims: ClassVar[int] = 1
     eval_variants: ClassVar[tuple[str, ...]] = ()
     legacy_defaults: ClassVar[dict[str, Any]] = {}
+    additive_table: ClassVar[bool] = False
     promises: ClassVar[tuple[str, ...] | None] = None
     max_len: int | None = None
 

@@ -128,7 +128,7 @@ def _show_args(p: argparse.ArgumentParser) -> None:
 def _show_run(args: argparse.Namespace) -> int:
     import torch
 
-    from .registry import build, scheme_class, schemes
+    from .registry import build, config_keys, scheme_class, schemes
 
     cls = scheme_class(args.scheme)
     if "embed" not in cls.hooks:
@@ -137,7 +137,7 @@ def _show_run(args: argparse.Namespace) -> int:
             f"{', '.join(cls.hooks) or 'none'}). Show one of: "
             + ", ".join(n for n in schemes() if "embed" in scheme_class(n).hooks)
         )
-    if args.scheme in ("sinusoidal_2d", "sinusoidal_3d"):
+    if cls.position_dims != 1:
         raise CLIError(f"{args.scheme!r} encodes grids, not sequences: use `posenc plot` for it")
     limits = (("--dim", args.dim, 2), ("--digits", args.digits, 0), ("--columns", args.columns, 1))
     for flag, value, low in limits:
@@ -152,8 +152,8 @@ def _show_run(args: argparse.Namespace) -> int:
     for key, value in (("variant", args.variant), ("base", args.base)):
         if value is not None:
             options[key] = value
-    if args.scheme == "learned":
-        torch.manual_seed(args.seed)
+    torch.manual_seed(args.seed)  # a scheme with trainable values (a learned table) starts from it
+    if "max_len" in config_keys(args.scheme):  # a table of max_len rows must hold every position
         options["max_len"] = args.max_len or int(positions.max()) + 1
     scheme = build(args.scheme, **options)
     with torch.no_grad():

@@ -20,7 +20,7 @@ from torch import nn
 
 from ._alloc import check_allocation, factory_kwargs
 from ._validate import check_int, check_positive_float, check_probability
-from .absolute import LearnedPE, ScaledSinusoidalPE, SinusoidalPE, init_table_
+from .absolute import init_table_
 from .base import PositionalScheme
 from .kernels import dropout_cpu as _dropout_cpu
 from .kernels import embedding_cpu as _embedding_cpu
@@ -317,14 +317,11 @@ class InputEmbedding(nn.Module):
         return self.dropout(x, inplace=isinstance(self.norm, nn.LayerNorm))  # LayerNorm's output is fresh
 
     def _add_position(self, x: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
-        """``self.position.embed(x, positions)``; for posenc's additive schemes with positions shared
-        by the batch, the positional part is made once (``embed`` of zeros ``[1, s, d]``, exactly the
-        table) and added in place to the fresh token embeddings: one ``[b, s, d]`` tensor fewer."""
-        if type(self.position) in _SHARED_TABLE and (positions is None or positions.dim() == 1):
+        """``self.position.embed(x, positions)``; for a scheme that declares ``additive_table`` with
+        positions shared by the batch, the positional part is made once (``embed`` of zeros
+        ``[1, s, d]``, exactly the table) and added in place to the fresh token embeddings: one
+        ``[b, s, d]`` tensor fewer."""
+        if self.position.additive_table and (positions is None or positions.dim() == 1):
             pe = self.position.embed(x.new_zeros(1, *x.shape[1:]), positions)  # [1, s, d] = 0 + PE
             return x.add_(pe)  # [b, s, d] + [1, s, d], in place
         return self.position.embed(x, positions)
-
-
-#: schemes whose ``embed`` is ``x + table(positions)``, so ``embed(0) + x`` gives the same numbers
-_SHARED_TABLE = (SinusoidalPE, ScaledSinusoidalPE, LearnedPE)

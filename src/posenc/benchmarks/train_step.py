@@ -79,6 +79,7 @@ def _count(model: nn.Module) -> int:
 
 def _case(name: str, scheme: str, b: int, s: int, d: int, layers: int, heads: int) -> Case:
     from posenc.model import ModelConfig, TransformerLM
+    from posenc.registry import scheme_class
 
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(0)
@@ -88,7 +89,7 @@ def _case(name: str, scheme: str, b: int, s: int, d: int, layers: int, heads: in
         ModelConfig(vocab_size=256, d_model=d, num_layers=layers, num_heads=heads, position=scheme, max_len=s)
     ).train()
     impls = [Impl(f"posenc_{scheme}", _step(mine, ids, targets), "posenc", None, "model.TransformerLM")]
-    if s > 256 and scheme != "rope":  # more than one query block: the blocked bias path is taken
+    if s > 256 and "score_bias" in scheme_class(scheme).hooks:  # more than one query block: blocked bias
         impls.append(
             Impl(
                 f"posenc_{scheme}_full_table",
