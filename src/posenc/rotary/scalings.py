@@ -37,6 +37,7 @@ class RopeScaling:
     optional: Mapping[str, Any]
     length_dependent: bool  # the frequencies change with the current length: cache raw keys
     reference: str
+    validate: Callable[[dict[str, Any]], None] | None = None  # the rule's own checks of its params
 
 
 def _freq_dtype(device: torch.device | str | None) -> torch.dtype:
@@ -151,6 +152,23 @@ def _longrope(r, base, p, seq_len, device):
 
 _L0 = "original_max_position_embeddings"
 
+
+def _check_llama3(params: dict[str, Any]) -> None:
+    if params["high_freq_factor"] <= params["low_freq_factor"]:
+        raise ValueError(
+            f"scaling['high_freq_factor'] ({params['high_freq_factor']}) must be > "
+            f"scaling['low_freq_factor'] ({params['low_freq_factor']})"
+        )
+
+
+def _check_longrope(params: dict[str, Any]) -> None:
+    if params["factor"] is None and params["max_position_embeddings"] is None:
+        raise ValueError(
+            "RoPE scaling 'longrope' needs 'factor' or 'max_position_embeddings' (factor = "
+            "max_position_embeddings / original_max_position_embeddings) for its attention factor"
+        )
+
+
 #: scaling rule name -> :class:`RopeScaling`. Keys of a ``scaling`` dict besides ``rope_type``
 #: follow Hugging Face's ``rope_parameters`` names.
 ROPE_SCALINGS: dict[str, RopeScaling] = {
@@ -186,6 +204,7 @@ ROPE_SCALINGS: dict[str, RopeScaling] = {
         {},
         False,
         "Meta Llama 3.1: interpolate long wavelengths, keep short ones, blend between",
+        _check_llama3,
     ),
     "longrope": RopeScaling(
         _longrope,
@@ -193,6 +212,7 @@ ROPE_SCALINGS: dict[str, RopeScaling] = {
         {"factor": None, "attention_factor": None, "max_position_embeddings": None},
         True,
         "Ding et al. 2024 (LongRoPE, Phi-3): per-pair factors, short/long by current length",
+        _check_longrope,
     ),
 }
 
@@ -243,16 +263,8 @@ def _check_scaling(scaling: Any, r: int) -> tuple[str, dict[str, Any]]:
             params[key] = check_positive_float(value, f"scaling[{key!r}]")
     if not isinstance(params.get("truncate", True), bool):
         raise TypeError(f"scaling['truncate'] must be a bool, got {params['truncate']!r}")
-    if name == "llama3" and params["high_freq_factor"] <= params["low_freq_factor"]:
-        raise ValueError(
-            f"scaling['high_freq_factor'] ({params['high_freq_factor']}) must be > "
-            f"scaling['low_freq_factor'] ({params['low_freq_factor']})"
-        )
-    if name == "longrope" and params["factor"] is None and params["max_position_embeddings"] is None:
-        raise ValueError(
-            "RoPE scaling 'longrope' needs 'factor' or 'max_position_embeddings' (factor = "
-            "max_position_embeddings / original_max_position_embeddings) for its attention factor"
-        )
+    if rule.validate is not None:
+        rule.validate(params)
     return name, params
 
 
