@@ -46,6 +46,57 @@ def _label(i: int, token: str) -> str:
     return f"{i}: {token}"
 
 
+def _step_figure(results: dict[str, Any], d_model: int) -> dict[str, Any]:
+    """One heatmap ``[s, d]`` per (scheme, step), a menu over schemes and a slider over steps."""
+    first = next(iter(results.values()))
+    labels = [_label(i, t) for i, t in enumerate(first.tokens)]
+    traces: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for scheme, res in results.items():
+        for step, label in STEPS:
+            z = res[step].tensor.float()  # [s, d]
+            vmax = float(z.abs().max()) or 1.0  # each step its own colour range
+            hover = (
+                f"token %{{y}}<br>dimension %{{x}}<br>value %{{z:.4f}}<extra>{html.escape(res[step].title)}"
+            )
+            traces[(scheme, label)] = [
+                {"type": "heatmap", "z": z.tolist(), "y": labels, "zmin": -vmax, "zmax": vmax,
+                 "colorscale": "RdBu", "name": res[step].title, "hovertemplate": hover + "</extra>"}
+            ]  # fmt: skip
+    layout = {
+        "xaxis": {"title": {"text": f"dimension (d = {d_model})"}, "dtick": 1},
+        "yaxis": {"autorange": "reversed", "type": "category"},
+        "margin": {"l": 110, "t": 70},
+        "height": 520,
+    }
+    return selector_figure(traces, ("scheme", list(results)), ("step", [lbl for _, lbl in STEPS]), layout)
+
+
+def _stats_table(result: Any, d_model: int) -> str:
+    """What each step does and the spread of its values (one scheme's run)."""
+    st = result.steps
+    drop = st["dropout_train"].stats
+    rows = [
+        ["E[ids]", "each id picks its row of the embedding matrix E [V, d]", st["lookup"].stats["std"]],
+        ["× √d", f"every value times √{d_model} = {d_model**0.5:.3g}", st["scaled"].stats["std"]],
+        ["+ PE", html.escape(st["positional"].stats["note"]), st["sum"].stats["std"]],
+        ["LayerNorm", "per token: mean 0, variance 1 (then a learned gain and bias, 1 and 0 at start)",
+         st["layer_norm"].stats["std"]],
+        ["dropout", f"training only: {drop['zeroed_fraction']:.0%} of values zeroed here, the rest × "
+         f"{drop['keep_scale']:.3g}; identity at evaluation", drop["std"]],
+    ]  # fmt: skip
+    head = ["step", "what happens", f"std over the {len(result.tokens)} × {d_model} values"]
+    return table(head, [[a, b, f"{c:.3f}"] for a, b, c in rows], numeric=(2,))
+
+
+_CAPTION = (
+    "Move the <b>step</b> slider to walk the input layer; hover a cell for its value. Rows are the "
+    "tokens above, columns the model's dimensions (each step has its own colour range). Notice how "
+    "× √d lifts the tiny initial embeddings to the scale of the positional encoding, how each scheme's "
+    "positional part differs (a scheme that acts inside attention adds nothing here), and how "
+    "LayerNorm puts every row back on the same scale."
+)
+
+
 def input_layer_section(schemes: Sequence[str], d_model: int = 16, dropout: float = 0.1) -> str:
     """The section's HTML: the tokens and ids as a table, the steps as one interactive figure.
 
@@ -64,81 +115,15 @@ def input_layer_section(schemes: Sequence[str], d_model: int = 16, dropout: floa
         return f"<p class='note'>This section needs HF tokenizers: pip install 'posenc[text]' ({why}).</p>"
     results = {s: encode_text(EXAMPLE, tok, scheme=s, d_model=d_model, dropout=dropout) for s in schemes}
     first = results[schemes[0]]
-    labels = [_label(i, t) for i, t in enumerate(first.tokens)]
-    traces: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for scheme, res in results.items():
-        for step, label in STEPS:
-            z = res[step].tensor.float()  # [s, d]
-            vmax = float(z.abs().max()) or 1.0
-            traces[(scheme, label)] = [
-                {
-                    "type": "heatmap",
-                    "z": z.tolist(),
-                    "y": labels,
-                    "zmin": -vmax,
-                    "zmax": vmax,
-                    "colorscale": "RdBu",
-                    "name": res[step].title,
-                    "hovertemplate": "token %{y}<br>dimension %{x}<br>value %{z:.4f}<extra>"
-                    + html.escape(res[step].title)
-                    + "</extra>",
-                }
-            ]
-    layout = {
-        "xaxis": {"title": {"text": f"dimension (d = {d_model})"}, "dtick": 1},
-        "yaxis": {"autorange": "reversed", "type": "category"},
-        "margin": {"l": 110, "t": 70},
-        "height": 520,
-    }
-    fig = selector_figure(traces, ("scheme", list(schemes)), ("step", [lbl for _, lbl in STEPS]), layout)
     tokens_table = table(
         ["position", *range(len(first.tokens))],
-        [
-            ["token", *(html.escape(repr(t)[1:-1]) for t in first.tokens)],
-            ["id", *first.ids.tolist()],
-        ],
-    )
-    st = first.steps
-    stats = table(
-        ["step", "what happens", f"std over the {len(first.tokens)} × {d_model} values"],
-        [
-            [
-                "E[ids]",
-                "each id picks its row of the embedding matrix E [V, d]",
-                f"{st['lookup'].stats['std']:.3f}",
-            ],
-            [
-                "× √d",
-                f"every value times √{d_model} = {d_model**0.5:.3g}",
-                f"{st['scaled'].stats['std']:.3f}",
-            ],
-            ["+ PE", html.escape(st["positional"].stats["note"]), f"{st['sum'].stats['std']:.3f}"],
-            [
-                "LayerNorm",
-                "per token: mean 0, variance 1 (then a learned gain and bias, 1 and 0 at start)",
-                f"{st['layer_norm'].stats['std']:.3f}",
-            ],
-            [
-                "dropout",
-                f"training only: {st['dropout_train'].stats['zeroed_fraction']:.0%} of values zeroed "
-                f"here, the rest × {st['dropout_train'].stats['keep_scale']:.3g}; identity at evaluation",
-                f"{st['dropout_train'].stats['std']:.3f}",
-            ],
-        ],
-        numeric=(2,),
-    )
-    caption = (
-        "Move the <b>step</b> slider to walk the input layer; hover a cell for its value. Rows are the "
-        "tokens above, columns the model's dimensions (each step has its own colour range). Notice how "
-        "× √d lifts the tiny initial embeddings to the scale of the positional encoding, how each scheme's "
-        "positional part differs (a scheme that acts inside attention adds nothing here), and how "
-        "LayerNorm puts every row back on the same scale."
+        [["token", *(html.escape(repr(t)[1:-1]) for t in first.tokens)], ["id", *first.ids.tolist()]],
     )
     return (
         f"<p>The sentence <code>{html.escape(EXAMPLE)}</code>, split by a small BPE tokenizer trained "
         f"on Python's own source ({tok.vocab_size} tokens), becomes {len(first.tokens)} ids:</p>"
         + tokens_table
-        + interactive("input-layer", fig, caption, height=520)
+        + interactive("input-layer", _step_figure(results, d_model), _CAPTION, height=520)
         + f"<p>The same steps as numbers ({html.escape(schemes[0])}, d = {d_model}, dropout p = {dropout}; "
-        "<code>posenc encode</code> prints them all):</p>" + stats
+        "<code>posenc encode</code> prints them all):</p>" + _stats_table(first, d_model)
     )

@@ -253,6 +253,22 @@ def _input_layer(names: list[str], parts: list[dict[str, Any]]) -> str:
     return input_layer_section(chosen)
 
 
+def _properties(results: dict[str, list[PropertyResult]]) -> str:
+    broken = [f"{r.scheme}.{r.property}" for res in results.values() for r in res if r.broken_promise]
+    verdict = (
+        "<b style='color:#b00'>Broken promises: " + html.escape(", ".join(broken)) + "</b>"
+        if broken
+        else "No scheme breaks a property it promises."
+    )
+    return (
+        "<p>Each cell: status and measured value (hover for the threshold and how it was measured). "
+        "<b>pass</b>: holds; <b>FAIL</b>: a promised property does not hold (<code>posenc verify</code> "
+        f"exits 1); <b>no</b>: does not hold and is not promised; <b>n/a</b>: does not apply. {verdict}</p>"
+        + property_table(results)
+        + property_notes(_EXPLAIN)
+    )
+
+
 def report_html(
     schemes: Sequence[str] | None = None,
     *,
@@ -286,7 +302,6 @@ def report_html(
     by_name = {t.name: t for t in trained if t.name in names}
     input_layer = _input_layer(names, parts)
     claims = common_claims() + (study_claims(study) if study else [])
-    broken_all = [f"{r.scheme}.{r.property}" for res in results.values() for r in res if r.broken_promise]
     body = {
         "which": ("Which scheme? Measured in training", study_section(study, study_folder)),
         "kernels": ("The positional kernel of every scheme", _overview(names, parts, by_name)),
@@ -297,44 +312,65 @@ def report_html(
         "explore": ("Explore", _explore(names, ctx)),
         "input": ("The input layer, end to end", input_layer),
         "schemes": ("Every scheme in detail", _scheme_sections(names, parts)),
-        "properties": (
-            "Checked properties",
-            "<p>Each cell: status and measured value (hover for the threshold and how it was measured). "
-            "<b>pass</b>: holds; <b>FAIL</b>: a promised property does not hold (<code>posenc verify</code> "
-            "exits 1); <b>no</b>: does not hold and is not promised; <b>n/a</b>: does not apply. "
-            + (
-                "<b style='color:#b00'>Broken promises: " + html.escape(", ".join(broken_all)) + "</b>"
-                if broken_all
-                else "No scheme breaks a property it promises."
-            )
-            + "</p>"
-            + property_table(results)
-            + property_notes(_EXPLAIN),
-        ),
+        "properties": ("Checked properties", _properties(results)),
         "claims": (
             "Common claims, measured",
             "<p>Statements that circulate about positional encodings, each measured here in float64 "
             "with posenc's own code.</p>" + claims_section(claims),
         ),
     }
+    return _document(body, names, ctx, fast, len(by_name), time.perf_counter() - t0)
+
+
+def _document(
+    body: dict[str, tuple[str, str]], names, ctx, fast: bool, n_trained: int, elapsed: float
+) -> str:
+    """The page: header, navigation, how to read it, the sections of ``body`` (key -> (title, HTML)),
+    plotly.js and its loader."""
     nav = "".join(f"<a href='#{k}'>{html.escape(title)}</a>" for k, (title, _) in body.items())
     sections = "".join(f"<h2 id='{k}'>{html.escape(t)}</h2>{content}" for k, (t, content) in body.items())
     ctx_text = ", ".join(f"{k}={v}" for k, v in ctx.items())
-    elapsed = time.perf_counter() - t0
+    trained = "fast mode (untrained)" if fast else f"{n_trained} learnable schemes trained"
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>posenc report</title>
 <meta name="viewport" content="width=device-width, initial-scale=1"><style>{CSS}</style></head>
 <body>
 <h1>posenc: every positional scheme, seen and checked</h1>
 <p class="muted">posenc {__version__} · torch {torch.__version__} · {len(names)} schemes · sizes:
-{html.escape(ctx_text)} · {"fast mode (untrained)" if fast else f"{len(by_name)} learnable schemes trained"}
-· page built in {elapsed:.0f} s</p>
+{html.escape(ctx_text)} · {trained} · page built in {elapsed:.0f} s</p>
 <nav>{nav}</nav>
 {HOW_TO_READ}
 {sections}
 {plotly_script()}
 </body></html>
 """
+
+
+def _train_here(names, ctx, cache_dir, progress, log, training) -> tuple[list[Any], str]:
+    """Train (or reuse) the learnable schemes of ``names``; the trained schemes and a note (HTML)."""
+    from .trained import REPORT_STUDY, default_cache_dir, learnable, train_for_report
+
+    probes = []
+    for n in names:
+        try:
+            probes.append(make_probe(n, ctx))
+        except (ValueError, TypeError):
+            continue  # reported as "cannot be built" in its section
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    trained = train_for_report(learnable(probes), cache, progress=progress, log=log, overrides=training)
+    f = {**REPORT_STUDY, **(training or {})}
+    note = (
+        f"Each was trained here, as a {f['num_layers']}-layer byte-level language model (d = {f['d_model']}, "
+        f"{f['num_heads']} heads, L = {f['train_len']}, {f['steps']} steps) on "
+        + (
+            "the Python standard library's source"
+            if f.get("corpus", "stdlib") == "stdlib"
+            else "the given corpus"
+        )
+        + f", and cached in <code>{html.escape(str(cache))}</code>. One seed: these panels show what "
+        "training does to a table, not which scheme is better."
+    )
+    return trained, note
 
 
 def build_report(
@@ -370,48 +406,24 @@ def build_report(
         training: study fields replacing the report's training defaults
             (:data:`~posenc.analysis.trained.REPORT_STUDY`), e.g. ``{"steps": 50}``.
     """
-    from .trained import default_cache_dir, learnable, read_study, train_for_report
+    from .trained import read_study
 
     names = list(schemes) if schemes else registered_schemes()
     for n in names:
         check_choice(n, "scheme", registered_schemes())
     results, trained, note = None, [], ""
     if study is not None:
-        results = (
-            json.loads((Path(study) / "results.json").read_text(encoding="utf-8"))
-            if (Path(study) / "results.json").is_file()
-            else None
-        )
         trained = read_study(study)  # raises with the fix when the folder holds no study
+        results = json.loads((Path(study) / "results.json").read_text(encoding="utf-8"))
         note = f"Checkpoints of the study in <code>{html.escape(str(study))}</code> (its first seed)."
     elif not fast:
-        ctx = {**DEFAULT_CONTEXT, **(context or {})}
-        probes = []
-        for n in names:
-            try:
-                probes.append(make_probe(n, ctx))
-            except (ValueError, TypeError):
-                continue  # reported as "cannot be built" in its section
-        cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-        trained = train_for_report(learnable(probes), cache, progress=progress, log=log, overrides=training)
-        note = (
-            "Each was trained here, as a 2-layer byte-level language model (d = 64, 4 heads) on the Python "
-            f"standard library's source, and cached in <code>{html.escape(str(cache))}</code>. "
-            "One seed: these panels show what training does to a table, not which scheme is better."
+        trained, note = _train_here(
+            names, {**DEFAULT_CONTEXT, **(context or {})}, cache_dir, progress, log, training
         )
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "index.html"
-    page = report_html(
-        names,
-        context=context,
-        dpi=dpi,
-        workers=workers,
-        trained=trained,
-        fast=fast and study is None,
-        study=results,
-        study_folder=str(study) if study is not None else None,
-        trained_note=note,
-    )
+    page = report_html(names, context=context, dpi=dpi, workers=workers, trained=trained,
+                       fast=fast and study is None, study=results,
+                       study_folder=str(study) if study is not None else None, trained_note=note)  # fmt: skip
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    path = Path(out_dir) / "index.html"
     path.write_text(page, encoding="utf-8")
     return path

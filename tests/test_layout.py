@@ -1,0 +1,236 @@
+"""The code's shape, checked: imports go one way (no cycle, never from a lower layer to a higher one),
+files and functions stay small, and no module outside a scheme's own file and the registry tells
+schemes apart by name. Read with :mod:`ast`; nothing is imported."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PKG = SRC / "posenc"
+
+#: Lower layers first; a module may import its own layer and the ones before it. Function-level
+#: imports count too (a late import is still a dependency).
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("posenc._validate", "posenc._paths", "posenc._alloc", "posenc._precision", "posenc._catalog",
+     "posenc.positions", "posenc.kernels"),
+    ("posenc.base", "posenc.absolute", "posenc.rotary", "posenc.bias", "posenc.relative", "posenc.registry"),
+    ("posenc.embedding", "posenc.vectors"),
+    ("posenc.model",),
+    ("posenc.text",),
+    ("posenc.lab",),
+    ("posenc.analysis", "posenc.benchmarks", "posenc.bench"),
+    ("posenc.cli", "posenc.__main__"),
+)  # fmt: skip
+
+#: Files allowed past 500 lines, each with the reason (to be split, not to grow).
+LONG_FILES: dict[str, str] = {
+    "model/attention.py": "the attention plan, the KV cache and the attention module: to be split",
+    "model/transformer.py": "blocks, stacks and the two model classes: to be split",
+}
+
+#: Functions allowed past 60 lines (body and docstring), with the reason.
+LONG_FUNCTIONS: dict[str, str] = {
+    "benchmarks/rope.py:_case": "one benchmark table: each peer configured and checked in line",
+    "benchmarks/bias.py:_case": "one benchmark table: each peer configured and checked in line",
+    "benchmarks/train_step.py:_case": "one benchmark table: each peer configured and checked in line",
+    "text/pipeline.py:run_pipeline": "the input layer step by step, one statement per step, in order",
+    "lab/train.py:train": "the training loop; its pieces are already functions",
+    "kernels/_rope_triton_jit.py:rope_pair_kernel": "a Triton kernel: one compiled function",
+    "rotary/apply.py:apply_rotary": "argument checks of a public function, then three paths",
+    "model/attention.py:plan_attention": "to be split by case",
+    "lab/commands.py:extrapolate_run": "to be split",
+    "lab/commands.py:extrapolate_args": "argparse declarations, one per flag",
+    "lab/cells.py:run_cell": "to be split",
+    "lab/plot.py:plot_study": "one figure, three panels",
+    "lab/checkpoint.py:save_checkpoint": "to be split",
+    "kernels/attention_cpu.py:causal_attention_with_bias": "one blocked loop with its checks",
+    "text/pipeline.py:format_pipeline": "one printed table per step",
+    "lab/extrapolate.py:format_table": "to be split",
+    "text/corpus.py:load_corpus": "to be split",
+    "rotary/hf.py:hf_rope_config": "one case per Hugging Face config generation",
+    "text/projection.py:plot_embedding_space": "one figure",
+    "lab/evaluate.py:evaluate_lm": "to be split",
+    "bench.py:bench_run": "to be split",
+    "model/config.py:__post_init__": "one check per field",
+    "lab/extrapolate.py:_run_study": "to be split",
+    "bias.py:t5_relative_bucket": "T5's bucket formula with its argument checks, as in the paper's code",
+}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PKG.rglob("*.py"):
+        parts = path.relative_to(SRC).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """Every posenc module ``name`` imports, at any depth of its code."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")
+            if node.level:
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join([*base, node.module] if node.module else base)
+            else:
+                target = node.module or ""
+            targets = [
+                f"{target}.{a.name}" if f"{target}.{a.name}" in MODULES else target for a in node.names
+            ]
+        else:
+            continue
+        out |= {t for t in targets if t in MODULES and t != name}
+    return out
+
+
+GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
+
+
+def _layer(name: str) -> int | None:
+    found = None
+    for i, group in enumerate(LAYERS):
+        if any(name == g or name.startswith(g + ".") for g in group):
+            found = i
+    return found
+
+
+def test_every_module_has_a_layer():
+    assert [m for m in MODULES if m != "posenc" and _layer(m) is None] == []
+
+
+def test_no_import_goes_up_a_layer():
+    up = [
+        f"{m} -> {d}"
+        for m, deps in GRAPH.items()
+        for d in deps
+        if _layer(m) is not None and _layer(d) is not None and _layer(d) > _layer(m)
+    ]
+    assert up == []
+
+
+def test_no_import_cycle():
+    """Tarjan's strongly connected components: any component of two or more modules is a cycle."""
+    index, low, stack, on, cycles = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in GRAPH[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in GRAPH:
+        if v not in index:
+            visit(v)
+    assert cycles == []
+
+
+def _rel(path: Path) -> str:
+    return path.relative_to(PKG).as_posix()
+
+
+def test_files_stay_under_500_lines():
+    long = {_rel(p): n for p in MODULES.values() if (n := len(p.read_text().splitlines())) > 500}
+    assert set(long) <= set(LONG_FILES), {k: v for k, v in long.items() if k not in LONG_FILES}
+    stale = set(LONG_FILES) - set(long)
+    assert not stale, f"remove from LONG_FILES (now short): {stale}"
+
+
+def test_functions_stay_under_60_lines():
+    long = set()
+    for path in MODULES.values():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (
+                isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and node.end_lineno - node.lineno >= 60
+            ):
+                long.add(f"{_rel(path)}:{node.name}")
+    assert long <= set(LONG_FUNCTIONS), sorted(long - set(LONG_FUNCTIONS))
+    stale = set(LONG_FUNCTIONS) - long
+    assert not stale, f"remove from LONG_FUNCTIONS (now short): {sorted(stale)}"
+
+
+def _scheme_names() -> set[str]:
+    names = set()
+    for path in PKG.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                for stmt in node.body:
+                    is_name = isinstance(stmt, ast.Assign) and getattr(stmt.targets[0], "id", "") == "name"
+                    if is_name and isinstance(stmt.value, ast.Constant) and stmt.value.value != "base":
+                        names.add(stmt.value.value)
+    for path in (PKG / "rotary").glob("*.py"):
+        names |= {
+            stmt.value.value
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, ast.ClassDef)
+            for stmt in node.body
+            if isinstance(stmt, ast.Assign) and getattr(stmt.targets[0], "id", "") == "name"
+        }
+    return names
+
+
+#: Where scheme names may be compared: the schemes' own files and the registry; the benchmarks
+#: (their peers are other libraries' implementations of one named scheme).
+NAME_OK = ("absolute.py", "bias.py", "relative.py", "rotary/", "registry.py", "_catalog.py", "benchmarks/")
+
+
+def test_no_module_compares_scheme_names_outside_the_schemes():
+    names = _scheme_names()
+    assert {"sinusoidal", "rope", "alibi", "t5", "learned"} <= names
+    found = []
+    for path in MODULES.values():
+        if _rel(path).startswith(NAME_OK):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Compare):
+                continue
+            parts = [node.left, *node.comparators]
+            values = [p.value for p in parts if isinstance(p, ast.Constant)]
+            values += [e.value for p in parts if isinstance(p, (ast.Tuple, ast.List, ast.Set)) for e in p.elts
+                       if isinstance(e, ast.Constant)]  # fmt: skip
+            if any(isinstance(v, str) and v in names for v in values):
+                found.append(f"{_rel(path)}:{node.lineno}: {ast.unparse(node)}")
+    assert found == []
+
+
+def test_ruff_check_and_format_are_clean():
+    """The CI's style gate: `ruff check` and `ruff format --check` over src and tests."""
+    import shutil
+    import subprocess
+    import sys
+
+    import pytest
+
+    if shutil.which("ruff") is None and subprocess.run([sys.executable, "-m", "ruff", "--version"],
+                                                        capture_output=True).returncode != 0:  # fmt: skip
+        pytest.skip("ruff is not installed (pip install -e '.[dev]')")
+    root = SRC.parent
+    for args in (["check", "src", "tests"], ["format", "--check", "src", "tests"]):
+        done = subprocess.run([sys.executable, "-m", "ruff", *args], cwd=root, capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-500:]
