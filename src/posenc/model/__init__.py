@@ -3,30 +3,15 @@
 Legend: ``b`` batch, ``s`` sequence length, ``d`` model width, ``V`` vocabulary. See docs/model.md.
 """
 
-from .attention import (
-    AttentionPlan,
-    KVCache,
-    MultiHeadAttention,
-    attend,
-    causal_mask,
-    plan_attention,
-    plan_cross_attention,
-)
+from .attention import MultiHeadAttention, attend
+from .cache import KVCache
 from .classes import MODEL_CLASSES
 from .config import NORMS, ModelConfig
+from .plan import AttentionPlan, causal_mask, plan_attention, plan_cross_attention
 from .pretrained import Pretrained, from_pretrained, save_pretrained
 from .saving import load_model, save_model
-from .transformer import (
-    MLP,
-    Block,
-    Decoder,
-    Encoder,
-    EncoderDecoder,
-    LMOutput,
-    Memory,
-    TransformerLM,
-    sample_next,
-)
+from .stack import MLP, Block, Decoder, Encoder, Memory
+from .transformer import EncoderDecoder, LMOutput, TransformerLM, sample_next
 
 __all__ = [
     "MLP",
