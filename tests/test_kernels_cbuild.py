@@ -54,7 +54,10 @@ def test_a_corrupt_cached_library_is_rebuilt(cache):
 
 
 def test_status_names_why_a_kernel_is_off(monkeypatch):
+    from posenc.kernels import set_enabled
+
     monkeypatch.setenv("POSENC_C_KERNELS", "0")
     assert _cbuild.status("anything") == "disabled"
     monkeypatch.setenv("POSENC_C_KERNELS", "1")
+    set_enabled(None)  # the variable is read once: read it again
     assert _cbuild.status("never_built_kernel") == "not built yet"

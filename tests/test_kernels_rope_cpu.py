@@ -215,7 +215,9 @@ def test_disabled_kernels_fall_back(monkeypatch):
     monkeypatch.setitem(rope_cpu._state, "fn", None)
     assert not rope_cpu.usable(x, cos, sin)
     assert torch.equal(posenc.apply_rotary(x, cos, sin), reference(x, cos, sin, "half"))
-    monkeypatch.setenv("POSENC_C_KERNELS", "0")
+    from posenc.kernels import set_enabled
+
+    set_enabled(False)  # as POSENC_C_KERNELS=0 at start-up
     assert not _cbuild.enabled() and _cbuild.load("posenc_test_disabled", "int f(void){return 1;}") is None
 
 
@@ -289,3 +291,33 @@ def test_a_compiled_model_runs_the_kernel_with_the_eager_numbers(monkeypatch):
     assert torch.equal(got, want)
     for p, g in zip(model.parameters(), grads):
         assert torch.equal(p.grad, g)
+
+
+def test_the_switch_is_read_once_and_changes_at_run_time(monkeypatch):
+    """POSENC_C_KERNELS is read at the first decision; posenc.kernels.set_enabled switches every
+    fast path at once, also after the library was loaded (it used to stay on)."""
+    from posenc import kernels
+
+    x = torch.randn(2, 3, 8, 16)
+    angles = torch.rand(8, 8)
+    cos, sin = angles.cos(), angles.sin()
+    calls = _counting(monkeypatch)
+    try:
+        kernels.set_enabled(None)
+        monkeypatch.setenv("POSENC_C_KERNELS", "1")
+        want = posenc.apply_rotary(x, cos, sin)
+        assert calls["n"] == 1 and kernels.enabled()
+        monkeypatch.setenv("POSENC_C_KERNELS", "0")  # read once: no effect until asked to re-read
+        posenc.apply_rotary(x, cos, sin)
+        assert calls["n"] == 2
+        kernels.set_enabled(False)
+        got = posenc.apply_rotary(x, cos, sin)
+        assert calls["n"] == 2 and torch.equal(got, want)  # the reference path, same numbers
+        kernels.set_enabled(None)  # re-read the environment: still off
+        posenc.apply_rotary(x, cos, sin)
+        assert calls["n"] == 2 and not kernels.enabled()
+        with pytest.raises(TypeError, match="on must be True, False or None"):
+            kernels.set_enabled("no")
+    finally:
+        kernels.set_enabled(None)
+        monkeypatch.delenv("POSENC_C_KERNELS")

@@ -18,7 +18,7 @@ if DEVICE == "cpu":
     os.environ["TRITON_INTERPRET"] = "1"
 
 import posenc  # noqa: E402
-from posenc.kernels import rope_triton  # noqa: E402
+from posenc.kernels import rope_triton, set_enabled  # noqa: E402
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
@@ -140,5 +140,5 @@ def test_not_used_for_what_it_cannot_take(monkeypatch):
     assert not rope_triton.usable(x, cos, sin)
     assert not rope_triton.usable(x[0].double(), cos.double(), sin.double())
     assert rope_triton.usable(x[0], cos, sin)
-    monkeypatch.setenv("POSENC_C_KERNELS", "0")  # fast paths off: the reference everywhere
+    set_enabled(False)  # fast paths off: the reference everywhere
     assert not rope_triton.usable(x[0], cos, sin)

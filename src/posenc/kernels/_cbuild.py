@@ -29,6 +29,8 @@ import threading
 import warnings
 from pathlib import Path
 
+from . import _settings
+
 __all__ = ["cache_dir", "enabled", "load"]
 
 # -ffp-contract=off: no fused multiply-add, every product is rounded as PyTorch rounds it.
@@ -48,8 +50,9 @@ _loaded: dict[str, ctypes.CDLL | None] = {}
 
 
 def enabled() -> bool:
-    """False when ``POSENC_C_KERNELS`` is ``0``/``false``/``no``/``off`` (reference paths only)."""
-    return os.environ.get("POSENC_C_KERNELS", "1").strip().lower() not in ("0", "false", "no", "off")
+    """False when fast paths are switched off (:mod:`posenc.kernels._settings`: ``POSENC_C_KERNELS=0``
+    or ``posenc.kernels.set_enabled(False)``)."""
+    return _settings.enabled()
 
 
 def cache_dir() -> Path:

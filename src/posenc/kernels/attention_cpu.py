@@ -25,7 +25,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from . import _cbuild, _memory
+from . import _memory, _settings
 
 __all__ = ["BLOCK_SIZE", "BiasFn", "causal_attention_with_bias", "scheme_bias_fn", "usable"]
 
@@ -46,16 +46,9 @@ def usable(q: torch.Tensor) -> bool:
     future keys, and the full-table path then shares one bias between layers), outside
     ``torch.compile``/tracing (a compiled graph fuses the full-table path itself) and ``torch.func``
     transforms, and fast paths not switched off (``POSENC_C_KERNELS=0`` runs every reference path)."""
-    if torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.jit.is_scripting():
+    if torch.compiler.is_compiling() or not _settings.eager(q):  # scratch buffers need real storage
         return False
-    if type(q) is not torch.Tensor or q.device.type != "cpu" or q.shape[-2] <= BLOCK_SIZE:
-        return False
-    if _functorch is not None and _functorch.is_functorch_wrapped_tensor(q):
-        return False  # torch.func transforms: the scratch buffers have no storage to hand out
-    return _cbuild.enabled()
-
-
-_functorch = getattr(torch._C, "_functorch", None)
+    return q.device.type == "cpu" and q.shape[-2] > BLOCK_SIZE and _settings.enabled()
 
 
 class _AlibiBlocks:

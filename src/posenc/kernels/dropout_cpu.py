@@ -32,7 +32,7 @@ import ctypes
 
 import torch
 
-from . import _cbuild, _memory
+from . import _cbuild, _memory, _settings
 
 __all__ = [
     "available",
@@ -155,22 +155,18 @@ def usable(x: torch.Tensor) -> bool:
     if torch.compiler.is_compiling():  # traced: the kernel enters the graph as posenc::dropout_cpu
         ok = x.device.type == "cpu" and x.layout == torch.strided and x.dtype in _DTYPES
         return ok and x.is_contiguous() and x.numel() > 0 and _available_when_compiled()
-    if torch.jit.is_tracing() or torch.jit.is_scripting():
-        return False
-    if type(x) is not torch.Tensor or x.device.type != "cpu" or x.layout != torch.strided:
-        return False
+    if not _settings.eager(x) or x.device.type != "cpu" or x.layout != torch.strided:
+        return False  # subclasses, Parameters, tracing, torch.func transforms: the reference path
     if x.dtype not in _DTYPES or not x.is_contiguous() or x.numel() == 0:
         return False
-    functorch = getattr(torch._C, "_functorch", None)
-    if functorch is not None and functorch.is_functorch_wrapped_tensor(x):
-        return False
-    return available()
+    return _settings.enabled() and available()
 
 
 @torch.compiler.assume_constant_result
 def _available_when_compiled() -> bool:
-    """:func:`available`, evaluated once while torch.compile traces (a constant in the graph)."""
-    return available()
+    """Switched on and :func:`available`, evaluated once while torch.compile traces (a constant in
+    the graph)."""
+    return _settings.enabled() and available()
 
 
 def threshold(p: float) -> int:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _memory
+from . import _memory, _settings
 
 __all__ = ["gather", "usable"]
 
@@ -25,18 +25,13 @@ _MIN_BYTES = 4 << 20
 def usable(weight: torch.Tensor, ids: torch.Tensor) -> bool:
     """Whether :func:`gather` is worth it and allowed: plain CPU tensors, big enough output, huge
     pages available, outside ``torch.compile``/tracing/functorch transforms."""
-    if torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.jit.is_scripting():
-        return False
-    if type(weight) is not torch.Tensor and not isinstance(weight, torch.nn.Parameter):
-        return False
-    if type(ids) is not torch.Tensor or weight.device.type != "cpu" or ids.device.type != "cpu":
-        return False
-    if weight.dim() != 2 or ids.numel() * weight.shape[1] * weight.element_size() < _MIN_BYTES:
-        return False
-    functorch = getattr(torch._C, "_functorch", None)
-    if functorch is not None and (
-        functorch.is_functorch_wrapped_tensor(ids) or functorch.is_functorch_wrapped_tensor(weight)
+    if torch.compiler.is_compiling() or not (
+        _settings.eager(ids) and _settings.eager(weight, parameters=True)
     ):
+        return False
+    if weight.device.type != "cpu" or ids.device.type != "cpu" or weight.dim() != 2:
+        return False
+    if ids.numel() * weight.shape[1] * weight.element_size() < _MIN_BYTES:
         return False
     return _memory.hugepages_enabled()
 

@@ -36,7 +36,7 @@ import warnings
 
 import torch
 
-from . import _cbuild, _memory
+from . import _cbuild, _memory, _settings
 
 __all__ = ["available", "check_out", "rope_op", "rotate", "usable"]
 
@@ -233,33 +233,27 @@ def usable(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
     when the kernel is available.
     (Ordered so the common case costs ~1 us: this runs on every decoding step.)
     """
-    if _compiling():  # dynamo sees FakeTensors: only their metadata is checked below
-        pass
-    elif type(x) is not torch.Tensor or type(cos) is not torch.Tensor or type(sin) is not torch.Tensor:
-        return False  # subclasses (FakeTensor, DTensor, ...) and Parameters take the reference path
+    if not _compiling() and not _settings.eager(x, cos, sin):
+        return False  # subclasses (FakeTensor, DTensor, ...), Parameters, tracing, torch.func
     if x.dtype not in _DTYPES or not (x.is_cpu and cos.is_cpu and sin.is_cpu) or x.layout != torch.strided:
         return False
     if not 2 <= x.dim() <= _MAX_DIMS or x.stride(-1) != 1 or x.numel() == 0:
         return False
     if (cos.requires_grad or sin.requires_grad) and torch.is_grad_enabled():
         return False
-    if _compiling():  # traced by torch.compile: the kernel enters the graph as the op posenc::rope_cpu
+    if _compiling():  # traced by torch.compile (dynamo sees FakeTensors): the op posenc::rope_cpu
         return _available_when_compiled()
-    if torch.jit.is_tracing():
-        return False
-    if _functorch is not None and _functorch.is_functorch_wrapped_tensor(x):
-        return False
-    return available()
+    return _settings.enabled() and available()
 
 
-_functorch = getattr(torch._C, "_functorch", None)
 _compiling = torch.compiler.is_compiling
 
 
 @torch.compiler.assume_constant_result
 def _available_when_compiled() -> bool:
-    """:func:`available`, evaluated once while torch.compile traces (a constant in the graph)."""
-    return available()
+    """Switched on and :func:`available`, evaluated once while torch.compile traces (a constant in
+    the graph)."""
+    return _settings.enabled() and available()
 
 
 def _table_strides(shape: torch.Size, stride: tuple[int, ...], nd: int) -> list[int]:

@@ -30,7 +30,7 @@ import warnings
 
 import torch
 
-from . import _cbuild
+from . import _settings
 from .rope_cpu import rotate_with
 
 __all__ = ["available", "rotate", "rotate_pair", "takes", "usable"]
@@ -136,22 +136,20 @@ def _device_ok(x: torch.Tensor) -> bool:
 def usable(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
     """Whether :func:`posenc.apply_rotary` should use :func:`rotate` for these (validated) inputs:
     :func:`takes` them, and fast paths are not switched off (``POSENC_C_KERNELS=0``)."""
-    return _cbuild.enabled() and takes(x, cos, sin)
+    return _settings.enabled() and takes(x, cos, sin)
 
 
 def takes(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
     """Whether the kernel can rotate ``x``: CUDA tensors (CPU ones under ``TRITON_INTERPRET=1``) of
     dtype float32/bfloat16/float16, at most 4 dims, contiguous last dim, tables without gradients,
     outside ``torch.compile``, with Triton installed and its self-check passed on this device."""
-    if type(x) is not torch.Tensor or type(cos) is not torch.Tensor or type(sin) is not torch.Tensor:
+    if torch.compiler.is_compiling() or not _settings.eager(x, cos, sin):
         return False
     if x.dtype not in _DTYPES or not _device_ok(x) or cos.device != x.device or sin.device != x.device:
         return False
     if not 2 <= x.dim() <= 4 or x.stride(-1) != 1 or x.numel() == 0 or cos.dim() > x.dim():
         return False
     if (cos.requires_grad or sin.requires_grad) and torch.is_grad_enabled():
-        return False
-    if torch.compiler.is_compiling() or torch.jit.is_tracing():
         return False
     return available(x.device)
 
