@@ -1,0 +1,185 @@
+"""Tests of posenc.rotary.apply: apply_rotary against RoFormer's rotation matrix, both pair layouts
+("half", "interleaved", and Meta's complex-number form), partial rotary, the rotation's invariants
+(norm kept, logits depend on distance only), and the qk_layout axis orders ("bhsd", "bshd")."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import posenc
+from _rotary_refs import F64, ref_rotate, scaling_for, vec_dims
+from posenc.rotary import ROPE_SCALINGS, Rope2D, RotaryEmbedding, XPos
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("r", [16, 8])
+def test_apply_rotary_matches_rotation_matrix(layout, r):
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 7, 16, dtype=F64)
+    angles = torch.randn(7, r // 2, dtype=F64) * 10
+    out = posenc.apply_rotary(x, angles.cos(), angles.sin(), layout=layout)
+    torch.testing.assert_close(out, ref_rotate(x, angles, layout), rtol=1e-12, atol=1e-12)
+    assert torch.equal(out[..., r:], x[..., r:])  # partial rotary: pass-through bit-identical
+
+
+def test_apply_rotary_per_token_tables_broadcast_over_heads():
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, 5, 8, dtype=F64)
+    angles = torch.randn(2, 1, 5, 4, dtype=F64)  # [b, 1, s, r/2]
+    out = posenc.apply_rotary(x, angles.cos(), angles.sin())
+    torch.testing.assert_close(out, ref_rotate(x, angles, "half"), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_apply_rotary_gradcheck(layout):
+    torch.manual_seed(0)
+    x = torch.randn(1, 2, 3, 6, dtype=F64, requires_grad=True)
+    a = torch.randn(3, 2, dtype=F64)
+    cos, sin = a.cos().requires_grad_(), a.sin().requires_grad_()
+    assert torch.autograd.gradcheck(
+        lambda x, c, s: posenc.apply_rotary(x, c, s, layout=layout), (x, cos, sin)
+    )
+
+
+def test_apply_rotary_errors():
+    x, c = torch.randn(1, 1, 4, 8), torch.randn(4, 4)
+    with pytest.raises(ValueError, match="unknown layout 'neox'; valid values: 'half', 'interleaved'"):
+        posenc.apply_rotary(x, c, c, layout="neox")
+    with pytest.raises(TypeError, match="x must be a floating-point tensor"):
+        posenc.apply_rotary(x.long(), c, c)
+    with pytest.raises(TypeError, match="sin must be a floating-point tensor"):
+        posenc.apply_rotary(x, c, c.long())
+    with pytest.raises(ValueError, match="cos and sin must have the same shape"):
+        posenc.apply_rotary(x, c, c[:, :2])
+    with pytest.raises(ValueError, match=r"cos/sin cover r = 16 dims .* x has d_h = 8"):
+        posenc.apply_rotary(x, torch.randn(4, 8), torch.randn(4, 8))
+    with pytest.raises(ValueError, match="rotary_dim=4 does not match cos/sin, which are half width"):
+        posenc.apply_rotary(x, c, c, rotary_dim=4)
+    with pytest.raises(ValueError, match=r"do not broadcast to x\[..., :r/2\]"):
+        posenc.apply_rotary(x, torch.randn(3, 1, 4, 4), torch.randn(3, 1, 4, 4))
+
+
+def test_interleaved_equals_meta_complex_form():
+    """Meta's llama reference: view pairs as complex numbers, multiply by polar(1, m theta)."""
+    torch.manual_seed(0)
+    q = torch.randn(2, 4, 50, 64)
+    rope = posenc.build("rope", head_dim=64, base=500000.0, layout="interleaved")
+    inv, _ = rope.frequencies()
+    angles = torch.outer(torch.arange(50).float(), inv.float())  # [s, d_h/2]
+    freqs_cis = torch.polar(torch.ones_like(angles), angles)  # [s, d_h/2] complex
+    q_c = torch.view_as_complex(q.reshape(*q.shape[:-1], -1, 2))  # [b, h, s, d_h/2]
+    meta = torch.view_as_real(q_c * freqs_cis).flatten(-2)
+    oq, _ = rope.rotate(q, q)
+    torch.testing.assert_close(oq, meta, rtol=1e-6, atol=1e-6)
+
+
+@settings(deadline=None, max_examples=40)
+@given(
+    d=vec_dims,
+    m=st.integers(0, 10**5),
+    layout=st.sampled_from(["half", "interleaved"]),
+    rule=st.sampled_from(list(ROPE_SCALINGS)),
+    seed=st.integers(0, 2**16),
+)
+def test_property_norm_preserved(d, m, layout, rule, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(1, 1, 1, d, dtype=F64, generator=g)
+    inv, scale = posenc.rope_frequencies(d, scaling=scaling_for(rule, d), seq_len=m + 1, dtype=F64)
+    cos, sin = posenc.rope_cos_sin(torch.tensor([m]), inv, attention_scale=scale, dtype=F64)
+    y = posenc.apply_rotary(x, cos, sin, layout=layout)
+    torch.testing.assert_close(y.norm(), x.norm() * scale, rtol=1e-12, atol=0)
+
+
+@settings(deadline=None, max_examples=40)
+@given(
+    d=vec_dims,
+    m=st.integers(0, 5000),
+    n=st.integers(0, 5000),
+    t=st.integers(-5000, 5000),
+    layout=st.sampled_from(["half", "interleaved"]),
+    seed=st.integers(0, 2**16),
+)
+def test_property_logit_depends_only_on_distance(d, m, n, t, layout, seed):
+    g = torch.Generator().manual_seed(seed)
+    q, k = torch.randn(1, 1, 1, d, dtype=F64, generator=g), torch.randn(1, 1, 1, d, dtype=F64, generator=g)
+    inv, _ = posenc.rope_frequencies(d, dtype=F64)
+
+    def logit(a, b):
+        ca, sa = posenc.rope_cos_sin(torch.tensor([a]), inv, dtype=F64)
+        cb, sb = posenc.rope_cos_sin(torch.tensor([b]), inv, dtype=F64)
+        return (
+            posenc.apply_rotary(q, ca, sa, layout=layout) * posenc.apply_rotary(k, cb, sb, layout=layout)
+        ).sum()
+
+    torch.testing.assert_close(logit(m, n), logit(m + t, n + t), rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("make", [lambda: RotaryEmbedding(64), lambda: XPos(64), lambda: RotaryEmbedding(
+    64, layout="interleaved", partial_rotary_factor=0.5,
+    scaling={"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 32})])  # fmt: skip
+@pytest.mark.parametrize("per_row", [False, True])
+def test_bshd_equals_bhsd_transposed(make, per_row):
+    rope = make()
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 4, 100, 64), torch.randn(2, 2, 100, 64)  # GQA: h_kv = 2
+    pos = torch.randint(0, 90, (2, 100)) if per_row else torch.arange(7, 107)
+    ref_q, ref_k = rope.rotate(q, k, pos, pos)
+    for qs, ks in ((q.transpose(1, 2), k.transpose(1, 2)),  # views
+                   (q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous())):  # fmt: skip
+        got_q, got_k = rope.rotate(qs, ks, pos, pos, qk_layout="bshd")
+        assert got_q.shape == (2, 100, 4, 64) and got_k.shape == (2, 100, 2, 64)
+        torch.testing.assert_close(got_q.transpose(1, 2), ref_q, rtol=0, atol=0)
+        torch.testing.assert_close(got_k.transpose(1, 2), ref_k, rtol=0, atol=0)
+
+
+def test_bshd_as_module_default_and_call():
+    torch.manual_seed(0)
+    q = torch.randn(1, 100, 4, 64)  # [b, s, h, d_h]
+    rope = posenc.build("rope", head_dim=64, qk_layout="bshd")
+    ref, _ = posenc.build("rope", head_dim=64)(q.transpose(1, 2), q.transpose(1, 2))
+    got, _ = rope(q, q)
+    torch.testing.assert_close(got.transpose(1, 2), ref, rtol=0, atol=0)
+    assert "qk_layout='bshd'" in repr(rope)
+
+
+def test_apply_rotary_bshd_tables():
+    torch.manual_seed(0)
+    rope = RotaryEmbedding(16)
+    x = torch.randn(3, 10, 2, 16)  # [b, s, h, d_h]
+    pos = torch.randint(0, 50, (3, 10))
+    cos, sin = rope.cos_sin(pos, qk_layout="bshd")
+    assert cos.shape == (3, 10, 1, 8)
+    ref_cos, ref_sin = rope.cos_sin(pos)  # [b, 1, s, r/2]
+    ref = posenc.apply_rotary(x.transpose(1, 2), ref_cos, ref_sin)
+    got = posenc.apply_rotary(x, cos, sin, qk_layout="bshd")
+    torch.testing.assert_close(got.transpose(1, 2), ref, rtol=0, atol=0)
+    shared = posenc.apply_rotary(x, *rope.cos_sin(torch.arange(10)), qk_layout="bshd")  # [s, r/2]
+    torch.testing.assert_close(shared, rope.rotate(x, x, qk_layout="bshd")[0], rtol=0, atol=0)
+
+
+def test_positions_that_cannot_match_the_sequence_axis_raise_naming_the_layout():
+    rope = RotaryEmbedding(64)
+    q = torch.randn(1, 100, 4, 64)  # [b, s, h, d_h] passed without saying so
+    with pytest.raises(ValueError, match=r"q_positions must have shape .* s = 4.*pass qk_layout='bshd'"):
+        rope.rotate(q, q, torch.arange(100), torch.arange(100))
+    cos, sin = rope.cos_sin(torch.arange(100))
+    with pytest.raises(ValueError, match=r"cos/sin \(100, 32\) hold 100 positions .*qk_layout='bshd'"):
+        posenc.apply_rotary(q, cos, sin)
+    with pytest.raises(ValueError, match=r"s = 100 along its sequence axis \(dim 1: qk_layout='bshd'"):
+        posenc.apply_rotary(q, *rope.cos_sin(torch.arange(4)), qk_layout="bshd")
+    with pytest.raises(ValueError, match=r"unknown qk_layout 'bsdh'.*did you mean 'bshd'"):
+        rope.rotate(q, q, qk_layout="bsdh")
+    with pytest.raises(ValueError, match="unknown qk_layout"):
+        RotaryEmbedding(64, qk_layout="sbhd")
+
+
+def test_rope_2d_bshd():
+    torch.manual_seed(0)
+    rope = Rope2D(16, grid=(3, 4))
+    q = torch.randn(2, 2, 12, 16)
+    ref, _ = rope.rotate(q, q)
+    got, _ = rope.rotate(q.transpose(1, 2), q.transpose(1, 2), qk_layout="bshd")
+    torch.testing.assert_close(got.transpose(1, 2), ref, rtol=0, atol=0)
