@@ -117,6 +117,10 @@ class ToyContent(PositionalScheme):
             / self.head_dim**0.5
         )
 
+    @property
+    def has_relative_values(self):
+        return self.rel_v is not None
+
     def relative_values(self, q_positions, k_positions):
         if self.rel_v is None:
             return None

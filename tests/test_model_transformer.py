@@ -25,6 +25,7 @@ from posenc.model import (
     load_model,
     save_model,
 )
+from posenc.kernels import set_enabled
 from posenc.registry import scheme_class
 
 V = 37
@@ -712,6 +713,7 @@ def test_blocked_cpu_bias_path_equals_the_full_table_path(position, monkeypatch)
 
     def run(fast: str):
         monkeypatch.setenv("POSENC_C_KERNELS", fast)
+        set_enabled(None)  # the switch is read once per process: read it again
         blocked_calls.clear()
         model.zero_grad()
         logits = model(ids).logits

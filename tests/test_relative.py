@@ -79,7 +79,7 @@ def test_shaw_matches_paper_reference(dtype):
     assert a_v.shape == (b, 1, s_q, s_k, d_h)
     torch.testing.assert_close((probs[..., None] * a_v).sum(-2), scheme.relative_value_output(probs, qp, kp))
     assert scheme.relative_values(torch.arange(s_q), torch.arange(s_k)).shape == (s_q, s_k, d_h)
-    assert scheme.capabilities == ("relative_values",)
+    assert scheme.has_relative_values
 
 
 def test_shaw_clipping_and_sharing_across_heads():
@@ -88,7 +88,7 @@ def test_shaw_clipping_and_sharing_across_heads():
     bias = scheme.score_bias(torch.tensor([50]), torch.arange(101), q)[0, :, 0]  # [h, s_k]
     assert torch.equal(bias[0], bias[1])  # one table shared by the heads
     assert bool((bias[:, :47] == bias[:, :1]).all()) and bool((bias[:, 53:] == bias[:, -1:]).all())
-    assert scheme.relative_values(torch.arange(2), torch.arange(2)) is None and scheme.capabilities == ()
+    assert scheme.relative_values(torch.arange(2), torch.arange(2)) is None and not scheme.has_relative_values
 
 
 @FAST

@@ -86,7 +86,7 @@ class PositionalScheme(nn.Module):
     hooks: ClassVar[tuple[str, ...]] = ()
     summary: ClassVar[str] = ""
     causal_ok: ClassVar[bool] = True
-    needs_unrotated_cache: ClassVar[bool] = False
+    needs_unrotated_cache: bool = False  # an instance may set it (a RoPE whose scaling depends on length)
     score_bias_uses_query: ClassVar[bool] = False
     position_dims: ClassVar[int] = 1
     eval_variants: ClassVar[tuple[str, ...]] = ()
@@ -158,8 +158,15 @@ class PositionalScheme(nn.Module):
         """
         return None
 
+    @property
+    def has_relative_values(self) -> bool:
+        """Whether :meth:`relative_values` gives value vectors the attention must add to each head's
+        output (Shaw et al. with values); the model calls it only then."""
+        return False
+
     def relative_values(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor | None:
-        """Relative value vectors (Shaw et al. 2018), or ``None`` for schemes without them.
+        """Relative value vectors (Shaw et al. 2018), or ``None`` for schemes without them (a scheme
+        that returns them declares :attr:`has_relative_values`).
 
         Args:
             q_positions: ``[s_q]`` integer positions.

@@ -114,9 +114,6 @@ class ShawRelative(PositionalScheme):
         if not isinstance(values, bool):
             raise TypeError(f"values must be a bool, got {type(values).__name__} ({values!r})")
         self.values = values
-        #: extra contracts beyond the hooks: "relative_values" means the model must add
-        #: relative_value_output(...) to each head's output (needs the attention probabilities).
-        self.capabilities: tuple[str, ...] = ("relative_values",) if values else ()
         n = 2 * self.max_relative_position + 1
         self.key_embeddings = nn.Parameter(torch.empty(n, self.head_dim, **factory))
         self.value_embeddings = nn.Parameter(torch.empty(n, self.head_dim, **factory)) if values else None
@@ -145,6 +142,12 @@ class ShawRelative(PositionalScheme):
             shape = (batch, self.num_heads, idx.shape[1], idx.shape[2])  # [b, h, s_q, s_k]
             index = idx[:, None].expand(shape)  # [b'|1, 1, s_q, s_k] -> [b, h, s_q, s_k] (a view)
             return per_distance.expand(batch, -1, -1, -1).gather(-1, index)
+
+    @property
+    def has_relative_values(self) -> bool:
+        """True with ``values``: the model adds ``P a^V`` to each head's output (needs the attention
+        probabilities, so attention takes its explicit-softmax path)."""
+        return self.values
 
     def relative_values(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor | None:
         """The value vectors ``a^V_ij``: ``[s_q, s_k, d_h]`` for 1-D positions, ``[b, 1, s_q, s_k, d_h]``

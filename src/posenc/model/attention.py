@@ -231,7 +231,8 @@ class MultiHeadAttention(nn.Module):
         """
         bias = rel = None
         if scheme is not None:
-            rel = _relative_values(scheme, plan.q_positions, plan.k_positions)
+            if scheme.has_relative_values:  # Shaw et al. with values: the explicit-softmax path
+                rel = _relative_values(scheme, plan.q_positions, plan.k_positions)
             if "score_bias" in scheme.hooks:  # q before rotate
                 qh = self._heads_first(q)
                 if blocked and rel is None:

@@ -138,10 +138,6 @@ def check_ids(ids: object, name: str = "ids") -> None:
         )
 
 
-def _overrides_relative_values(scheme: PositionalScheme) -> bool:
-    return type(scheme).relative_values is not PositionalScheme.relative_values
-
-
 class _Stack(nn.Module):
     """Input layer, the scheme(s), ``L`` blocks and the final LayerNorm: shared by every model."""
 
@@ -156,9 +152,7 @@ class _Stack(nn.Module):
                 f"position={config.position!r} encodes {first.position_dims}-D grids, not token sequences; "
                 "use a 1-D scheme (posenc list) for a sequence model"
             )
-        acts_in_attention = bool(set(first.hooks) & set(_ATTENTION_HOOKS)) or _overrides_relative_values(
-            first
-        )
+        acts_in_attention = bool(set(first.hooks) & set(_ATTENTION_HOOKS)) or first.has_relative_values
         per_layer = not config.share_position and acts_in_attention
         # Schemes acting in attention live here (one, or one per layer); an embed-only scheme lives in the
         # input layer alone, so its parameters are not listed twice.
