@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 import posenc
 from _model_toys import CAUSAL_TOYS, register_toys
+from posenc.kernels import set_enabled
 from posenc.model import (
     Decoder,
     Encoder,
@@ -25,7 +26,6 @@ from posenc.model import (
     load_model,
     save_model,
 )
-from posenc.kernels import set_enabled
 from posenc.registry import scheme_class
 
 V = 37
