@@ -1,4 +1,6 @@
-"""Tests of posenc.model.attention: masks, positions, the KV cache, MHA/GQA and the scheme hooks.
+"""Tests of posenc.model.attention: attend (SDPA and the explicit path with Shaw's relative values),
+MultiHeadAttention (GQA, torch's MultiheadAttention, the keys it caches rotated or raw, the blocked
+CPU bias path) and the scheme hooks (translation invariance, the bshd layout).
 
 References are written plainly in float64 here: ``softmax(q k^T / sqrt(d_h) + bias, masked) v``
 per head, key/value head ``i // (h / h_kv)`` for query head ``i`` (GQA, Ainslie et al. 2023), and
@@ -15,7 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import posenc
+from _model_helpers import config, count_calls, ids_, mha_config
 from _model_toys import CAUSAL_TOYS, TOYS, register_toys
+from posenc.kernels import set_enabled
 from posenc.model import (
     AttentionPlan,
     KVCache,
@@ -189,80 +193,14 @@ def test_bias_is_cast_to_the_attention_dtype():
 
 
 # ---------------------------------------------------------------------------------------------
-# Planning: masks and positions
+# MultiHeadAttention: GQA, what it puts in the cache, logits
 # ---------------------------------------------------------------------------------------------
-def test_causal_mask_with_a_cache_aligns_queries_to_the_last_slots():
-    m = causal_mask(2, 5)
-    assert m.tolist() == [[True, True, True, True, False], [True, True, True, True, True]]
-    assert torch.equal(causal_mask(4, 4), torch.ones(4, 4, dtype=torch.bool).tril())
-
-
-def test_plan_left_padding_positions_and_pad_queries_see_themselves():
-    mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
-    plan = plan_attention(2, 4, torch.device("cpu"), causal=True, attention_mask=mask)
-    assert plan.q_positions.tolist() == [[0, 0, 0, 1], [0, 1, 2, 3]]
-    keep = plan.mask[:, 0]  # [b, s, s_k]
-    assert keep[0].tolist() == [
-        [True, False, False, False],  # a padding query sees only itself
-        [False, True, False, False],
-        [False, False, True, False],  # the first real token sees itself, not the padding
-        [False, False, True, True],
-    ]
-    assert torch.equal(keep[1], causal_mask(4, 4))
-
-
-def test_plan_with_cache_offsets_positions_per_row():
-    cache = KVCache(1)
-    plan = plan_attention(
-        2, 3, torch.device("cpu"), causal=True, attention_mask=torch.tensor([[0, 1, 1], [1, 1, 1]])
-    )
-    cache.update(0, torch.zeros(2, 1, 3, 4), torch.zeros(2, 1, 3, 4))
-    cache.advance(plan, torch.tensor([[0, 1, 1], [1, 1, 1]]))
-    assert cache.offset().tolist() == [2, 3]
-    step = plan_attention(2, 1, torch.device("cpu"), causal=True, **cache.past())
-    assert step.q_positions.tolist() == [[2], [3]]
-    assert step.k_positions.tolist() == [[0, 0, 1, 2], [0, 1, 2, 3]]
-    assert step.mask[:, 0, 0].tolist() == [[False, True, True, True], [True, True, True, True]]
-
-
-def test_plan_packed_documents_is_block_diagonal_and_restarts_positions():
-    plan = plan_attention(1, 5, torch.device("cpu"), causal=True, cu_seqlens=torch.tensor([0, 3, 5]))
-    assert plan.q_positions.tolist() == [0, 1, 2, 0, 1]
-    want = torch.zeros(5, 5, dtype=torch.bool)
-    want[:3, :3] = causal_mask(3, 3)
-    want[3:, 3:] = causal_mask(2, 2)
-    assert torch.equal(plan.mask[0, 0], want)
-    encoder = plan_attention(1, 5, torch.device("cpu"), causal=False, cu_seqlens=torch.tensor([0, 3, 5]))
-    assert encoder.mask[0, 0, 0].tolist() == [True, True, True, False, False]
-
-
-def test_plan_errors():
-    cpu = torch.device("cpu")
-    with pytest.raises(ValueError, match="cannot be combined with a KV cache"):
-        plan_attention(
-            1, 2, cpu, causal=True, cu_seqlens=torch.tensor([0, 2]), past_positions=torch.arange(2)
-        )
-    with pytest.raises(TypeError, match="attention_mask must be a bool/int tensor"):
-        plan_attention(1, 2, cpu, causal=True, attention_mask=[[1, 1]])
-    with pytest.raises(TypeError, match="positions must be an integer tensor"):
-        plan_attention(1, 2, cpu, causal=True, positions=torch.tensor([0.0, 1.0]))
-    with pytest.raises(ValueError, match="num_layers must be an int >= 1"):
-        KVCache(0)
-
-
-# ---------------------------------------------------------------------------------------------
-# MultiHeadAttention and the KV cache
-# ---------------------------------------------------------------------------------------------
-def _cfg(**kw):
-    base = dict(vocab_size=11, d_model=32, num_layers=1, num_heads=4, num_kv_heads=2, position="nope")
-    base.update(kw)
-    return ModelConfig(**base)
 
 
 def test_gqa_equals_mha_with_each_kv_head_repeated_for_its_group():
     torch.manual_seed(0)
-    gqa = MultiHeadAttention(_cfg(num_kv_heads=2))
-    mha = MultiHeadAttention(_cfg(num_kv_heads=None))
+    gqa = MultiHeadAttention(mha_config(num_kv_heads=2))
+    mha = MultiHeadAttention(mha_config(num_kv_heads=None))
     with torch.no_grad():
         mha.q_proj.weight.copy_(gqa.q_proj.weight)
         mha.o_proj.weight.copy_(gqa.o_proj.weight)
@@ -276,7 +214,7 @@ def test_gqa_equals_mha_with_each_kv_head_repeated_for_its_group():
 
 def test_cache_holds_keys_rotated_once_or_raw_for_length_dependent_schemes():
     torch.manual_seed(0)
-    attn = MultiHeadAttention(_cfg())
+    attn = MultiHeadAttention(mha_config())
     x = torch.randn(1, 4, 32)
     for name, rotated in (("toy_rotate", True), ("toy_dynamic", False)):
         scheme = build_with_context(name, {"head_dim": 8})
@@ -288,98 +226,10 @@ def test_cache_holds_keys_rotated_once_or_raw_for_length_dependent_schemes():
         torch.testing.assert_close(cache.keys[0], expect)
 
 
-def test_cache_appends_in_place_into_growing_buffers():
-    """Appending writes only the new slots of a buffer that grows by a quarter (at least 256 slots)
-    when full; the keys/values are those of concatenation, and views handed out earlier keep their
-    values."""
-    gen = torch.Generator().manual_seed(0)
-    cache = KVCache(2)
-    steps = [5, 1, 1, 3, 1, 7, 1, 300]  # a prefill, decode steps and chunks
-    seen_k, seen_v, handed_out, capacity = [], [], [], []
-    with torch.no_grad():
-        for n in steps:
-            k, v = torch.randn(2, 3, n, 4, generator=gen), torch.randn(2, 3, n, 4, generator=gen)
-            seen_k.append(k)
-            seen_v.append(v)
-            got_k, got_v = cache.update(1, k, v)
-            torch.testing.assert_close(got_k, torch.cat(seen_k, dim=2), rtol=0, atol=0)
-            torch.testing.assert_close(got_v, torch.cat(seen_v, dim=2), rtol=0, atol=0)
-            handed_out.append((got_k, got_k.clone()))
-            capacity.append(got_k.untyped_storage().nbytes() // (2 * 3 * 4 * 4))  # slots of the buffer
-    for view, copy in handed_out:
-        assert torch.equal(view, copy)
-    # lengths 5, 6, 7, 10, 11, 18, 19, 319: exact at the prefill, then 5 + 256, then 261 + 256
-    assert capacity == [5, 261, 261, 261, 261, 261, 261, 517]
-    assert cache.keys[0] is None  # the other layer untouched
-
-
-def test_cache_filled_under_inference_mode_keeps_working_outside_it():
-    cache = KVCache(1)
-    ks = [torch.randn(1, 2, n, 4) for n in (3, 1, 1)]
-    with torch.inference_mode():
-        cache.update(0, ks[0], ks[0])
-        cache.update(0, ks[1], ks[1])  # capacity 6: room left in an inference tensor
-    with torch.no_grad():
-        keys, _ = cache.update(0, ks[2], ks[2])
-    assert torch.equal(keys, torch.cat(ks, dim=2))
-
-
-def test_cache_refuses_keys_of_another_batch():
-    cache = KVCache(1)
-    cache.update(0, torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4))
-    with pytest.raises(ValueError, match=r"must agree in b, h_kv and d_h \(use a new KVCache"):
-        cache.update(0, torch.randn(2, 2, 1, 4), torch.randn(2, 2, 1, 4))
-
-
-def test_cache_takes_keys_assigned_from_outside_into_new_buffers():
-    """A rollback, a strided selection or a sliding window assigned to keys[layer]: the next update
-    builds on exactly those keys, and no view handed out before is written."""
-    with torch.no_grad():
-        for select in (lambda t: t[:, :, ::2], lambda t: t[:, :, 1:], lambda t: t[:, :, :3]):
-            cache = KVCache(1)
-            first = torch.arange(6.0).view(1, 1, 6, 1).expand(1, 1, 6, 2).contiguous()
-            cache.update(0, first, first)
-            held, _ = cache.update(0, torch.full((1, 1, 1, 2), 6.0), torch.full((1, 1, 1, 2), 6.0))
-            held_copy = held.clone()
-            cache.keys[0], cache.values[0] = select(cache.keys[0]), select(cache.values[0])
-            want = torch.cat((cache.keys[0].clone(), torch.full((1, 1, 1, 2), 9.0)), dim=2)
-            keys, values = cache.update(0, torch.full((1, 1, 1, 2), 9.0), torch.full((1, 1, 1, 2), 9.0))
-            assert torch.equal(keys, want) and torch.equal(values, want)
-            assert torch.equal(held, held_copy)
-
-
-def test_cache_never_writes_in_place_with_grad_enabled():
-    """Training through a cache with frozen k/v projections (only q trainable, as with LoRA on q):
-    SDPA keeps the cached keys for backward, so appending must not write into them."""
-    torch.manual_seed(0)
-    model = TransformerLM(_cfg(position="toy_rotate", num_layers=1, d_model=32))
-    for name, p in model.named_parameters():
-        p.requires_grad_("q_proj" in name)
-    ids = torch.randint(0, 11, (1, 8))
-    cache = model.new_cache()
-    loss = model(ids[:, :4], cache=cache).logits.sum()
-    for i in range(4, 7):
-        loss = loss + model(ids[:, i : i + 1], cache=cache).logits.sum()
-    loss.backward()  # raised "modified by an inplace operation" when the cache wrote into its buffers
-    q_grad = model.decoder.blocks[0].attn.q_proj.weight.grad
-    assert q_grad is not None and q_grad.abs().sum() > 0
-
-
-def test_cache_concatenates_when_keys_carry_gradients():
-    cache = KVCache(1)
-    k = torch.randn(1, 2, 3, 4, requires_grad=True)
-    cache.update(0, k, k.detach())
-    k2 = torch.randn(1, 2, 1, 4, requires_grad=True)
-    keys, _ = cache.update(0, k2, k2.detach())
-    keys.sum().backward()
-    assert k.grad is not None and torch.equal(k.grad, torch.ones_like(k))
-    assert torch.equal(k2.grad, torch.ones_like(k2))
-
-
 def test_unrotated_cache_is_what_makes_length_dependent_rotations_exact(monkeypatch):
     """Sensitivity check: caching rotated keys for toy_dynamic breaks incremental == prefix forward."""
     torch.manual_seed(0)
-    model = TransformerLM(_cfg(position="toy_dynamic", num_layers=2, d_model=32)).eval()
+    model = TransformerLM(mha_config(position="toy_dynamic", num_layers=2, d_model=32)).eval()
     with torch.no_grad():  # larger q/k weights, so that logits (and rotations) matter
         for block in model.decoder.blocks:
             block.attn.q_proj.weight.mul_(30)
@@ -402,7 +252,7 @@ def test_unrotated_cache_is_what_makes_length_dependent_rotations_exact(monkeypa
 
 def test_logits_are_scaled_dot_products_plus_bias():
     torch.manual_seed(0)
-    attn = MultiHeadAttention(_cfg())
+    attn = MultiHeadAttention(mha_config())
     scheme = build_with_context("toy_alibi", {"num_heads": 4})
     x = torch.randn(1, 5, 32)
     plan = plan_attention(1, 5, x.device, causal=True)
@@ -410,6 +260,60 @@ def test_logits_are_scaled_dot_products_plus_bias():
     k = k.repeat_interleave(2, dim=1)
     want = q @ k.transpose(-1, -2) / math.sqrt(8) + scheme.score_bias(torch.arange(5), torch.arange(5))
     torch.testing.assert_close(attn.logits(x, plan, scheme), want)
+
+
+def test_nope_attention_matches_torch_multihead_attention():
+    """posenc's MHA with no scheme is torch.nn.MultiheadAttention (same weights, causal mask)."""
+    from posenc.model import MultiHeadAttention, plan_attention
+
+    torch.manual_seed(0)
+    ours = MultiHeadAttention(config("nope", num_kv_heads=None)).eval()
+    ref = torch.nn.MultiheadAttention(32, 4, bias=False, batch_first=True).eval()
+    with torch.no_grad():  # in_proj_weight is [q; k; v] stacked: [3 d, d]
+        ref.in_proj_weight.copy_(torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight]))
+        ref.out_proj.weight.copy_(ours.o_proj.weight)
+        x = torch.randn(2, 7, 32)
+        want = ref(x, x, x, attn_mask=~torch.ones(7, 7, dtype=torch.bool).tril(), need_weights=False)[0]
+        got = ours(x, plan_attention(2, 7, x.device, causal=True))
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("position", ["alibi", "t5", "transformer_xl", "toy_content", "toy_alibi"])
+def test_blocked_cpu_bias_path_equals_the_full_table_path(position, monkeypatch):
+    """The model's blocked causal attention (kernels.attention_cpu, 256 queries per block) gives the
+    logits and gradients of the full-table path (POSENC_C_KERNELS=0), for a sequence of three blocks
+    and for a chunked prefill after a cache."""
+    from posenc.kernels import attention_cpu
+
+    blocked_calls = count_calls(monkeypatch, attention_cpu, "causal_attention_with_bias")
+    torch.manual_seed(0)
+    model = TransformerLM(config(position, max_len=1024))
+    model.train(False)
+    ids = ids_(2, 600)
+
+    def run(fast: str):
+        monkeypatch.setenv("POSENC_C_KERNELS", fast)
+        set_enabled(None)  # the switch is read once per process: read it again
+        blocked_calls.clear()
+        model.zero_grad()
+        logits = model(ids).logits
+        (logits.square().mean()).backward()
+        grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        with torch.no_grad():
+            cache = model.new_cache()
+            model(ids[:, :300], cache=cache)
+            chunk = model(ids[:, 300:], cache=cache).logits  # 300 queries after 300 cached keys: 2 blocks
+        # one call per layer and forward (forward, prefill, chunk) on the fast path, none without
+        assert len(blocked_calls) == (3 * model.config.num_layers if fast == "1" else 0)
+        return logits.detach(), grads, chunk
+
+    fast, slow = run("1"), run("0")
+    torch.testing.assert_close(fast[0], slow[0], rtol=1e-5, atol=1e-5)
+    assert len(fast[1]) == len(slow[1]) > 0
+    for a, b in zip(fast[1], slow[1]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(fast[2], slow[0][:, 300:], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(slow[2], slow[0][:, 300:], rtol=1e-4, atol=1e-4)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -427,7 +331,7 @@ def test_attention_logits_of_relative_schemes_are_translation_invariant(position
             f"{position}'s rotation depends on the current length, so shifting every position changes it"
         )
     torch.manual_seed(0)
-    cfg = _cfg(position=position, max_len=64)
+    cfg = mha_config(position=position, max_len=64)
     scheme = build_with_context(position, cfg.scheme_context(causal=cls.causal_ok), cfg.position_options)
     attn = MultiHeadAttention(cfg)
     x = torch.randn(2, 6, 32)

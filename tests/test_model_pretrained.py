@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import posenc
-from posenc.model import Decoder, EncoderDecoder, ModelConfig, TransformerLM, load_model, save_model
+from posenc.model import Decoder, EncoderDecoder, ModelConfig, TransformerLM, load_model
 
 
 def _config(**kw) -> ModelConfig:
@@ -36,16 +36,6 @@ def test_round_trip_is_bit_exact_and_keeps_ties(make, tmp_path):
     if isinstance(model, Decoder):
         assert loaded.cross_attention is False
     assert type(load_model(folder / "model.safetensors")) is type(model)  # the file alone loads too
-
-
-def test_save_model_into_a_folder_and_load_model_from_it(tmp_path):
-    lm = TransformerLM(_config()).eval()
-    save_model(lm, tmp_path)  # an existing folder: the folder form, not "Is a directory"
-    save_model(lm, str(tmp_path / "new") + "/")  # a trailing separator: a new folder
-    save_model(lm, tmp_path / "one.safetensors")  # the single-file form is kept
-    ids = torch.randint(0, 40, (1, 6))
-    for path in (tmp_path, tmp_path / "new", tmp_path / "one.safetensors"):
-        assert torch.equal(load_model(path)(ids).logits, lm(ids).logits)
 
 
 def test_dtype_is_kept_or_chosen(tmp_path):

@@ -1,0 +1,42 @@
+"""Tests of posenc.model.config: ModelConfig refuses a bad field at construction, naming the field,
+the value and the fix, and refuses position_options that contradict the model."""
+
+from __future__ import annotations
+
+import pytest
+
+from _model_helpers import V, config
+from _model_toys import register_toys
+from posenc.model import ModelConfig
+
+
+@pytest.fixture(autouse=True)
+def toys(monkeypatch):
+    register_toys(monkeypatch)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(d_model=30, num_heads=4), "num_heads=4 does not divide d_model=30"),
+        (dict(num_heads=4, num_kv_heads=3), "num_kv_heads=3 does not divide num_heads=4"),
+        (dict(position="no_such_scheme"), "unknown scheme 'no_such_scheme'; valid schemes: nope"),
+        (dict(position="learned", max_len=None), "position='learned' needs max_len"),
+        (dict(position_options={"bogus": 1}), r"unknown position_options \['bogus'\]"),
+        (dict(norm="middle"), "unknown norm 'middle'"),
+        (dict(tie="everything"), "unknown tie 'everything'"),
+        (dict(dropout=1.5), r"dropout must be in \[0, 1\)"),
+        (dict(memory_len=-1), "memory_len must be >= 0"),
+    ],
+)
+def test_bad_configurations_fail_at_construction(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        config(**kwargs)
+
+
+def test_position_options_that_contradict_the_model_are_refused_at_config_time():
+    with pytest.raises(ValueError, match=r"position_options num_heads=2 \(the model has 4\) disagree"):
+        ModelConfig(
+            vocab_size=V, d_model=32, num_heads=4, position="alibi", position_options={"num_heads": 2}
+        )
+    ModelConfig(vocab_size=V, d_model=32, num_heads=4, position="alibi", position_options={"num_heads": 4})

@@ -1,0 +1,166 @@
+"""Tests of posenc.model.plan: causal_mask, plan_attention (left padding, a cache's offsets, packed
+documents, errors), plan_cross_attention, and the AttentionPlan's bias choices (a content-free bias
+built once per forward, the blocked CPU path's builder made once and skipped under torch.func)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from _model_helpers import config, count_calls, ids_
+from _model_toys import register_toys
+from posenc.model import KVCache, TransformerLM, causal_mask, plan_attention, plan_cross_attention
+
+
+@pytest.fixture(autouse=True)
+def toys(monkeypatch):
+    register_toys(monkeypatch)
+
+
+def test_causal_mask_with_a_cache_aligns_queries_to_the_last_slots():
+    m = causal_mask(2, 5)
+    assert m.tolist() == [[True, True, True, True, False], [True, True, True, True, True]]
+    assert torch.equal(causal_mask(4, 4), torch.ones(4, 4, dtype=torch.bool).tril())
+
+
+def test_plan_left_padding_positions_and_pad_queries_see_themselves():
+    mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
+    plan = plan_attention(2, 4, torch.device("cpu"), causal=True, attention_mask=mask)
+    assert plan.q_positions.tolist() == [[0, 0, 0, 1], [0, 1, 2, 3]]
+    keep = plan.mask[:, 0]  # [b, s, s_k]
+    assert keep[0].tolist() == [
+        [True, False, False, False],  # a padding query sees only itself
+        [False, True, False, False],
+        [False, False, True, False],  # the first real token sees itself, not the padding
+        [False, False, True, True],
+    ]
+    assert torch.equal(keep[1], causal_mask(4, 4))
+
+
+def test_plan_with_cache_offsets_positions_per_row():
+    cache = KVCache(1)
+    plan = plan_attention(
+        2, 3, torch.device("cpu"), causal=True, attention_mask=torch.tensor([[0, 1, 1], [1, 1, 1]])
+    )
+    cache.update(0, torch.zeros(2, 1, 3, 4), torch.zeros(2, 1, 3, 4))
+    cache.advance(plan, torch.tensor([[0, 1, 1], [1, 1, 1]]))
+    assert cache.offset().tolist() == [2, 3]
+    step = plan_attention(2, 1, torch.device("cpu"), causal=True, **cache.past())
+    assert step.q_positions.tolist() == [[2], [3]]
+    assert step.k_positions.tolist() == [[0, 0, 1, 2], [0, 1, 2, 3]]
+    assert step.mask[:, 0, 0].tolist() == [[False, True, True, True], [True, True, True, True]]
+
+
+def test_plan_packed_documents_is_block_diagonal_and_restarts_positions():
+    plan = plan_attention(1, 5, torch.device("cpu"), causal=True, cu_seqlens=torch.tensor([0, 3, 5]))
+    assert plan.q_positions.tolist() == [0, 1, 2, 0, 1]
+    want = torch.zeros(5, 5, dtype=torch.bool)
+    want[:3, :3] = causal_mask(3, 3)
+    want[3:, 3:] = causal_mask(2, 2)
+    assert torch.equal(plan.mask[0, 0], want)
+    encoder = plan_attention(1, 5, torch.device("cpu"), causal=False, cu_seqlens=torch.tensor([0, 3, 5]))
+    assert encoder.mask[0, 0, 0].tolist() == [True, True, True, False, False]
+
+
+def test_plan_errors():
+    cpu = torch.device("cpu")
+    with pytest.raises(ValueError, match="cannot be combined with a KV cache"):
+        plan_attention(
+            1, 2, cpu, causal=True, cu_seqlens=torch.tensor([0, 2]), past_positions=torch.arange(2)
+        )
+    with pytest.raises(TypeError, match="attention_mask must be a bool/int tensor"):
+        plan_attention(1, 2, cpu, causal=True, attention_mask=[[1, 1]])
+    with pytest.raises(TypeError, match="positions must be an integer tensor"):
+        plan_attention(1, 2, cpu, causal=True, positions=torch.tensor([0.0, 1.0]))
+    with pytest.raises(ValueError, match="num_layers must be an int >= 1"):
+        KVCache(0)
+
+
+def test_plan_cross_attention_masks_only_the_encoder_padding():
+    cpu = torch.device("cpu")
+    plain = plan_cross_attention(2, 3, 5, cpu)
+    assert plain.q_positions.tolist() == [0, 1, 2] and plain.k_positions.tolist() == [0, 1, 2, 3, 4]
+    assert plain.mask is None and plain.is_causal is False and plain.keep(3, 5, cpu) is None
+    context_mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    plan = plan_cross_attention(2, 3, 5, cpu, context_mask)
+    assert plan.mask.shape == (2, 1, 1, 5) and plan.is_causal is False
+    assert plan.mask[:, 0, 0].tolist() == [[True, True, True, False, False], [True] * 5]
+    with pytest.raises(TypeError, match="attention_mask must be a bool/int tensor"):
+        plan_cross_attention(2, 3, 5, cpu, [[1, 1, 1, 1, 1]] * 2)
+    with pytest.raises(ValueError, match=r"must have shape \[b, s\] = \[2, 5\]"):
+        plan_cross_attention(2, 3, 5, cpu, torch.ones(2, 3, dtype=torch.bool))  # the decoder's length
+
+
+@pytest.mark.parametrize(
+    ("position", "share", "expected"),
+    [("alibi", True, 1), ("t5", True, 1), ("alibi", False, 3), ("toy_content", True, 3), ("shaw", True, 3)],
+)
+def test_content_free_bias_is_computed_once_per_forward(position, share, expected, monkeypatch):
+    """A shared bias that does not read q is built once per forward, not once per layer (the
+    full-table path; the blocked CPU path is counted in the next test)."""
+    monkeypatch.setenv("POSENC_C_KERNELS", "0")
+    torch.manual_seed(0)
+    model = TransformerLM(config(position, num_layers=3, share_position=share)).eval()
+    calls = []  # one list for every scheme: all score_bias calls of the forward
+    for scheme in model.decoder.schemes:
+        count_calls(monkeypatch, scheme, "score_bias", calls)
+    ids = ids_(2, 6)
+    with torch.no_grad():
+        out = model(ids).logits
+        assert len(calls) == expected
+        cache = model.new_cache()
+        model(ids[:, :4], cache=cache)  # a new forward plans (and builds) its bias anew
+        assert len(calls) == 2 * expected
+        torch.testing.assert_close(model(ids[:, 4:], cache=cache).logits, out[:, 4:], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("position", "share", "expected"),
+    [("alibi", True, 1), ("t5", True, 1), ("alibi", False, 3), ("toy_content", True, 3)],
+)
+def test_block_bias_builder_is_made_once_per_forward(position, share, expected, monkeypatch):
+    """On the blocked CPU path a content-free scheme's block builder (with its scratch buffers) is
+    made once per forward and shared by the layers sharing the scheme; a bias reading q gets one
+    builder per layer."""
+    from posenc.kernels import attention_cpu
+
+    monkeypatch.setenv("POSENC_C_KERNELS", "1")
+    made = count_calls(monkeypatch, attention_cpu, "scheme_bias_fn")
+    torch.manual_seed(0)
+    model = TransformerLM(config(position, num_layers=3, share_position=share, max_len=512)).eval()
+    ids = ids_(1, attention_cpu.BLOCK_SIZE + 10)  # two query blocks: the blocked path is taken
+    with torch.no_grad():
+        model(ids)
+        assert len(made) == expected
+        model(ids)
+        assert len(made) == 2 * expected
+
+
+def test_torch_func_transforms_take_the_full_table_path(monkeypatch):
+    """torch.func.grad wraps tensors without storage: the blocked path steps aside for them."""
+    monkeypatch.setenv("POSENC_C_KERNELS", "1")
+    torch.manual_seed(0)
+    model = TransformerLM(config("alibi", num_layers=1, max_len=512)).eval()
+    ids = ids_(1, 300)
+    params = dict(model.named_parameters())
+    grads = torch.func.grad(lambda p: torch.func.functional_call(model, p, (ids,)).logits.square().mean())(
+        params
+    )
+    model.zero_grad()
+    model(ids).logits.square().mean().backward()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(grads[name], p.grad, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("position", ["transformer_xl", "alibi"])
+def test_blocked_path_with_a_memory_equals_a_full_forward(position, monkeypatch):
+    """Transformer-XL memory before 300 new queries (two blocks): the same logits as one forward."""
+    monkeypatch.setenv("POSENC_C_KERNELS", "1")
+    torch.manual_seed(0)
+    model = TransformerLM(config(position, memory_len=300, max_len=1024)).eval()
+    ids = ids_(1, 600)
+    with torch.no_grad():
+        first = model(ids[:, :300])
+        second = model(ids[:, 300:], memory=first.memory)
+        full = model(ids).logits
+    torch.testing.assert_close(torch.cat((first.logits, second.logits), dim=1), full, rtol=1e-4, atol=1e-4)
