@@ -20,7 +20,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("posenc.model",),
     ("posenc.text",),
     ("posenc.lab",),
-    ("posenc.analysis", "posenc.benchmarks", "posenc.bench"),
+    ("posenc.analysis", "posenc.benchmarks"),
     ("posenc.cli", "posenc.__main__"),
 )  # fmt: skip
 
@@ -49,7 +49,7 @@ LONG_FUNCTIONS: dict[str, str] = {
     "rotary/hf.py:hf_rope_config": "one case per Hugging Face config generation",
     "text/projection.py:plot_embedding_space": "one figure",
     "lab/evaluate.py:evaluate_lm": "to be split",
-    "bench.py:bench_run": "to be split",
+    "benchmarks/commands.py:bench_run": "to be split",
     "model/config.py:__post_init__": "one check per field",
     "lab/extrapolate.py:_run_study": "to be split",
     "bias.py:t5_relative_bucket": "T5's bucket formula with its argument checks, as in the paper's code",

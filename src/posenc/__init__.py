@@ -90,7 +90,7 @@ _EXPORTS: dict[str, str] = {
 
 #: subpackages and modules reachable as attributes (``posenc.registry.SCHEMES``, ``posenc.text``)
 _SUBMODULES = (
-    "absolute", "analysis", "base", "bias", "bench", "benchmarks", "cli", "embedding", "kernels", "lab",
+    "absolute", "analysis", "base", "bias", "benchmarks", "cli", "embedding", "kernels", "lab",
     "model", "positions", "registry", "relative", "rotary", "text", "vectors",
 )  # fmt: skip
 

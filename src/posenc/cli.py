@@ -204,7 +204,10 @@ COMMANDS: dict[str, Command] = {
         "train one byte-level LM with checkpoints, resume and DDP (torchrun)",
         *_lazy("posenc.lab.commands", "train"),
     ),
-    "bench": ("time posenc against its peers next to a same-run copy", *_lazy("posenc.bench", "bench")),
+    "bench": (
+        "time posenc against its peers next to a same-run copy",
+        *_lazy("posenc.benchmarks.commands", "bench"),
+    ),
 }
 
 

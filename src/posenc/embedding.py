@@ -177,7 +177,7 @@ def tie_weights(source: nn.Module, *targets: nn.Module) -> None:
         target.weight = w
 
 
-#: The weight-tying strategies of seeds 000 and 002 (Press & Wolf 2017; Vaswani et al. 2017).
+#: The weight-tying strategies (Press & Wolf 2017; Vaswani et al. 2017).
 TIE_STRATEGIES: dict[str, str] = {
     "none": "every embedding and the output layer have their own weights",
     "encoder_decoder": "encoder and decoder share one token embedding (a shared vocabulary)",

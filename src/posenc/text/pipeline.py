@@ -1,6 +1,6 @@
 """The input pipeline as data: every step from token ids to the vectors a Transformer sees.
 
-Seeds 002 and 003 walk one sentence through the input layer::
+One sentence walked through the input layer::
 
     tokens -> ids [s] -> one_hot(ids) @ E == E[ids] [s, d] -> x sqrt(d) -> + PE [s, d]
            -> LayerNorm (per token: mean 0, variance 1) -> dropout (train) / identity (eval)

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from posenc.bench import SCHEMA, run
 from posenc.benchmarks import GROUPS, select
+from posenc.benchmarks.commands import SCHEMA, run
 from posenc.benchmarks.harness import (
     ALLOCATORS,
     Case,
@@ -168,9 +168,11 @@ def test_cli_table_list_and_errors(capsys):
 
 @pytest.mark.parametrize("where", ["folder", "under_file"])
 def test_out_checked_before_the_benchmark_runs(capsys, tmp_path, monkeypatch, where):
-    import posenc.bench
+    import posenc.benchmarks.commands
 
-    monkeypatch.setattr(posenc.bench, "run", lambda *a, **k: pytest.fail("ran before checking --out"))
+    monkeypatch.setattr(
+        posenc.benchmarks.commands, "run", lambda *a, **k: pytest.fail("ran before checking --out")
+    )
     (tmp_path / "f").write_text("x")
     out = tmp_path if where == "folder" else tmp_path / "f" / "r.json"
     assert main(["bench", "sinusoidal_table", "--quick", "--out", str(out)]) == 2
@@ -214,9 +216,9 @@ def test_long_train_step_times_the_blocked_and_the_full_table_paths():
     assert all(r["median_s"] > 0 for r in case["results"].values())
 
 
-def test_benchmarks_scripts_are_thin_runners():
+def test_python_dash_m_runs_the_same_benchmarks():
     result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks/bench_sinusoidal.py"), "--quick", "--json", "--repeats=2"],
+        [sys.executable, "-m", "posenc", "bench", "sinusoidal", "--quick", "--json", "--repeats=2"],
         capture_output=True,
         text=True,
         check=True,
@@ -227,10 +229,10 @@ def test_benchmarks_scripts_are_thin_runners():
 
 
 def test_missing_peers_are_named_with_how_to_enable_them(capsys, monkeypatch):
-    import posenc.bench
+    import posenc.benchmarks.commands
 
-    monkeypatch.setitem(posenc.bench.PEERS, "posenc_no_such_peer", "no-such-peer")
-    assert posenc.bench.missing_peers() == ["no-such-peer"]
+    monkeypatch.setitem(posenc.benchmarks.commands.PEERS, "posenc_no_such_peer", "no-such-peer")
+    assert posenc.benchmarks.commands.missing_peers() == ["no-such-peer"]
     assert main(["bench", "sinusoidal_table", "--quick", "--repeats", "1"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert out[-1] == (
@@ -242,7 +244,7 @@ def test_missing_peers_are_named_with_how_to_enable_them(capsys, monkeypatch):
 def test_the_bench_extra_lists_every_peer():
     import tomllib
 
-    from posenc.bench import PEERS
+    from posenc.benchmarks.commands import PEERS
 
     extras = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"][
         "optional-dependencies"

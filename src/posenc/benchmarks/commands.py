@@ -96,8 +96,8 @@ def run(
     """
     import torch
 
-    from .benchmarks import select
-    from .benchmarks.harness import environment, run_case, set_allocator
+    from . import select
+    from .harness import environment, run_case, set_allocator
 
     set_allocator(allocator)
     if threads is not None:
@@ -119,9 +119,9 @@ def run(
 
 
 def bench_run(args: argparse.Namespace) -> int:
-    from ._paths import check_output_file, write_json
-    from .benchmarks import all_cases
-    from .benchmarks.harness import case_result_from_json, environment_line, format_case
+    from .._paths import check_output_file, write_json
+    from . import all_cases
+    from .harness import case_result_from_json, environment_line, format_case
 
     if args.from_file:
         if args.cases or args.json or args.out:
@@ -158,7 +158,7 @@ def bench_run(args: argparse.Namespace) -> int:
     if not args.json:
         import torch
 
-        from .benchmarks.harness import set_allocator
+        from .harness import set_allocator
 
         set_allocator(args.allocator)
         if args.threads is not None and args.threads >= 1:

@@ -1,8 +1,0 @@
-"""Benchmark: ``posenc bench bias`` (see posenc.benchmarks.bias for what is measured)."""
-
-import sys
-
-from _harness import main_for
-
-if __name__ == "__main__":
-    sys.exit(main_for("bias"))
