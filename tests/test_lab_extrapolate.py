@@ -1,5 +1,5 @@
 """Tests of posenc.lab.extrapolate: the study end to end from the command line, the summary across
-seeds, the tables, and the command's errors. Models are tiny (d=16, 1 layer, a few steps); the
+seeds, the tables, and the study under torchrun. Models are tiny (d=16, 1 layer, a few steps); the
 default study is run by hand (docs/lab.md)."""
 
 from __future__ import annotations
@@ -9,11 +9,9 @@ import math
 import statistics
 
 import pytest
-import torch
 
-from _lab_toys import tiny_study, torchrun_command, write_corpus
+from _lab_toys import TINY, tiny_study, torchrun_command, write_corpus
 from posenc.cli import main
-from posenc.lab.commands import parse_options
 from posenc.lab.extrapolate import format_table, run_study, summarize
 from posenc.lab.stats import seed_interval
 
@@ -21,31 +19,6 @@ from posenc.lab.stats import seed_interval
 @pytest.fixture(scope="module")
 def corpus_dir(tmp_path_factory):
     return write_corpus(tmp_path_factory.mktemp("corpus"), n_docs=40, size=3000)  # 4 validation documents
-
-
-TINY = [
-    "--train-len",
-    "8",
-    "--eval-lens",
-    "8,16,32",
-    "--steps",
-    "6",
-    "--batch-size",
-    "4",
-    "--d-model",
-    "16",
-    "--layers",
-    "1",
-    "--heads",
-    "2",
-    "--eval-windows",
-    "6",
-    "--threads",
-    "1",
-    "--workers",
-    "1",
-    "--no-progress",
-]
 
 
 def test_tiny_study_with_two_seeds_end_to_end(tmp_path, corpus_dir, capsys):
@@ -218,72 +191,6 @@ def test_tiny_task_study(tmp_path, capsys):
     assert math.isfinite(runs["nope", 1]["eval"][0]["accuracy"])
 
 
-@pytest.mark.parametrize(
-    ("argv", "message"),
-    [
-        (["--eval-lens", "128,abc"], "--eval-lens '128,abc' is not a comma list of ints"),
-        (["--schemes", ","], "--schemes ',' is empty"),
-        (["--seeds", "0,x"], "--seeds '0,x' is not a comma list of ints"),
-        (["--seed", "1", "--seeds", "0,1"], "give --seed or --seeds, not both"),
-        (["--seeds", "1,0"], "seeds must be increasing without repeats"),
-        (["--workers", "0"], "--workers must be >= 1"),
-        (["--variants", "yarnn"], "unknown variants entry 'yarnn'"),
-        (["--resume"], "--resume and --overwrite need --out"),
-        (["--markdown"], "--markdown formats a finished study: use it with --from"),
-        (["--from", "/nonexistent"], "--from: cannot read a study from '/nonexistent'"),
-        (["--option", "t5max=3"], "--option 't5max=3' is not SCHEME.KEY=VALUE"),
-        (["--option", "alibi.slope=2"], "unknown position_options key of 'alibi' 'slope'"),
-    ],
-)
-def test_cli_errors(argv, message, capsys):
-    assert main(["extrapolate", "--schemes", "alibi", *argv]) == 2
-    err = capsys.readouterr().err
-    assert message in err and "Traceback" not in err
-
-
-def test_parse_options():
-    assert parse_options(["t5.max_distance=64", "t5.bidirectional=false", "rope.layout=interleaved"]) == {
-        "t5": {"max_distance": 64, "bidirectional": False},
-        "rope": {"layout": "interleaved"},
-    }
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
-def test_cli_cuda_without_a_gpu(capsys, tmp_path):
-    assert main(["extrapolate", "--schemes", "alibi", "--device", "cuda", "--out", str(tmp_path)]) == 2
-    assert "--device cuda but torch sees no CUDA device" in capsys.readouterr().err
-
-
-def test_compare_two_studies_on_the_same_bytes(tmp_path, corpus_dir, capsys):
-    common = ["extrapolate", "--schemes", "t5", "--seeds", "0,1", "--corpus", str(corpus_dir), *TINY]
-    assert main([*common, "--position-lr-scale", "1", "--out", str(tmp_path / "a")]) == 0
-    assert main([*common, "--out", str(tmp_path / "b")]) == 0
-    capsys.readouterr()
-    assert main(["extrapolate", "--compare", str(tmp_path / "a"), str(tmp_path / "b" / "results.json")]) == 0
-    printed = capsys.readouterr().out
-    assert printed.startswith("B - A, sliding-window bits/byte on the same bytes") and "over seeds" in printed
-    a, b = (json.loads((tmp_path / x / "results.json").read_text()) for x in ("a", "b"))
-    from posenc.lab.compare import compare_studies
-
-    rows = {r["length"]: r for r in compare_studies(a, b)}
-    for i, e in enumerate(a["config"]["eval_lens"]):
-        per_seed = [
-            statistics.mean(
-                wb - wa for wa, wb in zip(ra["eval"][i]["window_bits"], rb["eval"][i]["window_bits"])
-            )
-            for ra, rb in zip(a["runs"], b["runs"])
-        ]
-        assert rows[e]["diff"]["mean"] == pytest.approx(statistics.mean(per_seed), abs=1e-6)
-        assert rows[e]["seeds"] == [0, 1] and rows[e]["over"] == "seeds"
-    # other evaluation windows: not the same bytes, refused
-    assert main([*common, "--split-seed", "1", "--out", str(tmp_path / "c")]) == 0
-    capsys.readouterr()
-    assert main(["extrapolate", "--compare", str(tmp_path / "a"), str(tmp_path / "c")]) == 2
-    assert "the two studies scored different bytes" in capsys.readouterr().err
-    assert main(["extrapolate", "--compare", str(tmp_path / "a"), str(tmp_path / "nothing")]) == 2
-    assert "--compare: cannot read a study from" in capsys.readouterr().err
-
-
 @pytest.mark.slow
 @pytest.mark.xdist_group("ports")
 def test_study_under_torchrun_matches_one_process(tmp_path, corpus_dir):
@@ -312,27 +219,3 @@ def test_study_under_torchrun_matches_one_process(tmp_path, corpus_dir):
     for a, b in zip(ddp["summary"], one["summary"]):  # float summation order differs, nothing else
         if a["bpb_window"] is not None:
             assert a["bpb_window"]["mean"] == pytest.approx(b["bpb_window"]["mean"], abs=1e-4)
-
-
-def test_workers_default_to_the_free_cores_and_threads_stay_per_cell(monkeypatch, corpus_dir):
-    import posenc.lab.distributed as dist
-    import posenc.lab.extrapolate as ex
-
-    seen = {}
-
-    def fake_run_study(config, **kw):
-        seen.update(workers=kw["workers"], threads=kw["threads"])
-        raise SystemExit(0)
-
-    monkeypatch.setattr(dist, "free_cores", lambda world_size=1: 3)
-    monkeypatch.setattr(ex, "run_study", fake_run_study)
-    base = ["extrapolate", "--schemes", "alibi,nope", "--seeds", "0,1", "--corpus", str(corpus_dir)]
-    with pytest.raises(SystemExit):
-        main(base)
-    assert seen == {"workers": 3, "threads": 1}  # three cells at once, one thread each
-    with pytest.raises(SystemExit):
-        main([*base, "--threads", "2"])
-    assert seen == {"workers": 3, "threads": 2}  # --threads sets each cell's threads, not the workers
-    with pytest.raises(SystemExit):
-        main([*base, "--workers", "1", "--threads", "2"])
-    assert seen == {"workers": 1, "threads": 2}

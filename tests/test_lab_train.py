@@ -1,4 +1,5 @@
-"""Tests of posenc.lab.train: schedule, batches, checkpoints, resume, DDP, memory check.
+"""Tests of posenc.lab.train: schedule, batches, the optimizer's groups, resume from a checkpoint
+(bit-identical, after a SIGKILL too), DDP with two gloo processes, the memory check before starting.
 
 Models are tiny (d=16, 1 layer) so the whole file runs in well under a minute; the three
 subprocess tests (kill-and-resume, torchrun with 2 gloo processes) dominate its time.
@@ -22,49 +23,22 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from _lab_toys import torchrun_command
+from _lab_toys import states_equal, text_corpus_in, tiny_config, tiny_data, torchrun_command, train_cli_args
 from posenc.base import PositionalScheme
 from posenc.cli import main
 from posenc.lab import (
     InsufficientMemoryError,
     TrainConfig,
     batch_at,
-    check_memory,
-    configure_threads,
-    estimate_memory,
-    load_checkpoint,
     lr_at,
     make_optimizer,
     position_parameters,
-    save_checkpoint,
     seed_everything,
     train,
 )
-from posenc.model import ModelConfig, TransformerLM, load_model, save_model
+from posenc.model import ModelConfig, TransformerLM, load_model
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
-
-
-def tiny_config(position: str = "alibi", dropout: float = 0.0, **kw) -> ModelConfig:
-    return ModelConfig(
-        vocab_size=64,
-        d_model=16,
-        num_layers=1,
-        num_heads=2,
-        position=position,
-        max_len=16,
-        dropout=dropout,
-        **kw,
-    )
-
-
-def tiny_data(n: int = 4000) -> torch.Tensor:
-    return torch.randint(0, 64, (n,), generator=torch.Generator().manual_seed(1)).to(torch.uint8)
-
-
-def states_equal(a: torch.nn.Module, b: torch.nn.Module) -> bool:
-    sa, sb = a.state_dict(), b.state_dict()
-    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
 # ---------------------------------------------------------------------------------------------- schedule
@@ -238,73 +212,6 @@ def test_same_seed_same_run():
     assert states_equal(runs[0][0], runs[1][0]) and runs[0][1].losses == runs[1][1].losses
 
 
-def test_checkpoint_round_trip(tmp_path):
-    data = tiny_data()
-    cfg = TrainConfig(steps=3, batch_size=4, seq_len=16, warmup_steps=1)
-    seed_everything(0)
-    model = TransformerLM(tiny_config())
-    assert model.lm_head.weight is model.decoder.embed.token.weight  # tied: stored once
-    train(model, data, cfg, progress=False)
-    opt = make_optimizer(model, cfg)
-    model(batch_at(data, 0, 2, 16)[0]).logits.sum().backward()
-    opt.step()  # some optimizer state to save
-    path = tmp_path / "c.safetensors"
-    save_checkpoint(path, model, opt, 3, train_config=cfg, losses=[1.0, 2.0, 3.0], elapsed_s=1.5)
-    after_save = torch.rand(3)
-
-    seed_everything(99)
-    fresh = TransformerLM(tiny_config())
-    fresh_opt = make_optimizer(fresh, cfg)
-    state = load_checkpoint(path, fresh, fresh_opt)
-    assert state.step == 3 and state.losses == [1.0, 2.0, 3.0] and state.elapsed_s == 1.5
-    assert state.train_config == cfg.to_dict() and state.model_config == model.config.to_dict()
-    assert states_equal(model, fresh)
-    assert fresh.lm_head.weight is fresh.decoder.embed.token.weight  # still tied
-    a, b = opt.state_dict(), fresh_opt.state_dict()
-    for index, values in a["state"].items():
-        for key, value in values.items():
-            assert torch.equal(value, b["state"][index][key])
-    assert torch.equal(torch.rand(3), after_save)  # the RNG continues where the saved run was
-    assert not list(tmp_path.glob(".*tmp*"))  # no temporary file left behind
-
-
-def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
-    import safetensors.torch
-
-    cfg = TrainConfig(steps=2)
-    model = TransformerLM(tiny_config())
-    opt = make_optimizer(model, cfg)
-    path = tmp_path / "c.safetensors"
-    save_checkpoint(path, model, opt, 1, train_config=cfg)
-    before = path.read_bytes()
-
-    def crash(tensors, filename, metadata=None):  # a write that dies half-way
-        Path(filename).write_bytes(b"partial")
-        raise OSError("disk full")
-
-    monkeypatch.setattr(safetensors.torch, "save_file", crash)
-    with torch.no_grad():
-        model.lm_head.weight.add_(1.0)
-    with pytest.raises(OSError, match="disk full"):
-        save_checkpoint(path, model, opt, 2, train_config=cfg)
-    assert path.read_bytes() == before  # the previous checkpoint is intact
-    assert [p.name for p in tmp_path.iterdir()] == ["c.safetensors"]
-
-
-def test_load_checkpoint_errors(tmp_path):
-    model = TransformerLM(tiny_config())
-    with pytest.raises(ValueError, match="no checkpoint at"):
-        load_checkpoint(tmp_path / "missing.safetensors", model)
-    save_model(model, tmp_path / "model.safetensors")
-    with pytest.raises(ValueError, match="is not a posenc training checkpoint"):
-        load_checkpoint(tmp_path / "model.safetensors", model)
-    cfg = TrainConfig(steps=1)
-    save_checkpoint(tmp_path / "c.safetensors", model, make_optimizer(model, cfg), 1, train_config=cfg)
-    other = TransformerLM(tiny_config(position="learned"))
-    with pytest.raises(ValueError, match="does not match this model"):
-        load_checkpoint(tmp_path / "c.safetensors", other)
-
-
 def test_resume_refuses_a_changed_config(tmp_path):
     data, ckpt = tiny_data(), tmp_path / "c.safetensors"
     model = TransformerLM(tiny_config())
@@ -347,33 +254,6 @@ def test_a_new_run_never_overwrites_a_checkpoint(tmp_path):
     assert ckpt.read_bytes() == saved
 
 
-@pytest.mark.parametrize(
-    ("content", "match"),
-    [
-        (b"", "not a readable safetensors file"),
-        (b"\x00" * 7, "not a readable safetensors file"),
-        ("truncate", "not a readable"),
-        ("no-rng", r"lacks \['rng'\]"),
-    ],
-)
-def test_bad_checkpoints_are_clear_errors(tmp_path, content, match):
-    data, ckpt = tiny_data(), tmp_path / "c.safetensors"
-    cfg = TrainConfig(steps=2, batch_size=4, seq_len=16)
-    if isinstance(content, bytes):
-        ckpt.write_bytes(content)
-    else:
-        train(TransformerLM(tiny_config()), data, cfg, checkpoint=ckpt, progress=False)
-        if content == "truncate":
-            ckpt.write_bytes(ckpt.read_bytes()[: ckpt.stat().st_size // 2])
-        else:
-            tensors = safetensors.torch.load_file(str(ckpt))
-            with safetensors.safe_open(str(ckpt), framework="pt") as fh:
-                meta = {k: v for k, v in fh.metadata().items() if k != "rng"}
-            safetensors.torch.save_file(tensors, str(ckpt), metadata=meta)
-    with pytest.raises(ValueError, match=match):
-        train(TransformerLM(tiny_config()), data, cfg, checkpoint=ckpt, resume=True, progress=False)
-
-
 def test_checkpoint_every_needs_a_path():
     with pytest.raises(ValueError, match="checkpoint_every=5 needs a checkpoint path"):
         train(
@@ -403,43 +283,9 @@ def test_stop_and_resume_in_fresh_objects_is_bit_identical(tmp_path):
     assert second.losses == full_result.losses  # the history spans both halves
 
 
-def _train_cli_args(corpus: Path, out: Path, steps: int, **extra) -> list[str]:
-    args = [
-        "train",
-        "--scheme",
-        "alibi",
-        "--corpus",
-        str(corpus),
-        "--out",
-        str(out),
-        "--steps",
-        str(steps),
-        "--train-len",
-        "16",
-        "--batch-size",
-        "4",
-        "--d-model",
-        "16",
-        "--layers",
-        "1",
-        "--heads",
-        "2",
-        "--threads",
-        "1",
-        "--no-progress",
-    ]
-    for key, value in extra.items():
-        args += [f"--{key.replace('_', '-')}", str(value)]
-    return args
-
-
 @pytest.fixture(scope="module")
 def text_corpus(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("corpus")
-    source = Path(__file__).read_text()
-    for i in range(12):
-        (folder / f"doc{i}.txt").write_text(source[i * 900 : i * 900 + 6000])
-    return folder
+    return text_corpus_in(tmp_path_factory.mktemp("corpus"))
 
 
 def test_killed_run_resumes_to_identical_weights(tmp_path, text_corpus):
@@ -448,7 +294,7 @@ def test_killed_run_resumes_to_identical_weights(tmp_path, text_corpus):
     steps = 300
     killed_dir, full_dir = tmp_path / "killed", tmp_path / "full"
     env = {**os.environ, "PYTHONPATH": SRC}
-    args = _train_cli_args(text_corpus, killed_dir, steps, checkpoint_every=10)
+    args = train_cli_args(text_corpus, killed_dir, steps, checkpoint_every=10)
     cmd = [sys.executable, "-m", "posenc", *args]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     ckpt = killed_dir / "checkpoint.safetensors"
@@ -464,7 +310,7 @@ def test_killed_run_resumes_to_identical_weights(tmp_path, text_corpus):
     assert not (killed_dir / "model.safetensors").exists()
 
     assert main([*args, "--resume"]) == 0
-    assert main(_train_cli_args(text_corpus, full_dir, steps)) == 0
+    assert main(train_cli_args(text_corpus, full_dir, steps)) == 0
     resumed, full = load_model(killed_dir / "model.safetensors"), load_model(full_dir / "model.safetensors")
     assert states_equal(resumed, full)
     record = json.loads((killed_dir / "train.json").read_text())
@@ -472,59 +318,16 @@ def test_killed_run_resumes_to_identical_weights(tmp_path, text_corpus):
     assert record["losses"] == json.loads((full_dir / "train.json").read_text())["losses"]
 
 
-def test_cli_never_loses_or_mislabels_a_run(tmp_path, text_corpus, capsys):
-    run = tmp_path / "run"
-    assert main(_train_cli_args(text_corpus, run, 6)) == 0
-    saved = (run / "checkpoint.safetensors").read_bytes()
-    capsys.readouterr()
-    # a new run into the same folder: refused, the old run untouched
-    assert main(_train_cli_args(text_corpus, run, 3)) == 2
-    err = capsys.readouterr().err
-    assert "already holds a run (checkpoint.safetensors, model.safetensors, train.json)" in err
-    assert (run / "checkpoint.safetensors").read_bytes() == saved
-    # resuming with another architecture: refused with the differing fields, nothing written
-    changed = [*_train_cli_args(text_corpus, run, 6), "--resume", "--dropout", "0.2"]
-    changed[changed.index("alibi")] = "nope"
-    assert main(changed) == 2
-    err = capsys.readouterr().err
-    assert "model dropout: checkpoint 0.0 vs now 0.2" in err and "model position: checkpoint 'alibi'" in err
-    assert (run / "checkpoint.safetensors").read_bytes() == saved
-    assert json.loads((run / "train.json").read_text())["model_config"]["position"] == "alibi"
-    # an explicit --overwrite replaces it
-    assert main([*_train_cli_args(text_corpus, run, 3), "--overwrite"]) == 0
-    assert json.loads((run / "train.json").read_text())["end_step"] == 3
-
-
-@pytest.mark.parametrize("where", ["file", "under_file"])
-def test_cli_out_checked_before_any_work(tmp_path, text_corpus, capsys, monkeypatch, where):
-    import posenc.lab.cells
-
-    def no_training(*args, **kwargs):
-        pytest.fail("trained before checking --out")
-
-    monkeypatch.setattr(sys.modules["posenc.lab.train"], "train", no_training)
-    monkeypatch.setattr(posenc.lab.cells, "train", no_training)
-    (tmp_path / "f").write_text("x")
-    out = tmp_path / "f" if where == "file" else tmp_path / "f" / "sub"
-    for command in (
-        _train_cli_args(text_corpus, out, 3),
-        ["extrapolate", "--schemes", "alibi", "--corpus", str(text_corpus), "--out", str(out)],
-    ):
-        assert main(command) == 2
-        err = capsys.readouterr().err
-        assert ("is a file, not a folder" in err or "lies under the file" in err) and "Traceback" not in err
-
-
 @pytest.mark.xdist_group("ports")
 def test_two_gloo_processes_match_one(tmp_path, text_corpus):
     """``torchrun --nproc-per-node 2 posenc train`` (DDP, gloo) == 1 process, same global batch."""
     one, two = tmp_path / "one", tmp_path / "two"
-    args = _train_cli_args(text_corpus, two, 8, checkpoint_every=4)
+    args = train_cli_args(text_corpus, two, 8, checkpoint_every=4)
     cmd, env = torchrun_command(args)
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "2 process(es)" in done.stdout
-    assert main(_train_cli_args(text_corpus, one, 8, checkpoint_every=4)) == 0
+    assert main(train_cli_args(text_corpus, one, 8, checkpoint_every=4)) == 0
     a = load_model(one / "model.safetensors").state_dict()
     b = load_model(two / "model.safetensors").state_dict()
     for key in a:  # float summation order differs (gradients averaged over ranks), nothing else
@@ -536,25 +339,6 @@ def test_two_gloo_processes_match_one(tmp_path, text_corpus):
 
 
 # ---------------------------------------------------------------------------------------------- memory
-def test_memory_estimate_grows_with_batch_length_and_training():
-    c = tiny_config()
-    small = estimate_memory(c, 2, 16)
-    assert estimate_memory(c, 4, 16).activations > small.activations
-    assert estimate_memory(c, 2, 64).activations > 4 * small.activations  # attention is quadratic
-    inference = estimate_memory(c, 2, 16, training=False)
-    assert inference.grads == inference.optimizer == 0 and inference.total < small.total
-    assert small.optimizer == 2 * small.weights  # AdamW's two moments
-
-
-def test_memory_check_message():
-    estimate = estimate_memory(tiny_config(), 8, 2048)
-    with pytest.raises(
-        InsufficientMemoryError,
-        match=r"would not fit in memory: it needs about .* but only "
-        r"1.0 MiB is free on cpu\. Reduce the batch size",
-    ):
-        check_memory(estimate, "cpu", available=2**20)
-    check_memory(estimate, "cpu", available=2**40)  # fits: no error
 
 
 def test_train_refuses_a_run_that_does_not_fit_before_starting():
@@ -567,65 +351,6 @@ def test_train_refuses_a_run_that_does_not_fit_before_starting():
     assert issubclass(InsufficientMemoryError, ValueError)  # the CLI reports it as a clear error
 
 
-def test_configure_threads():
-    old = torch.get_num_threads()
-    try:
-        assert configure_threads(1) == 1 and torch.get_num_threads() == 1
-        auto = configure_threads()
-        assert 1 <= auto <= (os.cpu_count() or 1)
-        with pytest.raises(ValueError, match="num_threads must be >= 1"):
-            configure_threads(0)
-    finally:
-        torch.set_num_threads(old)
-
-
 def test_stop_at_must_be_a_step():
     with pytest.raises(ValueError, match="stop_at must be >= 0"):
         train(TransformerLM(tiny_config()), tiny_data(), TrainConfig(steps=2), progress=False, stop_at=-1)
-
-
-def test_load_trained_model_from_checkpoint_and_model_file(tmp_path):
-    from posenc.lab import load_trained_model
-
-    torch.manual_seed(0)
-    model = TransformerLM(ModelConfig(vocab_size=32, d_model=16, num_layers=1, num_heads=2, position="alibi"))
-    config = TrainConfig(steps=1)
-    save_checkpoint(tmp_path / "ck.safetensors", model, make_optimizer(model, config), 1, train_config=config)
-    save_model(model, tmp_path / "model.safetensors")
-    ids = torch.randint(0, 32, (1, 8))
-    for name in ("ck.safetensors", "model.safetensors"):
-        loaded = load_trained_model(tmp_path / name)
-        assert not loaded.training
-        torch.testing.assert_close(loaded(ids).logits, model.eval()(ids).logits, rtol=0, atol=0)
-    with pytest.raises(ValueError, match="no checkpoint at"):
-        load_trained_model(tmp_path / "missing.safetensors")
-    (tmp_path / "junk.safetensors").write_bytes(b"not a tensor file")
-    with pytest.raises(ValueError, match="is not a readable safetensors file"):
-        load_trained_model(tmp_path / "junk.safetensors")
-
-
-def test_cli_trains_on_a_single_file_split_by_position(tmp_path, capsys):
-    big = tmp_path / "bigdoc.txt"
-    big.write_text(Path(__file__).read_text()[:40000])
-    assert main(_train_cli_args(big, tmp_path / "run", 2, val_fraction=0.25)) == 0
-    corpus = json.loads((tmp_path / "run" / "train.json").read_text())["corpus"]
-    assert (corpus["n_documents"], corpus["n_train"], corpus["n_val"], corpus["val_fraction"]) == (
-        1,
-        1,
-        1,
-        0.25,
-    )
-    capsys.readouterr()
-    assert main(_train_cli_args(big, tmp_path / "bad", 2, val_fraction=1.5)) == 2
-    assert "val_fraction must be in [0, 1), got 1.5" in capsys.readouterr().err
-
-
-def test_train_help_speaks_of_one_run(capsys):
-    with pytest.raises(SystemExit):
-        main(["train", "--help"])
-    text = " ".join(capsys.readouterr().out.split())
-    assert "per scheme" not in text and "task mode" not in text and "evaluation windows" not in text
-    assert "--steps STEPS optimizer steps (default 600)" in text and "--val-fraction" in text
-    with pytest.raises(SystemExit):
-        main(["extrapolate", "--help"])
-    assert "optimizer steps per scheme" in " ".join(capsys.readouterr().out.split())
