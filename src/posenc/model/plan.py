@@ -156,29 +156,13 @@ def plan_attention(
         outputs stay finite.
     """
     s_p = 0 if past_positions is None else past_positions.shape[-1]
-    s_k = s_p + seq_len
     if cu_seqlens is not None:
         if s_p or attention_mask is not None:
             raise ValueError(
                 "cu_seqlens (packed documents) cannot be combined with a KV cache, a memory or an "
                 "attention_mask: packing already separates the documents"
             )
-        if batch != 1:
-            raise ValueError(f"packed documents (cu_seqlens) take ids of shape [1, total], got batch {batch}")
-        doc_pos = positions_from_cu_seqlens(cu_seqlens).to(device)  # [total]
-        if doc_pos.shape[0] != seq_len and not torch.compiler.is_compiling():
-            raise ValueError(
-                f"cu_seqlens[-1] = {doc_pos.shape[0]} must equal the packed length s = {seq_len}"
-            )
-        q_pos = doc_pos if positions is None else check_positions(positions, seq_len)
-        doc = torch.searchsorted(
-            cu_seqlens.to(device).long()[1:], torch.arange(seq_len, device=device), right=True
-        )  # [s]: document index of each token
-        keep = doc[:, None] == doc[None, :]  # [s, s] block diagonal
-        if causal:
-            keep = keep & causal_mask(seq_len, seq_len, device)
-        return AttentionPlan(q_pos, q_pos, keep[None, None], False)  # [s, s] -> [1, 1, s, s]
-
+        return _plan_packed(batch, seq_len, device, causal, positions, cu_seqlens)
     valid_new = None if attention_mask is None else _check_mask(attention_mask, batch, seq_len)
     if positions is not None:
         q_pos = check_positions(positions, seq_len)
@@ -188,17 +172,47 @@ def plan_attention(
     else:
         q_pos = arange_positions(seq_len, offset=offset, device=device)  # [s] or [b, s]
     k_pos = _cat_positions(past_positions, q_pos)
+    if past_valid is None and valid_new is None:
+        return _plan_unpadded(q_pos, k_pos, seq_len, s_p, device, causal)
+    return _plan_padded(q_pos, k_pos, batch, seq_len, s_p, device, causal, past_valid, valid_new)
 
-    if past_valid is None and valid_new is None:  # no padding anywhere
-        if not causal:
-            return AttentionPlan(q_pos, k_pos, None, False)
-        if s_p and seq_len == 1:  # one new token that sees the whole cache
-            return AttentionPlan(q_pos, k_pos, None, False, causal_prefix=True)
-        if s_p == 0:
-            return AttentionPlan(q_pos, k_pos, None, True, causal_prefix=True)
-        mask = causal_mask(seq_len, s_k, device)[None, None]  # [s, s_k] -> [1, 1, s, s_k]
-        return AttentionPlan(q_pos, k_pos, mask, False, causal_prefix=True)
 
+def _plan_packed(batch, seq_len, device, causal, positions, cu_seqlens) -> AttentionPlan:
+    """Packed documents: block-diagonal attention, positions restarting at 0 in each document."""
+    if batch != 1:
+        raise ValueError(f"packed documents (cu_seqlens) take ids of shape [1, total], got batch {batch}")
+    doc_pos = positions_from_cu_seqlens(cu_seqlens).to(device)  # [total]
+    if doc_pos.shape[0] != seq_len and not torch.compiler.is_compiling():
+        raise ValueError(f"cu_seqlens[-1] = {doc_pos.shape[0]} must equal the packed length s = {seq_len}")
+    q_pos = doc_pos if positions is None else check_positions(positions, seq_len)
+    doc = torch.searchsorted(
+        cu_seqlens.to(device).long()[1:], torch.arange(seq_len, device=device), right=True
+    )  # [s]: document index of each token
+    keep = doc[:, None] == doc[None, :]  # [s, s] block diagonal
+    if causal:
+        keep = keep & causal_mask(seq_len, seq_len, device)
+    return AttentionPlan(q_positions=q_pos, k_positions=q_pos, mask=keep[None, None], is_causal=False)
+
+
+def _plan_unpadded(q_pos, k_pos, seq_len: int, s_p: int, device, causal: bool) -> AttentionPlan:
+    """No padding anywhere: no mask (encoder), SDPA's causal flag, or a causal mask after a cache."""
+    if not causal:
+        return AttentionPlan(q_positions=q_pos, k_positions=k_pos, mask=None, is_causal=False)
+    if s_p and seq_len == 1:  # one new token that sees the whole cache
+        return AttentionPlan(
+            q_positions=q_pos, k_positions=k_pos, mask=None, is_causal=False, causal_prefix=True
+        )
+    if s_p == 0:
+        return AttentionPlan(
+            q_positions=q_pos, k_positions=k_pos, mask=None, is_causal=True, causal_prefix=True
+        )
+    mask = causal_mask(seq_len, s_p + seq_len, device)[None, None]  # [s, s_k] -> [1, 1, s, s_k]
+    return AttentionPlan(q_positions=q_pos, k_positions=k_pos, mask=mask, is_causal=False, causal_prefix=True)
+
+
+def _plan_padded(q_pos, k_pos, batch, seq_len, s_p, device, causal, past_valid, valid_new) -> AttentionPlan:
+    """Padding among the past or the new tokens: an explicit ``[b, 1, s, s_k]`` mask."""
+    s_k = s_p + seq_len
     ones = torch.ones(batch, 1, dtype=torch.bool, device=device)
     past_ok = None if s_p == 0 else (past_valid if past_valid is not None else ones.expand(batch, s_p))
     new_ok = valid_new if valid_new is not None else ones.expand(batch, seq_len)
@@ -211,7 +225,7 @@ def plan_attention(
         torch.arange(s_k, device=device)[None, :] == torch.arange(seq_len, device=device)[:, None] + s_p
     )
     keep = keep | (own_slot & ~new_ok[:, None, :, None])  # [s, s_k] & [b, 1, s, 1]
-    return AttentionPlan(q_pos, k_pos, keep, False)
+    return AttentionPlan(q_positions=q_pos, k_positions=k_pos, mask=keep, is_causal=False)
 
 
 def plan_cross_attention(
@@ -225,6 +239,7 @@ def plan_cross_attention(
     q_pos = torch.arange(seq_len, device=device)
     k_pos = torch.arange(context_len, device=device)
     if context_mask is None:
-        return AttentionPlan(q_pos, k_pos, None, False)
+        return AttentionPlan(q_positions=q_pos, k_positions=k_pos, mask=None, is_causal=False)
     ok = _check_mask(context_mask, batch, context_len)
-    return AttentionPlan(q_pos, k_pos, ok[:, None, None, :], False)  # [b, s_k] -> [b, 1, 1, s_k]
+    mask = ok[:, None, None, :]  # [b, s_k] -> [b, 1, 1, s_k]
+    return AttentionPlan(q_positions=q_pos, k_positions=k_pos, mask=mask, is_causal=False)
