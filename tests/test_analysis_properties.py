@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import cmath
 import math
 
 import pytest
@@ -11,23 +10,13 @@ import torch
 import posenc
 from _analysis_toys import ToyALiBi, ToyBF16Positions, ToyLearnedBias, ToyRoPE, registered
 from posenc.analysis import PROPERTIES, check, fit_shift_map, verify
+from test_analysis_spectrum import roformer_bound_ref
 
 SMALL = {"d_model": 32, "head_dim": 16, "num_heads": 4, "max_len": 64}
 
 
 def by_name(results):
     return {r.property: r for r in results}
-
-
-def roformer_bound_ref(d: int, r: int, base: float = 10000.0) -> float:
-    """RoFormer section 3.4.3, written plainly:
-    (1/(d/2)) sum_{j=1}^{d/2} |sum_{i=0}^{j-1} e^{i r theta_i}|."""
-    theta = [base ** (-2 * i / d) for i in range(d // 2)]
-    total, s = 0.0, 0j
-    for t in theta:
-        s += cmath.exp(1j * r * t)
-        total += abs(s)
-    return total / (d // 2)
 
 
 # ------------------------------------------------------------------------------------ relative_linear

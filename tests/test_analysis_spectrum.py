@@ -3,26 +3,14 @@ plain formulas."""
 
 from __future__ import annotations
 
-import cmath
-
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import posenc
+from _analysis_refs import roformer_bound_ref
 from posenc.analysis.kernel import make_probe
 from posenc.analysis.spectrum import fit_shift_map, fit_shift_maps, roformer_bound, scheme_frequencies
-
-
-def roformer_bound_ref(d: int, r: int, base: float = 10000.0) -> float:
-    """RoFormer section 3.4.3, written plainly:
-    (1/(d/2)) sum_{j=1}^{d/2} |sum_{i=0}^{j-1} e^{i r theta_i}|."""
-    theta = [base ** (-2 * i / d) for i in range(d // 2)]
-    total, s = 0.0, 0j
-    for t in theta:
-        s += cmath.exp(1j * r * t)
-        total += abs(s)
-    return total / (d // 2)
 
 
 def test_roformer_bound_matches_the_plain_sum():

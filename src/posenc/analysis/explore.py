@@ -21,7 +21,7 @@ import torch
 
 from ..registry import config_keys
 from ..registry import schemes as registered_schemes
-from .interactive import selector_figure
+from .interactive import selector_figure, vline
 from .kernel import display_kernel, encodings, make_probe
 
 __all__ = ["EXPLORERS", "Explorer", "explorers"]
@@ -121,17 +121,7 @@ def _scalings(name: str, ctx: dict[str, Any]) -> dict[str, Any]:
     layout = {
         "xaxis": {"title": {"text": "distance m − n (tokens)"}},
         "yaxis": {"title": {"text": "mean K (logit units)"}},
-        "shapes": [
-            {
-                "type": "line",
-                "x0": L,
-                "x1": L,
-                "yref": "paper",
-                "y0": 0,
-                "y1": 1,
-                "line": {"dash": "dash", "color": "#999"},
-            }
-        ],
+        "shapes": [vline(L)],
         "annotations": [
             {"x": L, "y": 1, "yref": "paper", "text": f"L = {L}", "showarrow": False, "xanchor": "left"}
         ],

@@ -25,6 +25,7 @@ __all__ = [
     "selector_figure",
     "study_figure",
     "trained_figure",
+    "vline",
 ]
 
 #: One colour per hook group, shared by every figure of the report.
@@ -38,6 +39,12 @@ def kernel_profile(probe: Probe, n: int) -> tuple[list[int], list[float]]:
     c = curve.mean(0)[r >= 0]  # [n]: keys at or before the query
     scale = float(c.abs().max()) or 1.0
     return list(range(n)), (c / scale).tolist()
+
+
+def vline(x: float) -> dict[str, Any]:
+    """A dashed vertical line at ``x`` across the plot (a layout shape), e.g. at the trained length."""
+    line = {"dash": "dash", "color": "#999"}
+    return {"type": "line", "x0": x, "x1": x, "yref": "paper", "y0": 0, "y1": 1, "line": line}
 
 
 def _axis(i: int) -> str:
@@ -319,17 +326,7 @@ def study_figure(results: dict[str, Any]) -> dict[str, Any]:
     layout = {
         "xaxis": {"type": "log", "title": {"text": "evaluation length E (tokens, log)"}},
         "yaxis": {"title": {"text": "bits per byte (lower is better)"}},
-        "shapes": [
-            {
-                "type": "line",
-                "x0": L,
-                "x1": L,
-                "yref": "paper",
-                "y0": 0,
-                "y1": 1,
-                "line": {"dash": "dash", "color": "#999"},
-            }
-        ],
+        "shapes": [vline(L)],
         "height": 420,
     }
     return {"data": data, "layout": layout}
