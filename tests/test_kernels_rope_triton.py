@@ -1,24 +1,31 @@
 """The Triton RoPE kernel == posenc's PyTorch reference path, bit for bit.
 
 Without a GPU the kernel runs in Triton's interpreter on CPU tensors (``TRITON_INTERPRET=1``, set
-here before the kernel module is first imported); with one, on CUDA. The reference is
+by a module-scoped fixture before the kernel module is first imported, and removed after this
+module's tests); with one, on CUDA. The reference is
 :func:`posenc.apply_rotary` with fast paths off (``POSENC_C_KERNELS=0``): the PyTorch expression.
 """
-
-import os
 
 import pytest
 import torch
 
+import posenc
+from posenc.kernels import rope_triton, set_enabled
+
 pytest.importorskip("triton", reason="Triton is not installed (pip install 'posenc[gpu]')")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-if DEVICE == "cpu":
-    # read when the @triton.jit functions are defined, so it is set for the rest of this test
-    # process; nothing else in posenc or its tests uses Triton on CPU
-    os.environ["TRITON_INTERPRET"] = "1"
 
-import posenc  # noqa: E402
-from posenc.kernels import rope_triton, set_enabled  # noqa: E402
+
+@pytest.fixture(scope="module", autouse=True)
+def _interpreter():
+    """Triton's interpreter on CPU for this module only. The variable is read when the @triton.jit
+    functions are defined (posenc imports them on first use, here); posenc checks it again at every
+    call, so CPU tensors take the kernel only inside this module."""
+    with pytest.MonkeyPatch.context() as mp:
+        if DEVICE == "cpu":
+            mp.setenv("TRITON_INTERPRET", "1")
+        yield
+
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
