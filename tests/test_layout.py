@@ -36,7 +36,6 @@ LONG_FUNCTIONS: dict[str, str] = {
     "lab/train.py:train": "the training loop; its pieces are already functions",
     "kernels/_rope_triton_jit.py:rope_pair_kernel": "a Triton kernel: one compiled function",
     "rotary/apply.py:apply_rotary": "argument checks of a public function, then three paths",
-    "lab/commands.py:extrapolate_run": "to be split",
     "lab/commands.py:extrapolate_args": "argparse declarations, one per flag",
     "lab/cells.py:run_cell": "to be split",
     "lab/plot.py:plot_study": "one figure, three panels",

@@ -257,21 +257,9 @@ def compare_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def extrapolate_run(args: argparse.Namespace) -> int:
-    """Run ``posenc extrapolate``: train, evaluate, print the table, write the JSON and plot."""
-    if args.compare is not None:
-        return compare_run(args)
-    if args.from_file is not None:
-        from .extrapolate import format_table
-
-        print(format_table(_read_results(args.from_file, "--from"), markdown=args.markdown))
-        return 0
-    if args.markdown:
-        raise ValueError("--markdown formats a finished study: use it with --from RESULTS")
+def _study_config(args: argparse.Namespace):
+    """The :class:`~posenc.lab.config.StudyConfig` the flags describe (preset, task, overrides)."""
     from .config import PRESETS, TASK_DEFAULTS, StudyConfig
-    from .distributed import free_cores as configure_free_cores
-    from .extrapolate import STUDY_ARTIFACTS, format_table, run_study
-    from .runs import RunFolder
 
     fields: dict[str, Any] = dict(PRESETS["quick" if args.quick else "default"])
     if args.task != "lm":
@@ -297,7 +285,37 @@ def extrapolate_run(args: argparse.Namespace) -> int:
         fields["variants"] = () if args.variants == "none" else parse_list(args.variants, flag="--variants")
     if args.option:
         fields["position_options"] = parse_options(args.option)
-    config = StudyConfig(**fields)
+    return StudyConfig(**fields)
+
+
+def _workers(args: argparse.Namespace, info, device, cells: int) -> int:
+    """Cells run at once: 1 under DDP or on a GPU, else --workers or the free cores, at most ``cells``."""
+    from .distributed import free_cores
+
+    if info.world_size > 1 or device.type != "cpu":
+        workers = 1  # DDP trains each cell with every process; a GPU takes one cell at a time
+    elif args.workers is not None:
+        workers = args.workers
+    else:  # the free cores, one cell each (not --threads, which sets the threads of each cell)
+        workers = free_cores()
+    return min(workers, cells)
+
+
+def extrapolate_run(args: argparse.Namespace) -> int:
+    """Run ``posenc extrapolate``: train, evaluate, print the table, write the JSON and plot."""
+    if args.compare is not None:
+        return compare_run(args)
+    if args.from_file is not None:
+        from .extrapolate import format_table
+
+        print(format_table(_read_results(args.from_file, "--from"), markdown=args.markdown))
+        return 0
+    if args.markdown:
+        raise ValueError("--markdown formats a finished study: use it with --from RESULTS")
+    from .extrapolate import STUDY_ARTIFACTS, format_table, run_study
+    from .runs import RunFolder
+
+    config = _study_config(args)
     if (args.resume or args.overwrite) and args.out is None:
         raise ValueError("--resume and --overwrite need --out (the folder holding the run)")
     if args.out is not None:
@@ -305,13 +323,7 @@ def extrapolate_run(args: argparse.Namespace) -> int:
     if args.workers is not None and args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
     info, device, threads = _setup(args)
-    if info.world_size > 1 or device.type != "cpu":
-        workers = 1  # DDP trains each cell with every process; a GPU takes one cell at a time
-    elif args.workers is not None:
-        workers = args.workers
-    else:  # the free cores, one cell each (not --threads, which sets the threads of each cell)
-        workers = configure_free_cores()
-    workers = min(workers, len(config.schemes) * len(config.seeds))
+    workers = _workers(args, info, device, len(config.schemes) * len(config.seeds))
     if workers > 1 and args.threads is None:
         threads = 1  # one thread per cell process: the cores go to the cells
     try:
