@@ -37,7 +37,6 @@ LONG_FUNCTIONS: dict[str, str] = {
     "kernels/_rope_triton_jit.py:rope_pair_kernel": "a Triton kernel: one compiled function",
     "rotary/apply.py:apply_rotary": "argument checks of a public function, then three paths",
     "lab/commands.py:extrapolate_args": "argparse declarations, one per flag",
-    "lab/cells.py:run_cell": "to be split",
     "lab/plot.py:plot_study": "one figure, three panels",
     "lab/checkpoint.py:save_checkpoint": "to be split",
     "kernels/attention_cpu.py:causal_attention_with_bias": "one blocked loop with its checks",

@@ -251,8 +251,25 @@ def run_cell(
         check_memory(estimate_memory(mc, 1, longest, training=False), device,
                      what=f"evaluation at length {longest} (one window)")  # fmt: skip
     model, result = _train_cell(config, cell, data, mc, device, ckpt, resume, progress)
+    record = _record(cell, key, model, mc, result)
+    info = dist_info()
+    if info.is_main:  # under torchrun, rank 0 alone evaluates and writes
+        evaluator = EVALUATORS[config.mode](config, data.evalset, device)
+        points = _evaluate(config, evaluator, lambda e: model, mc)
+        record["runs"] = [{"name": cell.scheme, "variant": None, "eval": [p.to_dict() for p in points]}]
+        if config.lm:
+            record["runs"] += _variant_runs(config, cell, evaluator, model, mc, device)
+        if cell_file is not None:
+            write_json(cell_file, record)
+    if info.world_size > 1:
+        torch.distributed.barrier()
+    return record
+
+
+def _record(cell: Cell, key: dict[str, Any], model, mc, result) -> dict[str, Any]:
+    """A cell's record before evaluation: what it is, what it trained, its losses."""
     tail = result.losses[-max(1, len(result.losses) // 10) :]
-    record = {
+    return {
         "cell": cell.name,
         "scheme": cell.scheme,
         "seed": cell.seed,
@@ -270,18 +287,6 @@ def run_cell(
         },
         "runs": [],
     }
-    info = dist_info()
-    if info.is_main:  # under torchrun, rank 0 alone evaluates and writes
-        evaluator = EVALUATORS[config.mode](config, data.evalset, device)
-        points = _evaluate(config, evaluator, lambda e: model, mc)
-        record["runs"] = [{"name": cell.scheme, "variant": None, "eval": [p.to_dict() for p in points]}]
-        if config.lm:
-            record["runs"] += _variant_runs(config, cell, evaluator, model, mc, device)
-        if cell_file is not None:
-            write_json(cell_file, record)
-    if info.world_size > 1:
-        torch.distributed.barrier()
-    return record
 
 
 def _train_cell(
