@@ -38,7 +38,6 @@ LONG_FUNCTIONS: dict[str, str] = {
     "rotary/apply.py:apply_rotary": "argument checks of a public function, then three paths",
     "lab/commands.py:extrapolate_args": "argparse declarations, one per flag",
     "lab/plot.py:plot_study": "one figure, three panels",
-    "lab/checkpoint.py:save_checkpoint": "to be split",
     "kernels/attention_cpu.py:causal_attention_with_bias": "one blocked loop with its checks",
     "text/pipeline.py:format_pipeline": "one printed table per step",
     "lab/extrapolate.py:format_table": "to be split",

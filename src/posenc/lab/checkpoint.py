@@ -109,23 +109,11 @@ def save_checkpoint(
     ``path`` with ``os.replace`` (atomic on POSIX): a run killed mid-write leaves the previous
     checkpoint intact.
     """
-    import safetensors.torch
-
     model = _unwrap(model)
     path = Path(path)
     aliases = _aliases(model)
-    tensors: dict[str, torch.Tensor] = {}
-    for name, tensor in model.state_dict().items():
-        if name not in aliases:
-            tensors[f"model.{name}"] = tensor.detach().cpu().contiguous()
     opt = optimizer.state_dict()
-    scalars: dict[str, dict[str, Any]] = {}
-    for index, state in opt["state"].items():
-        for key, value in state.items():
-            if isinstance(value, torch.Tensor):
-                tensors[f"optimizer.{index}.{key}"] = value.detach().cpu().contiguous()
-            else:
-                scalars.setdefault(str(index), {})[key] = value
+    tensors, scalars = _state_tensors(model, opt, aliases)
     rng_tensors, rng_meta = _rng_state()
     tensors.update(rng_tensors)
     tensors["history.loss"] = torch.tensor(losses or [], dtype=torch.float64)
@@ -146,6 +134,30 @@ def save_checkpoint(
         "data_id": data_id or "",
         "posenc_defaults": DEFAULTS_VERSION,
     }
+    _write_atomically(path, tensors, metadata)
+
+
+def _state_tensors(model: nn.Module, opt: dict[str, Any], aliases: dict[str, str]):
+    """The weights (tied tensors once, as ``model.NAME``) and AdamW's state tensors
+    (``optimizer.INDEX.KEY``) on the CPU, and the optimizer's non-tensor state by parameter index."""
+    tensors: dict[str, torch.Tensor] = {}
+    for name, tensor in model.state_dict().items():
+        if name not in aliases:
+            tensors[f"model.{name}"] = tensor.detach().cpu().contiguous()
+    scalars: dict[str, dict[str, Any]] = {}
+    for index, state in opt["state"].items():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"optimizer.{index}.{key}"] = value.detach().cpu().contiguous()
+            else:
+                scalars.setdefault(str(index), {})[key] = value
+    return tensors, scalars
+
+
+def _write_atomically(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+    """A temporary file in the same folder, flushed to disk, renamed over ``path`` (atomic on POSIX)."""
+    import safetensors.torch
+
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
