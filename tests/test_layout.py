@@ -40,14 +40,12 @@ LONG_FUNCTIONS: dict[str, str] = {
     "lab/plot.py:plot_study": "one figure, three panels",
     "kernels/attention_cpu.py:causal_attention_with_bias": "one blocked loop with its checks",
     "text/pipeline.py:format_pipeline": "one printed table per step",
-    "lab/extrapolate.py:format_table": "to be split",
     "text/corpus.py:load_corpus": "to be split",
     "rotary/hf.py:hf_rope_config": "one case per Hugging Face config generation",
     "text/projection.py:plot_embedding_space": "one figure",
     "lab/evaluate.py:evaluate_lm": "to be split",
     "benchmarks/commands.py:bench_run": "to be split",
     "model/config.py:__post_init__": "one check per field",
-    "lab/extrapolate.py:_run_study": "to be split",
     "bias.py:t5_relative_bucket": "T5's bucket formula with its argument checks, as in the paper's code",
 }
 

@@ -149,7 +149,17 @@ def _run_study(config, out, device, resume, progress, log, threads, workers, clu
             bar.update(1)
     if bar is not None:
         bar.close()
-    ordered = [records[c.name] for c in cells]  # the grid's order, whatever the completion order
+    _collect(results, [records[c.name] for c in cells], config, data)  # the grid's order
+    results["wall_s"] = time.perf_counter() - t_start
+    with contextlib.suppress(OSError):
+        env["load_avg_end"] = list(os.getloadavg())
+    if out is not None and info.is_main:
+        _write_study(Path(out), results, say)
+    return results
+
+
+def _collect(results: dict[str, Any], ordered: list[dict[str, Any]], config: StudyConfig, data) -> None:
+    """Put the cells' records into ``results``: configs, cells, one entry per run, the summary."""
     results["train_config"] = config.train_config(data.seq_len).to_dict()
     results["model_configs"] = {r["scheme"]: r["model_config"] for r in ordered}
     results["cells"] = [
@@ -161,19 +171,17 @@ def _run_study(config, out, device, resume, progress, log, threads, workers, clu
         for run in r["runs"]
     ]
     results["summary"] = summarize(results["runs"])
-    results["wall_s"] = time.perf_counter() - t_start
-    with contextlib.suppress(OSError):
-        env["load_avg_end"] = list(os.getloadavg())
-    if out is not None and info.is_main:
-        out_dir = Path(out)
-        write_json(out_dir / "results.json", results)
-        try:
-            from .plot import plot_study
 
-            plot_study(results, out_dir / "extrapolation.png")
-        except ImportError as err:  # matplotlib is an optional extra
-            say(f"no plot: {err}")
-    return results
+
+def _write_study(out_dir: Path, results: dict[str, Any], say: Callable[[str], None]) -> None:
+    """``results.json`` and the figure (PNG and SVG; without matplotlib, a line saying so)."""
+    write_json(out_dir / "results.json", results)
+    try:
+        from .plot import plot_study
+
+        plot_study(results, out_dir / "extrapolation.png")
+    except ImportError as err:  # matplotlib is an optional extra
+        say(f"no plot: {err}")
 
 
 def _cell_bar(enabled: bool, total: int):
@@ -249,6 +257,29 @@ def _cell(value: dict | None, signed: bool, missing: str) -> str:
     return Interval(value["mean"], value["low"], value["high"], value["n"]).format(signed)
 
 
+def _metric_table(rows, names, lens, metric, signed, title, markdown, head, width, col) -> list[str]:
+    """One metric's table: a title, a header, one line per run (plain columns or Markdown)."""
+    if markdown:
+        lines = [
+            f"**{title}**",
+            "",
+            "| scheme | " + " | ".join(map(str, lens)) + " |",
+            "|---" * (len(lens) + 1) + "|",
+        ]
+    else:
+        lines = [title, head]
+    for name in names:
+        cells = []
+        for r in (r for r in rows if r["name"] == name):
+            missing = "n/a" if r["note"].startswith("n/a") else "-"
+            cells.append(_cell(r[metric], signed, missing))
+        if markdown:
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        else:
+            lines.append(f"{name:<{width}}" + "".join(f"{c:>{col}}" for c in cells))
+    return [*lines, ""]
+
+
 def format_table(results: dict[str, Any], markdown: bool = False) -> str:
     """The study as tables of ``mean ±half-width`` (95%): the paired delta and the sliding-window
     bits/byte first, all-position and beyond-``L`` bits/byte after (``lm``); or exact-match
@@ -290,25 +321,7 @@ def format_table(results: dict[str, Any], markdown: bool = False) -> str:
         ]
     lines = []
     for metric, signed, title in sections:
-        if markdown:
-            lines += [
-                f"**{title}**",
-                "",
-                "| scheme | " + " | ".join(map(str, lens)) + " |",
-                "|---" * (len(lens) + 1) + "|",
-            ]
-        else:
-            lines += [title, head]
-        for name in names:
-            cells = []
-            for r in (r for r in rows if r["name"] == name):
-                missing = "n/a" if r["note"].startswith("n/a") else "-"
-                cells.append(_cell(r[metric], signed, missing))
-            if markdown:
-                lines.append(f"| {name} | " + " | ".join(cells) + " |")
-            else:
-                lines.append(f"{name:<{width}}" + "".join(f"{c:>{col}}" for c in cells))
-        lines.append("")
+        lines += _metric_table(rows, names, lens, metric, signed, title, markdown, head, width, col)
     seeds = ",".join(map(str, cfg["seeds"]))
     lines.append(
         f"L = {L}; seeds {seeds}; '-' = not defined at this length; n/a = the scheme cannot run so long"
