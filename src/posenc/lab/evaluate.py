@@ -122,6 +122,21 @@ def _curve(position_bits: torch.Tensor) -> list[list[float]]:
 
 
 @torch.no_grad()
+def _checked_batch(model, length: int, k: int, batch_tokens: int, device: torch.device) -> int:
+    """Windows per forward pass at length ``length`` (1 for a model without a config), refused
+    before any work when even that cannot fit in memory."""
+    config = getattr(model, "config", None)
+    if config is None:
+        return 1
+    b = _eval_batch(config, length, k, batch_tokens, device)
+    check_memory(
+        estimate_memory(config, b, length, training=False),
+        device,
+        what=f"evaluation at length {length} (batch {b})",
+    )
+    return b
+
+
 def evaluate_lm(
     model: torch.nn.Module,
     evalset: EvalSet,
@@ -153,14 +168,7 @@ def evaluate_lm(
     t0 = time.perf_counter()
     device = torch.device(device) if device is not None else next(model.parameters()).device
     k = int(evalset.anchors.numel())
-    config = getattr(model, "config", None)
-    b = _eval_batch(config, length, k, batch_tokens, device) if config is not None else 1
-    if config is not None:
-        check_memory(
-            estimate_memory(config, b, length, training=False),
-            device,
-            what=f"evaluation at length {length} (batch {b})",
-        )
+    b = _checked_batch(model, length, k, batch_tokens, device)
     window_bits = torch.empty(k, dtype=torch.float64)  # [K]
     position_sum = torch.zeros(length, dtype=torch.float64)  # [E]
     model.eval()
