@@ -40,7 +40,6 @@ LONG_FUNCTIONS: dict[str, str] = {
     "lab/plot.py:plot_study": "one figure, three panels",
     "kernels/attention_cpu.py:causal_attention_with_bias": "one blocked loop with its checks",
     "text/pipeline.py:format_pipeline": "one printed table per step",
-    "text/corpus.py:load_corpus": "to be split",
     "rotary/hf.py:hf_rope_config": "one case per Hugging Face config generation",
     "text/projection.py:plot_embedding_space": "one figure",
     "benchmarks/commands.py:bench_run": "to be split",

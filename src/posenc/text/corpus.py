@@ -340,6 +340,28 @@ CORPORA: dict[str, Callable[[int | None], tuple[list[Document], str, list[str]]]
 }
 
 
+def _documents(name_or_path, max_chars: int | None, extensions: Sequence[str] | None):
+    """``(documents, skipped files, name, source)`` of a built-in corpus or of files/folders."""
+    if isinstance(name_or_path, str) and name_or_path in CORPORA:
+        if extensions is not None:
+            raise ValueError(
+                f"extensions applies to file corpora, not to the built-in corpus {name_or_path!r}"
+            )
+        docs, source, skipped = CORPORA[name_or_path](max_chars)
+        return docs, skipped, name_or_path, source
+    if isinstance(name_or_path, str) and not Path(name_or_path).exists():
+        raise ValueError(
+            f"unknown corpus {name_or_path!r}: not a corpus name ({', '.join(CORPORA)}) "
+            "and no such file or folder"
+        )
+    docs, skipped = file_documents(name_or_path, extensions=extensions, max_chars=max_chars)
+    if isinstance(name_or_path, (str, os.PathLike)):
+        source = str(Path(name_or_path).resolve())
+    else:
+        source = ", ".join(str(Path(p).resolve()) for p in name_or_path)
+    return docs, skipped, source, source
+
+
 def load_corpus(
     name_or_path: str | os.PathLike | Sequence[str | os.PathLike],
     *,
@@ -370,25 +392,7 @@ def load_corpus(
     bad_max = isinstance(max_chars, bool) or not isinstance(max_chars, int) or max_chars < 1
     if max_chars is not None and bad_max:
         raise ValueError(f"max_chars must be a positive int or None, got {max_chars!r}")
-    if isinstance(name_or_path, str) and name_or_path in CORPORA:
-        if extensions is not None:
-            raise ValueError(
-                f"extensions applies to file corpora, not to the built-in corpus {name_or_path!r}"
-            )
-        docs, source, skipped = CORPORA[name_or_path](max_chars)
-        name = name_or_path
-    else:
-        if isinstance(name_or_path, str) and not Path(name_or_path).exists():
-            raise ValueError(
-                f"unknown corpus {name_or_path!r}: not a corpus name ({', '.join(CORPORA)}) "
-                "and no such file or folder"
-            )
-        docs, skipped = file_documents(name_or_path, extensions=extensions, max_chars=max_chars)
-        if isinstance(name_or_path, (str, os.PathLike)):
-            source = str(Path(name_or_path).resolve())
-        else:
-            source = ", ".join(str(Path(p).resolve()) for p in name_or_path)
-        name = source
+    docs, skipped, name, source = _documents(name_or_path, max_chars, extensions)
     train, val = split_documents(docs, val_fraction, seed)
     info = CorpusInfo(
         name=name,
