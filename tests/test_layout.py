@@ -42,7 +42,6 @@ LONG_FUNCTIONS: dict[str, str] = {
     "text/pipeline.py:format_pipeline": "one printed table per step",
     "rotary/hf.py:hf_rope_config": "one case per Hugging Face config generation",
     "text/projection.py:plot_embedding_space": "one figure",
-    "benchmarks/commands.py:bench_run": "to be split",
     "model/config.py:__post_init__": "one check per field",
     "bias.py:t5_relative_bucket": "T5's bucket formula with its argument checks, as in the paper's code",
 }

@@ -118,30 +118,37 @@ def run(
     return report
 
 
+def _print_saved(args: argparse.Namespace) -> int:
+    """``posenc bench --from FILE``: a saved run's tables (plain or ``--markdown``)."""
+    from .harness import case_result_from_json, environment_line, format_case
+
+    if args.cases or args.json or args.out:
+        raise ValueError("--from prints a saved run: drop case names, --json and --out")
+    try:
+        with open(args.from_file) as f:
+            saved = json.load(f)
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"--from {args.from_file}: cannot read a JSON report ({err})") from err
+    keys = ("schema", "environment", "cases")
+    if not isinstance(saved, dict) or saved.get("schema") != SCHEMA or any(k not in saved for k in keys):
+        raise ValueError(
+            f"--from {args.from_file}: not a posenc bench report (schema {SCHEMA}, "
+            "written by posenc bench --out or --json)"
+        )
+    env = saved["environment"]
+    print(environment_line(env) + f"; started {env.get('date', '?')}")
+    for case in saved["cases"]:
+        print(("\n" if args.markdown else "") + format_case(case_result_from_json(case), args.markdown))
+    return 0
+
+
 def bench_run(args: argparse.Namespace) -> int:
     from .._paths import check_output_file, write_json
     from . import all_cases
-    from .harness import case_result_from_json, environment_line, format_case
+    from .harness import environment_line, format_case
 
     if args.from_file:
-        if args.cases or args.json or args.out:
-            raise ValueError("--from prints a saved run: drop case names, --json and --out")
-        try:
-            with open(args.from_file) as f:
-                saved = json.load(f)
-        except (OSError, json.JSONDecodeError) as err:
-            raise ValueError(f"--from {args.from_file}: cannot read a JSON report ({err})") from err
-        keys = ("schema", "environment", "cases")
-        if not isinstance(saved, dict) or saved.get("schema") != SCHEMA or any(k not in saved for k in keys):
-            raise ValueError(
-                f"--from {args.from_file}: not a posenc bench report (schema {SCHEMA}, "
-                "written by posenc bench --out or --json)"
-            )
-        env = saved["environment"]
-        print(environment_line(env) + f"; started {env.get('date', '?')}")
-        for case in saved["cases"]:
-            print(("\n" if args.markdown else "") + format_case(case_result_from_json(case), args.markdown))
-        return 0
+        return _print_saved(args)
     if args.list:
         for name in all_cases(args.quick):
             print(name)
