@@ -93,19 +93,21 @@ class AttentionPlan:
         return None
 
 
-def _check_mask(attention_mask: torch.Tensor, b: int, s: int) -> torch.Tensor:
+def _check_mask(
+    attention_mask: torch.Tensor, b: int, s: int, name: str = "attention_mask", what: str | None = None
+) -> torch.Tensor:
+    """``attention_mask`` ``[b, s]`` as bool; errors name the argument (``name``) and what ``s``
+    counts (``what``)."""
+    what = what or "one entry per new token; a KV cache remembers the mask of the tokens it holds"
     if not isinstance(attention_mask, torch.Tensor):
-        raise TypeError(
-            f"attention_mask must be a bool/int tensor [b, s], got {type(attention_mask).__name__}"
-        )
+        raise TypeError(f"{name} must be a bool/int tensor [b, s], got {type(attention_mask).__name__}")
     if attention_mask.is_floating_point() or attention_mask.is_complex():
         raise TypeError(
-            f"attention_mask must be bool or integer (1 = token, 0 = padding), got {attention_mask.dtype}"
+            f"{name} must be bool or integer (1 = token, 0 = padding), got {attention_mask.dtype}"
         )
     if tuple(attention_mask.shape) != (b, s):
         raise ValueError(
-            f"attention_mask must have shape [b, s] = {[b, s]} (one entry per new token; a KV cache "
-            f"remembers the mask of the tokens it holds), got {list(attention_mask.shape)}"
+            f"{name} must have shape [b, s] = {[b, s]} ({what}), got {list(attention_mask.shape)}"
         )
     return attention_mask.bool()
 
@@ -240,6 +242,6 @@ def plan_cross_attention(
     k_pos = torch.arange(context_len, device=device)
     if context_mask is None:
         return AttentionPlan(q_positions=q_pos, k_positions=k_pos, mask=None, is_causal=False)
-    ok = _check_mask(context_mask, batch, context_len)
+    ok = _check_mask(context_mask, batch, context_len, "context_mask", "one entry per encoder output")
     mask = ok[:, None, None, :]  # [b, s_k] -> [b, 1, 1, s_k]
     return AttentionPlan(q_positions=q_pos, k_positions=k_pos, mask=mask, is_causal=False)
