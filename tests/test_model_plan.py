@@ -85,7 +85,7 @@ def test_plan_cross_attention_masks_only_the_encoder_padding():
     plan = plan_cross_attention(2, 3, 5, cpu, context_mask)
     assert plan.mask.shape == (2, 1, 1, 5) and plan.is_causal is False
     assert plan.mask[:, 0, 0].tolist() == [[True, True, True, False, False], [True] * 5]
-    with pytest.raises(TypeError, match="attention_mask must be a bool/int tensor"):
+    with pytest.raises(TypeError, match="context_mask must be a bool/int tensor"):
         plan_cross_attention(2, 3, 5, cpu, [[1, 1, 1, 1, 1]] * 2)
     with pytest.raises(ValueError, match=r"must have shape \[b, s\] = \[2, 5\]"):
         plan_cross_attention(2, 3, 5, cpu, torch.ones(2, 3, dtype=torch.bool))  # the decoder's length
