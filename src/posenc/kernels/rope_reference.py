@@ -35,6 +35,3 @@ ROTARY_LAYOUTS: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor, in
     "half": _rotate_half_layout,
     "interleaved": _rotate_interleaved_layout,
 }
-
-
-#: axis orders of queries and keys: ``"bhsd"`` ``[b, h, s, d_h]`` (default), ``"bshd"`` ``[b, s, h, d_h]``

@@ -13,6 +13,7 @@ from ..kernels import rope_cpu as _rope_cpu
 from ..kernels import rope_triton as _rope_triton
 from ..kernels.rope_reference import ROTARY_LAYOUTS
 
+#: axis orders of queries and keys: ``"bhsd"`` ``[b, h, s, d_h]`` (default), ``"bshd"`` ``[b, s, h, d_h]``
 QK_LAYOUTS = ("bhsd", "bshd")
 
 
