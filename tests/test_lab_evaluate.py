@@ -97,6 +97,20 @@ def test_paired_delta_is_zero_for_a_model_blind_to_context():
         assert p.delta == {"mean": 0.0, "low": 0.0, "high": 0.0, "n": 5}
 
 
+def test_evaluation_records_no_gradients():
+    """Scoring runs without autograd (no graph kept for thousands of windows), whatever the caller's mode."""
+    seen = []
+
+    class Watching(Bigram):
+        def forward(self, ids):
+            seen.append(torch.is_grad_enabled())
+            return super().forward(ids)
+
+    with torch.enable_grad():
+        point = evaluate_lm(Watching(), _evalset(), 8, train_len=8, score_len=8)
+    assert seen and not any(seen) and isinstance(point.bpb_window, float)
+
+
 def test_paired_delta_pairs_each_window_with_itself():
     model, es = tiny_lm("rope"), _evalset()
     points = [evaluate_lm(model, es, e, train_len=8, score_len=4) for e in (8, 32)]

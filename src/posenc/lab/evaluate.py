@@ -121,7 +121,6 @@ def _curve(position_bits: torch.Tensor) -> list[list[float]]:
     return out
 
 
-@torch.no_grad()
 def _checked_batch(model, length: int, k: int, batch_tokens: int, device: torch.device) -> int:
     """Windows per forward pass at length ``length`` (1 for a model without a config), refused
     before any work when even that cannot fit in memory."""
@@ -137,6 +136,7 @@ def _checked_batch(model, length: int, k: int, batch_tokens: int, device: torch.
     return b
 
 
+@torch.no_grad()
 def evaluate_lm(
     model: torch.nn.Module,
     evalset: EvalSet,
