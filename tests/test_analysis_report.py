@@ -125,7 +125,7 @@ def test_report_with_a_study(tmp_path):
 
     (tmp_path / "corpus").mkdir()
     corpus = write_corpus(tmp_path / "corpus")
-    config = tiny_study(corpus, schemes=("sinusoidal", "t5"), seeds=(0, 1), variants=())
+    config = tiny_study(corpus, schemes=("nope", "sinusoidal", "t5"), seeds=(0, 1), variants=())
     run_study(config, out=tmp_path / "study", log=None)
     path = build_report(
         tmp_path / "rep", ["sinusoidal", "t5", "nope"], context=SMALL, study=tmp_path / "study"

@@ -140,8 +140,15 @@ def train_for_report(
 
 
 def _first_scheme(model: torch.nn.Module) -> PositionalScheme:
-    """The model's first positional scheme (layer 0's, or the input layer's), found by type."""
-    return next(m for m in model.modules() if isinstance(m, PositionalScheme))
+    """The model's first positional scheme (layer 0's, or the input layer's), found by type.
+
+    Raises:
+        ValueError: the model holds none (a scheme without hooks, such as NoPE).
+    """
+    found = next((m for m in model.modules() if isinstance(m, PositionalScheme)), None)
+    if found is None:
+        raise ValueError(f"{type(model).__name__} holds no positional scheme module: nothing trained to show")
+    return found
 
 
 def _pair(path: Path, name: str, seed: int) -> tuple[Probe, Probe]:
@@ -160,6 +167,15 @@ def _pair(path: Path, name: str, seed: int) -> tuple[Probe, Probe]:
         probe = make_probe(scheme, context)
         probes.append(dataclasses.replace(probe, name=name))
     return probes[0], probes[1]
+
+
+def _learnable_names(names: Sequence[str]) -> list[str]:
+    """The names among ``names`` whose scheme has trainable parameters (by building each one; a
+    name this process does not know is left out)."""
+    from ..registry import schemes as registered
+
+    known = set(registered())
+    return learnable([make_probe(n) for n in names if n in known])
 
 
 def read_study(folder: str | os.PathLike, schemes: Sequence[str] | None = None) -> list[TrainedScheme]:
@@ -184,7 +200,7 @@ def read_study(folder: str | os.PathLike, schemes: Sequence[str] | None = None) 
     seed = cfg["seeds"][0]
     losses = {c["cell"]: c["train"] for c in results.get("cells", [])}
     out = []
-    for name in schemes if schemes is not None else cfg["schemes"]:
+    for name in schemes if schemes is not None else _learnable_names(cfg["schemes"]):
         path = folder / "checkpoints" / f"{name}-seed{seed}.safetensors"
         if not path.is_file():
             if schemes is not None:
