@@ -298,6 +298,7 @@ def study_figure(results: dict[str, Any]) -> dict[str, Any]:
         color = f"hsl({(idx * 47) % 360},65%,42%)"
         band = {
             "type": "scatter",
+            "mode": "lines",  # the band's outline only: no markers at its corners
             "x": x + x[::-1],
             "y": high + low[::-1],
             "fill": "toself",
@@ -324,7 +325,11 @@ def study_figure(results: dict[str, Any]) -> dict[str, Any]:
         )
     L = results["config"]["train_len"]
     layout = {
-        "xaxis": {"type": "log", "title": {"text": "evaluation length E (tokens, log)"}},
+        "xaxis": {
+            "type": "log",
+            "title": {"text": "evaluation length E (tokens, log)"},
+            "tickvals": sorted({r["length"] for r in results["summary"]}),  # the lengths measured
+        },
         "yaxis": {"title": {"text": "bits per byte (lower is better)"}},
         "shapes": [vline(L)],
         "height": 420,
