@@ -1,0 +1,55 @@
+"""Tests of posenc.kernels._settings: the one switch (read once, changed at run time) and the one
+check that a call may take a fast path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from posenc.kernels import _settings, enabled, set_enabled
+
+
+def test_the_environment_is_read_once_and_set_enabled_overrides_it(monkeypatch):
+    monkeypatch.setenv("POSENC_C_KERNELS", "off")
+    set_enabled(None)
+    assert not enabled()
+    monkeypatch.setenv("POSENC_C_KERNELS", "1")
+    assert not enabled()  # read once: the change is not seen ...
+    set_enabled(None)
+    assert enabled()  # ... until it is read again
+    set_enabled(False)
+    assert not enabled()
+    set_enabled(True)
+    monkeypatch.setenv("POSENC_C_KERNELS", "0")
+    assert enabled()  # an explicit choice wins over the environment
+    for bad in ("0", 1, "off"):
+        with pytest.raises(TypeError, match="on must be True, False or None"):
+            set_enabled(bad)
+
+
+@pytest.mark.parametrize("value", ["0", "false", "No", " OFF "])
+def test_every_spelling_of_off(monkeypatch, value):
+    monkeypatch.setenv("POSENC_C_KERNELS", value)
+    set_enabled(None)
+    assert not enabled()
+
+
+def test_eager_accepts_plain_tensors_only():
+    x = torch.ones(3)
+    assert _settings.eager(x, torch.zeros(2))
+    p = torch.nn.Parameter(torch.ones(3))
+    assert not _settings.eager(p) and _settings.eager(p, parameters=True)
+
+    class Sub(torch.Tensor):
+        pass
+
+    assert not _settings.eager(x.as_subclass(Sub))
+    seen = []
+
+    def f(t):
+        seen.append(_settings.eager(t))
+        return t.sin().sum()
+
+    torch.func.grad(f)(x)  # inside a functorch transform: a wrapped tensor
+    torch.jit.trace(lambda t: (seen.append(_settings.eager(t)), t * 2)[1], (x,), check_trace=False)
+    assert seen == [False, False]
