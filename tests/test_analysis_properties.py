@@ -188,3 +188,11 @@ def test_errors_name_the_choice():
         verify(["rop"])
     with pytest.raises(ValueError, match=r"shift must be in \[1, 3\] for 4 positions, got 4"):
         fit_shift_map(torch.zeros(4, 2), 4)
+
+
+def test_the_package_loads_its_submodules_on_first_use():
+    import posenc.analysis as analysis
+
+    assert analysis.properties.check is analysis.check and analysis.measures.PROPERTIES is PROPERTIES
+    with pytest.raises(AttributeError, match="has no attribute 'nosuch'"):
+        analysis.nosuch  # noqa: B018

@@ -45,3 +45,26 @@ def test_a_scheme_with_several_hooks_names_them_when_called():
     txl = posenc.build("transformer_xl", d_model=16, num_heads=2, head_dim=8)
     with pytest.raises(TypeError, match=r"several hooks \(rotate, score_bias\).*txl|scheme\.rotate"):
         txl(torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8))
+
+
+def test_a_scheme_with_relative_values_must_declare_them():
+    """A model calls relative_values only for schemes that declare has_relative_values; an override
+    without the declaration would be ignored silently, so defining such a class fails at once."""
+    from posenc.base import PositionalScheme
+
+    with pytest.raises(TypeError, match="overrides relative_values but does not declare has_relative_values"):
+
+        class Forgetful(PositionalScheme):
+            name = "forgetful"
+
+            def relative_values(self, q_positions, k_positions):
+                return None
+
+    class Declared(PositionalScheme):
+        name = "declared"
+        has_relative_values = True
+
+        def relative_values(self, q_positions, k_positions):
+            return None
+
+    assert Declared().has_relative_values and not PositionalScheme().has_relative_values

@@ -199,3 +199,24 @@ def test_a_compiled_input_layer_runs_the_kernel_with_the_eager_numbers(monkeypat
     got.square().sum().backward()
     assert calls["n"] == 2
     assert torch.equal(got, want) and torch.equal(layer.token.weight.grad, grad)
+
+
+def test_compiled_functorch_transforms_take_the_reference_path(monkeypatch):
+    """Under torch.compile, a torch.func transform has no rule for the op: the reference dropout
+    runs (same mask for the same seed as every other path) and nothing fails."""
+    from posenc.embedding import Dropout
+
+    layer = Dropout(0.25).train()
+    x = torch.randn(4, 33)
+    calls = {"n": 0}
+    launch = dropout_cpu._launch
+
+    def counted(*args):
+        calls["n"] += 1
+        return launch(*args)
+
+    monkeypatch.setattr(dropout_cpu, "_launch", counted)
+    grad = torch.compile(torch.func.grad(lambda t: layer(t).sum()), fullgraph=True)(x)
+    assert calls["n"] == 0
+    kept = grad != 0  # d(sum)/dx is 1/(1-p) where kept, 0 where dropped
+    assert torch.allclose(grad[kept], torch.tensor(1 / 0.75)) and 0 < kept.float().mean() < 1

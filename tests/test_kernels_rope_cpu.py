@@ -230,11 +230,42 @@ def test_cbuild_caches_and_survives_a_missing_compiler(tmp_path, monkeypatch):
     assert _cbuild._build("posenc_test_nocc", "int f(void){return 1;}") is None
 
 
-def test_compile_uses_the_reference_and_matches():
+def test_compile_with_inductor_matches_eager():
     x = torch.randn(1, 2, 6, 16)
     cos, sin = tables(torch.rand(6, 8, dtype=torch.float64) * 5, torch.float32)
     compiled = torch.compile(lambda t: posenc.apply_rotary(t, cos, sin), fullgraph=True)
     torch.testing.assert_close(compiled(x), posenc.apply_rotary(x, cos, sin), rtol=1e-6, atol=1e-6)
+
+
+def test_export_and_compiled_functorch_take_the_reference_path(monkeypatch):
+    """torch.export keeps its program portable (aten ops only) and a torch.func transform under
+    compile has no rule for the op: both take the reference path and give the eager numbers."""
+    from posenc.model import ModelConfig, TransformerLM
+
+    x = torch.randn(1, 2, 6, 16)
+    cos, sin = tables(torch.rand(6, 8, dtype=torch.float64) * 5, torch.float32)
+
+    def loss(t):
+        return posenc.apply_rotary(t, cos, sin).square().sum()
+
+    lm = TransformerLM(
+        ModelConfig(vocab_size=32, d_model=16, num_layers=1, num_heads=2, position="rope")
+    ).eval()
+    ids = torch.randint(0, 32, (1, 8))
+    want_grad, want_rot, want_logits = (
+        torch.func.grad(loss)(x),
+        posenc.apply_rotary(x, cos, sin),
+        lm(ids).logits,
+    )
+    calls = _counting(monkeypatch)  # from here on, nothing may run the kernel
+    torch.testing.assert_close(torch.compile(torch.func.grad(loss), fullgraph=True)(x), want_grad)
+    vmapped = torch.compile(torch.vmap(lambda t: posenc.apply_rotary(t, cos, sin)), fullgraph=True)
+    torch.testing.assert_close(vmapped(x[None]), want_rot[None])
+    program = torch.export.export(lm, (ids,), strict=False)
+    ops = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
+    assert not any("posenc" in op for op in ops)
+    torch.testing.assert_close(program.module()(ids).logits, want_logits)
+    assert calls["n"] == 0
 
 
 def test_meta_tensors_use_the_reference_path():
@@ -291,6 +322,16 @@ def test_a_compiled_model_runs_the_kernel_with_the_eager_numbers(monkeypatch):
     assert torch.equal(got, want)
     for p, g in zip(model.parameters(), grads):
         assert torch.equal(p.grad, g)
+
+
+def test_a_kernel_checked_while_switched_off_builds_when_switched_on(monkeypatch):
+    from posenc import kernels
+
+    monkeypatch.delitem(rope_cpu._state, "fn", raising=False)  # as in a fresh process
+    kernels.set_enabled(False)
+    assert rope_cpu.status() == "disabled" and not rope_cpu.available()
+    kernels.set_enabled(True)
+    assert rope_cpu.available() and rope_cpu.status() == "ok"
 
 
 def test_the_switch_is_read_once_and_changes_at_run_time(monkeypatch):

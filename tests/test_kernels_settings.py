@@ -53,3 +53,11 @@ def test_eager_accepts_plain_tensors_only():
     torch.func.grad(f)(x)  # inside a functorch transform: a wrapped tensor
     torch.jit.trace(lambda t: (seen.append(_settings.eager(t)), t * 2)[1], (x,), check_trace=False)
     assert seen == [False, False]
+
+
+def test_parameter_subclasses_count_as_parameters():
+    class Tagged(torch.nn.Parameter):
+        pass
+
+    w = Tagged(torch.ones(2, 2))
+    assert _settings.eager(w, parameters=True) and not _settings.eager(w)

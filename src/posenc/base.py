@@ -158,6 +158,17 @@ class PositionalScheme(nn.Module):
         """
         return None
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        overrides = cls.relative_values is not PositionalScheme.relative_values
+        declares = cls.has_relative_values is not PositionalScheme.has_relative_values
+        if overrides and not declares:
+            raise TypeError(
+                f"{cls.__name__} overrides relative_values but does not declare has_relative_values, so a "
+                "model would never call it: define has_relative_values (a property or a bool class "
+                "attribute) saying when it returns value vectors"
+            )
+
     @property
     def has_relative_values(self) -> bool:
         """Whether :meth:`relative_values` gives value vectors the attention must add to each head's

@@ -39,13 +39,22 @@ _EXPORTS: dict[str, str] = {
 __all__ = sorted(_EXPORTS)
 
 
+#: submodules reachable as attributes (``posenc.analysis.properties``), imported on first use
+_SUBMODULES = (
+    "claims", "commands", "context", "embeddings", "explore", "input_layer", "interactive", "kernel",
+    "measures", "page", "plots", "properties", "report", "sections", "spectrum", "trained",
+)  # fmt: skip
+
+
 def __getattr__(name: str):
     if name in _EXPORTS:
         value = getattr(importlib.import_module("." + _EXPORTS[name], __name__), name)
         globals()[name] = value
         return value
+    if name in _SUBMODULES:
+        return importlib.import_module("." + name, __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+    return sorted(set(globals()) | set(_EXPORTS) | set(_SUBMODULES))

@@ -411,6 +411,7 @@ def build_report(
     names = list(schemes) if schemes else registered_schemes()
     for n in names:
         check_choice(n, "scheme", registered_schemes())
+    Path(out_dir).mkdir(parents=True, exist_ok=True)  # a folder that cannot be made fails before any work
     results, trained, note = None, [], ""
     if study is not None:
         trained = read_study(study)  # raises with the fix when the folder holds no study
@@ -423,7 +424,6 @@ def build_report(
     page = report_html(names, context=context, dpi=dpi, workers=workers, trained=trained,
                        fast=fast and study is None, study=results,
                        study_folder=str(study) if study is not None else None, trained_note=note)  # fmt: skip
-    Path(out_dir).mkdir(parents=True, exist_ok=True)
     path = Path(out_dir) / "index.html"
     path.write_text(page, encoding="utf-8")
     return path

@@ -9,11 +9,13 @@ traced).
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 import torch
 
-__all__ = ["eager", "enabled", "set_enabled"]
+__all__ = ["compiled_graph", "eager", "enabled", "outside_traces", "set_enabled"]
 
 _OFF = ("0", "false", "no", "off")
 _state: dict[str, bool | None] = {"enabled": None}
@@ -41,16 +43,36 @@ def set_enabled(on: bool | None) -> None:
 
 
 def eager(*tensors: torch.Tensor, parameters: bool = False) -> bool:
-    """True when every tensor is a plain eager ``torch.Tensor`` (also an ``nn.Parameter`` with
-    ``parameters``): not a subclass such as FakeTensor or DTensor, not being traced or scripted,
-    not inside a ``torch.func`` transform. Kernels read raw memory; anything else takes the
-    reference path."""
+    """True when every tensor is a plain eager ``torch.Tensor`` (also an ``nn.Parameter``, or a
+    subclass of it, with ``parameters``): not a subclass such as FakeTensor or DTensor, not being
+    traced or scripted, not inside a ``torch.func`` transform. Kernels read raw memory; anything
+    else takes the reference path."""
     if torch.jit.is_tracing() or torch.jit.is_scripting():
         return False
-    allowed = (torch.Tensor, torch.nn.Parameter) if parameters else (torch.Tensor,)
     for t in tensors:
-        if type(t) not in allowed:
+        parameter = parameters and isinstance(t, torch.nn.Parameter)
+        if type(t) is not torch.Tensor and not parameter:
             return False
         if _functorch is not None and _functorch.is_functorch_wrapped_tensor(t):
             return False
     return True
+
+
+def compiled_graph() -> bool:
+    """True while ``torch.compile`` (dynamo) traces a graph that may hold posenc's registered ops:
+    not under ``torch.export`` (an exported program stays portable: the reference path's aten ops)
+    and not inside a ``torch.func`` transform (the ops have no functorch rules: the reference path)."""
+    return (
+        torch.compiler.is_dynamo_compiling()
+        and not torch.compiler.is_exporting()
+        and not torch._C._are_functorch_transforms_active()
+    )
+
+
+@contextlib.contextmanager
+def outside_traces() -> Iterator[None]:
+    """Run real tensor code (building and self-checking a kernel) even when called while a graph is
+    traced: fake-tensor and other dispatch modes and functorch transforms are suspended."""
+    # private torch APIs, the ones torch's own compile stack uses for the same purpose
+    with torch.utils._python_dispatch._disable_current_modes(), torch._C._DisableFuncTorch():
+        yield

@@ -54,8 +54,12 @@ _state: dict[str, object] = {}
 
 
 def _fn():
+    """The C entry point (built on first use), or None; nothing cached while switched off."""
     if "fn" not in _state:
-        lib = _cbuild.load("dropout_cpu", _SOURCE)
+        if not _settings.enabled():
+            return None
+        with _settings.outside_traces():  # may run while a graph is traced
+            lib = _cbuild.load("dropout_cpu", _SOURCE)
         fn = None
         if lib is not None:
             fn = lib.posenc_dropout
@@ -89,6 +93,8 @@ def usable(x: torch.Tensor) -> bool:
     float32/float64/bfloat16, outside tracing/functorch, kernel available (under ``torch.compile``
     as the registered op :func:`dropout_op`)."""
     if torch.compiler.is_compiling():  # traced: the kernel enters the graph as posenc::dropout_cpu
+        if not _settings.compiled_graph():
+            return False  # torch.export or a torch.func transform under compile: the reference path
         ok = x.device.type == "cpu" and x.layout == torch.strided and x.dtype in _DTYPES
         return ok and x.is_contiguous() and x.numel() > 0 and _available_when_compiled()
     if not _settings.eager(x) or x.device.type != "cpu" or x.layout != torch.strided:

@@ -24,7 +24,7 @@ _MIN_BYTES = 4 << 20
 
 def usable(weight: torch.Tensor, ids: torch.Tensor) -> bool:
     """Whether :func:`gather` is worth it and allowed: plain CPU tensors, big enough output, huge
-    pages available, outside ``torch.compile``/tracing/functorch transforms."""
+    pages available, fast paths switched on, outside ``torch.compile``/tracing/functorch transforms."""
     if torch.compiler.is_compiling() or not (
         _settings.eager(ids) and _settings.eager(weight, parameters=True)
     ):
@@ -33,7 +33,7 @@ def usable(weight: torch.Tensor, ids: torch.Tensor) -> bool:
         return False
     if ids.numel() * weight.shape[1] * weight.element_size() < _MIN_BYTES:
         return False
-    return _memory.hugepages_enabled()
+    return _settings.enabled() and _memory.hugepages_enabled()
 
 
 class _Gather(torch.autograd.Function):

@@ -56,25 +56,34 @@ _state: dict[str, object] = {}
 
 
 def _fn():
-    """The C entry point (built and self-checked on first use), or None."""
+    """The C entry point (built and self-checked on first use), or None. Nothing is cached while
+    fast paths are switched off, so switching them on later builds the kernel."""
     if "fn" not in _state:
-        lib = _cbuild.load("rope_cpu", _SOURCE)
-        fn = None
-        if lib is not None:
-            fn = lib.posenc_rope_packed
-            fn.restype = ctypes.c_int
-            fn.argtypes = [_P]
-        _state["fn"] = fn
-        if fn is not None and not _self_check():
-            warnings.warn(
-                "posenc: the RoPE C kernel does not reproduce the reference bit for bit with this compiler; "
-                "using the PyTorch reference path",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-            _state["fn"] = None
-            _state["self_check_failed"] = True
+        if not _settings.enabled():
+            return None
+        with _settings.outside_traces():  # may run while a graph is traced: real tensors only
+            _load()
     return _state["fn"]
+
+
+def _load() -> None:
+    """Build, load and self-check the kernel into ``_state`` (``fn`` None where it cannot be used)."""
+    lib = _cbuild.load("rope_cpu", _SOURCE)
+    fn = None
+    if lib is not None:
+        fn = lib.posenc_rope_packed
+        fn.restype = ctypes.c_int
+        fn.argtypes = [_P]
+    _state["fn"] = fn
+    if fn is not None and not _self_check():
+        warnings.warn(
+            "posenc: the RoPE C kernel does not reproduce the reference bit for bit with this compiler; "
+            "using the PyTorch reference path",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        _state["fn"] = None
+        _state["self_check_failed"] = True
 
 
 def _self_check() -> bool:
@@ -123,7 +132,10 @@ def usable(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
     when the kernel is available.
     (Ordered so the common case costs ~1 us: this runs on every decoding step.)
     """
-    if not _compiling() and not _settings.eager(x, cos, sin):
+    compiling = _compiling()
+    if compiling and not _settings.compiled_graph():
+        return False  # torch.export or a torch.func transform under compile: the reference path
+    if not compiling and not _settings.eager(x, cos, sin):
         return False  # subclasses (FakeTensor, DTensor, ...), Parameters, tracing, torch.func
     if x.dtype not in _DTYPES or not (x.is_cpu and cos.is_cpu and sin.is_cpu) or x.layout != torch.strided:
         return False
@@ -131,7 +143,7 @@ def usable(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
         return False
     if (cos.requires_grad or sin.requires_grad) and torch.is_grad_enabled():
         return False
-    if _compiling():  # traced by torch.compile (dynamo sees FakeTensors): the op posenc::rope_cpu
+    if compiling:  # traced by torch.compile (dynamo sees FakeTensors): the op posenc::rope_cpu
         return _available_when_compiled()
     return _settings.enabled() and available()
 

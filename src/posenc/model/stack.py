@@ -121,6 +121,16 @@ class Memory:
         return self.states[0].shape[1] if self.states else 0
 
 
+# A pytree node (its tensors the children, the position the context), so torch.export and
+# torch.compile can return it: what Hugging Face does for its model outputs.
+torch.utils._pytree.register_pytree_node(
+    Memory,
+    lambda m: (m.states, m.next_position),
+    lambda states, next_position: Memory(list(states), next_position),
+    serialized_type_name="posenc.model.Memory",
+)
+
+
 @contextlib.contextmanager
 def placed(device: torch.device | str | None, dtype: torch.dtype | None) -> Iterator[None]:
     """Build a model's parameters on ``device`` (as ``nn.Linear``'s factory kwargs); the caller casts

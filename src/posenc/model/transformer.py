@@ -49,6 +49,10 @@ class LMOutput:
     memory: Memory | None = None
 
 
+# a pytree node, so torch.export and torch.compile can return it (as Hugging Face registers its outputs)
+torch.utils._pytree.register_dataclass(LMOutput, serialized_type_name="posenc.model.LMOutput")
+
+
 def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int) -> torch.Tensor:
     """Mean cross-entropy of ``logits`` ``[b, s, V]`` against ``targets`` ``[b, s]``, in float32 or better."""
     dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32

@@ -68,8 +68,9 @@ def apply_rotary(
         flow to ``x`` (and to ``cos``/``sin``).
 
     On CPU (float32/float64/bfloat16) the rotation runs as one pass over memory in a small C kernel
-    (:mod:`posenc.kernels.rope_cpu`), bit-identical to the PyTorch expression below, which runs
-    everywhere else (GPU, ``torch.compile``, other dtypes).
+    (:mod:`posenc.kernels.rope_cpu`; in a ``torch.compile`` graph as the op ``posenc::rope_cpu``),
+    bit-identical to the PyTorch expression, which runs everywhere else (``torch.export``,
+    ``torch.func`` transforms, other dtypes; on CUDA the Triton kernel where Triton is installed).
     """
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
         raise TypeError(f"x must be a floating-point tensor [..., s, d_h], got {_describe(x)}")
