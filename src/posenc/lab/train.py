@@ -287,21 +287,8 @@ def train(
         check_int(stop_at, "stop_at", minimum=0)
     _check_fits(module, config, info, device, desc, memory_check)
     optimizer = make_optimizer(module, config)
-    start, losses, elapsed_before = 0, [], 0.0
-    if resume and ckpt is not None and ckpt.is_file():
-        _check_resumable(ckpt, config, module, data_id)  # before anything is loaded into the model
-        state = load_checkpoint(ckpt, module, optimizer)
-        start, losses, elapsed_before = state.step, state.losses, state.elapsed_s
-    elif ckpt is not None and ckpt.exists():
-        raise ValueError(
-            f"a checkpoint already exists at {str(ckpt)!r}; resume it (resume=True / --resume), "
-            "or delete it or choose another path to start a new run"
-        )
-    if info.world_size > 1:
-        ddp_kwargs = {"device_ids": [device.index]} if device.type == "cuda" else {}
-        model = nn.parallel.DistributedDataParallel(module, **ddp_kwargs)
-    else:
-        model = module
+    start, losses, elapsed_before = _start(ckpt, resume, config, module, optimizer, data_id)
+    model = _distributed(module, device, info)
     end = config.steps if stop_at is None else min(config.steps, max(stop_at, start))
     if progress is None:
         progress = sys.stderr.isatty()
@@ -311,37 +298,24 @@ def train(
     model.train()
     t0 = time.perf_counter()
     for step in range(start, end):
-        if callable(data):
-            ids, targets = data(step, info.rank, info.world_size)
-        else:
-            ids, targets = batch_at(
-                data,
-                step,
-                config.batch_size,
-                config.seq_len,
-                config.seed,
-                rank=info.rank,
-                world_size=info.world_size,
-            )
+        ids, targets = _batch(data, step, config, info)
         log.pending.append(_train_step(model, module, optimizer, ids, targets, step, config, device))
         if (step + 1) % config.log_every == 0 or step + 1 == end:
             log.flush(step)
         at_checkpoint = config.checkpoint_every and (step + 1) % config.checkpoint_every == 0
         if ckpt is not None and (at_checkpoint or step + 1 == end):
             log.flush(step)
-            if info.is_main:
-                save_checkpoint(
-                    ckpt,
-                    module,
-                    optimizer,
-                    step + 1,
-                    train_config=config,
-                    losses=losses,
-                    elapsed_s=elapsed_before + time.perf_counter() - t0,
-                    data_id=data_id,
-                )
-            if info.world_size > 1:
-                torch.distributed.barrier()
+            _checkpoint(
+                ckpt,
+                module,
+                optimizer,
+                step + 1,
+                config,
+                losses,
+                elapsed_before + time.perf_counter() - t0,
+                data_id,
+                info,
+            )
     log.close()
     wall = time.perf_counter() - t0
     model.eval()
@@ -352,6 +326,55 @@ def train(
         wall_s=wall,
         tokens_per_s=(end - start) * config.tokens_per_step / max(wall, 1e-9),
         completed=max(end, start) >= config.steps,
+    )
+
+
+def _distributed(module: nn.Module, device: torch.device, info) -> nn.Module:
+    """``module`` wrapped in ``DistributedDataParallel`` under torchrun, else itself."""
+    if info.world_size <= 1:
+        return module
+    ddp_kwargs = {"device_ids": [device.index]} if device.type == "cuda" else {}
+    return nn.parallel.DistributedDataParallel(module, **ddp_kwargs)
+
+
+def _checkpoint(ckpt, module, optimizer, step: int, config, losses, elapsed_s: float, data_id, info) -> None:
+    """Write the checkpoint (rank 0) and wait for every rank."""
+    if info.is_main:
+        save_checkpoint(
+            ckpt,
+            module,
+            optimizer,
+            step,
+            train_config=config,
+            losses=losses,
+            elapsed_s=elapsed_s,
+            data_id=data_id,
+        )
+    if info.world_size > 1:
+        torch.distributed.barrier()
+
+
+def _start(ckpt: Path | None, resume: bool, config: TrainConfig, module: nn.Module, optimizer, data_id):
+    """``(first step, loss history, seconds already trained)``: from the checkpoint when resuming;
+    a checkpoint that exists without ``resume`` is refused (it would be overwritten)."""
+    if resume and ckpt is not None and ckpt.is_file():
+        _check_resumable(ckpt, config, module, data_id)  # before anything is loaded into the model
+        state = load_checkpoint(ckpt, module, optimizer)
+        return state.step, state.losses, state.elapsed_s
+    if ckpt is not None and ckpt.exists():
+        raise ValueError(
+            f"a checkpoint already exists at {str(ckpt)!r}; resume it (resume=True / --resume), "
+            "or delete it or choose another path to start a new run"
+        )
+    return 0, [], 0.0
+
+
+def _batch(data, step: int, config: TrainConfig, info) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's ``(ids, targets)`` ``[b, s]`` of the step's global batch."""
+    if callable(data):
+        return data(step, info.rank, info.world_size)
+    return batch_at(
+        data, step, config.batch_size, config.seq_len, config.seed, rank=info.rank, world_size=info.world_size
     )
 
 
