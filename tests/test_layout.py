@@ -35,7 +35,6 @@ LONG_FUNCTIONS: dict[str, str] = {
     "text/pipeline.py:run_pipeline": "the input layer step by step, one statement per step, in order",
     "lab/train.py:train": "public entry point: 47 lines of docstring (14 arguments), a 50-line body",
     "kernels/_rope_triton_jit.py:rope_pair_kernel": "a Triton kernel: one compiled function",
-    "rotary/apply.py:apply_rotary": "argument checks of a public function, then three paths",
     "lab/commands.py:extrapolate_args": "argparse declarations, one per flag",
     "lab/plot.py:plot_study": "one figure, three panels",
     "kernels/attention_cpu.py:causal_attention_with_bias": "one blocked loop with its checks",

@@ -72,12 +72,28 @@ def apply_rotary(
     bit-identical to the PyTorch expression, which runs everywhere else (``torch.export``,
     ``torch.func`` transforms, other dtypes; on CUDA the Triton kernel where Triton is installed).
     """
+    rotate = ROTARY_LAYOUTS[check_choice(layout, "layout", ROTARY_LAYOUTS)]
+    r = _check_args(x, cos, sin, qk_layout, rotary_dim)
+    cos, sin = _fit_tables(x, cos, sin, r, qk_layout)
+    if out is not None:
+        _rope_cpu.check_out(x, out)
+    if _rope_cpu.usable(x, cos, sin):
+        return _rope_cpu.rotate(x, cos, sin, layout, out)  # one pass, same numbers as below
+    if x.is_cuda and _rope_triton.usable(x, cos, sin):
+        return _rope_triton.rotate(x, cos, sin, layout, out)  # Triton, same numbers (self-checked)
+    y = rotate(x, cos.to(x.dtype), sin.to(x.dtype), r)  # [..., s, r]
+    if r < x.shape[-1]:
+        y = torch.cat((y, x[..., r:]), dim=-1)  # [..., s, r] ++ [..., s, d_h - r] -> [..., s, d_h]
+    return y if out is None else out.copy_(y)
+
+
+def _check_args(x, cos, sin, qk_layout: str, rotary_dim: int | None) -> int:
+    """Validate :func:`apply_rotary`'s arguments; return ``r``, the rotated width."""
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
         raise TypeError(f"x must be a floating-point tensor [..., s, d_h], got {_describe(x)}")
     for name, t in (("cos", cos), ("sin", sin)):
         if not isinstance(t, torch.Tensor) or not t.is_floating_point():
             raise TypeError(f"{name} must be a floating-point tensor [..., s, r/2], got {_describe(t)}")
-    rotate = ROTARY_LAYOUTS[check_choice(layout, "layout", ROTARY_LAYOUTS)]
     check_choice(qk_layout, "qk_layout", QK_LAYOUTS)
     if cos.shape != sin.shape:
         raise ValueError(
@@ -98,6 +114,12 @@ def apply_rotary(
             f"cos/sin cover r = {r} dims (r/2 = {cos.shape[-1]} pairs) but x has d_h = {x.shape[-1]}; "
             "cos/sin are half width: [..., s, r/2] with 2 <= r <= d_h"
         )
+    return r
+
+
+def _fit_tables(x, cos, sin, r: int, qk_layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cos``/``sin`` shaped to broadcast against ``x[..., :r/2]`` (a head axis for ``bshd``), or a
+    ``ValueError`` saying which axis does not match."""
     if qk_layout == "bshd":
         if x.dim() < 3:
             raise ValueError(f"qk_layout='bshd' needs x [..., s, h, d_h], got x {tuple(x.shape)}")
@@ -121,16 +143,7 @@ def apply_rotary(
             f"cos/sin of shape {tuple(cos.shape)} do not broadcast to x[..., :r/2] of shape {target}; use "
             "[s, r/2] for positions [s] or [b, 1, s, r/2] for positions [b, s] with x [b, h, s, d_h]"
         )
-    if out is not None:
-        _rope_cpu.check_out(x, out)
-    if _rope_cpu.usable(x, cos, sin):
-        return _rope_cpu.rotate(x, cos, sin, layout, out)  # one pass, same numbers as below
-    if x.is_cuda and _rope_triton.usable(x, cos, sin):
-        return _rope_triton.rotate(x, cos, sin, layout, out)  # Triton, same numbers (self-checked)
-    y = rotate(x, cos.to(x.dtype), sin.to(x.dtype), r)  # [..., s, r]
-    if r < x.shape[-1]:
-        y = torch.cat((y, x[..., r:]), dim=-1)  # [..., s, r] ++ [..., s, d_h - r] -> [..., s, d_h]
-    return y if out is None else out.copy_(y)
+    return cos, sin
 
 
 def _is_integer(t: torch.Tensor) -> bool:
