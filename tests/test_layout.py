@@ -32,7 +32,6 @@ LONG_FUNCTIONS: dict[str, str] = {
     "benchmarks/rope.py:_case": "one benchmark table: each peer configured and checked in line",
     "benchmarks/bias.py:_case": "one benchmark table: each peer configured and checked in line",
     "benchmarks/train_step.py:_case": "one benchmark table: each peer configured and checked in line",
-    "text/pipeline.py:run_pipeline": "the input layer step by step, one statement per step, in order",
     "lab/train.py:train": "public entry point: 47 lines of docstring (14 arguments), a 50-line body",
     "kernels/_rope_triton_jit.py:rope_pair_kernel": "a Triton kernel: one compiled function",
     "lab/commands.py:extrapolate_args": "argparse declarations, one per flag",

@@ -80,6 +80,112 @@ def _row_stats(x: torch.Tensor) -> dict[str, Any]:
     }
 
 
+def _check_inputs(ids, tokens, vocab_size, d_model, dropout, seed) -> tuple[torch.Tensor, list[str]]:
+    """``ids`` ``[s]`` and one display string per token, after checking every argument."""
+    ids = torch.as_tensor(ids)
+    if ids.dim() != 1:
+        raise ValueError(f"ids must have shape [s], got {tuple(ids.shape)}; run one text at a time")
+    if ids.numel() == 0:
+        raise ValueError("ids is empty: there is nothing to encode (is the text empty?)")
+    check_int(vocab_size, "vocab_size")
+    check_int(d_model, "d_model")
+    check_probability(dropout, "dropout")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__} ({seed!r})")
+    s = ids.numel()
+    tokens = [str(i) for i in ids.tolist()] if tokens is None else list(tokens)
+    if len(tokens) != s:
+        raise ValueError(f"tokens has {len(tokens)} entries but ids has {s}; they must match one to one")
+    return ids, tokens
+
+
+def _lookup_steps(
+    add, ids: torch.Tensor, module: InputEmbedding, vocab_size: int, d_model: int
+) -> torch.Tensor:
+    """Steps ``ids``, ``one_hot``, ``lookup``, ``scaled``; returns the scaled embeddings ``[s, d]``."""
+    s = ids.numel()
+    weight = module.token.weight  # E [V, d]
+    add("ids", "token ids", ids, vocab_size=vocab_size)
+    one_hot = nn.functional.one_hot(ids.long(), vocab_size).to(weight.dtype)  # [s, V], one 1 per row
+    via_matmul = one_hot @ weight  # [s, V] @ [V, d] -> [s, d]
+    lookup = nn.functional.embedding(ids, weight)  # E[ids], the gather [s, d]
+    add(
+        "one_hot",
+        "one_hot(ids) [s, V]",
+        one_hot,
+        max_abs_diff=float((via_matmul - lookup).abs().max()),
+        equal=bool(torch.equal(via_matmul, lookup)),
+        matmul_flops=2 * s * vocab_size * d_model,
+    )
+    add("lookup", "E[ids]: embedding lookup", lookup, **_row_stats(lookup), init_std=module.token.init_std)
+    x = module.token(ids[None])[0]  # [1, s] -> [1, s, d] -> [s, d], times the scale
+    add(
+        "scaled",
+        f"E[ids] x {module.token.scale:.4g} (sqrt(d_model)={math.sqrt(d_model):.4g})",
+        x,
+        **_row_stats(x),
+        scale=module.token.scale,
+    )
+    return x
+
+
+def _position_steps(add, module: InputEmbedding, scheme: str, x: torch.Tensor, options) -> torch.Tensor:
+    """Steps ``positional``, ``attention`` (schemes acting inside attention) and ``sum``; returns the
+    sum ``[s, d]``."""
+    if module.position is not None:
+        pe = module.position.embed(torch.zeros_like(x)[None])[0]  # the positional part alone [s, d]
+        summed = module.position.embed(x[None])[0]  # [1, s, d] -> [s, d]
+        note = f"{scheme} adds its table to the embeddings"
+    else:
+        pe = torch.zeros_like(x)
+        summed = x
+        note = f"{scheme} adds nothing here: it acts inside attention"
+    add("positional", f"positional part ({scheme})", pe, **_row_stats(pe), note=note)
+    effect = _attention_effect(scheme, x, options)
+    if effect is not None:
+        title, tensor, stats = effect
+        add("attention", title, tensor, **stats)
+    add(
+        "sum",
+        "token + positional",
+        summed,
+        **_row_stats(summed),
+        max_abs_diff_vs_x_plus_pe=float((summed - (x + pe)).abs().max()),
+    )
+    return summed
+
+
+def _norm_and_dropout_steps(
+    add, module: InputEmbedding, summed: torch.Tensor, dropout: float, seed: int
+) -> None:
+    """Steps ``layer_norm``, ``dropout_train`` (the mask of ``seed``, global RNG restored after) and
+    ``dropout_eval``."""
+    normed = module.norm(summed[None])[0]  # LayerNorm over d, per token
+    add(
+        "layer_norm",
+        "LayerNorm (per token)",
+        normed,
+        **_row_stats(normed),
+        gamma_is_one=bool(isinstance(module.norm, nn.LayerNorm) and torch.all(module.norm.weight == 1)),
+    )
+    gen_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    module.dropout.train()
+    dropped = module.dropout(normed[None])[0]  # [s, d], zeros and 1/(1-p) scaling
+    module.dropout.eval()
+    torch.random.set_rng_state(gen_state)
+    zeros = int((dropped == 0).sum()) - int((normed == 0).sum())
+    add(
+        "dropout_train",
+        f"dropout p={dropout} (train)",
+        dropped,
+        **_row_stats(dropped),
+        zeroed_fraction=zeros / dropped.numel(),
+        keep_scale=1 / (1 - dropout),
+    )
+    add("dropout_eval", "dropout (eval): identity", module.dropout(normed[None])[0], equal_to_layer_norm=True)
+
+
 def run_pipeline(
     ids: torch.Tensor | Sequence[int],
     vocab_size: int,
@@ -111,23 +217,10 @@ def run_pipeline(
         embeddings ``[s, d]`` as one head's queries and keys (``d_h = d``): the rotated vectors
         ``R_p x`` ``[s, d]`` for a ``rotate`` scheme, the bias ``[s_q, s_k]`` for a ``score_bias`` one.
     """
-    ids = torch.as_tensor(ids)
-    if ids.dim() != 1:
-        raise ValueError(f"ids must have shape [s], got {tuple(ids.shape)}; run one text at a time")
-    if ids.numel() == 0:
-        raise ValueError("ids is empty: there is nothing to encode (is the text empty?)")
-    check_int(vocab_size, "vocab_size")
-    check_int(d_model, "d_model")
-    check_probability(dropout, "dropout")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"seed must be an int, got {type(seed).__name__} ({seed!r})")
-    s = ids.numel()
-    tokens = [str(i) for i in ids.tolist()] if tokens is None else list(tokens)
-    if len(tokens) != s:
-        raise ValueError(f"tokens has {len(tokens)} entries but ids has {s}; they must match one to one")
+    ids, tokens = _check_inputs(ids, tokens, vocab_size, d_model, dropout, seed)
     options = dict(scheme_options or {})
     if "max_len" in config_keys(scheme) and "max_len" not in options:
-        options["max_len"] = s
+        options["max_len"] = ids.numel()
     torch.manual_seed(seed)
     module = InputEmbedding(vocab_size, d_model, scheme, dropout=dropout, scheme_options=options or None)
     module.eval()
@@ -139,79 +232,9 @@ def run_pipeline(
         return tensor
 
     with torch.no_grad():
-        weight = module.token.weight  # E [V, d]
-        add("ids", "token ids", ids, vocab_size=vocab_size)
-        one_hot = nn.functional.one_hot(ids.long(), vocab_size).to(weight.dtype)  # [s, V], one 1 per row
-        via_matmul = one_hot @ weight  # [s, V] @ [V, d] -> [s, d]
-        lookup = nn.functional.embedding(ids, weight)  # E[ids], the gather [s, d]
-        add(
-            "one_hot",
-            "one_hot(ids) [s, V]",
-            one_hot,
-            max_abs_diff=float((via_matmul - lookup).abs().max()),
-            equal=bool(torch.equal(via_matmul, lookup)),
-            matmul_flops=2 * s * vocab_size * d_model,
-        )
-        add(
-            "lookup", "E[ids]: embedding lookup", lookup, **_row_stats(lookup), init_std=module.token.init_std
-        )
-        x = module.token(ids[None])[0]  # [1, s] -> [1, s, d] -> [s, d], times the scale
-        add(
-            "scaled",
-            f"E[ids] x {module.token.scale:.4g} (sqrt(d_model)={math.sqrt(d_model):.4g})",
-            x,
-            **_row_stats(x),
-            scale=module.token.scale,
-        )
-        if module.position is not None:
-            pe = module.position.embed(torch.zeros_like(x)[None])[0]  # the positional part alone [s, d]
-            summed = module.position.embed(x[None])[0]  # [1, s, d] -> [s, d]
-            note = f"{scheme} adds its table to the embeddings"
-        else:
-            pe = torch.zeros_like(x)
-            summed = x
-            note = f"{scheme} adds nothing here: it acts inside attention"
-        add("positional", f"positional part ({scheme})", pe, **_row_stats(pe), note=note)
-        effect = _attention_effect(scheme, x, options)
-        if effect is not None:
-            title, tensor, stats = effect
-            add("attention", title, tensor, **stats)
-        add(
-            "sum",
-            "token + positional",
-            summed,
-            **_row_stats(summed),
-            max_abs_diff_vs_x_plus_pe=float((summed - (x + pe)).abs().max()),
-        )
-        normed = module.norm(summed[None])[0]  # LayerNorm over d, per token
-        add(
-            "layer_norm",
-            "LayerNorm (per token)",
-            normed,
-            **_row_stats(normed),
-            gamma_is_one=bool(isinstance(module.norm, nn.LayerNorm) and torch.all(module.norm.weight == 1)),
-        )
-        gen_state = torch.random.get_rng_state()
-        torch.manual_seed(seed)
-        module.dropout.train()
-        dropped = module.dropout(normed[None])[0]  # [s, d], zeros and 1/(1-p) scaling
-        module.dropout.eval()
-        torch.random.set_rng_state(gen_state)
-        zeros = int((dropped == 0).sum()) - int((normed == 0).sum())
-        add(
-            "dropout_train",
-            f"dropout p={dropout} (train)",
-            dropped,
-            **_row_stats(dropped),
-            zeroed_fraction=zeros / dropped.numel(),
-            keep_scale=1 / (1 - dropout),
-        )
-        add(
-            "dropout_eval",
-            "dropout (eval): identity",
-            module.dropout(normed[None])[0],
-            equal_to_layer_norm=True,
-        )
+        x = _lookup_steps(add, ids, module, vocab_size, d_model)  # [s, d], scaled
+        summed = _position_steps(add, module, scheme, x, options)  # [s, d]
+        _norm_and_dropout_steps(add, module, summed, dropout, seed)
     return PipelineResult(tokens=tokens, ids=ids, steps=steps, module=module, seed=seed)
 
 
