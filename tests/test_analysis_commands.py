@@ -57,9 +57,11 @@ def test_report_command(tmp_path, capsys):
         (["--max-len", "100000"], "--max-len=100000 is too large"),
         (["--fast", "--study", "x"], "not allowed with argument"),
         (["--study", "{tmp}"], "holds no results.json"),
+        (["--cache-dir", "{tmp}/afile"], "--cache-dir '"),
     ],
 )
 def test_report_command_errors(tmp_path, capsys, argv, match):
+    (tmp_path / "afile").write_text("x")
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     with contextlib.suppress(SystemExit):  # argparse's own errors exit 2 as well
         assert main(["report", "-o", str(tmp_path / "rep"), "nope", *argv]) == 2

@@ -219,6 +219,8 @@ def report_run(args: argparse.Namespace) -> int:
     from .report import build_report
 
     check_folder(args.output, "-o")
+    if args.cache_dir is not None:
+        check_folder(args.cache_dir, "--cache-dir")
     ctx = report_context(args)
     t0 = time.perf_counter()
     path = build_report(
