@@ -9,7 +9,7 @@ torch; ``from posenc import build`` or ``posenc.build`` imports what it needs.
 
 from __future__ import annotations
 
-import importlib
+from ._lazy import lazy_attributes
 
 __version__ = "0.1.0"
 
@@ -95,18 +95,7 @@ _SUBMODULES = (
 )  # fmt: skip
 
 
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module("." + _EXPORTS[name], __name__), name)
-        globals()[name] = value  # once loaded, a plain attribute
-        return value
-    if name in _SUBMODULES:
-        return importlib.import_module("." + name, __name__)
-    raise AttributeError(f"module 'posenc' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS, *_SUBMODULES})
+__getattr__, __dir__ = lazy_attributes(__name__, _EXPORTS, _SUBMODULES)
 
 
 __all__ = [

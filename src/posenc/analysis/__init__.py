@@ -12,7 +12,7 @@ Legend: ``h`` heads, ``m`` query positions, ``n`` key positions, ``s`` positions
 
 from __future__ import annotations
 
-import importlib
+from .._lazy import lazy_attributes
 
 #: public name -> the module of this package that defines it
 _EXPORTS: dict[str, str] = {
@@ -46,15 +46,4 @@ _SUBMODULES = (
 )  # fmt: skip
 
 
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module("." + _EXPORTS[name], __name__), name)
-        globals()[name] = value
-        return value
-    if name in _SUBMODULES:
-        return importlib.import_module("." + name, __name__)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS) | set(_SUBMODULES))
+__getattr__, __dir__ = lazy_attributes(__name__, _EXPORTS, _SUBMODULES)

@@ -19,9 +19,10 @@ arguments) does not import torch.
 
 from __future__ import annotations
 
-import importlib
 import sys
 import types
+
+from .._lazy import lazy_attributes
 
 #: public name -> the module of this package that defines it
 _EXPORTS: dict[str, str] = {
@@ -50,16 +51,7 @@ _EXPORTS: dict[str, str] = {
 }
 
 
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module("." + _EXPORTS[name], __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+__getattr__, __dir__ = lazy_attributes(__name__, _EXPORTS)
 
 
 class _Package(types.ModuleType):
