@@ -13,6 +13,7 @@ import pytest
 
 from posenc.benchmarks import GROUPS, select
 from posenc.benchmarks.commands import SCHEMA, run
+from posenc.benchmarks.harness import like_for_like
 from posenc.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,7 +40,21 @@ CASE_KEYS = {
     "loadavg_before",
     "loadavg_after",
 }
-RESULT_KEYS = {"kind", "layout", "note", "median_s", "q1_s", "q3_s", "gbps", "copy_fraction"}
+RESULT_KEYS = {
+    "kind",
+    "form",
+    "layout",
+    "note",
+    "median_s",
+    "q1_s",
+    "q3_s",
+    "gbps",
+    "copy_fraction",
+    "limit",
+    "of_limit",
+    "check",
+    "max_abs_err",
+}
 
 
 def test_cli_quick_json_has_the_documented_keys(capsys, tmp_path):
@@ -61,8 +76,9 @@ def test_cli_quick_json_has_the_documented_keys(capsys, tmp_path):
         mine = [n for n, r in case["results"].items() if r["kind"] == "posenc"]
         peers = [n for n, r in case["results"].items() if r["kind"] == "peer"]
         assert mine and set(case["speedup"]) == set(mine)
-        for p in mine:
-            assert set(case["speedup"][p]) == set(peers)
+        for p in mine:  # speed-ups only against peers of the same form and layout
+            same = {q for q in peers if like_for_like(case["results"][p], case["results"][q])}
+            assert set(case["speedup"][p]) == same
     rope = report["cases"][1]
     assert {"posenc_half", "posenc_half_inplace", "hf_eager", "meta_complex"} <= set(rope["results"])
     assert rope["skipped"]["hf_compiled"] == "--quick: no torch.compile"
@@ -102,7 +118,7 @@ def test_saved_run_renders_as_markdown_without_running(capsys, tmp_path):
     text = capsys.readouterr().out
     assert main(["bench", "--from", str(out_file), "--markdown"]) == 0
     md = capsys.readouterr().out
-    assert "**sinusoidal_table**" in md and "| impl | median | IQR | GB/s | of copy | posenc speed-up |" in md
+    assert "**sinusoidal_table**" in md and "| impl | form | median | IQR | GB/s | of limit | posenc speed-up | check |" in md
     assert "| **posenc_vaswani** |" in md and "| copy |" in md
     assert main(["bench", "--from", str(out_file)]) == 0  # the plain tables of the run, as printed then
     assert capsys.readouterr().out.split("\n")[1:] == text.split("\n")[1:]
@@ -169,3 +185,16 @@ def test_the_bench_extra_lists_every_peer():
     assert named == set(PEERS.values())
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     assert "posenc[bench]" in readme or '".[bench' in readme or ".[all,bench]" in readme
+
+
+def test_cli_stops_with_exit_1_when_an_implementation_disagrees(monkeypatch, capsys):
+    """A case whose implementation computes something else fails loudly: one line, exit 1, no
+    table printed for it."""
+    from posenc.benchmarks import rope
+
+    real = rope.meta_complex_rotary
+    monkeypatch.setattr(rope, "meta_complex_rotary", lambda x, f, r: real(x, f, r) * 1.1)
+    assert main(["bench", "rope_decode", "--quick", "--repeats", "1"]) == 1
+    out, err = capsys.readouterr()
+    assert err.startswith("posenc bench: failed: benchmark case 'rope_decode': meta_complex disagrees")
+    assert "== rope_decode" not in out

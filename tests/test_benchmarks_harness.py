@@ -1,6 +1,6 @@
-"""Tests of posenc.benchmarks.harness: byte counts, GB/s, interleaved timing, the copy/clone
-baselines and speed-up ratios, the table, impl kinds and allocators. No timing assertions: speed
-depends on the machine and its load and is never asserted."""
+"""Tests of posenc.benchmarks.harness: byte counts, GB/s, interleaved timing, the memory
+baselines, limits and like-for-like speed-up ratios, impl kinds/forms and allocators. No timing
+assertions: speed depends on the machine and its load and is never asserted."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from posenc.benchmarks.harness import (
     Case,
     CaseResult,
     Impl,
-    format_case,
     gbps,
     run_case,
     set_allocator,
@@ -53,43 +52,63 @@ def test_time_interleaved_counts_calls():
 
 def _fake_result():
     results = {
-        "copy": {"kind": "baseline", "layout": None, "median_s": 0.010, "gbps": 10.0},
-        "mine": {"kind": "posenc", "layout": "half", "median_s": 0.020, "gbps": 5.0},
-        "theirs": {"kind": "peer", "layout": "half", "median_s": 0.100, "gbps": 1.0},
+        "copy": {"kind": "baseline", "form": "out of place", "layout": None, "median_s": 0.010, "gbps": 10.0},
+        "mine": {"kind": "posenc", "form": "out of place", "layout": "half", "median_s": 0.020, "gbps": 5.0},
+        "theirs": {"kind": "peer", "form": "out of place", "layout": "half", "median_s": 0.100, "gbps": 1.0},
+        "other": {"kind": "peer", "form": "module", "layout": "half", "median_s": 0.100, "gbps": 1.0},
     }
     for r in results.values():
-        r.update(note="", q1_s=r["median_s"], q3_s=r["median_s"], copy_fraction=r["gbps"] / 10.0)
+        r.update(note="", q1_s=r["median_s"], q3_s=r["median_s"], check="baseline")
     return CaseResult("fake", "a fake case", 100_000_000, {}, results, {"gone": "not installed"}, None, None)
 
 
-def test_speedups_and_table():
+def test_speedups_compare_only_the_same_form():
     result = _fake_result()
-    assert result.speedups() == {"mine": {"theirs": pytest.approx(5.0)}}
+    assert result.speedups() == {"mine": {"theirs": pytest.approx(5.0)}}  # "other" is a module call
     assert result.copy_gbps == 10.0 and result.clone_gbps is None
-    table = format_case(result)
-    assert "5.00x (mine)" in table and "skipped: not installed" in table and "50%" in table
 
 
-def test_run_case_bytes_baselines_and_ratios():
+def test_run_case_bytes_baselines_limits_and_ratios():
     x = torch.randn(1000)
     y = torch.empty_like(x)
-    impls = [Impl("mine", lambda: torch.mul(x, 2, out=y), "posenc"), Impl("theirs", lambda: x * 2, "peer")]
-    case = Case("tiny", "x * 2", 2 * tensor_bytes(x), impls)
+    impls = [
+        Impl("mine", lambda: torch.mul(x, 2, out=y), "posenc"),
+        Impl("theirs", lambda: x * 2, "peer"),
+        Impl("mine_inplace", lambda: y.mul_(1), "posenc", form="in place", output=lambda: x * 2),
+    ]
+    case = Case("tiny", "x * 2", 2 * tensor_bytes(x), impls, reference=lambda: x * 2)
     result = run_case(case, repeats=3, min_time=0.0)
-    assert list(result.results) == ["copy", "clone", "mine", "theirs"]
+    assert list(result.results) == ["copy", "inplace", "clone", "mine", "theirs", "mine_inplace"]
     for r in result.results.values():
         assert r["gbps"] == pytest.approx(8000 / r["median_s"] / 1e9)
         assert r["q1_s"] <= r["median_s"] <= r["q3_s"]
-    assert result.results["copy"]["copy_fraction"] == pytest.approx(1.0)
-    ratio = result.results["theirs"]["median_s"] / result.results["mine"]["median_s"]
-    assert result.speedups()["mine"]["theirs"] == pytest.approx(ratio)
+    res = result.results
+    assert res["copy"]["of_limit"] == pytest.approx(1.0) and res["inplace"]["of_limit"] == pytest.approx(1.0)
+    # out-of-place work is measured against the copy, in-place work against the in-place pass
+    assert res["mine"]["limit"] == "copy" and res["mine_inplace"]["limit"] == "inplace"
+    assert res["mine"]["of_limit"] == pytest.approx(res["copy"]["median_s"] / res["mine"]["median_s"])
+    assert res["mine"]["check"].startswith("agrees (max |err| 0")
+    ratio = res["theirs"]["median_s"] / res["mine"]["median_s"]
+    assert result.speedups() == {"mine": {"theirs": pytest.approx(ratio)}, "mine_inplace": {}}
     with pytest.raises(ValueError, match="duplicate implementation names"):
         run_case(Case("dup", "", 8, [Impl("copy", lambda: None, "posenc")]), repeats=1)
+    with pytest.raises(ValueError, match="limit 'sdpa' is not one of its implementations"):
+        run_case(Case("lim", "", 8, [Impl("a", lambda: None, "posenc")], limit="sdpa"), repeats=1)
+
+
+def test_a_case_may_name_its_own_limit():
+    x = torch.randn(100)
+    impls = [Impl("yardstick", lambda: x * 2, "peer"), Impl("mine", lambda: x + x, "posenc")]
+    case = Case("own", "", 800, impls, reference=lambda: x * 2, limit="yardstick", baselines=False)
+    res = run_case(case, repeats=2, min_time=0.0).results
+    assert list(res) == ["yardstick", "mine"] and res["mine"]["limit"] == "yardstick"
 
 
 def test_impl_kind_and_allocator_errors():
     with pytest.raises(ValueError, match="unknown impl kind 'mine'"):
         Impl("x", lambda: None, "mine")
+    with pytest.raises(ValueError, match="unknown impl form 'inplace'; valid: in place, out of place"):
+        Impl("x", lambda: None, "posenc", form="inplace")
     with pytest.raises(ValueError, match="unknown allocator 'jemalloc'; valid: system, keep"):
         set_allocator("jemalloc")
     assert set(ALLOCATORS) == {"system", "keep"}

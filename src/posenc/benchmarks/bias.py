@@ -1,17 +1,24 @@
 """Causal attention with a positional bias (ALiBi, T5), the bias built on every call, against causal
-SDPA without any bias (the yardstick: a bias can at best cost nothing).
+SDPA without any bias (the limit: a bias can at best cost nothing).
 
 Implementations (q, k, v ``[b, h, s, d_h]`` float32):
 
-* ``sdpa_causal_no_bias``: ``scaled_dot_product_attention(..., is_causal=True)``;
-* ``posenc_<scheme>_full``: what ``posenc.model``'s attention does today: ``scheme.score_bias`` for
-  all ``s x s`` pairs, ``-inf`` above the diagonal, SDPA with that float mask;
+* ``sdpa_causal_no_bias``: ``scaled_dot_product_attention(..., is_causal=True)``, the limit;
+* ``posenc_<scheme>_full``: ``scheme.score_bias`` for all ``s x s`` pairs, ``-inf`` above the
+  diagonal, SDPA with that float mask (the path of ``torch.compile``d and GPU models);
 * ``posenc_<scheme>_blocked``: :func:`posenc.kernels.attention_cpu.causal_attention_with_bias`,
-  the bias built and applied one query block at a time, future keys skipped;
+  what ``posenc.model``'s attention runs on a CPU: the bias and causal mask of each block of
+  queries gathered from one per-distance table, future keys skipped;
 * ALiBi peers: HF Bloom's ``build_alibi_tensor`` (the key-only ``m_h * j`` form, which relies on
   softmax's shift invariance) plus the causal mask; x-transformers' ``AlibiPositionalBias``
   (it keeps the ``[h, s, s]`` table in a buffer after its first call: not rebuilt per call);
-* T5 peer: x-transformers' ``RelativePositionBias`` (causal buckets).
+* T5 peer: x-transformers' ``RelativePositionBias`` (causal buckets, T5's 32 buckets and max
+  distance 128), given posenc's table weights so that both compute the same bias; posenc's T5 is
+  built as a decoder's (``bidirectional=False``, ``max_distance=128``).
+
+Checks: every implementation against ``posenc_<scheme>_full`` within 1e-5 (absolute and relative:
+SDPA's blocking and Bloom's shifted bias round differently). Peak memory: the case's ``params``
+hold each implementation's peak resident growth in one call (``peak_mb``).
 
 Bytes: q, k, v read and the output written (attention is compute-bound: read the times).
 """
@@ -45,14 +52,16 @@ def _case(name: str, scheme_name: str, shape: tuple[int, int, int, int], block_s
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(shape, generator=gen) for _ in range(3))
     pos = torch.arange(s)
-    scheme = posenc.build(scheme_name, num_heads=h)
+    kw = {"bidirectional": False, "max_distance": 128} if scheme_name == "t5" else {}
+    scheme = posenc.build(scheme_name, num_heads=h, **kw)
     impls = [
         Impl(
             "sdpa_causal_no_bias",
             lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
-            "peer",
+            "baseline",
             None,
-            "the yardstick: no positional bias at all",
+            "the limit: no positional bias at all",
+            agrees="the limit computes attention without the bias",
         ),
         Impl(
             f"posenc_{scheme_name}_full",
@@ -110,6 +119,8 @@ def _case(name: str, scheme_name: str, shape: tuple[int, int, int, int], block_s
         skipped["x_transformers_t5"] = why
     else:
         rel = xt.RelativePositionBias(scale=1.0, causal=True, heads=h)  # type: ignore[attr-defined]
+        with torch.no_grad():  # the same weights: both compute the same bias
+            rel.relative_attention_bias.weight.copy_(scheme.relative_attention_bias.weight)
         impls.append(
             Impl(
                 "x_transformers_t5",
@@ -121,9 +132,11 @@ def _case(name: str, scheme_name: str, shape: tuple[int, int, int, int], block_s
         )
     nbytes = 4 * tensor_bytes(q)
     params = {"shape": list(shape), "scheme": scheme_name, "block_size": block_size, "dtype": "float32"}
-    return Case(
-        name, f"causal attention with {scheme_name} bias, q/k/v {list(shape)}", nbytes, impls, params, skipped
-    )
+    with torch.no_grad():
+        want = _sdpa_masked(q, k, v, scheme.score_bias(pos, pos))
+    description = f"causal attention with {scheme_name} bias, q/k/v {list(shape)}"
+    return Case(name, description, nbytes, impls, params, skipped, baselines=False, reference=lambda: want,
+                atol=1e-5, rtol=1e-5, limit="sdpa_causal_no_bias")  # fmt: skip
 
 
 def cases(quick: bool) -> dict[str, Callable[[], Case]]:

@@ -120,7 +120,8 @@ def run(
 
 def _print_saved(args: argparse.Namespace) -> int:
     """``posenc bench --from FILE``: a saved run's tables (plain or ``--markdown``)."""
-    from .harness import case_result_from_json, environment_line, format_case
+    from .harness import environment_line
+    from .tables import case_result_from_json, format_case
 
     if args.cases or args.json or args.out:
         raise ValueError("--from prints a saved run: drop case names, --json and --out")
@@ -145,7 +146,8 @@ def _print_saved(args: argparse.Namespace) -> int:
 def bench_run(args: argparse.Namespace) -> int:
     from .._paths import check_output_file, write_json
     from . import all_cases
-    from .harness import environment_line, format_case
+    from .harness import environment_line
+    from .tables import format_case
 
     if args.from_file:
         return _print_saved(args)
@@ -171,14 +173,20 @@ def bench_run(args: argparse.Namespace) -> int:
         if args.threads is not None and args.threads >= 1:
             torch.set_num_threads(args.threads)
         print(environment_line(), flush=True)
-    report = run(
-        args.cases,
-        quick=args.quick,
-        repeats=args.repeats,
-        threads=args.threads,
-        allocator=args.allocator,
-        progress=show,
-    )
+    from .checks import BenchmarkMismatchError
+
+    try:
+        report = run(
+            args.cases,
+            quick=args.quick,
+            repeats=args.repeats,
+            threads=args.threads,
+            allocator=args.allocator,
+            progress=show,
+        )
+    except BenchmarkMismatchError as err:  # a wrong implementation, not a user's mistake: exit 1
+        print(f"posenc bench: failed: {err}", file=sys.stderr)
+        return 1
     text = json.dumps(report, indent=2)
     if args.out:
         write_json(args.out, report)

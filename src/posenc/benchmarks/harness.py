@@ -1,21 +1,27 @@
-"""Benchmark harness: interleaved timing, medians, effective GB/s, same-run copy baselines.
+"""Benchmark harness: checked outputs, like-for-like timing, medians, and ratios to the limit.
 
 The hot paths of posenc are memory-bound, so every figure is reported next to what the machine's
-memory system does *in the same run*:
+memory system does *in the same run*, on the same number of bytes:
 
-* ``copy``  -- ``dst.copy_(src)`` of the case's bytes into an existing buffer (no allocation);
-* ``clone`` -- ``src.clone()`` of the same bytes (a fresh allocation: on glibc a large one is
-  served by fresh ``mmap`` pages, so it also pays the page faults every out-of-place result pays).
+* ``copy``    -- ``dst.copy_(src)`` into an existing buffer: the limit of out-of-place and
+  streaming work (a fresh allocation costs page faults the allocator can avoid: not a limit);
+* ``inplace`` -- ``x.mul_(1)`` on a buffer of the case's dtype: the limit of in-place work (it
+  reads and writes the same memory, as an in-place kernel does);
+* ``clone``   -- ``src.clone()``: a fresh allocation, shown for information only.
 
-A case declares the bytes it moves (read + written, :func:`tensor_bytes`), so
-``GB/s = bytes / median seconds`` and ``copy_fraction = GB/s / copy GB/s``. The two baselines move
-the same bytes: half read, half written. Implementations are timed round-robin (in a new shuffled
-order every round) so that a noisy, shared machine slows all of them alike, and the median is
-reported with the interquartile range.
+A case may name its own limit instead (``Case.limit``: causal SDPA without a bias for biased
+attention). Each implementation declares its ``form`` (:data:`FORMS`: in place, out of place,
+module, ...); ``of limit`` is the limit's median over the implementation's median (1.0 = at the
+limit) and speed-ups compare only implementations of the same form (and layout, where given).
+
+Before anything is timed, :func:`~posenc.benchmarks.checks.check_case` runs every implementation
+once and compares its outputs with the case's reference: a disagreement stops the run.
+Implementations are timed round-robin (in a new shuffled order every round) so that a noisy,
+shared machine slows all of them alike, and the median is reported with the interquartile range.
 
 Terms: ``impl`` an implementation of a case; ``kind`` ``"posenc"``, ``"peer"`` or ``"baseline"``;
-``speedup[p][q] = median(q) / median(p)`` for a posenc impl ``p`` and a peer ``q`` (> 1: posenc
-faster).
+``speedup[p][q] = median(q) / median(p)`` for a posenc impl ``p`` and a peer ``q`` of the same
+form (> 1: posenc faster).
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ import torch
 
 __all__ = [
     "ALLOCATORS",
+    "FORMS",
     "Case",
     "CaseResult",
     "Impl",
@@ -50,6 +57,15 @@ __all__ = [
 ]
 
 KINDS = ("posenc", "peer", "baseline")
+
+#: what an implementation's call does -> the memory baseline that is its limit
+FORMS: dict[str, str] = {
+    "in place": "inplace",  # overwrites its input
+    "out of place": "copy",  # writes a new result (tables prepared outside the timing)
+    "module": "copy",  # what a model calls: the module's own method, tables included
+    "table": "copy",  # builds a table
+    "training": "copy",  # a training step (compute-bound: read the times)
+}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -170,7 +186,13 @@ class Impl:
     """One implementation of a case: ``fn()`` does the whole operation once.
 
     ``layout`` (optional) groups implementations that compute the same thing the same way (e.g. the
-    RoPE pairing), so speed-ups can be read for like against like.
+    RoPE pairing); ``form`` (a key of :data:`FORMS`) says what kind of call it is. Speed-ups are
+    read only between implementations of the same form and layout.
+
+    ``output()`` returns what the check compares with the case's reference (default: ``fn()``;
+    an in-place implementation gives a function that works on fresh copies). ``agrees`` is None
+    for an implementation that must agree with the reference, or the reason it is not compared
+    ("same work, different numbers: ...").
     """
 
     name: str
@@ -178,10 +200,15 @@ class Impl:
     kind: str = "peer"
     layout: str | None = None
     note: str = ""
+    form: str = "out of place"
+    output: Callable[[], object] | None = None
+    agrees: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"unknown impl kind {self.kind!r}; valid: {', '.join(KINDS)}")
+        if self.form not in FORMS:
+            raise ValueError(f"unknown impl form {self.form!r}; valid: {', '.join(FORMS)}")
 
 
 @dataclass
@@ -190,7 +217,10 @@ class Case:
 
     ``nbytes`` is the traffic of the operation (bytes read + bytes written by an ideal
     implementation), the same for every implementation. ``skipped`` maps an implementation that
-    could not run (peer not installed, ...) to the reason.
+    could not run (peer not installed, ...) to the reason. ``reference()`` returns the outputs
+    every implementation must match within ``atol + rtol * |ref|``. ``limit`` names the
+    implementation that is every form's limit (e.g. causal SDPA without a bias), instead of the
+    memory baselines; ``dtype`` is the element type of the in-place baseline.
     """
 
     name: str
@@ -200,6 +230,11 @@ class Case:
     params: dict[str, Any] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
     baselines: bool = True
+    reference: Callable[[], object] | None = None
+    atol: float = 0.0
+    rtol: float = 0.0
+    limit: str | None = None
+    dtype: torch.dtype = torch.float32
 
 
 @dataclass
@@ -226,10 +261,14 @@ class CaseResult:
         return None if r is None else r["gbps"]
 
     def speedups(self) -> dict[str, dict[str, float]]:
-        """``{posenc impl: {peer impl: peer median / posenc median}}``."""
+        """``{posenc impl: {peer impl: peer median / posenc median}}`` for peers of the same form
+        (and the same layout where both declare one)."""
         mine = {n: r for n, r in self.results.items() if r["kind"] == "posenc"}
         peers = {n: r for n, r in self.results.items() if r["kind"] == "peer"}
-        return {p: {q: qr["median_s"] / pr["median_s"] for q, qr in peers.items()} for p, pr in mine.items()}
+        return {
+            p: {q: qr["median_s"] / pr["median_s"] for q, qr in peers.items() if like_for_like(pr, qr)}
+            for p, pr in mine.items()
+        }
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -245,6 +284,14 @@ class CaseResult:
             "loadavg_before": self.load_before,
             "loadavg_after": self.load_after,
         }
+
+
+def like_for_like(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two results (``run_case``'s entries) are the same kind of call: same form, and the
+    same layout where both declare one."""
+    if a.get("form") != b.get("form"):
+        return False
+    return a.get("layout") is None or b.get("layout") is None or a["layout"] == b["layout"]
 
 
 def no_grad_case(build: Callable[[], Case]) -> Callable[[], Case]:
@@ -326,14 +373,22 @@ def time_interleaved(
     return samples
 
 
-def _baselines(nbytes: int) -> list[Impl]:
-    """``copy`` and ``clone`` of ``nbytes / 2`` bytes: ``nbytes`` of traffic, half read, half written."""
+def _baselines(nbytes: int, dtype: torch.dtype) -> list[Impl]:
+    """``copy``, ``inplace`` and ``clone`` of ``nbytes / 2`` bytes: ``nbytes`` of traffic each, half
+    read, half written (``inplace`` on elements of ``dtype``)."""
     n = max(1, nbytes // 2)
     src = torch.empty(n, dtype=torch.uint8).fill_(1)
     dst = torch.empty_like(src).fill_(0)  # touched: no page faults in the timed copies
+    size = torch.empty((), dtype=dtype).element_size()
+    buf = torch.ones(max(1, n // size), dtype=dtype)  # touched; mul_(1) keeps it all ones
     return [
         Impl("copy", lambda: dst.copy_(src), "baseline", note="dst.copy_(src), existing buffer"),
-        Impl("clone", lambda: src.clone(), "baseline", note="src.clone(), fresh allocation"),
+        Impl(
+            "inplace", lambda: buf.mul_(1), "baseline", note=f"x.mul_(1), {str(dtype)[6:]}", form="in place"
+        ),
+        Impl(
+            "clone", lambda: src.clone(), "baseline", note="src.clone(), fresh allocation (for information)"
+        ),
     ]
 
 
@@ -345,11 +400,24 @@ def _quantiles(xs: Sequence[float]) -> tuple[float, float]:
 
 
 def run_case(case: Case, *, repeats: int = 7, warmup: int = 1, min_time: float = 0.005) -> CaseResult:
-    """Time every implementation of ``case`` (and the copy/clone baselines) in one interleaved run."""
-    impls = (_baselines(case.nbytes) if case.baselines else []) + list(case.impls)
+    """Check every implementation of ``case`` against its reference, then time them (and the memory
+    baselines) in one interleaved run.
+
+    Raises:
+        BenchmarkMismatchError: an implementation disagrees with the reference (nothing is timed).
+        ValueError: duplicate implementation names, or a ``limit`` that is not an implementation.
+    """
+    from .checks import check_case
+
+    impls = (_baselines(case.nbytes, case.dtype) if case.baselines else []) + list(case.impls)
     names = [i.name for i in impls]
     if len(set(names)) != len(names):
         raise ValueError(f"case {case.name!r} has duplicate implementation names: {names}")
+    if case.limit is not None and case.limit not in names:
+        raise ValueError(
+            f"case {case.name!r}: limit {case.limit!r} is not one of its implementations {names}"
+        )
+    checks = check_case(case)
     load_before = _load()
     samples = time_interleaved(
         {i.name: i.fn for i in impls}, repeats=repeats, warmup=warmup, min_time=min_time
@@ -362,16 +430,16 @@ def run_case(case: Case, *, repeats: int = 7, warmup: int = 1, min_time: float =
         q1, q3 = _quantiles(xs)
         results[impl.name] = {
             "kind": impl.kind,
+            "form": impl.form,
             "layout": impl.layout,
             "note": impl.note,
             "median_s": med,
             "q1_s": q1,
             "q3_s": q3,
             "gbps": gbps(case.nbytes, med) if case.nbytes else None,
+            **checks.get(impl.name, {"check": "baseline", "max_abs_err": None}),
         }
-    copy = results.get("copy")
-    for r in results.values():
-        r["copy_fraction"] = None if copy is None or r["gbps"] is None else r["gbps"] / copy["gbps"]
+    _add_limits(results, case.limit)
     return CaseResult(
         case.name,
         case.description,
@@ -384,78 +452,13 @@ def run_case(case: Case, *, repeats: int = 7, warmup: int = 1, min_time: float =
     )
 
 
-# ----------------------------------------------------------------------------------------------
-# Tables
-# ----------------------------------------------------------------------------------------------
-def _fmt_time(s: float) -> str:
-    if s >= 1:
-        return f"{s:.3f} s"
-    if s >= 1e-3:
-        return f"{s * 1e3:.2f} ms"
-    return f"{s * 1e6:.1f} us"
-
-
-def format_case(result: CaseResult, markdown: bool = False) -> str:
-    """A table of one case: impl, median, IQR, GB/s, fraction of copy, speed-ups; plain text, or
-    Markdown (as in ``benchmarks/RESULTS.md``)."""
-    load = "/".join(map(str, result.load_before or [])) + " -> " + "/".join(map(str, result.load_after or []))
-    moved = f"{result.nbytes / 1e6:.1f} MB moved per call" if result.nbytes else "no byte count"
-    mine = [n for n, r in result.results.items() if r["kind"] == "posenc"]
-    speed = result.speedups()
-    rows = []
-    for name, r in result.results.items():
-        frac = "" if r["copy_fraction"] is None else f"{r['copy_fraction'] * 100:.0f}%"
-        vs = ""
-        if r["kind"] == "peer" and mine:
-            same = [p for p in mine if result.results[p]["layout"] == r["layout"]] or mine
-            best = min(same, key=lambda p: result.results[p]["median_s"])
-            vs = f"{speed[best][name]:.2f}x ({best})"
-        rate = "" if r["gbps"] is None else f"{r['gbps']:.2f}"
-        rows.append(
-            (
-                name,
-                r["kind"],
-                _fmt_time(r["median_s"]),
-                _fmt_time(r["q1_s"]),
-                _fmt_time(r["q3_s"]),
-                rate,
-                frac,
-                vs,
-            )
-        )
-    if markdown:
-        params = ", ".join(f"{k}={v}" for k, v in result.params.items())
-        lines = [
-            f"**{result.name}** — {result.description}; {params}; {moved}; load {load}",
-            "",
-            "| impl | median | IQR | GB/s | of copy | posenc speed-up |",
-            "|---|---|---|---|---|---|",
-        ]
-        for name, kind, med, q1, q3, rate, frac, vs in rows:
-            label = f"**{name}**" if kind == "posenc" else name
-            lines.append(f"| {label} | {med} | {q1}–{q3} | {rate} | {frac} | {vs} |")
-        lines += [f"| {name} | skipped: {why} | | | | |" for name, why in result.skipped.items()]
-        return "\n".join(lines)
-    lines = [f"== {result.name}: {result.description}", f"   {moved}; load {load}"]
-    width = max(len(n) for n in result.results)
-    head = f"{'median':>10}  {'IQR':>19}  {'GB/s':>7}  {'of copy':>7}  posenc speed-up"
-    lines.append(f"   {'impl':<{width}}  {head}")
-    for name, _, med, q1, q3, rate, frac, vs in rows:
-        lines.append(f"   {name:<{width}}  {med:>10}  {q1 + '..' + q3:>19}  {rate:>7}  {frac:>7}  {vs}")
-    for name, why in result.skipped.items():
-        lines.append(f"   {name:<{width}}  skipped: {why}")
-    return "\n".join(lines)
-
-
-def case_result_from_json(case: dict[str, Any]) -> CaseResult:
-    """The :class:`CaseResult` of one entry of a report's ``cases`` (to re-render a saved run)."""
-    return CaseResult(
-        case["case"],
-        case["description"],
-        case["bytes"],
-        case["params"],
-        case["results"],
-        case["skipped"],
-        case.get("loadavg_before"),
-        case.get("loadavg_after"),
-    )
+def _add_limits(results: dict[str, dict[str, Any]], limit: str | None) -> None:
+    """Each result's ``limit`` (the baseline of its form, or the case's own) and ``of_limit``
+    (limit median / its median), and ``copy_fraction`` (GB/s over the copy's)."""
+    copy = results.get("copy")
+    for r in results.values():
+        name = limit or FORMS[r["form"]]
+        base = results.get(name)
+        r["limit"] = name if base is not None else None
+        r["of_limit"] = None if base is None else base["median_s"] / r["median_s"]
+        r["copy_fraction"] = None if copy is None or r["gbps"] is None else r["gbps"] / copy["gbps"]

@@ -1,21 +1,26 @@
 """RoPE on queries and keys: posenc vs HF transformers, rotary-embedding-torch, x-transformers and
-Meta's complex-number form, in one run.
+Meta's complex-number form, in one run, compared only like for like.
 
-Every implementation rotates ``q`` and ``k`` ``[b, h, s, d_h]`` by the same positions, starting from
-tables prepared once outside the timing in the format its API takes (as a model prepares them once
-per forward and reuses them in every layer):
+Three forms of call (speed-ups are read only within a form and a pairing layout):
 
-* ``posenc_half`` / ``posenc_interleaved``: :func:`posenc.apply_rotary` with half-width
-  ``cos``/``sin`` ``[s, r/2]`` in the input dtype; ``*_inplace``: the same with ``out=x``;
-* ``hf_eager``: ``transformers``' ``apply_rotary_pos_emb`` (Llama; GPT-NeoX's for partial rotary)
-  with full-width ``cos``/``sin`` ``[1, s, r]``; ``hf_compiled``: ``torch.compile`` of it;
-* ``rotary_embedding_torch``: ``apply_rotary_emb(freqs, t)`` with ``freqs [s, r]`` (it takes the
-  cos/sin of the angles inside);
-* ``x_transformers``: ``apply_rotary_pos_emb(t, freqs)`` with ``freqs [1, s, r]`` (same);
-* ``meta_complex``: Meta's Llama reference, ``view_as_complex(x) * freqs_cis``, written here.
+* **module** (the headline: what a model calls): ``RotaryEmbedding(d_h).rotate(q, k)`` with the
+  default positions, tables built inside the call; HF's ``LlamaRotaryEmbedding(x, position_ids)``
+  followed by ``apply_rotary_pos_emb``; rotary-embedding-torch's ``rotate_queries_or_keys`` on q
+  and k (it caches its frequencies after the first call); x-transformers' ``RotaryEmbedding``
+  (``forward(positions)`` then ``apply_rotary_pos_emb``, full rotary width).
+* **out of place**, tables prepared once outside the timing in the format each API takes:
+  :func:`posenc.apply_rotary` (``posenc_half``/``posenc_interleaved``), HF's
+  ``apply_rotary_pos_emb`` eager and compiled, rotary-embedding-torch's ``apply_rotary_emb``,
+  x-transformers' ``apply_rotary_pos_emb``, Meta's ``view_as_complex(x) * freqs_cis``.
+* **in place**: :func:`posenc.apply_rotary` with ``out=x``. Its limit is an in-place pass of
+  PyTorch itself over the same bytes (``x.mul_(1)``), not a copy (which reads a second buffer).
 
-HF rotates pairs ``(i, i + r/2)`` ("half" layout); the others pair ``(2i, 2i+1)`` ("interleaved").
-Speed-ups are read against the posenc implementation of the same layout.
+HF rotates pairs ``(i, i + r/2)`` ("half"); the others pair ``(2i, 2i+1)`` ("interleaved").
+
+Every implementation is checked first against posenc's reference expression
+(:mod:`posenc.kernels.rope_reference` on the same float32 tables): float32 within 1e-6
+(absolute and relative; the complex form rounds differently), bfloat16 within 2 bf16 ulps (HF
+rounds each product to bfloat16, the complex form computes in float32 and rounds once).
 
 Bytes per call: ``q`` and ``k`` read and written, plus the half-width tables read.
 """
@@ -54,6 +59,111 @@ def meta_complex_rotary(x: torch.Tensor, freqs_cis: torch.Tensor, r: int) -> tor
     return y if r == x.shape[-1] else torch.cat((y, x[..., r:]), dim=-1)
 
 
+def _reference(q, k, cos, sin, layout: str, r: int):
+    """posenc's reference expression (:mod:`posenc.kernels.rope_reference`) on q and k."""
+    from ..kernels.rope_reference import ROTARY_LAYOUTS
+
+    def one(x: torch.Tensor) -> torch.Tensor:
+        y = ROTARY_LAYOUTS[layout](x, cos.to(x.dtype), sin.to(x.dtype), r)  # [..., s, r]
+        return y if r == x.shape[-1] else torch.cat((y, x[..., r:]), dim=-1)  # ++ pass-through dims
+
+    return one(q), one(k)
+
+
+def _tolerance(dtype: torch.dtype, top: int, scale: float) -> tuple[float, float]:
+    """``(atol, rtol)``: 1e-6 in float32, 2 bf16 ulps in bfloat16; with ``top`` (the largest
+    position, module form only: each library builds its own float32 angles, whose rounding grows
+    with the position) ``+ 2 * top * 2^-24 * scale`` (``scale`` = max |x|)."""
+    base = 1e-6 if dtype == torch.float32 else 2.0**-6
+    return base + 2 * top * 2.0**-24 * scale, base
+
+
+def _inplace_impls(q, k, cos, sin, layout: str) -> list[Impl]:
+    """posenc in place (``out=x``) on copies rotated over and over; checked on fresh copies."""
+    import posenc
+
+    q_ip, k_ip = q.clone(), k.clone()
+
+    def run(a, b):
+        return (
+            posenc.apply_rotary(a, cos, sin, layout=layout, out=a),
+            posenc.apply_rotary(b, cos, sin, layout=layout, out=b),
+        )
+
+    return [
+        Impl(
+            f"posenc_{layout}_inplace",
+            lambda: run(q_ip, k_ip),
+            "posenc",
+            layout,
+            "apply_rotary(x, cos, sin, out=x)",
+            form="in place",
+            output=lambda: run(q.clone(), k.clone()),
+        )
+    ]
+
+
+def _module_impls(q, k, positions, r: int, skipped: dict[str, str]) -> list[Impl]:
+    """What a model calls: each library's module, its tables built inside the call."""
+    import posenc
+
+    d = q.shape[-1]
+    shared = positions.dim() == 1
+    rope = posenc.RotaryEmbedding(d, rotary_dim=r)
+    pos = None if shared and int(positions[0]) == 0 else positions
+    doc = "RotaryEmbedding.rotate(q, k)"
+    impls = [Impl("posenc_module", lambda: rope.rotate(q, k, pos, pos), "posenc", "half", doc, form="module")]
+    hf, why = _optional("transformers.models.llama.modeling_llama")
+    if hf is None or r < d:
+        skipped["hf_module"] = (
+            why or "partial rotary: HF's module is the model's own (GPT-NeoX), not set up here"
+        )
+    else:
+        neox, _ = _optional("transformers.models.gpt_neox.modeling_gpt_neox")
+        apply = (neox if r < d else hf).apply_rotary_pos_emb  # type: ignore[union-attr]
+        cfg = hf.LlamaConfig(  # type: ignore[attr-defined]
+            hidden_size=q.shape[1] * d, num_attention_heads=q.shape[1], head_dim=d,
+            partial_rotary_factor=r / d, max_position_embeddings=int(positions.max()) + 1,
+        )  # fmt: skip
+        hf_rope = hf.LlamaRotaryEmbedding(cfg)  # type: ignore[attr-defined]
+        ids = positions[None] if shared else positions  # [1 | b, s]
+
+        def hf_module():
+            cos, sin = hf_rope(q, ids)  # [1 | b, s, r]
+            return apply(q, k, cos, sin)
+
+        doc = "LlamaRotaryEmbedding + apply_rotary_pos_emb"
+        impls.append(Impl("hf_module", hf_module, "peer", "half", doc, form="module"))
+    ret, why = _optional("rotary_embedding_torch")
+    if ret is None or not shared:
+        skipped["rotary_embedding_torch_module"] = (
+            why or "its module takes an offset, not per-token positions"
+        )
+    else:
+        mod = ret.RotaryEmbedding(dim=r)  # type: ignore[attr-defined]
+        off = int(positions[0])
+        impls.append(Impl(
+            "rotary_embedding_torch_module",
+            lambda: (mod.rotate_queries_or_keys(q, offset=off), mod.rotate_queries_or_keys(k, offset=off)),
+            "peer", "interleaved", "rotate_queries_or_keys (caches its freqs)", form="module",
+            agrees=None if q.dtype == torch.float32 else "same work, different numbers: it builds the "
+            "positions in the input dtype, and bfloat16 rounds positions past 256",
+        ))  # fmt: skip
+    xt, why = _optional("x_transformers.x_transformers")
+    if xt is None:
+        skipped["x_transformers_module"] = why
+    else:
+        xrot = xt.RotaryEmbedding(r)  # type: ignore[attr-defined]
+
+        def xt_module():
+            freqs, _ = xrot(positions)  # [1 | b, s, r]
+            return xt.apply_rotary_pos_emb(q, freqs), xt.apply_rotary_pos_emb(k, freqs)  # type: ignore[attr-defined]
+
+        doc = "RotaryEmbedding(dim) + apply_rotary_pos_emb, full rotary"
+        impls.append(Impl("x_transformers_module", xt_module, "peer", "interleaved", doc, form="module"))
+    return impls
+
+
 def _case(
     name: str,
     description: str,
@@ -72,7 +182,6 @@ def _case(
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(shape, generator=gen).to(dtype)
     k = torch.randn(shape, generator=gen).to(dtype)
-    q_ip, k_ip = q.clone(), k.clone()  # the in-place impls rotate these over and over
     if per_token:  # every row starts elsewhere (left padding, packing): positions [b, s]
         starts = torch.randint(0, 4096, (b, 1), generator=gen)
         positions = offset + starts + torch.arange(s)  # [b, 1] + [s] -> [b, s]
@@ -96,42 +205,41 @@ def _case(
         return lambda: (fn(q), fn(k))
 
     impls = [
-        Impl("posenc_half", pair(lambda t: posenc.apply_rotary(t, cos, sin)), "posenc", "half"),
-        Impl(
-            "posenc_half_inplace",
-            lambda: (
-                posenc.apply_rotary(q_ip, cos, sin, out=q_ip),
-                posenc.apply_rotary(k_ip, cos, sin, out=k_ip),
-            ),
-            "posenc",
-            "half",
-            "out=x",
-        ),
-        Impl(
-            "posenc_interleaved",
-            pair(lambda t: posenc.apply_rotary(t, cos, sin, layout="interleaved")),
-            "posenc",
-            "interleaved",
-        ),
-        Impl(
-            "posenc_interleaved_inplace",
-            lambda: (
-                posenc.apply_rotary(q_ip, cos, sin, layout="interleaved", out=q_ip),
-                posenc.apply_rotary(k_ip, cos, sin, layout="interleaved", out=k_ip),
-            ),
-            "posenc",
-            "interleaved",
-            "out=x",
-        ),
-        Impl(
-            "meta_complex",
-            pair(lambda t: meta_complex_rotary(t, freqs_cis, r)),
-            "peer",
-            "interleaved",
-            "Llama reference code, written in the benchmark",
-        ),
-    ]
+        Impl("posenc_half", pair(lambda t: posenc.apply_rotary(t, cos, sin)), "posenc", "half",
+             "apply_rotary(x, cos, sin)"),
+        Impl("posenc_interleaved", pair(lambda t: posenc.apply_rotary(t, cos, sin, layout="interleaved")),
+             "posenc", "interleaved"),
+        Impl("meta_complex", pair(lambda t: meta_complex_rotary(t, freqs_cis, r)), "peer", "interleaved",
+             "Llama reference code, written in the benchmark"),
+    ]  # fmt: skip
+    impls += _inplace_impls(q, k, cos, sin, "half") + _inplace_impls(q, k, cos, sin, "interleaved")
     skipped: dict[str, str] = {}
+    impls += _peer_impls(q, k, (hf_cos, hf_sin, freqs_4d, freqs_3d), r, d, compile_peers, skipped)
+    impls += _module_impls(q, k, positions, r, skipped)
+    top = int(positions.max())
+    atol, rtol = _tolerance(dtype, top, float(torch.maximum(q.abs().max(), k.abs().max())))
+    nbytes = 2 * tensor_bytes(q, k) + tensor_bytes(cos, sin)
+    params = {
+        "shape": list(shape),
+        "dtype": str(dtype).replace("torch.", ""),
+        "rotary_dim": r,
+        "offset": offset,
+        "positions": "[b, s]" if per_token else "[s]",
+    }
+    refs = {layout: _reference(q, k, cos, sin, layout, r) for layout in ("half", "interleaved")}
+    return Case(
+        name, description, nbytes, impls, params, skipped,
+        reference=lambda: refs, atol=atol, rtol=rtol, dtype=dtype,
+    )  # fmt: skip
+
+
+def _peer_impls(q, k, tables, r: int, d: int, compile_peers: bool, skipped: dict[str, str]) -> list[Impl]:
+    """The peers' out-of-place functions on tables prepared in their formats."""
+    hf_cos, hf_sin, freqs_4d, freqs_3d = tables
+    impls: list[Impl] = []
+
+    def pair(fn: Callable[[torch.Tensor], object]) -> Callable[[], object]:
+        return lambda: (fn(q), fn(k))
 
     hf_module = "gpt_neox.modeling_gpt_neox" if r < d else "llama.modeling_llama"
     hf, why = _optional(f"transformers.models.{hf_module}")
@@ -187,15 +295,7 @@ def _case(
                 "apply_rotary_pos_emb(t, freqs)",
             )
         )
-    nbytes = 2 * tensor_bytes(q, k) + tensor_bytes(cos, sin)
-    params = {
-        "shape": list(shape),
-        "dtype": str(dtype).replace("torch.", ""),
-        "rotary_dim": r,
-        "offset": offset,
-        "positions": "[b, s]" if per_token else "[s]",
-    }
-    return Case(name, description, nbytes, impls, params, skipped)
+    return impls
 
 
 def cases(quick: bool) -> dict[str, Callable[[], Case]]:

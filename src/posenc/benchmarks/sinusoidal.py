@@ -10,6 +10,12 @@ classic precomputed buffer, in one run.
   posenc's ``SinusoidalPE.embed``; the classic ``x + pe[:s]``; x-transformers'
   ``x + ScaledSinusoidalEmbedding(x)`` and ``x + AbsolutePositionalEmbedding(x)`` (learned).
   Bytes: ``x`` read, the result written.
+
+Checks: each implementation is compared with posenc's table of its layout (float32, within 1e-6
+absolute: angles up to ``s`` radians). x-transformers' embeddings are labelled "same work,
+different numbers": its scaled sinusoid multiplies by a learned gain (``d^-1/2`` at
+initialisation) and spaces its frequencies by ``1/(d/2)`` rather than tensor2tensor's
+``1/(d/2 - 1)``; its absolute embedding is a learned table.
 """
 
 from __future__ import annotations
@@ -23,11 +29,17 @@ from .rope import _optional
 
 __all__ = ["cases"]
 
+_XT_SCALED = "same work, different numbers: a learned gain d^-1/2 and frequencies spaced 1/(d/2)"
+
 
 def _table_case(name: str, s: int, d: int) -> Case:
     import posenc
 
     positions_buffer = posenc.sinusoidal_table(s, d)  # classic: precomputed once, [max_len, d]
+    refs = {
+        "interleaved": positions_buffer.clone(),
+        "concatenated": posenc.sinusoidal_table(s, d, variant="tensor2tensor"),
+    }
     x = torch.empty(1, s, d)  # x-transformers takes x only for its length and device
     impls = [
         Impl("posenc_vaswani", lambda: posenc.sinusoidal_table(s, d), "posenc", "interleaved"),
@@ -58,10 +70,15 @@ def _table_case(name: str, s: int, d: int) -> Case:
                 "peer",
                 "concatenated",
                 "ScaledSinusoidalEmbedding(d)(x): [sin | cos] * gain",
+                form="table",
+                agrees=_XT_SCALED,
             )
         )
     nbytes = s * d * 4
-    return Case(name, f"[{s}, {d}] float32 table", nbytes, impls, {"s": s, "d": d}, skipped)
+    for impl in impls:
+        impl.form = "table"
+    return Case(name, f"[{s}, {d}] float32 table", nbytes, impls, {"s": s, "d": d}, skipped,
+                reference=lambda: refs, atol=1e-6)  # fmt: skip
 
 
 def _embed_case(name: str, b: int, s: int, d: int) -> Case:
@@ -90,7 +107,8 @@ def _embed_case(name: str, b: int, s: int, d: int) -> Case:
     else:
         scaled = xt.ScaledSinusoidalEmbedding(d)  # type: ignore[attr-defined]
         learned = xt.AbsolutePositionalEmbedding(d, s)  # type: ignore[attr-defined]
-        impls.append(Impl("x_transformers_scaled_sinusoidal", lambda: x + scaled(x), "peer", "concatenated"))
+        impls.append(Impl("x_transformers_scaled_sinusoidal", lambda: x + scaled(x), "peer", "concatenated",
+                          agrees=_XT_SCALED))  # fmt: skip
         impls.append(
             Impl(
                 "x_transformers_absolute",
@@ -98,11 +116,14 @@ def _embed_case(name: str, b: int, s: int, d: int) -> Case:
                 "peer",
                 "learned",
                 "AbsolutePositionalEmbedding: a learned table lookup",
+                agrees="same work, different numbers: a learned table",
             )
         )
     nbytes = 2 * tensor_bytes(x)
     params = {"b": b, "s": s, "d": d}
-    return Case(name, f"x + PE for x [{b}, {s}, {d}] float32", nbytes, impls, params, skipped)
+    want = x + buffer[:s]
+    return Case(name, f"x + PE for x [{b}, {s}, {d}] float32", nbytes, impls, params, skipped,
+                reference=lambda: want, atol=1e-6)  # fmt: skip
 
 
 def cases(quick: bool) -> dict[str, Callable[[], Case]]:

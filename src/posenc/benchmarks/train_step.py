@@ -7,7 +7,14 @@ dropout, sequences of ``L = 128``, batch 32. x-transformers' ``TransformerWrappe
 is configured to match: ``attn_dim_head=32``, ``tie_embedding=True``, ``ff_no_bias=True``, no
 absolute positions. Its LayerNorms have no bias, so it has ``3 d`` fewer parameters (0.05% at the
 lab's size; both counts are in ``params``). It is timed twice: with its default attention (explicit
-einsum softmax) and with ``attn_flash=True`` (PyTorch's SDPA, as posenc uses).
+einsum softmax) and with ``attn_flash=True`` (PyTorch's SDPA, as posenc uses). For RoPE it is
+given ``rotary_emb_dim = attn_dim_head`` (its default rotates half of each head), so both rotate
+every dimension.
+
+Checks: each posenc implementation's first-step loss (from a copy of the initial model) must equal
+the loss of the same model computed on the reference path (fast paths off) within 1e-5; the
+x-transformers models are initialised on their own, so they are labelled "same work, different
+numbers" (their parameter counts are in ``params``).
 
 The ``train_step_long_<scheme>`` cases take the same model to ``L = 1024`` (batch 4), where
 posenc's attention applies a bias one query block at a time
@@ -33,11 +40,11 @@ from .rope import _optional
 
 __all__ = ["cases"]
 
-#: posenc scheme -> x-transformers Decoder keyword arguments for the same scheme
-XT_SCHEMES: dict[str, dict[str, object]] = {
-    "rope": {"rotary_pos_emb": True},
-    "alibi": {"alibi_pos_bias": True},
-    "t5": {"rel_pos_bias": True},
+#: posenc scheme -> x-transformers Decoder keyword arguments for the same scheme, given ``d_h``
+XT_SCHEMES: dict[str, Callable[[int], dict[str, object]]] = {
+    "rope": lambda d_h: {"rotary_pos_emb": True, "rotary_emb_dim": d_h},  # the full head, as posenc
+    "alibi": lambda d_h: {"alibi_pos_bias": True},
+    "t5": lambda d_h: {"rel_pos_bias": True},
 }
 
 
@@ -73,6 +80,34 @@ def _full_table(step: Callable[[], object]) -> Callable[[], object]:
     return run
 
 
+def _first_loss(model: nn.Module, ids: torch.Tensor, targets: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """The loss of a copy of ``model`` as it is now (for the output check: the steps change it)."""
+    import copy
+
+    frozen = copy.deepcopy(model)
+
+    def loss() -> torch.Tensor:
+        with torch.no_grad():
+            logits = frozen(ids).logits  # [b, s, V]
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+    return loss
+
+
+def _reference_loss(loss: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
+    """``loss`` computed with posenc's fast paths switched off (the reference paths)."""
+    from posenc import kernels
+
+    def run() -> torch.Tensor:
+        kernels.set_enabled(False)
+        try:
+            return loss()
+        finally:
+            kernels.set_enabled(None)
+
+    return run
+
+
 def _count(model: nn.Module) -> int:
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
 
@@ -88,7 +123,11 @@ def _case(name: str, scheme: str, b: int, s: int, d: int, layers: int, heads: in
     mine = TransformerLM(
         ModelConfig(vocab_size=256, d_model=d, num_layers=layers, num_heads=heads, position=scheme, max_len=s)
     ).train()
-    impls = [Impl(f"posenc_{scheme}", _step(mine, ids, targets), "posenc", None, "model.TransformerLM")]
+    first = _first_loss(mine, ids, targets)
+    impls = [
+        Impl(f"posenc_{scheme}", _step(mine, ids, targets), "posenc", None, "model.TransformerLM",
+             form="training", output=first),
+    ]  # fmt: skip
     if s > 256 and "score_bias" in scheme_class(scheme).hooks:  # more than one query block: blocked bias
         impls.append(
             Impl(
@@ -97,6 +136,8 @@ def _case(name: str, scheme: str, b: int, s: int, d: int, layers: int, heads: in
                 "posenc",
                 None,
                 "the same model on the full-table bias path",
+                form="training",
+                output=_full_table(first),
             )
         )
     params: dict[str, object] = {
@@ -123,7 +164,7 @@ def _case(name: str, scheme: str, b: int, s: int, d: int, layers: int, heads: in
                     attn_dim_head=d // heads,
                     ff_no_bias=True,
                     attn_flash=flash,
-                    **XT_SCHEMES[scheme],
+                    **XT_SCHEMES[scheme](d // heads),
                 )
             except AssertionError as err:  # x-transformers refuses some combinations (T5 bias + flash)
                 skipped[f"x_transformers_{scheme}{suffix}"] = f"x-transformers: {err}"
@@ -136,12 +177,15 @@ def _case(name: str, scheme: str, b: int, s: int, d: int, layers: int, heads: in
                 attn_layers=decoder,
             ).train()
             params["params_x_transformers"] = _count(other)
-            note = f"TransformerWrapper(Decoder({', '.join(XT_SCHEMES[scheme])}, attn_flash={flash}))"
+            kwargs = ", ".join(XT_SCHEMES[scheme](d // heads))
+            note = f"TransformerWrapper(Decoder({kwargs}, attn_flash={flash}))"
             step = _step(other, ids, targets, peer=True)
-            impls.append(Impl(f"x_transformers_{scheme}{suffix}", step, "peer", None, note))
-    case = Case(name, f"one training step, {scheme}, batch {b} x L={s}", 0, impls, params, skipped)
-    case.baselines = False
-    return case
+            other_init = "same work, different numbers: a separately initialised model of the same size"
+            impls.append(Impl(f"x_transformers_{scheme}{suffix}", step, "peer", None, note, form="training",
+                              agrees=other_init))  # fmt: skip
+    reference = _reference_loss(first)
+    return Case(name, f"one training step, {scheme}, batch {b} x L={s}", 0, impls, params, skipped,
+                baselines=False, reference=reference, atol=1e-5, rtol=1e-5)  # fmt: skip
 
 
 def cases(quick: bool) -> dict[str, Callable[[], Case]]:

@@ -1,0 +1,38 @@
+"""Tests of posenc.benchmarks.tables: the plain and Markdown tables of a case's results."""
+
+from __future__ import annotations
+
+import torch
+
+from posenc.benchmarks.harness import Case, Impl, run_case
+from posenc.benchmarks.tables import case_result_from_json, format_case
+
+
+def _result():
+    x = torch.randn(256)
+    impls = [
+        Impl("mine", lambda: x * 2, "posenc", "half"),
+        Impl("theirs", lambda: x + x, "peer", "half"),
+        Impl("their_module", lambda: x + x, "peer", "half", form="module"),
+        Impl("different", lambda: x * 3, "peer", "half", agrees="same work, different numbers: a test"),
+    ]
+    case = Case("t", "a case", 2048, impls, skipped={"gone": "not installed"}, reference=lambda: x * 2)
+    return run_case(case, repeats=2, min_time=0.0)
+
+
+def test_plain_table_shows_forms_limits_speedups_and_checks():
+    table = format_case(_result())
+    rows = {line.split()[0]: line for line in table.splitlines()[3:]}
+    assert "% of copy" in rows["mine"] and "% of inplace" in rows["inplace"]
+    assert "x (mine)" in rows["theirs"] and "agrees (max |err| 0" in rows["theirs"]
+    assert "no posenc impl of this form" in rows["their_module"]
+    assert "not compared: same work, different numbers: a test" in rows["different"]
+    assert "skipped: not installed" in rows["gone"]
+
+
+def test_markdown_table_round_trips_through_json():
+    result = _result()
+    again = case_result_from_json(result.to_json())
+    md = format_case(again, markdown=True)
+    assert md.splitlines()[2] == "| impl | form | median | IQR | GB/s | of limit | posenc speed-up | check |"
+    assert "| **mine** | out of place |" in md and "| gone | skipped: not installed |" in md
