@@ -362,3 +362,57 @@ def test_the_switch_is_read_once_and_changes_at_run_time(monkeypatch):
     finally:
         kernels.set_enabled(None)
         monkeypatch.delenv("POSENC_C_KERNELS")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_pair_call_rotates_q_and_k_like_two_calls(dtype, layout):
+    """rotate_pair: one kernel call for q and k (own tables, GQA shapes), the bits of two calls."""
+    q = torch.randn(2, 4, 9, 16).to(dtype)
+    k = torch.randn(2, 2, 13, 16).to(dtype)
+    q_tab = tables(torch.rand(9, 8, dtype=torch.float64) * 50, dtype)
+    k_tab = tables(torch.rand(13, 8, dtype=torch.float64) * 50, dtype)
+    assert rope_cpu.usable(q, *q_tab) and rope_cpu.usable(k, *k_tab)
+    got_q, got_k = rope_cpu.rotate_pair(q, k, q_tab, k_tab, layout)
+    assert torch.equal(got_q, reference(q, *q_tab, layout))
+    assert torch.equal(got_k, reference(k, *k_tab, layout))
+
+
+def test_pair_call_backward_and_double_backward():
+    q = torch.randn(1, 2, 5, 8, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(1, 1, 7, 8, dtype=torch.float64, requires_grad=True)
+    q_tab = tables(torch.rand(5, 4, dtype=torch.float64) * 7, torch.float64)
+    k_tab = tables(torch.rand(7, 4, dtype=torch.float64) * 7, torch.float64)
+
+    def f(a, b):
+        return rope_cpu.rotate_pair(a, b, q_tab, k_tab, "half")
+
+    assert torch.autograd.gradcheck(f, (q, k))
+    assert torch.autograd.gradgradcheck(f, (q, k))
+
+
+def test_pair_call_uses_one_kernel_call(monkeypatch):
+    """apply_rotary_qk on the fast path calls the two-job entry point once and the one-job one never."""
+    q, k = torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8)
+    cos, sin = tables(torch.rand(6, 4, dtype=torch.float64), torch.float32)
+    rope_cpu.available()
+    calls = {"pair": 0, "fn": 0}
+    for name in calls:
+        real = rope_cpu._state[name]
+
+        def counted(*a, _real=real, _name=name):
+            calls[_name] += 1
+            return _real(*a)
+
+        monkeypatch.setitem(rope_cpu._state, name, counted)
+    posenc.apply_rotary_qk(q, k, cos, sin)
+    assert calls == {"pair": 1, "fn": 0}
+
+
+def test_threads_follow_atens_grain():
+    """Up to 32768 elements one thread (as ATen's elementwise ops), above it ceil(n / 32768) at most."""
+    cos, sin = tables(torch.rand(1, 64, dtype=torch.float64), torch.float32)
+    for numel, want in ((32768, 1), (32769, 2), (1 << 22, torch.get_num_threads())):
+        x = torch.empty(numel // 128, 128)
+        args, _ = rope_cpu._args(x, cos, sin, x, "half", 1.0)
+        assert args[7] == min(want, torch.get_num_threads())

@@ -164,3 +164,24 @@ def test_blocked_path_with_a_memory_equals_a_full_forward(position, monkeypatch)
         second = model(ids[:, 300:], memory=first.memory)
         full = model(ids).logits
     torch.testing.assert_close(torch.cat((first.logits, second.logits), dim=1), full, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_rotary_tables_are_built_once_per_forward_and_scheme(share, monkeypatch):
+    """RoPE's cos/sin tables are built once per forward pass for layers sharing the scheme (the
+    plan hands them to each layer), once per layer otherwise; a cached decoding step builds anew."""
+    torch.manual_seed(0)
+    model = TransformerLM(config("rope", num_layers=3, share_position=share)).eval()
+    calls = []
+    for scheme in model.decoder.schemes:
+        count_calls(monkeypatch, scheme, "rotary_tables", calls)
+    ids = ids_(2, 6)
+    with torch.no_grad():
+        out = model(ids).logits
+        per_forward = 1 if share else 3
+        assert len(calls) == per_forward
+        cache = model.new_cache()
+        model(ids[:, :4], cache=cache)
+        step = model(ids[:, 4:], cache=cache).logits
+        assert len(calls) == 3 * per_forward
+    torch.testing.assert_close(step, out[:, 4:], rtol=1e-4, atol=1e-4)

@@ -183,3 +183,27 @@ def test_rope_2d_bshd():
     ref, _ = rope.rotate(q, q)
     got, _ = rope.rotate(q.transpose(1, 2), q.transpose(1, 2), qk_layout="bshd")
     torch.testing.assert_close(got.transpose(1, 2), ref, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("qk_layout", ["bhsd", "bshd"])
+def test_apply_rotary_qk_equals_two_calls(qk_layout):
+    """apply_rotary_qk(q, k, ...) is apply_rotary on each, bit for bit, with shared or own tables."""
+    q = torch.randn(2, 4, 6, 16) if qk_layout == "bhsd" else torch.randn(2, 6, 4, 16)
+    k = torch.randn(2, 2, 6, 16) if qk_layout == "bhsd" else torch.randn(2, 6, 2, 16)
+    inv, _ = posenc.rope_frequencies(16, rotary_dim=12)
+    cos, sin = posenc.rope_cos_sin(torch.arange(6), inv)
+    kc, ks = posenc.rope_cos_sin(torch.arange(10, 16), inv)
+    for k_tab in ((None, None), (kc, ks)):
+        got = posenc.apply_rotary_qk(q, k, cos, sin, *k_tab, layout="interleaved", qk_layout=qk_layout)
+        kw = {"layout": "interleaved", "qk_layout": qk_layout}
+        want_k = posenc.apply_rotary(k, *(k_tab if k_tab[0] is not None else (cos, sin)), **kw)
+        assert torch.equal(got[0], posenc.apply_rotary(q, cos, sin, **kw)) and torch.equal(got[1], want_k)
+
+
+def test_apply_rotary_qk_errors():
+    q = torch.randn(1, 1, 4, 8)
+    cos, sin = posenc.rope_cos_sin(torch.arange(4), posenc.rope_frequencies(8)[0])
+    with pytest.raises(ValueError, match="pass both k_cos and k_sin"):
+        posenc.apply_rotary_qk(q, q, cos, sin, k_cos=cos)
+    with pytest.raises(ValueError, match="keys' r = 4"):
+        posenc.apply_rotary_qk(q, q, cos, sin, cos[:, :2], sin[:, :2])

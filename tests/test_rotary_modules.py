@@ -224,3 +224,22 @@ def test_rope_2d_errors():
         m.rotate(q, q, torch.zeros(4, 2, dtype=torch.long), torch.zeros(4, dtype=torch.long))
     with pytest.raises(TypeError, match=r"grid must be a \(rows, cols\) pair"):
         posenc.build("rope_2d", head_dim=8, grid=4)
+
+
+@pytest.mark.parametrize("per_row", [False, True])
+def test_rotate_with_prebuilt_tables_equals_rotate(per_row):
+    """rotary_tables + rotate(tables=...) gives rotate's bits; equal q/k positions share one table."""
+    rope = RotaryEmbedding(16, rotary_dim=8, scaling={"rope_type": "yarn", "factor": 2.0,
+                                                      "original_max_position_embeddings": 8})  # fmt: skip
+    q, k = torch.randn(2, 4, 5, 16), torch.randn(2, 2, 5, 16)
+    pos = torch.arange(3, 8).expand(2, 5) if per_row else torch.arange(3, 8)
+    tabs = rope.rotary_tables(q, k, pos, pos.clone())
+    assert tabs.k_cos is tabs.q_cos  # equal positions (a copy): built once
+    got = rope.rotate(q, k, pos, pos, tables=tabs)
+    want = rope.rotate(q, k, pos, pos)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    with pytest.raises(TypeError, match="tables must come from rotary_tables"):
+        rope.rotate(q, k, tables=(tabs.q_cos, tabs.q_sin))
+    with pytest.raises(TypeError, match="for 'bhsd'"):
+        rope.rotate(q.transpose(1, 2), k.transpose(1, 2), qk_layout="bshd", tables=tabs)
+    assert XPos(16).rotary_tables(q, k) is None and Rope2D(16, grid=(1, 5)).rotary_tables(q, k) is None

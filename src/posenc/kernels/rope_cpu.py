@@ -39,7 +39,7 @@ import torch
 
 from . import _cbuild, _memory, _settings
 
-__all__ = ["available", "check_out", "rope_op", "rotate", "usable"]
+__all__ = ["available", "check_out", "rope_op", "rotate", "rotate_pair", "usable"]
 
 #: The kernel's C99 source (package data, compiled on first use by :mod:`._cbuild`).
 _SOURCE = (resources.files(__package__) / "csrc" / "rope_cpu.c").read_text(encoding="utf-8")
@@ -47,9 +47,10 @@ _SOURCE = (resources.files(__package__) / "csrc" / "rope_cpu.c").read_text(encod
 _DTYPES = {torch.float32: 0, torch.float64: 1, torch.bfloat16: 2}
 _LAYOUTS = {"half": 0, "interleaved": 1}
 _MAX_DIMS = 8
-#: below this many elements one thread does the work: waking a second OpenMP thread costs
-#: microseconds on an idle machine and milliseconds on a loaded one, more than small work takes
-_SERIAL_NUMEL = 1 << 20
+#: elements per thread, as ATen's elementwise ops split their work (``at::internal::GRAIN_SIZE``):
+#: below it one thread does the work, above it ``ceil(numel / grain)`` threads at most, so posenc
+#: and PyTorch's own ops use the same threads for the same size
+_GRAIN = 32768
 _I64 = ctypes.c_int64
 _P = ctypes.c_void_p
 _state: dict[str, object] = {}
@@ -74,6 +75,10 @@ def _load() -> None:
         fn = lib.posenc_rope_packed
         fn.restype = ctypes.c_int
         fn.argtypes = [_P]
+        pair = lib.posenc_rope_packed2
+        pair.restype = ctypes.c_int
+        pair.argtypes = [_P, _P]
+        _state["pair"] = pair
     _state["fn"] = fn
     if fn is not None and not _self_check():
         warnings.warn(
@@ -171,9 +176,9 @@ def _table_strides(shape: torch.Size, stride: tuple[int, ...], nd: int) -> list[
     return strides
 
 
-def _launch(
-    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor, layout: str, sign: float
-) -> torch.Tensor:
+def _args(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor, layout: str, sign: float):
+    """The kernel's packed int64 arguments for rotating ``x`` into ``out`` (``array.array``: 4x
+    cheaper to build than a ctypes array), and the tables it reads (kept alive by the caller)."""
     shape, dtype = x.shape, x.dtype
     nd = len(shape) - 1  # row dims [..., s]: one C row per vector of d_h values
     # the tables in x's dtype (as the reference casts them), last dim contiguous; their row dims are
@@ -189,32 +194,30 @@ def _launch(
     s_strides = c_strides if s_st == c_st and sin.shape == cos.shape else _table_strides(sin.shape, s_st, nd)
     x_strides = x.stride()[:nd]
     o_strides = x_strides if out is x else out.stride()[:nd]
-    nthreads = 1 if x.numel() < _SERIAL_NUMEL else torch.get_num_threads()
-    args = array.array(
-        "q",
-        (  # int64s (array.array: 4x cheaper to build than a ctypes array)
-            _DTYPES[dtype],
-            _LAYOUTS[layout],
-            x.data_ptr(),
-            out.data_ptr(),
-            cos.data_ptr(),
-            sin.data_ptr(),
-            nd,
-            nthreads,
-            1 if sign > 0 else -1,  # the call's scalars, then its geometry:
-            shape[-1],
-            2 * cos.shape[-1],
-            *shape[:-1],
-            *x_strides,
-            *o_strides,
-            *c_strides,
-            *s_strides,
-        ),
-    )
-    err = _fn()(args.buffer_info()[0])
-    if err:  # pragma: no cover - usable() rules these out
+    n = x.numel()
+    nthreads = 1 if n <= _GRAIN else min(torch.get_num_threads(), -(-n // _GRAIN))
+    geometry = (shape[-1], 2 * cos.shape[-1], *shape[:-1], *x_strides, *o_strides, *c_strides, *s_strides)
+    head = (_DTYPES[dtype], _LAYOUTS[layout], x.data_ptr(), out.data_ptr(), cos.data_ptr(), sin.data_ptr())
+    args = array.array("q", (*head, nd, nthreads, 1 if sign > 0 else -1, *geometry))
+    return args, (cos, sin)
+
+
+def _launch(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor, layout: str, sign: float
+) -> torch.Tensor:
+    args, _tables = _args(x, cos, sin, out, layout, sign)
+    if _fn()(args.buffer_info()[0]):  # pragma: no cover - usable() rules these out
         raise RuntimeError(f"posenc rope kernel rejected shape {tuple(x.shape)} dtype {x.dtype}")
     return out
+
+
+def _launch_pair(q, k, q_tables, k_tables, q_out, k_out, layout: str, sign: float):
+    """``q`` and ``k`` rotated into ``q_out``/``k_out`` by one kernel call (one parallel region)."""
+    a, _qt = _args(q, *q_tables, q_out, layout, sign)
+    b, _kt = _args(k, *k_tables, k_out, layout, sign)
+    if _state["pair"](a.buffer_info()[0], b.buffer_info()[0]):  # pragma: no cover - see usable()
+        raise RuntimeError(f"posenc rope kernel rejected shapes {tuple(q.shape)}, {tuple(k.shape)}")
+    return q_out, k_out
 
 
 class RotationFunction(torch.autograd.Function):
@@ -331,3 +334,43 @@ def rotate(
         y = rope_op(x, cos, sin, layout, 1.0)
         return y if out is None else out.copy_(y)
     return rotate_with(_launch, _memory.empty_like, x, cos, sin, layout, out)
+
+
+class PairRotation(torch.autograd.Function):
+    """``q`` and ``k`` rotated out of place by one kernel call; backward rotates both gradients by
+    the opposite angles, again in one call (double backward works the same way)."""
+
+    @staticmethod
+    def forward(ctx, q, k, q_cos, q_sin, k_cos, k_sin, layout, sign):  # type: ignore[override]
+        ctx.save_for_backward(q_cos, q_sin, k_cos, k_sin)
+        ctx.layout, ctx.sign = layout, sign
+        outs = _memory.empty_like(q), _memory.empty_like(k)
+        return _launch_pair(q, k, (q_cos, q_sin), (k_cos, k_sin), *outs, layout, sign)
+
+    @staticmethod
+    def backward(ctx, grad_q, grad_k):  # type: ignore[override]
+        q_cos, q_sin, k_cos, k_sin = ctx.saved_tensors
+        grad_q = grad_q if grad_q.stride(-1) == 1 else grad_q.contiguous()  # the kernel reads rows
+        grad_k = grad_k if grad_k.stride(-1) == 1 else grad_k.contiguous()
+        dq, dk = PairRotation.apply(grad_q, grad_k, q_cos, q_sin, k_cos, k_sin, ctx.layout, -ctx.sign)
+        return dq, dk, None, None, None, None, None, None
+
+
+def rotate_pair(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_tables: tuple[torch.Tensor, torch.Tensor],
+    k_tables: tuple[torch.Tensor, torch.Tensor],
+    layout: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`rotate` of ``q`` and of ``k`` (out of place, each by its own ``(cos, sin)``) in one
+    kernel call; inputs validated as for :func:`rotate`, :func:`usable` true for both.
+
+    Shapes: ``q [..., s_q, d_h]``, ``k [..., s_k, d_h]``, tables ``[..., s, r/2]`` -> ``(q, k)``.
+    """
+    if _compiling():  # in a compiled graph: the registered op, once per tensor
+        return rope_op(q, *q_tables, layout, 1.0), rope_op(k, *k_tables, layout, 1.0)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
+        return PairRotation.apply(q, k, *q_tables, *k_tables, layout, 1.0)
+    outs = _memory.empty_like(q), _memory.empty_like(k)
+    return _launch_pair(q, k, q_tables, k_tables, *outs, layout, 1.0)

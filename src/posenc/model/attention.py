@@ -181,11 +181,14 @@ class MultiHeadAttention(nn.Module):
         """``t`` from :meth:`project`'s layout to ``[b, h, s, d_h]`` (a view)."""
         return t.transpose(1, 2) if self.qk_layout == "bshd" else t
 
-    def _rotate(self, scheme, q, k, q_pos, k_pos):
-        """Rotate q/k in this module's ``qk_layout``; returns them as ``[b, h, s, d_h]``."""
+    def _rotate(self, scheme, q, k, plan, k_pos):
+        """Rotate q/k in this module's ``qk_layout`` with the tables this forward pass shares between
+        layers (:meth:`AttentionPlan.rotary_tables`); returns them as ``[b, h, s, d_h]``."""
+        tables = plan.rotary_tables(scheme, q, k, k_pos, self.qk_layout)
+        kw = {} if tables is None else {"tables": tables}
         if self.qk_layout == "bhsd":
-            return scheme.rotate(q, k, q_pos, k_pos)
-        q, k = scheme.rotate(q, k, q_pos, k_pos, qk_layout="bshd")
+            return scheme.rotate(q, k, plan.q_positions, k_pos, **kw)
+        q, k = scheme.rotate(q, k, plan.q_positions, k_pos, qk_layout="bshd", **kw)
         return q.transpose(1, 2), k.transpose(1, 2)
 
     def forward(
@@ -241,14 +244,14 @@ class MultiHeadAttention(nn.Module):
                     bias = plan.score_bias(scheme, qh)
         rotates = scheme is not None and "rotate" in scheme.hooks
         if rotates and cache is None:
-            q, k = self._rotate(scheme, q, k, plan.q_positions, plan.k_positions)
+            q, k = self._rotate(scheme, q, k, plan, plan.k_positions)
         elif rotates and scheme.needs_unrotated_cache:
             k, v = cache.update(layer, self._heads_first(k), v)  # raw keys in the cache, rotated below
             q, k = scheme.rotate(self._heads_first(q), k, plan.q_positions, plan.k_positions)
         elif rotates:
             s_new = k.shape[2 if self.qk_layout == "bhsd" else 1]
             new_k_pos = plan.k_positions[..., plan.k_positions.shape[-1] - s_new :]  # the new keys' positions
-            q, k = self._rotate(scheme, q, k, plan.q_positions, new_k_pos)  # each key rotated once, on entry
+            q, k = self._rotate(scheme, q, k, plan, new_k_pos)  # each key rotated once, on entry
             k, v = cache.update(layer, k, v)
         else:
             q, k = self._heads_first(q), self._heads_first(k)

@@ -54,6 +54,18 @@ class AttentionPlan:
     # (layers sharing a scheme share them); they live and die with the plan, never on a module
     _biases: dict = field(default_factory=dict, repr=False, compare=False)
     _bias_blocks: dict = field(default_factory=dict, repr=False, compare=False)
+    _rotary_tables: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def rotary_tables(self, scheme: PositionalScheme, q, k, k_positions: torch.Tensor, qk_layout: str):
+        """``scheme.rotary_tables`` for this forward's query positions and ``k_positions`` (all keys,
+        or the new keys entering a cache), built once and shared by every layer that uses ``scheme``
+        with the same dtypes; None for a scheme with nothing to share."""
+        key = (scheme, q.dtype, k.dtype, k_positions.shape[-1], qk_layout)
+        if key not in self._rotary_tables:
+            self._rotary_tables[key] = scheme.rotary_tables(
+                q, k, self.q_positions, k_positions, qk_layout=qk_layout
+            )
+        return self._rotary_tables[key]
 
     def score_bias(self, scheme: PositionalScheme, q: torch.Tensor) -> torch.Tensor | None:
         """``scheme.score_bias`` for this forward's positions ``[b | 1, h, s, s_k]``; a bias that

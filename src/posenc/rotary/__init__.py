@@ -14,13 +14,16 @@ The maths is in pure functions:
   :data:`ROPE_SCALINGS` (``default``, ``linear``, ``ntk``, ``dynamic``, ``yarn``, ``llama3``, ``longrope``);
 * :func:`rope_cos_sin` -- ``cos``/``sin`` of ``positions * inv_freq`` (float32 angles, autocast off);
 * :func:`apply_rotary` -- the rotation itself, in the ``"half"`` (Llama/NeoX/HF) or ``"interleaved"``
-  (GPT-J/Meta/RoFormer) layout, with partial rotary;
+  (GPT-J/Meta/RoFormer) layout, with partial rotary; :func:`apply_rotary_qk` rotates queries and
+  keys in one call;
 * :func:`permute_qk_weights` -- moves q/k projection weights between the two layouts.
 
 The modules :class:`RotaryEmbedding` (``"rope"``), :class:`XPos` (``"xpos"``) and :class:`Rope2D`
 (``"rope_2d"``) hold configuration only: no buffers, no cache. Frequencies are recomputed from the
 configuration in every call (a few ops on ``r/2`` numbers), so ``module.to(torch.bfloat16)`` cannot
-degrade them, a meta-device build materialises correctly, and forward never mutates state.
+degrade them, a meta-device build materialises correctly, and forward never mutates state. A model
+builds the tables once per forward pass (``RotaryEmbedding.rotary_tables``, through its attention
+plan) and hands them to every layer's ``rotate``.
 
 Convention for ``cos``/``sin``: **half width**, one value per rotated pair: ``[..., s, r/2]``,
 broadcastable against ``x[..., s, :r/2]``. Positions ``[s]`` give ``[s, r/2]`` (shared by the batch
@@ -38,7 +41,7 @@ Legend: ``b`` batch, ``h`` query heads, ``h_kv`` key/value heads, ``s`` sequence
 """
 
 from ..kernels.rope_reference import ROTARY_LAYOUTS
-from .apply import QK_LAYOUTS, apply_rotary
+from .apply import QK_LAYOUTS, apply_rotary, apply_rotary_qk
 from .hf import hf_rope_config, permute_qk_weights, rope_from_hf
 from .modules import Rope2D, RotaryEmbedding, XPos
 from .scalings import ROPE_SCALINGS, RopeScaling, document_lengths, rope_cos_sin, rope_frequencies
@@ -52,6 +55,7 @@ __all__ = [
     "RotaryEmbedding",
     "XPos",
     "apply_rotary",
+    "apply_rotary_qk",
     "document_lengths",
     "hf_rope_config",
     "permute_qk_weights",

@@ -87,6 +87,52 @@ def apply_rotary(
     return y if out is None else out.copy_(y)
 
 
+def apply_rotary_qk(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cos: torch.Tensor | None = None,
+    k_sin: torch.Tensor | None = None,
+    *,
+    layout: str = "half",
+    rotary_dim: int | None = None,
+    qk_layout: str = "bhsd",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate queries and keys in one call: :func:`apply_rotary` of ``q`` by ``(cos, sin)`` and of
+    ``k`` by ``(k_cos, k_sin)`` (default: the same tables), out of place.
+
+    On the CPU fast path both rotations run in one kernel call and one parallel region (and their
+    backward likewise); the numbers are :func:`apply_rotary`'s, bit for bit.
+
+    Args:
+        q: ``[b, h, s_q, d_h]`` (``"bshd"``: ``[b, s_q, h, d_h]``).
+        k: ``[b, h_kv, s_k, d_h]`` (``"bshd"``: ``[b, s_k, h_kv, d_h]``).
+        cos, sin: the queries' tables ``[..., s_q, r/2]`` as for :func:`apply_rotary`.
+        k_cos, k_sin: the keys' tables ``[..., s_k, r/2]``; both or neither.
+        layout, rotary_dim, qk_layout: as for :func:`apply_rotary`.
+
+    Returns:
+        ``(q, k)`` rotated, shapes and dtypes unchanged.
+    """
+    if (k_cos is None) != (k_sin is None):
+        raise ValueError("pass both k_cos and k_sin (the keys' own tables), or neither (the queries' tables)")
+    k_cos, k_sin = (cos, sin) if k_cos is None else (k_cos, k_sin)
+    check_choice(layout, "layout", ROTARY_LAYOUTS)
+    rq = _check_args(q, cos, sin, qk_layout, rotary_dim)
+    rk = _check_args(k, k_cos, k_sin, qk_layout, rotary_dim)
+    if rq != rk:
+        raise ValueError(
+            f"the queries' tables cover r = {rq} dims but the keys' r = {rk}: build both for one r"
+        )
+    q_tables = _fit_tables(q, cos, sin, rq, qk_layout)
+    k_tables = _fit_tables(k, k_cos, k_sin, rk, qk_layout)
+    if _rope_cpu.usable(q, *q_tables) and _rope_cpu.usable(k, *k_tables):
+        return _rope_cpu.rotate_pair(q, k, q_tables, k_tables, layout)  # one kernel call
+    kw = {"layout": layout, "qk_layout": qk_layout}
+    return apply_rotary(q, *q_tables, **kw), apply_rotary(k, *k_tables, **kw)
+
+
 def _check_args(x, cos, sin, qk_layout: str, rotary_dim: int | None) -> int:
     """Validate :func:`apply_rotary`'s arguments; return ``r``, the rotated width."""
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():

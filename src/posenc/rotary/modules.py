@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -17,7 +17,7 @@ from .._validate import check_choice, check_int, check_positive_float
 from ..base import PositionalScheme
 from ..kernels.rope_reference import ROTARY_LAYOUTS
 from ..positions import resolve_positions
-from .apply import QK_LAYOUTS, _describe, _is_integer, _seq_axis, _seq_mismatch, apply_rotary
+from .apply import QK_LAYOUTS, _describe, _is_integer, _seq_axis, _seq_mismatch, apply_rotary, apply_rotary_qk
 from .scalings import (
     _L0,
     ROPE_SCALINGS,
@@ -58,6 +58,34 @@ def _for_heads(t: torch.Tensor, positions: torch.Tensor, qk_layout: str = "bhsd"
     if positions.dim() != 2:
         return t
     return t.unsqueeze(-3) if qk_layout == "bhsd" else t.unsqueeze(-2)
+
+
+def _same_positions(qp: torch.Tensor, kp: torch.Tensor, q_positions, k_positions) -> bool:
+    """Whether the resolved query and key positions are the same (default ``arange`` for both, the
+    same tensor, or equal values: a KV-cache step passes the new keys' positions as a slice)."""
+    if q_positions is None and k_positions is None:
+        return qp.shape == kp.shape
+    if qp is kp:
+        return True
+    if (
+        qp.shape != kp.shape
+        or qp.device.type != "cpu"
+        or kp.device.type != "cpu"
+        or torch.compiler.is_compiling()
+    ):
+        return False
+    return qp.numel() <= 1 << 16 and bool(torch.equal(qp, kp))  # one cheap pass, CPU sync is fine
+
+
+class RotaryTables(NamedTuple):
+    """cos/sin tables of one set of query and key positions (:meth:`RotaryEmbedding.rotary_tables`):
+    ``[s, r/2]`` or ``[b, 1, s, r/2]`` each (keys may share the queries' tensors)."""
+
+    q_cos: torch.Tensor
+    q_sin: torch.Tensor
+    k_cos: torch.Tensor
+    k_sin: torch.Tensor
+    qk_layout: str
 
 
 class RotaryEmbedding(PositionalScheme):
@@ -172,14 +200,25 @@ class RotaryEmbedding(PositionalScheme):
         len_q, len_k = self._lengths(qp, kp)
         inv, scale = self.frequencies(len_q, device=q.device)  # [r/2], or [..., s_q, r/2] per document
         cq, sq = rope_cos_sin(qp, inv, attention_scale=scale, dtype=q.dtype)
-        if q_positions is None and k_positions is None and qp.shape == kp.shape and k.dtype == q.dtype:
-            ck, sk = cq, sq  # same default positions: one table
-        else:
-            if self.needs_unrotated_cache:  # the keys' own lengths
-                inv, scale = self.frequencies(len_k, device=q.device)  # [..., s_k, r/2]
-            ck, sk = rope_cos_sin(kp, inv, attention_scale=scale, dtype=k.dtype)
-        fq, fk = (lambda t: _for_heads(t, qp, qk_layout)), (lambda t: _for_heads(t, kp, qk_layout))
-        return (fq(cq), fq(sq)), (fk(ck), fk(sk)), (qp, kp)
+        q_tables = _for_heads(cq, qp, qk_layout), _for_heads(sq, qp, qk_layout)
+        if k.dtype == q.dtype and _same_positions(qp, kp, q_positions, k_positions):
+            return q_tables, q_tables, (qp, kp)  # the same positions: one table
+        if self.needs_unrotated_cache:  # the keys' own lengths
+            inv, scale = self.frequencies(len_k, device=q.device)  # [..., s_k, r/2]
+        ck, sk = rope_cos_sin(kp, inv, attention_scale=scale, dtype=k.dtype)
+        return q_tables, (_for_heads(ck, kp, qk_layout), _for_heads(sk, kp, qk_layout)), (qp, kp)
+
+    def rotary_tables(self, q, k, q_positions=None, k_positions=None, *, qk_layout=None) -> RotaryTables:
+        """The cos/sin tables :meth:`rotate` needs for these positions, built once: a model builds
+        them once per forward pass and passes them to every layer (``rotate(..., tables=...)``).
+
+        Shapes: q, k and positions as for :meth:`rotate`; the tables are ``[s, r/2]`` (positions
+        ``[s]``) or ``[b, 1, s, r/2]`` (``[b, s]``; ``"bshd"``: ``[b, s, 1, r/2]``), in q's and k's dtypes.
+        """
+        qk_layout = self._qk_layout(qk_layout)
+        _check_qk(q, k, self.head_dim, qk_layout)
+        (cq, sq), (ck, sk), _ = self._tables(q, k, q_positions, k_positions, qk_layout)
+        return RotaryTables(cq, sq, ck, sk, qk_layout)
 
     def rotate(
         self,
@@ -189,15 +228,29 @@ class RotaryEmbedding(PositionalScheme):
         k_positions: torch.Tensor | None = None,
         *,
         qk_layout: str | None = None,
+        tables: RotaryTables | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate ``q [b, h, s_q, d_h]`` and ``k [b, h_kv, s_k, d_h]`` by their positions (default
         ``arange``; a KV-cache step passes offset positions, packing/left padding pass ``[b, s]``).
-        With ``qk_layout="bshd"`` (default: the module's) q and k are ``[b, s, h, d_h]``."""
+        With ``qk_layout="bshd"`` (default: the module's) q and k are ``[b, s, h, d_h]``.
+
+        ``tables``: from :meth:`rotary_tables` for the same positions (and layout), to skip building
+        them again; without it they are built here. q and k are rotated in one kernel call
+        (:func:`apply_rotary_qk`)."""
         qk_layout = self._qk_layout(qk_layout)
         _check_qk(q, k, self.head_dim, qk_layout)
-        (cq, sq), (ck, sk), _ = self._tables(q, k, q_positions, k_positions, qk_layout)
+        if tables is None:
+            (cq, sq), (ck, sk), _ = self._tables(q, k, q_positions, k_positions, qk_layout)
+        else:
+            if not isinstance(tables, RotaryTables) or tables.qk_layout != qk_layout:
+                raise TypeError(
+                    f"tables must come from rotary_tables(...) with qk_layout={qk_layout!r}, got "
+                    f"{type(tables).__name__}"
+                    + (f" for {tables.qk_layout!r}" if isinstance(tables, RotaryTables) else "")
+                )
+            cq, sq, ck, sk = tables.q_cos, tables.q_sin, tables.k_cos, tables.k_sin
         kw = {"layout": self.layout, "rotary_dim": self.rotary_dim, "qk_layout": qk_layout}
-        return apply_rotary(q, cq, sq, **kw), apply_rotary(k, ck, sk, **kw)
+        return apply_rotary_qk(q, k, cq, sq, ck, sk, **kw)
 
     def extra_repr(self) -> str:
         scaling = "" if self.scaling_rule == "default" else f", scaling={self.scaling_rule!r}"
@@ -296,6 +349,10 @@ class XPos(RotaryEmbedding):
             out.append(self._rotate_one(x, cos, sin, qk_layout))
         return out[0], out[1]
 
+    def rotary_tables(self, q, k, q_positions=None, k_positions=None, *, qk_layout=None) -> None:
+        """None: xPos scales queries and keys apart, so :meth:`rotate` builds its own tables."""
+        return None
+
     def _rotate_one(self, x, cos, sin, qk_layout):
         return apply_rotary(x, cos, sin, layout=self.layout, rotary_dim=self.rotary_dim, qk_layout=qk_layout)
 
@@ -386,6 +443,10 @@ class Rope2D(RotaryEmbedding):
         cos = torch.cat((cos_r, cos_c), dim=-1)  # row [..., s, r/4] ++ column [..., s, r/4] -> [..., s, r/2]
         sin = torch.cat((sin_r, sin_c), dim=-1)
         return _for_heads(cos, positions[..., 0], qk_layout), _for_heads(sin, positions[..., 0], qk_layout)
+
+    def rotary_tables(self, q, k, q_positions=None, k_positions=None, *, qk_layout=None) -> None:
+        """None: 2D coordinates are resolved per call by :meth:`rotate`."""
+        return None
 
     def rotate(self, q, k, q_positions=None, k_positions=None, *, qk_layout=None):
         """Rotate by 2D patch coordinates (see the class docstring for shapes; ``qk_layout`` as

@@ -56,22 +56,65 @@ static rowfn pick(int dtype, int interleaved) {
   return table[dtype][interleaved];
 }
 
-/* geo = [d, r, shape[nd], xs[nd], os[nd], cs[nd], ss[nd]]: the row dims (all dims but the last)
-   and each tensor's strides over them, in elements (broadcast dims of cos/sin have stride 0).
-   Rows are split evenly over threads and walked with an odometer (no division per row).
-   dtype: 0 f32, 1 f64, 2 bf16. Returns nonzero for arguments it cannot take. */
-int posenc_rope(int dtype, int interleaved, const char* x, char* out, const char* cs, const char* sn,
-                const i64* geo, i64 nd, float sgn, int nthreads) {
+/* One rotation: the rows of x (all dims but the last), each tensor's byte strides over them
+   (broadcast dims of cos/sin have stride 0), and the row function. */
+typedef struct {
+  rowfn f; const char *x, *cs, *sn; char* out;
+  i64 nd, d, r, rows, shape[MAXD], xs[MAXD], os[MAXD], cst[MAXD], sst[MAXD];
+  float sgn; int nthreads;
+} job;
+
+/* a = [dtype, interleaved, x, out, cos, sin, nd, nthreads, sign (+1/-1), d, r, shape[nd], xs[nd],
+   os[nd], cs[nd], ss[nd]] (strides in elements). dtype: 0 f32, 1 f64, 2 bf16. Nonzero: rejected. */
+static int parse(const i64* a, job* j) {
   static const i64 esize[3] = {4, 8, 2};
+  int dtype = (int)a[0];
+  i64 nd = a[6];
   if (nd < 1 || nd > MAXD || dtype < 0 || dtype > 2) return 1;
-  rowfn f = pick(dtype, interleaved != 0);
-  i64 d = geo[0], r = geo[1], h = r / 2, e = esize[dtype];
-  const i64* shape = geo + 2;
-  i64 xs[MAXD], os[MAXD], cst[MAXD], sst[MAXD], rows = 1;
+  i64 e = esize[dtype];
+  const i64* geo = a + 9;
+  j->f = pick(dtype, a[1] != 0);
+  j->x = (const char*)(intptr_t)a[2]; j->out = (char*)(intptr_t)a[3];
+  j->cs = (const char*)(intptr_t)a[4]; j->sn = (const char*)(intptr_t)a[5];
+  j->nd = nd; j->nthreads = (int)a[7]; j->sgn = (float)a[8];
+  j->d = geo[0]; j->r = geo[1]; j->rows = 1;
   for (i64 k = 0; k < nd; ++k) {
-    rows *= shape[k];
-    xs[k] = geo[2 + nd + k] * e; os[k] = geo[2 + 2 * nd + k] * e;
-    cst[k] = geo[2 + 3 * nd + k] * e; sst[k] = geo[2 + 4 * nd + k] * e;
+    j->shape[k] = geo[2 + k]; j->rows *= j->shape[k];
+    j->xs[k] = geo[2 + nd + k] * e; j->os[k] = geo[2 + 2 * nd + k] * e;
+    j->cst[k] = geo[2 + 3 * nd + k] * e; j->sst[k] = geo[2 + 4 * nd + k] * e;
+  }
+  return 0;
+}
+
+/* Rows lo..hi-1 of a job, walked with an odometer (no division per row). */
+static void run_rows(const job* j, i64 lo, i64 hi) {
+  if (lo >= hi) return;
+  i64 nd = j->nd, idx[MAXD], rem = lo, xo = 0, oo = 0, co = 0, so = 0, h = j->r / 2;
+  for (i64 k = nd - 1; k >= 0; --k) { idx[k] = rem % j->shape[k]; rem /= j->shape[k]; }
+  for (i64 k = 0; k < nd; ++k) {
+    xo += idx[k] * j->xs[k]; oo += idx[k] * j->os[k]; co += idx[k] * j->cst[k]; so += idx[k] * j->sst[k];
+  }
+  for (i64 row = lo; row < hi; ++row) {
+    j->f(j->x + xo, j->out + oo, j->cs + co, j->sn + so, h, j->d, j->r, j->sgn);
+    for (i64 k = nd - 1; k >= 0; --k) {
+      xo += j->xs[k]; oo += j->os[k]; co += j->cst[k]; so += j->sst[k];
+      if (++idx[k] < j->shape[k]) break;
+      xo -= j->xs[k] * j->shape[k]; oo -= j->os[k] * j->shape[k];
+      co -= j->cst[k] * j->shape[k]; so -= j->sst[k] * j->shape[k];
+      idx[k] = 0;
+    }
+  }
+}
+
+/* Run n jobs (1 or 2: queries and keys) in one parallel region: each thread takes an even share
+   of every job's rows. Returns nonzero for arguments it cannot take. */
+static int run_jobs(const i64* const* args, int n) {
+  job jobs[2];
+  int nthreads = 1;
+  if (n < 1 || n > 2) return 1;
+  for (int i = 0; i < n; ++i) {
+    if (parse(args[i], &jobs[i])) return 1;
+    if (jobs[i].nthreads > nthreads) nthreads = jobs[i].nthreads;
   }
 #ifdef _OPENMP
   #pragma omp parallel num_threads(nthreads) if (nthreads > 1)
@@ -81,31 +124,16 @@ int posenc_rope(int dtype, int interleaved, const char* x, char* out, const char
 #ifdef _OPENMP
     tid = omp_get_thread_num(); nt = omp_get_num_threads();
 #endif
-    i64 chunk = (rows + nt - 1) / nt, lo = tid * chunk, hi = lo + chunk < rows ? lo + chunk : rows;
-    if (lo < hi) {
-      i64 idx[MAXD], rem = lo, xo = 0, oo = 0, co = 0, so = 0;
-      for (i64 k = nd - 1; k >= 0; --k) { idx[k] = rem % shape[k]; rem /= shape[k]; }
-      for (i64 k = 0; k < nd; ++k) {
-        xo += idx[k] * xs[k]; oo += idx[k] * os[k]; co += idx[k] * cst[k]; so += idx[k] * sst[k];
-      }
-      for (i64 row = lo; row < hi; ++row) {
-        f(x + xo, out + oo, cs + co, sn + so, h, d, r, sgn);
-        for (i64 k = nd - 1; k >= 0; --k) {
-          xo += xs[k]; oo += os[k]; co += cst[k]; so += sst[k];
-          if (++idx[k] < shape[k]) break;
-          xo -= xs[k] * shape[k]; oo -= os[k] * shape[k]; co -= cst[k] * shape[k]; so -= sst[k] * shape[k];
-          idx[k] = 0;
-        }
-      }
+    for (int i = 0; i < n; ++i) {
+      i64 rows = jobs[i].rows, chunk = (rows + nt - 1) / nt, lo = tid * chunk;
+      run_rows(&jobs[i], lo, lo + chunk < rows ? lo + chunk : rows);
     }
   }
   return 0;
 }
 
-/* All arguments in one int64 array (one ctypes conversion per call instead of ten):
-   [dtype, interleaved, x, out, cos, sin, nd, nthreads, sign (+1/-1), geo...] */
-int posenc_rope_packed(const i64* a) {
-  return posenc_rope((int)a[0], (int)a[1], (const char*)(intptr_t)a[2], (char*)(intptr_t)a[3],
-                     (const char*)(intptr_t)a[4], (const char*)(intptr_t)a[5], a + 9, a[6],
-                     (float)a[8], (int)a[7]);
-}
+/* All arguments of one rotation in one int64 array (see parse): one ctypes conversion per call. */
+int posenc_rope_packed(const i64* a) { const i64* args[1] = {a}; return run_jobs(args, 1); }
+
+/* Two rotations (queries and keys) in one call and one parallel region. */
+int posenc_rope_packed2(const i64* a, const i64* b) { const i64* args[2] = {a, b}; return run_jobs(args, 2); }
