@@ -362,3 +362,19 @@ def test_compile_fullgraph_matches_eager():
     qp, kp = torch.tensor([[3, 9, 10]]), torch.tensor([[0, 1, 2, 3, 9, 30]])
     compiled = torch.compile(f, fullgraph=True)
     torch.testing.assert_close(compiled(qp, kp), f(qp, kp))
+
+
+@pytest.mark.parametrize("name", ["alibi", "t5"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_distance_bias_is_score_bias_per_distance(name, causal):
+    """distance_bias(d)[:, t] equals score_bias at every pair whose k_pos - q_pos is d[t], bit for
+    bit; schemes whose bias is not a function of the distance alone answer None."""
+    kw = {"causal": causal} if name == "alibi" else {"bidirectional": not causal}
+    scheme = posenc.build(name, num_heads=5, **kw)
+    q_pos, k_pos = torch.arange(3, 40), torch.arange(0, 50)
+    full = scheme.score_bias(q_pos, k_pos)[0]  # [h, s_q, s_k]
+    dist = k_pos[None, :] - q_pos[:, None]  # [s_q, s_k]
+    table = scheme.distance_bias(torch.arange(-39, 47))  # [h, 86]
+    assert torch.equal(table[:, dist + 39], full)
+    for other in (posenc.SinusoidalPE(40), posenc.RotaryEmbedding(8), posenc.build("nope")):
+        assert other.distance_bias(torch.arange(3)) is None

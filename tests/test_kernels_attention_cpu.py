@@ -134,42 +134,76 @@ def test_errors(kwargs, match):
         )
 
 
-@settings(deadline=None, max_examples=25)
+@settings(deadline=None, max_examples=30)
 @given(
+    name=st.sampled_from(["alibi", "t5"]),
     per_row=st.booleans(),
     causal=st.booleans(),
     h=st.integers(1, 12),
     big=st.booleans(),
+    past=st.integers(0, 5),
     q0=st.integers(0, 6),
     n=st.integers(1, 5),
 )
-def test_alibi_block_builder_is_bit_identical_to_alibi_bias(per_row, causal, h, big, q0, n):
-    """The reused-buffer ALiBi builder returns exactly posenc.alibi_bias's values for each block,
-    also for positions beyond float32's exact integers (2^24) and per-row positions."""
+def test_block_builder_gives_score_bias_values_and_masks_the_future(
+    name, per_row, causal, h, big, past, q0, n
+):
+    """Each block's bias equals score_bias bit for bit on the keys a query may see, and -inf on its
+    future keys where the builder says it masks them (the per-distance table: positions in unit
+    steps, past beyond float32's exact integers, after a cache of ``past`` keys); per-row
+    positions take score_bias itself."""
     s = 12
-    base = (2**30 if big else 0) + torch.arange(s)
-    pos = base + (torch.arange(2)[:, None] * 7 if per_row else 0)  # [s] or [2, s]
-    scheme = posenc.build("alibi", num_heads=h, causal=causal)
-    build = scheme_bias_fn(scheme, pos, pos)
+    kw = {"causal": causal} if name == "alibi" else {"bidirectional": not causal}
+    scheme = posenc.build(name, num_heads=h, **kw)
+    k_pos = (2**30 if big else 0) + torch.arange(past + s)
+    k_pos = k_pos + (torch.arange(2)[:, None] * 7 if per_row else 0)  # [s_k] or [2, s_k]
+    q_pos = k_pos[..., past:]
+    build = scheme_bias_fn(scheme, q_pos, k_pos)
+    assert getattr(build, "masks_future", False) == (not per_row)
     q1 = min(q0 + n, s)
-    k1 = q1
-    want = posenc.alibi_bias(scheme.slopes(), pos[..., q0:q1], pos[..., :k1], causal=causal)
-    got = build(q0, q1, k1)
+    k1 = q1 + past
+    with torch.no_grad():
+        want = scheme.score_bias(q_pos[..., q0:q1], k_pos[..., :k1])
+        got = build(q0, q1, k1)
+    if not per_row:
+        future = torch.arange(k1)[None, :] > torch.arange(q0, q1)[:, None] + past  # [n, k1]
+        want = want.masked_fill(future, float("-inf"))
     assert torch.equal(got, want)
-    first = posenc.alibi_bias(scheme.slopes(), pos[..., :1], pos[..., :1], causal=causal)
-    assert torch.equal(build(0, 1, 1), first)  # the reused buffer, smaller view
+
+
+def test_t5_block_bias_is_differentiable_like_the_full_table():
+    """With a trainable T5 table the per-distance blocks give the full-table path's gradients."""
+    torch.manual_seed(0)
+    scheme = posenc.build("t5", num_heads=2, bidirectional=False)
+    q, k, v = (torch.randn(1, 2, 40, 4, requires_grad=True) for _ in range(3))
+    pos = torch.arange(40)
+    out = causal_attention_with_bias(q, k, v, scheme_bias_fn(scheme, pos, pos), block_size=16)
+    grads = torch.autograd.grad(out.square().sum(), (q, scheme.relative_attention_bias.weight))
+    mask = scheme.score_bias(pos, pos).masked_fill(
+        torch.ones(40, 40, dtype=torch.bool).triu(1), float("-inf")
+    )
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    want = torch.autograd.grad(ref.square().sum(), (q, scheme.relative_attention_bias.weight))
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+    for g, w in zip(grads, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
 
 
 def test_reuse_keeps_a_content_free_bias_per_block_for_later_calls():
     """With reuse=True (the layers of one forward sharing T5's bias) score_bias runs once per block,
-    however many attention calls follow; without, once per block per call."""
+    however many attention calls follow; without, once per block per call (positions not in unit
+    steps: the per-block score_bias path; in unit steps score_bias is never called)."""
     h, s, d = 2, 30, 4
     scheme = posenc.build("t5", num_heads=h)
     calls = []
     original = scheme.score_bias
     scheme.score_bias = lambda *a: calls.append(1) or original(*a)
-    pos = torch.arange(s)
     q, k, v = (torch.randn(1, h, s, d) for _ in range(3))
+    causal_attention_with_bias(
+        q, k, v, scheme_bias_fn(scheme, torch.arange(s), torch.arange(s)), block_size=10
+    )
+    assert calls == []
+    pos = 2 * torch.arange(s)  # steps of 2
     for reuse, expected in ((True, 3), (False, 6)):
         calls.clear()
         fn = scheme_bias_fn(scheme, pos, pos, reuse=reuse)

@@ -139,6 +139,29 @@ class PositionalScheme(nn.Module):
         """
         return q, k
 
+    def distance_bias(self, distance: torch.Tensor) -> torch.Tensor | None:
+        """The :meth:`score_bias` of a scheme whose bias depends only on ``k_pos - q_pos`` (and not
+        on content), per distance: ``distance [n]`` int64 -> ``[h, n]`` float, the same values
+        ``score_bias`` gives every pair at that distance. Attention can then build a bias for any
+        block of pairs from ``h x (s_q + s_k - 1)`` values. ``None`` (the default): not a function of
+        the distance alone (absolute, content-dependent or no bias)."""
+        return None
+
+    def rotary_tables(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        q_positions: torch.Tensor | None = None,
+        k_positions: torch.Tensor | None = None,
+        *,
+        qk_layout: str | None = None,
+    ) -> Any:
+        """What :meth:`rotate` computes from the positions alone, built once so that several calls
+        with the same positions (the layers of one forward pass) can share it: pass the result as
+        ``rotate(..., tables=...)``. ``None`` (the default) = nothing to share: call :meth:`rotate`
+        without ``tables``. Arguments as for :meth:`rotate` (``q``/``k`` give dtypes and lengths)."""
+        return None
+
     def score_bias(
         self,
         q_positions: torch.Tensor,

@@ -172,6 +172,12 @@ class ALiBi(PositionalScheme):
         device = q_positions.device if isinstance(q_positions, torch.Tensor) else None
         return alibi_bias(self.slopes(device), q_positions, k_positions, causal=self.causal)
 
+    def distance_bias(self, distance: torch.Tensor) -> torch.Tensor:
+        """``[n]`` distances ``j - i`` -> ``[h, n]``: :meth:`score_bias`'s values, bit for bit."""
+        neg_dist = distance if self.causal else distance.abs().neg()  # as alibi_bias: exact ints
+        with autocast_off(distance.device):
+            return neg_dist[None].to(torch.float32) * self.slopes(distance.device)[:, None]  # [1, n] * [h, 1]
+
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, causal={self.causal}"
 
@@ -345,6 +351,12 @@ class T5RelativeBias(PositionalScheme):
         # float32 at least (a bf16 table's values are exact in float32); a float64 table stays float64
         out_dtype = torch.promote_types(values.dtype, torch.float32)
         return values.permute(0, 3, 1, 2).to(out_dtype)  # [b|1, s_q, s_k, h] -> [b|1, h, s_q, s_k]
+
+    def distance_bias(self, distance: torch.Tensor) -> torch.Tensor:
+        """``[n]`` distances ``j - i`` -> ``[h, n]``: :meth:`score_bias`'s values (differentiable)."""
+        buckets = t5_relative_bucket(distance, self.bidirectional, self.num_buckets, self.max_distance)
+        values = self.relative_attention_bias(buckets)  # [n, h]
+        return values.t().to(torch.promote_types(values.dtype, torch.float32))  # [n, h] -> [h, n]
 
     def extra_repr(self) -> str:
         return (

@@ -19,7 +19,6 @@ head width.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
@@ -32,7 +31,8 @@ __all__ = ["BLOCK_SIZE", "BiasFn", "causal_attention_with_bias", "scheme_bias_fn
 #: ``bias_fn(q0, q1, k1) -> [b | 1, h, q1 - q0, k1]``: the additive bias (on the scaled logits) of
 #: queries ``q0..q1-1`` against keys ``0..k1-1``. The result is read-only for the caller, unless
 #: ``bias_fn.returns_scratch`` is True: then it is a buffer that ``bias_fn`` rewrites on its next
-#: call (the ALiBi builder does), which the caller may overwrite and must copy to keep.
+#: call (the per-distance builder does), which the caller may overwrite and must copy to keep.
+#: ``bias_fn.masks_future`` True: the bias already holds ``-inf`` on future keys.
 BiasFn = Callable[[int, int, int], torch.Tensor]
 
 
@@ -51,49 +51,57 @@ def usable(q: torch.Tensor) -> bool:
     return q.device.type == "cpu" and q.shape[-2] > BLOCK_SIZE and _settings.enabled()
 
 
-class _AlibiBlocks:
-    """ALiBi's bias for one block at a time, written into buffers reused by every block (no
-    allocation, hence no page faults, after the first block).
+def _unit_steps(positions: torch.Tensor) -> bool:
+    """Whether ``positions`` is ``[s]`` counting up by one (``p0, p0 + 1, ...``): a plain sequence or
+    a cache offset, where ``k_pos - q_pos`` is a fixed shift of ``j - i``."""
+    if positions.dim() != 1 or positions.numel() == 0:
+        return False
+    first = int(positions[0])
+    return int(positions[-1]) - first == positions.numel() - 1 and bool(
+        torch.equal(positions, torch.arange(first, first + positions.numel(), device=positions.device))
+    )
 
-    The values are those of :func:`posenc.alibi_bias` bit for bit: the relative position
-    ``j - i`` is formed exactly in int64, converted to float32 and multiplied by the float32 slope.
+
+class _DistanceBlocks:
+    """A bias that depends only on ``k_pos - q_pos`` (the scheme's ``distance_bias``), for positions
+    in unit steps: one table of ``h x (s_q + s_k - 1)`` values, one per distance, with ``-inf`` at
+    the distances of future keys, so each block's bias and causal mask are one gather from it.
+
+    For the block ``[q0, q1)`` x keys ``[0, k1)`` the entry ``(i, j)`` is ``table[j - i + s_q - 1]``:
+    along ``j`` a stride of +1, along ``i`` of -1. A strided view takes the rows in reverse order
+    (strides ``(row, 1, 1)``), and ``index_select`` with the reversed row indices writes them in
+    order, in one pass. Without gradients that pass writes into a buffer reused by every block
+    (no allocation after the first); with them (a trainable T5 table) it is a differentiable op.
     """
 
-    returns_scratch = True  # each call rewrites the same buffers (see BiasFn)
+    masks_future = True  # the table holds the causal -inf: nothing to add per block
 
     def __init__(self, scheme: torch.nn.Module, q_positions: torch.Tensor, k_positions: torch.Tensor) -> None:
-        self.slopes = scheme.slopes(q_positions.device)[:, None, None]  # [h, 1, 1]
-        self.causal = scheme.causal
-        # [s] -> [1, s]; [b, s] stays: one row of positions per batch row (or one shared)
-        self.qp = q_positions if q_positions.dim() == 2 else q_positions[None]
-        self.kp = k_positions if k_positions.dim() == 2 else k_positions[None]
-        self.rows = max(self.qp.shape[0], self.kp.shape[0])
-        self.buffers: dict[str, torch.Tensor] = {}
-
-    def _buffer(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        n = math.prod(shape)
-        buf = self.buffers.get(name)
-        if buf is None or buf.numel() < n:
-            buf = self.buffers[name] = _memory.empty(n, dtype=dtype, device=self.qp.device)
-        return buf[:n].view(shape)
+        s_q, s_k = q_positions.numel(), k_positions.numel()
+        shift = int(k_positions[0]) - int(q_positions[0])  # k_pos - q_pos = shift + (j - i)
+        dev = q_positions.device
+        rel = torch.arange(-(s_q - 1), s_k, device=dev)  # [s_q + s_k - 1]: every j - i
+        table = scheme.distance_bias(rel + shift)  # [h, s_q + s_k - 1]
+        future = rel > s_k - s_q  # key slot j after query slot i + (s_k - s_q)
+        self.table = table.masked_fill(future, float("-inf")).contiguous()  # [h, n_dist]
+        self.s_q = s_q
+        self.returns_scratch = not self.table.requires_grad
+        self.buffer: torch.Tensor | None = None
 
     def __call__(self, q0: int, q1: int, k1: int) -> torch.Tensor:
-        n = q1 - q0
-        rel64 = self._buffer("rel64", (self.rows, n, k1), torch.int64)
-        torch.sub(self.kp[:, None, :k1], self.qp[:, q0:q1, None], out=rel64)  # j - i, exact
-        if not self.causal:
-            rel64.abs_().neg_()  # -|i - j|
-        rel = self._buffer("rel", (self.rows, 1, n, k1), torch.float32)
-        rel.copy_(rel64[:, None])  # int64 -> float32, as alibi_bias's .to(float32)
-        out = self._buffer("bias", (self.rows, self.slopes.shape[0], n, k1), torch.float32)
-        return torch.mul(rel, self.slopes, out=out)  # [b|1, h, n, k1] = (j - i) * m_h in float32
-
-
-#: scheme class name -> builder of a block-bias function that writes into a reused buffer
-#: (for schemes whose bias is a closed form of positions). Others use their ``score_bias``.
-_FAST_BIAS: dict[str, Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], BiasFn]] = {
-    "ALiBi": _AlibiBlocks,
-}
+        n, h, width = q1 - q0, self.table.shape[0], self.table.shape[1]
+        # rows r = q1 - 1 - i: entry (r, j) = table[j + r + s_q - q1], a view with strides (width, 1, 1)
+        rows_reversed = self.table.as_strided(
+            (h, n, k1), (width, 1, 1), self.table.storage_offset() + self.s_q - q1
+        )
+        order = torch.arange(n - 1, -1, -1, device=self.table.device)  # [n] reversed rows -> rows
+        if not self.returns_scratch:  # differentiable: a new tensor per block
+            return torch.index_select(rows_reversed, 1, order)[None]  # [1, h, n, k1]
+        if self.buffer is None or self.buffer.numel() < h * n * k1:
+            size = h * n * max(k1, width - self.s_q + 1)  # the widest block: no regrowth
+            self.buffer = _memory.empty(size, dtype=self.table.dtype, device=self.table.device)
+        out = self.buffer[: h * n * k1].view(h, n, k1)
+        return torch.index_select(rows_reversed, 1, order, out=out)[None]  # [1, h, n, k1]
 
 
 def scheme_bias_fn(
@@ -106,8 +114,10 @@ def scheme_bias_fn(
 ) -> BiasFn:
     """A :data:`BiasFn` from a scheme's ``score_bias`` hook (``posenc.base`` contract).
 
-    ALiBi (no gradient, closed form) gets a builder that writes every block into one reused buffer;
-    every other scheme calls ``scheme.score_bias`` on the block's positions (and queries).
+    A scheme whose bias depends only on the distance (it answers ``distance_bias``: ALiBi, T5), with
+    positions ``[s]`` in unit steps, gets :class:`_DistanceBlocks` (one per-distance table, each
+    block one gather, the causal mask included). Every other scheme calls ``scheme.score_bias`` on
+    the block's positions (and queries).
 
     Args:
         scheme: a positional scheme with the ``score_bias`` hook (``alibi``, ``t5``, ``shaw``, ...).
@@ -119,9 +129,10 @@ def scheme_bias_fn(
             and handed out again (about half the ``[s_q, s_k]`` table in all, the part attention
             uses), instead of being recomputed for every call.
     """
-    fast = _FAST_BIAS.get(type(scheme).__name__)
-    if fast is not None and type(scheme).__module__ == "posenc.bias":
-        return fast(scheme, q_positions, k_positions)
+    if q is None and _unit_steps(q_positions) and _unit_steps(k_positions):
+        probe = scheme.distance_bias(torch.zeros(1, dtype=torch.long, device=q_positions.device))
+        if probe is not None:
+            return _DistanceBlocks(scheme, q_positions, k_positions)
     kept: dict[tuple[int, int, int], torch.Tensor] = {}
 
     def bias(q0: int, q1: int, k1: int) -> torch.Tensor:
@@ -158,6 +169,24 @@ def _writable(t: torch.Tensor) -> bool:
     return not t.requires_grad and all(st or n == 1 for st, n in zip(t.stride(), t.shape))
 
 
+def _block_mask(bias, dtype, tri, scratch: bool, saves_mask: bool, masks_future: bool) -> torch.Tensor:
+    """The block's float mask: ``bias`` in ``dtype`` with ``-inf`` on future keys (``tri``, ``[n, n]``,
+    added to the last ``n`` columns unless the bias holds them already).
+
+    The mask may be written in place, and SDPA keeps it for the backward pass, so a bias is written
+    into only when it is ours: a fresh dtype conversion, or bias_fn's scratch buffer while nothing
+    keeps it (bias_fn rewrites its scratch next block). Anything else bias_fn returned may be the
+    scheme's own tensor or carry autograd history: copied first."""
+    mask = bias.to(dtype)
+    if masks_future:
+        return mask.clone() if mask is bias and scratch and saves_mask else mask
+    ours = _writable(mask) if mask is not bias else (scratch and not saves_mask)
+    if not ours:
+        mask = mask.clone()
+    mask[..., -tri.shape[0] :].add_(tri)  # -inf on future keys, in place
+    return mask
+
+
 def causal_attention_with_bias(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -189,6 +218,7 @@ def causal_attention_with_bias(
     gqa = h != k.shape[1]
     saves_mask = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     scratch = getattr(bias_fn, "returns_scratch", False)
+    masks_future = getattr(bias_fn, "masks_future", False)
     # the block's future keys all lie in its last (q1 - q0) columns, where j > i is this triangle;
     # added (x + -inf = -inf, x + 0 = x exactly): a vectorized add, cheaper than masked_fill_
     tri = torch.zeros(block_size, block_size, dtype=q.dtype, device=q.device)
@@ -203,15 +233,7 @@ def causal_attention_with_bias(
                 f"bias_fn({q0}, {q1}, {k1}) returned shape {tuple(bias.shape)}, "
                 f"expected [b | 1, h, {n}, {k1}]"
             )
-        mask = bias.to(q.dtype)
-        # The mask is written in place below and SDPA keeps it for the backward pass. Write into it
-        # only when it is ours: a fresh dtype conversion, or bias_fn's scratch buffer while nothing
-        # keeps it (bias_fn rewrites its scratch next block). Anything else bias_fn returned may be
-        # the scheme's own tensor or carry autograd history: copy it.
-        ours = _writable(mask) if mask is not bias else (scratch and not saves_mask)
-        if not ours:
-            mask = mask.clone()
-        mask[..., k1 - n :].add_(tri[:n, :n])  # -inf on future keys, in place
+        mask = _block_mask(bias, q.dtype, tri[:n, :n], scratch, saves_mask, masks_future)
         o = F.scaled_dot_product_attention(
             q[:, :, q0:q1],
             k[:, :, :k1],
