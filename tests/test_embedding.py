@@ -203,11 +203,21 @@ def test_embed_hooks_identity_for_base_scheme():
 
 # ---------------------------------------------------------------------------------------------------
 # Fast path (CPU, train mode): dropout by posenc.kernels.dropout_cpu; same numbers as the reference
-# composition for the same mask, eval mode unchanged.
+# composition for the same mask, eval mode unchanged. These tests keep the layer on its composed
+# path (the one-pass kernel of kernels.input_cpu, whose LayerNorm rounds differently, has its own
+# tests in test_kernels_input_cpu.py).
 # ---------------------------------------------------------------------------------------------------
 from posenc.kernels import dropout_cpu  # noqa: E402
 
 needs_kernel = pytest.mark.skipif(not dropout_cpu.available(), reason="no C compiler: reference path only")
+
+
+@pytest.fixture(autouse=False)
+def composed(monkeypatch):
+    """InputEmbedding on its composed path: gather, add, LayerNorm, then the dropout kernel."""
+    from posenc.kernels import input_cpu
+
+    monkeypatch.setattr(input_cpu, "usable", lambda *a: False)
 
 
 def _reference(layer, ids, keep=None):
@@ -224,6 +234,7 @@ def _reference(layer, ids, keep=None):
 
 
 @needs_kernel
+@pytest.mark.usefixtures("composed")
 def test_fast_train_forward_equals_reference_for_its_mask():
     layer = InputEmbedding(100, 48, "sinusoidal", dropout=0.2).train()
     ids = torch.randint(0, 100, (3, 11))
@@ -236,6 +247,7 @@ def test_fast_train_forward_equals_reference_for_its_mask():
 
 
 @needs_kernel
+@pytest.mark.usefixtures("composed")
 def test_fast_train_gradients_equal_reference():
     layer = InputEmbedding(50, 16, "sinusoidal", dropout=0.3).train()
     ids = torch.randint(0, 50, (2, 9))
@@ -251,12 +263,14 @@ def test_fast_train_gradients_equal_reference():
         torch.testing.assert_close(a, p.grad, rtol=1e-6, atol=1e-7, msg=name)
 
 
+@pytest.mark.usefixtures("composed")
 def test_eval_mode_is_exactly_the_reference():
     layer = InputEmbedding(100, 32, "sinusoidal", dropout=0.5).eval()
     ids = torch.randint(0, 100, (2, 7))
     assert torch.equal(layer(ids), _reference(layer, ids))
 
 
+@pytest.mark.usefixtures("composed")
 def test_train_mode_without_the_kernel_draws_the_kernels_mask(monkeypatch):
     """A machine without a compiler (or POSENC_C_KERNELS=0) gives the same dropout for a seed."""
     layer = InputEmbedding(100, 64, dropout=0.5).train()

@@ -149,9 +149,9 @@ def test_block_builder_gives_score_bias_values_and_masks_the_future(
     name, per_row, causal, h, big, past, q0, n
 ):
     """Each block's bias equals score_bias bit for bit on the keys a query may see, and -inf on its
-    future keys where the builder says it masks them (the per-distance table: positions in unit
-    steps, past beyond float32's exact integers, after a cache of ``past`` keys); per-row
-    positions take score_bias itself."""
+    future keys where the builder says it masks them (the per-distance table, whose block views
+    hold the queries in reverse order: positions in unit steps, past beyond float32's exact
+    integers, after a cache of ``past`` keys); per-row positions take score_bias itself."""
     s = 12
     kw = {"causal": causal} if name == "alibi" else {"bidirectional": not causal}
     scheme = posenc.build(name, num_heads=h, **kw)
@@ -168,6 +168,8 @@ def test_block_builder_gives_score_bias_values_and_masks_the_future(
     if not per_row:
         future = torch.arange(k1)[None, :] > torch.arange(q0, q1)[:, None] + past  # [n, k1]
         want = want.masked_fill(future, float("-inf"))
+        assert build.reversed_rows
+        got = got.flip(-2)  # the block's queries come in reverse order
     assert torch.equal(got, want)
 
 

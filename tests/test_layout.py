@@ -37,7 +37,6 @@ LONG_FUNCTIONS: dict[str, str] = {
     "kernels/_rope_triton_jit.py:rope_pair_kernel": "a Triton kernel: one compiled function",
     "lab/commands.py:extrapolate_args": "argparse declarations, one per flag",
     "lab/plot.py:plot_study": "one figure, three panels",
-    "kernels/attention_cpu.py:causal_attention_with_bias": "one blocked loop with its checks",
     "text/pipeline.py:format_pipeline": "one printed table per step",
     "rotary/hf.py:hf_rope_config": "one case per Hugging Face config generation",
     "text/projection.py:plot_embedding_space": "one figure",

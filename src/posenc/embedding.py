@@ -24,6 +24,7 @@ from .absolute import init_table_
 from .base import PositionalScheme
 from .kernels import dropout_cpu as _dropout_cpu
 from .kernels import embedding_cpu as _embedding_cpu
+from .kernels import input_cpu as _input_cpu
 from .registry import build_with_context, scheme_class
 
 __all__ = ["TIE_STRATEGIES", "Dropout", "InputEmbedding", "TokenEmbedding", "apply_tying", "tie_weights"]
@@ -308,6 +309,9 @@ class InputEmbedding(nn.Module):
         self.dropout = Dropout(check_probability(dropout, "dropout"))
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        fused = self._fused(ids, positions)
+        if fused is not None:  # the whole layer in one pass (kernels.input_cpu): the same maths
+            return fused
         x = self.token(ids)  # [b, s] -> [b, s, d], scaled
         if x.dim() != 3:
             raise ValueError(f"ids must have shape [b, s], got {tuple(ids.shape)}")
@@ -315,6 +319,40 @@ class InputEmbedding(nn.Module):
             x = self._add_position(x, positions)  # [b, s, d] + positional part
         x = self.norm(x)
         return self.dropout(x, inplace=isinstance(self.norm, nn.LayerNorm))  # LayerNorm's output is fresh
+
+    def _fused(self, ids: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor | None:
+        """The layer by :func:`posenc.kernels.input_cpu.input_layer` where it applies (float32 CPU,
+        eager, ids ``[b, s]``, positions shared by the batch, an additive table without gradient,
+        LayerNorm with weight and bias or none); None elsewhere."""
+        norm = self.norm if isinstance(self.norm, nn.LayerNorm) else None
+        if norm is not None and (
+            norm.weight is None or norm.bias is None or norm.normalized_shape != (self.token.d_model,)
+        ):
+            return None
+        if (
+            not isinstance(ids, torch.Tensor)
+            or ids.dim() != 2
+            or (positions is not None and positions.dim() != 1)
+        ):
+            return None
+        if self.position is not None and not self.position.additive_table:
+            return None
+        weight = self.token.weight
+        gamma, beta = (None, None) if norm is None else (norm.weight, norm.bias)
+        if not _input_cpu.usable(weight, ids, None, gamma, beta):
+            return None
+        self.token.check_ids(ids)
+        table = None
+        if self.position is not None:
+            zeros = weight.new_zeros(1, ids.shape[1], weight.shape[1])
+            table = self.position.embed(zeros, positions)[0]  # [s, d] = 0 + PE: the table itself
+            if not _input_cpu.usable(weight, ids, table, gamma, beta):
+                return None  # a table with a gradient (learned): the composition
+        p = self.dropout.p if self.training and 0.0 < self.dropout.p < 1.0 else 0.0
+        return _input_cpu.input_layer(
+            weight, ids, scale=self.token.scale, table=table, norm_weight=gamma, norm_bias=beta,
+            eps=norm.eps if norm is not None else 0.0, p=p, padding_idx=self.token.padding_idx,
+        )  # fmt: skip
 
     def _add_position(self, x: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
         """``self.position.embed(x, positions)``; for a scheme that declares ``additive_table`` with

@@ -17,12 +17,9 @@ NaN, infinities must match).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .harness import Case
 
 __all__ = ["BenchmarkMismatchError", "check_case", "compare_outputs", "flatten_outputs"]
 
@@ -73,8 +70,9 @@ def compare_outputs(out: object, ref: object, atol: float, rtol: float) -> tuple
     return True, worst, ""
 
 
-def check_case(case: Case) -> dict[str, dict[str, Any]]:
-    """Run each implementation of ``case`` once and compare it with ``case.reference()``.
+def check_case(case: Any) -> dict[str, dict[str, Any]]:
+    """Run each implementation of ``case`` (a :class:`~posenc.benchmarks.harness.Case`; the harness
+    imports this module, not the reverse) once and compare it with ``case.reference()``.
 
     Returns:
         ``{impl name: {"check": text, "max_abs_err": float | None}}`` for every implementation.

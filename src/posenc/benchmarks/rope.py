@@ -269,6 +269,12 @@ def _peer_impls(q, k, tables, r: int, d: int, compile_peers: bool, skipped: dict
             )
         else:
             skipped["hf_compiled"] = "--quick: no torch.compile"
+    return impls + _interleaved_peers(pair, freqs_4d, freqs_3d, skipped)
+
+
+def _interleaved_peers(pair, freqs_4d, freqs_3d, skipped: dict[str, str]) -> list[Impl]:
+    """rotary-embedding-torch's and x-transformers' functions on their frequency tables."""
+    impls: list[Impl] = []
     ret, why = _optional("rotary_embedding_torch.rotary_embedding_torch")
     if ret is None:
         skipped["rotary_embedding_torch"] = why

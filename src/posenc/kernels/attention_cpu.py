@@ -7,10 +7,12 @@ masked upper triangle, so it does twice the work of ``is_causal=True``.
 
 Here queries are taken ``block_size`` at a time: the block ``[q0, q1)`` sees keys ``[0, k1)`` only
 (``k1 = q1 + s_k - s_q``), so the bias is built for that rectangle alone and the future keys past
-``k1`` are never computed. Summed over blocks this is about half the full table and half the
-attention work (plus the diagonal blocks), and at most one block's bias is alive at a time.
-The numbers are those of the full-table path up to float rounding: every query sees the same keys
-with the same bias; only SDPA's internal blocking of the key axis differs.
+``k1`` are never computed. Summed over blocks this is about half the attention work (plus the
+diagonal blocks). A bias that depends only on the distance (ALiBi, T5) is one table of
+``h x (s_q + s_k - 1)`` values, and each block's bias and causal mask is a strided view of it:
+memory O(h s), nothing built per block. Other biases are built per block (at most one block's
+bias alive at a time). The numbers are those of the full-table path up to float rounding: every
+query sees the same keys with the same bias; only SDPA's internal blocking of the key axis differs.
 
 Legend: ``b`` batch, ``h`` query heads, ``h_kv`` key/value heads, ``s_q``/``s_k`` query/key
 lengths (``s_k >= s_q``: a KV-cache prefix of ``s_k - s_q`` keys precedes the queries), ``d_h``
@@ -32,7 +34,8 @@ __all__ = ["BLOCK_SIZE", "BiasFn", "causal_attention_with_bias", "scheme_bias_fn
 #: queries ``q0..q1-1`` against keys ``0..k1-1``. The result is read-only for the caller, unless
 #: ``bias_fn.returns_scratch`` is True: then it is a buffer that ``bias_fn`` rewrites on its next
 #: call (the per-distance builder does), which the caller may overwrite and must copy to keep.
-#: ``bias_fn.masks_future`` True: the bias already holds ``-inf`` on future keys.
+#: ``bias_fn.masks_future`` True: the bias already holds ``-inf`` on future keys;
+#: ``bias_fn.reversed_rows`` True: its rows are the block's queries in reverse order.
 BiasFn = Callable[[int, int, int], torch.Tensor]
 
 
@@ -65,43 +68,33 @@ def _unit_steps(positions: torch.Tensor) -> bool:
 class _DistanceBlocks:
     """A bias that depends only on ``k_pos - q_pos`` (the scheme's ``distance_bias``), for positions
     in unit steps: one table of ``h x (s_q + s_k - 1)`` values, one per distance, with ``-inf`` at
-    the distances of future keys, so each block's bias and causal mask are one gather from it.
+    the distances of future keys, so that each block's bias and causal mask is a *view* of it.
 
     For the block ``[q0, q1)`` x keys ``[0, k1)`` the entry ``(i, j)`` is ``table[j - i + s_q - 1]``:
-    along ``j`` a stride of +1, along ``i`` of -1. A strided view takes the rows in reverse order
-    (strides ``(row, 1, 1)``), and ``index_select`` with the reversed row indices writes them in
-    order, in one pass. Without gradients that pass writes into a buffer reused by every block
-    (no allocation after the first); with them (a trainable T5 table) it is a differentiable op.
+    a stride of +1 along ``j`` and of -1 along ``i``. Strides cannot be negative, so the view takes
+    the block's queries in reverse order (``r = q1 - 1 - i``: strides ``(width, 1, 1)``), which
+    :func:`causal_attention_with_bias` honours by flipping the block's queries and output
+    (``reversed_rows``). Nothing is built per block; the view is differentiable (a trainable T5
+    table gets its gradient through it).
     """
 
     masks_future = True  # the table holds the causal -inf: nothing to add per block
+    reversed_rows = True  # each block's bias is for its queries in reverse order
 
     def __init__(self, scheme: torch.nn.Module, q_positions: torch.Tensor, k_positions: torch.Tensor) -> None:
         s_q, s_k = q_positions.numel(), k_positions.numel()
         shift = int(k_positions[0]) - int(q_positions[0])  # k_pos - q_pos = shift + (j - i)
-        dev = q_positions.device
-        rel = torch.arange(-(s_q - 1), s_k, device=dev)  # [s_q + s_k - 1]: every j - i
+        rel = torch.arange(-(s_q - 1), s_k, device=q_positions.device)  # [s_q + s_k - 1]: every j - i
         table = scheme.distance_bias(rel + shift)  # [h, s_q + s_k - 1]
         future = rel > s_k - s_q  # key slot j after query slot i + (s_k - s_q)
-        self.table = table.masked_fill(future, float("-inf")).contiguous()  # [h, n_dist]
+        self.table = table.masked_fill(future, float("-inf")).contiguous()  # [h, s_q + s_k - 1]
         self.s_q = s_q
-        self.returns_scratch = not self.table.requires_grad
-        self.buffer: torch.Tensor | None = None
 
     def __call__(self, q0: int, q1: int, k1: int) -> torch.Tensor:
-        n, h, width = q1 - q0, self.table.shape[0], self.table.shape[1]
-        # rows r = q1 - 1 - i: entry (r, j) = table[j + r + s_q - q1], a view with strides (width, 1, 1)
-        rows_reversed = self.table.as_strided(
-            (h, n, k1), (width, 1, 1), self.table.storage_offset() + self.s_q - q1
-        )
-        order = torch.arange(n - 1, -1, -1, device=self.table.device)  # [n] reversed rows -> rows
-        if not self.returns_scratch:  # differentiable: a new tensor per block
-            return torch.index_select(rows_reversed, 1, order)[None]  # [1, h, n, k1]
-        if self.buffer is None or self.buffer.numel() < h * n * k1:
-            size = h * n * max(k1, width - self.s_q + 1)  # the widest block: no regrowth
-            self.buffer = _memory.empty(size, dtype=self.table.dtype, device=self.table.device)
-        out = self.buffer[: h * n * k1].view(h, n, k1)
-        return torch.index_select(rows_reversed, 1, order, out=out)[None]  # [1, h, n, k1]
+        h, width = self.table.shape
+        offset = self.table.storage_offset() + self.s_q - q1
+        # [1, h, n, k1], row r = query q1 - 1 - r: entry (r, j) = table[j + r + s_q - q1]
+        return self.table.as_strided((1, h, q1 - q0, k1), (0, width, 1, 1), offset)
 
 
 def scheme_bias_fn(
@@ -115,8 +108,8 @@ def scheme_bias_fn(
     """A :data:`BiasFn` from a scheme's ``score_bias`` hook (``posenc.base`` contract).
 
     A scheme whose bias depends only on the distance (it answers ``distance_bias``: ALiBi, T5), with
-    positions ``[s]`` in unit steps, gets :class:`_DistanceBlocks` (one per-distance table, each
-    block one gather, the causal mask included). Every other scheme calls ``scheme.score_bias`` on
+    positions ``[s]`` in unit steps, gets :class:`_DistanceBlocks` (one per-distance table; each
+    block's bias and causal mask is a view of it). Every other scheme calls ``scheme.score_bias`` on
     the block's positions (and queries).
 
     Args:
@@ -178,7 +171,7 @@ def _block_mask(bias, dtype, tri, scratch: bool, saves_mask: bool, masks_future:
     keeps it (bias_fn rewrites its scratch next block). Anything else bias_fn returned may be the
     scheme's own tensor or carry autograd history: copied first."""
     mask = bias.to(dtype)
-    if masks_future:
+    if masks_future:  # read only, never written here
         return mask.clone() if mask is bias and scratch and saves_mask else mask
     ours = _writable(mask) if mask is not bias else (scratch and not saves_mask)
     if not ours:
@@ -219,6 +212,7 @@ def causal_attention_with_bias(
     saves_mask = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     scratch = getattr(bias_fn, "returns_scratch", False)
     masks_future = getattr(bias_fn, "masks_future", False)
+    reversed_rows = getattr(bias_fn, "reversed_rows", False)
     # the block's future keys all lie in its last (q1 - q0) columns, where j > i is this triangle;
     # added (x + -inf = -inf, x + 0 = x exactly): a vectorized add, cheaper than masked_fill_
     tri = torch.zeros(block_size, block_size, dtype=q.dtype, device=q.device)
@@ -234,14 +228,12 @@ def causal_attention_with_bias(
                 f"expected [b | 1, h, {n}, {k1}]"
             )
         mask = _block_mask(bias, q.dtype, tri[:n, :n], scratch, saves_mask, masks_future)
+        qb = q[:, :, q0:q1].flip(2) if reversed_rows else q[:, :, q0:q1]  # [b, h, n, d_h]
         o = F.scaled_dot_product_attention(
-            q[:, :, q0:q1],
-            k[:, :, :k1],
-            v[:, :, :k1],
-            attn_mask=mask,
-            dropout_p=dropout_p,
-            enable_gqa=gqa,
+            qb, k[:, :, :k1], v[:, :, :k1], attn_mask=mask, dropout_p=dropout_p, enable_gqa=gqa
         )  # [b, h, n, d_h]
+        if reversed_rows:
+            o = o.flip(2)  # the block's queries back in order
         if q1 - q0 == s_q:
             return o  # a single block
         if out is None:

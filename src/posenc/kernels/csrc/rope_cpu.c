@@ -19,22 +19,26 @@ static inline float rbf(float f) {
 /* store a float already rounded by rbf: its low 16 bits are zero */
 static inline uint16_t f2bf_rounded(float f) { uint32_t u; memcpy(&u, &f, 4); return (uint16_t)(u >> 16); }
 
-/* One row: rotate r dims of xr (pairs (i, i+r/2) or (2i, 2i+1)) into orow, copy dims r..d if out != x.
-   Iteration i reads and writes only the two elements of pair i, and orow is either xr itself or
-   disjoint from it, so there is no dependence between iterations (ivdep lets the loop vectorize). */
+/* A run of n rows along one row dim (byte strides xs, os, cs, ss): rotate r dims of each row xr
+   (pairs (i, i+r/2) or (2i, 2i+1)) into orow, copy dims r..d if out != x. Iteration i reads and
+   writes only the two elements of pair i, and orow is either xr itself or disjoint from it, so
+   there is no dependence between iterations (ivdep lets the loop vectorize); the tables are never
+   written (restrict: no aliasing checks per row). One call per run, not per row. */
 #define ROWFN(NAME, T, F, LOAD, STORE, RND, IA, IB)                                        \
-static void NAME(const char* xp, char* op, const char* cp, const char* sp,                \
-                 i64 h, i64 d, i64 r, float sgn) {                                          \
-  const T* xr = (const T*)xp; T* orow = (T*)op; const T* c = (const T*)cp;                  \
-  const T* s = (const T*)sp;                                                                \
-  _Pragma("GCC ivdep")                                                                      \
-  for (i64 i = 0; i < h; ++i) {                                                             \
-    F a = LOAD(xr[IA(i)]), b = LOAD(xr[IB(i)]);                                             \
-    F cc = LOAD(c[i]), ss = (F)sgn * LOAD(s[i]);                                            \
-    orow[IA(i)] = STORE(RND(RND(a * cc) - RND(b * ss)));                                    \
-    orow[IB(i)] = STORE(RND(RND(b * cc) + RND(a * ss)));                                    \
+static void NAME(const char* xp, char* op, const char* cp, const char* sp, i64 n, i64 xs,  \
+                 i64 os, i64 cs, i64 ss, i64 h, i64 d, i64 r, float sgn) {                  \
+  for (i64 row = 0; row < n; ++row, xp += xs, op += os, cp += cs, sp += ss) {              \
+    const T* xr = (const T*)xp; T* orow = (T*)op;                                           \
+    const T* restrict c = (const T*)cp; const T* restrict s = (const T*)sp;                 \
+    _Pragma("GCC ivdep")                                                                    \
+    for (i64 i = 0; i < h; ++i) {                                                           \
+      F a = LOAD(xr[IA(i)]), b = LOAD(xr[IB(i)]);                                           \
+      F cc = LOAD(c[i]), ss_ = (F)sgn * LOAD(s[i]);                                         \
+      orow[IA(i)] = STORE(RND(RND(a * cc) - RND(b * ss_)));                                 \
+      orow[IB(i)] = STORE(RND(RND(b * cc) + RND(a * ss_)));                                 \
+    }                                                                                       \
+    if (orow != xr) for (i64 i = r; i < d; ++i) orow[i] = xr[i];                            \
   }                                                                                         \
-  if (orow != xr) for (i64 i = r; i < d; ++i) orow[i] = xr[i];                              \
 }
 
 #define ID(v) (v)
@@ -49,7 +53,8 @@ ROWFN(row_f64_intl, double, double, ID, ID, ID, INTL_A, INTL_B)
 ROWFN(row_bf16_half, uint16_t, float, bf2f, f2bf_rounded, rbf, HALF_A, HALF_B)
 ROWFN(row_bf16_intl, uint16_t, float, bf2f, f2bf_rounded, rbf, INTL_A, INTL_B)
 
-typedef void (*rowfn)(const char*, char*, const char*, const char*, i64, i64, i64, float);
+typedef void (*rowfn)(const char*, char*, const char*, const char*, i64, i64, i64, i64, i64, i64, i64, i64,
+                      float);
 static rowfn pick(int dtype, int interleaved) {
   static const rowfn table[3][2] = {{row_f32_half, row_f32_intl}, {row_f64_half, row_f64_intl},
                                      {row_bf16_half, row_bf16_intl}};
@@ -86,22 +91,28 @@ static int parse(const i64* a, job* j) {
   return 0;
 }
 
-/* Rows lo..hi-1 of a job, walked with an odometer (no division per row). */
+/* Rows lo..hi-1 of a job, walked with an odometer (no division per row), one row-function call
+   per run of rows along the innermost row dim. */
 static void run_rows(const job* j, i64 lo, i64 hi) {
   if (lo >= hi) return;
-  i64 nd = j->nd, idx[MAXD], rem = lo, xo = 0, oo = 0, co = 0, so = 0, h = j->r / 2;
+  i64 nd = j->nd, in = nd - 1, idx[MAXD], rem = lo, xo = 0, oo = 0, co = 0, so = 0, h = j->r / 2;
   for (i64 k = nd - 1; k >= 0; --k) { idx[k] = rem % j->shape[k]; rem /= j->shape[k]; }
   for (i64 k = 0; k < nd; ++k) {
     xo += idx[k] * j->xs[k]; oo += idx[k] * j->os[k]; co += idx[k] * j->cst[k]; so += idx[k] * j->sst[k];
   }
-  for (i64 row = lo; row < hi; ++row) {
-    j->f(j->x + xo, j->out + oo, j->cs + co, j->sn + so, h, j->d, j->r, j->sgn);
-    for (i64 k = nd - 1; k >= 0; --k) {
-      xo += j->xs[k]; oo += j->os[k]; co += j->cst[k]; so += j->sst[k];
-      if (++idx[k] < j->shape[k]) break;
+  for (i64 row = lo; row < hi;) {
+    i64 run = j->shape[in] - idx[in];
+    if (run > hi - row) run = hi - row;
+    j->f(j->x + xo, j->out + oo, j->cs + co, j->sn + so, run, j->xs[in], j->os[in], j->cst[in], j->sst[in],
+         h, j->d, j->r, j->sgn);
+    row += run;
+    idx[in] += run;
+    xo += run * j->xs[in]; oo += run * j->os[in]; co += run * j->cst[in]; so += run * j->sst[in];
+    for (i64 k = in; k >= 0 && idx[k] == j->shape[k]; --k) {  /* carry into the outer dims */
       xo -= j->xs[k] * j->shape[k]; oo -= j->os[k] * j->shape[k];
       co -= j->cst[k] * j->shape[k]; so -= j->sst[k] * j->shape[k];
       idx[k] = 0;
+      if (k > 0) { ++idx[k - 1]; xo += j->xs[k - 1]; oo += j->os[k - 1]; co += j->cst[k - 1]; so += j->sst[k - 1]; }
     }
   }
 }

@@ -1,0 +1,176 @@
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+typedef int64_t i64;
+typedef uint64_t u64;
+
+/* The input layer in one pass per row (float32): x = W[id] * scale + pe[row % period], then
+   LayerNorm (when gamma is given) and dropout (when thr > 0), written once into out.
+   The dropout mask is dropout_cpu.c's: element i of the flat [n, d] output belongs to pair i / 2,
+   whose 64-bit draw is mix(seed + (i / 2 + 1) * golden); its low half keeps element 2j, its high
+   half element 2j + 1 (d is even, so pairs never straddle rows). */
+static inline u64 mix(u64 z) {  /* SplitMix64's output function */
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+typedef struct {
+  const float *w, *pe, *gamma, *beta;
+  const i64* ids;
+  float scale, eps, keep;  /* keep: 1 / (1 - p), rounded to float as PyTorch's noise is */
+  i64 n, d, period;
+  uint32_t thr;  /* dropout threshold: drop where the 32-bit draw < thr; 0 = no dropout */
+  u64 seed;
+} spec;
+
+/* the dropout factors of one row's pairs into k[0..d-1] (the spec's fields copied to locals: k
+   cannot alias them then, and the loop vectorizes) */
+static void row_mask(const spec* sp, i64 row, float* restrict k) {
+  const u64 seed = sp->seed, golden = 0x9E3779B97F4A7C15ull;
+  const uint32_t thr = sp->thr;
+  const float keep = sp->keep;
+  const i64 j0 = row * sp->d / 2, pairs = sp->d / 2;
+  for (i64 j = 0; j < pairs; ++j) {
+    u64 r = mix(seed + (u64)(j0 + j + 1) * golden);
+    k[2 * j] = (uint32_t)r >= thr ? keep : 0.0f;
+    k[2 * j + 1] = (uint32_t)(r >> 32) >= thr ? keep : 0.0f;
+  }
+}
+
+/* x = W[id] * scale + pe: the LayerNorm's input, rebuilt where needed (never stored) */
+static void row_input(const spec* sp, i64 row, float* x) {
+  const float* wr = sp->w + sp->ids[row] * sp->d;
+  const float* pr = sp->pe ? sp->pe + (row % sp->period) * sp->d : NULL;
+  for (i64 c = 0; c < sp->d; ++c) x[c] = wr[c] * sp->scale + (pr ? pr[c] : 0.0f);
+}
+
+/* sum of x[c] * y[c] (y NULL: of x[c]) over d values: 16 independent float lanes (they vectorize:
+   one lane never needs reassociation), summed in double at the end */
+#define LANES 16
+static double dot(const float* x, const float* y, i64 d) {
+  float acc[LANES] = {0};
+  i64 c = 0;
+  for (; c + LANES <= d; c += LANES)
+    for (int l = 0; l < LANES; ++l) acc[l] += y ? x[c + l] * y[c + l] : x[c + l];
+  double total = 0.0;
+  for (int l = 0; l < LANES; ++l) total += acc[l];
+  for (; c < d; ++c) total += y ? (double)x[c] * y[c] : x[c];
+  return total;
+}
+
+/* mean and 1 / sqrt(var + eps) of one row (two passes: the mean first, then the centred squares) */
+static void moments(const spec* sp, float* x, float* mean, float* rstd, float* tmp) {
+  i64 d = sp->d;
+  float m = (float)(dot(x, NULL, d) / (double)d);
+  for (i64 c = 0; c < d; ++c) tmp[c] = x[c] - m;
+  *mean = m;
+  *rstd = (float)(1.0 / sqrt(dot(tmp, tmp, d) / (double)d + (double)sp->eps));
+}
+
+/* forward of rows [lo, hi); x and k are per-thread scratch rows of d floats */
+static void forward_rows(const spec* sp, float* out, float* mean, float* rstd, i64 lo, i64 hi, float* x, float* k) {
+  for (i64 row = lo; row < hi; ++row) {
+    float* o = out + row * sp->d;
+    row_input(sp, row, x);
+    if (sp->gamma) {
+      moments(sp, x, mean + row, rstd + row, k);  /* k: scratch until the mask is drawn */
+      float m = mean[row], r = rstd[row];
+      for (i64 c = 0; c < sp->d; ++c) x[c] = (x[c] - m) * r * sp->gamma[c] + sp->beta[c];
+    }
+    if (sp->thr) {
+      row_mask(sp, row, k);
+      for (i64 c = 0; c < sp->d; ++c) o[c] = x[c] * k[c];
+    } else {
+      memcpy(o, x, sizeof(float) * sp->d);
+    }
+  }
+}
+
+/* backward of rows [lo, hi): dx = d loss / d x (times scale: the gradient of the gathered rows),
+   and this thread's partial gradients of gamma and beta (accumulated into gg, gb) */
+static void backward_rows(const spec* sp, const float* gout, const float* mean, const float* rstd, float* dx,
+                          double* gg, double* gb, i64 lo, i64 hi, float* x, float* k) {
+  i64 d = sp->d;
+  for (i64 row = lo; row < hi; ++row) {
+    const float* g = gout + row * d;
+    float* out = dx + row * d;
+    if (sp->thr) row_mask(sp, row, k);
+    for (i64 c = 0; c < d; ++c) out[c] = sp->thr ? g[c] * k[c] : g[c];  /* through dropout */
+    if (sp->gamma) {
+      row_input(sp, row, x);
+      float m = mean[row], r = rstd[row];
+      for (i64 c = 0; c < d; ++c) {
+        float xh = (x[c] - m) * r;
+        x[c] = xh;  /* x now holds x-hat */
+        gg[c] += (double)out[c] * xh;
+        gb[c] += out[c];
+        k[c] = out[c] * sp->gamma[c];  /* k now holds dy = g * gamma */
+      }
+      float ma = (float)(dot(k, NULL, d) / (double)d), mb = (float)(dot(k, x, d) / (double)d);
+      for (i64 c = 0; c < d; ++c) out[c] = r * (k[c] - ma - x[c] * mb);
+    }
+    for (i64 c = 0; c < d; ++c) out[c] *= sp->scale;  /* d x / d W[id] = scale */
+  }
+}
+
+/* a = [w, ids, pe, gamma, beta, out, mean, rstd, scratch, n, d, period, thr, seed, nthreads] (pointers
+   and ints as int64), f = [scale, eps, keep]. scratch: 2 * d floats per thread. */
+static void parse(const i64* a, const double* f, spec* sp) {
+  sp->w = (const float*)(intptr_t)a[0]; sp->ids = (const i64*)(intptr_t)a[1];
+  sp->pe = (const float*)(intptr_t)a[2]; sp->gamma = (const float*)(intptr_t)a[3];
+  sp->beta = (const float*)(intptr_t)a[4];
+  sp->n = a[9]; sp->d = a[10]; sp->period = a[11] > 0 ? a[11] : 1; sp->thr = (uint32_t)a[12];
+  sp->seed = (u64)a[13];
+  sp->scale = (float)f[0]; sp->eps = (float)f[1]; sp->keep = (float)f[2];
+}
+
+int posenc_embed_forward(const i64* a, const double* f) {
+  spec sp;
+  parse(a, f, &sp);
+  float *out = (float*)(intptr_t)a[5], *mean = (float*)(intptr_t)a[6], *rstd = (float*)(intptr_t)a[7];
+  float* scratch = (float*)(intptr_t)a[8];
+  int nthreads = (int)a[14];
+#ifdef _OPENMP
+  #pragma omp parallel num_threads(nthreads) if (nthreads > 1)
+#endif
+  {
+    int tid = 0, nt = 1;
+#ifdef _OPENMP
+    tid = omp_get_thread_num(); nt = omp_get_num_threads();
+#endif
+    i64 chunk = (sp.n + nt - 1) / nt, lo = tid * chunk, hi = lo + chunk < sp.n ? lo + chunk : sp.n;
+    float* x = scratch + 2 * tid * sp.d;
+    if (lo < hi) forward_rows(&sp, out, mean, rstd, lo, hi, x, x + sp.d);
+  }
+  return 0;
+}
+
+/* a as for the forward with out = the incoming gradient, plus a[15] = dx, a[16] = gamma/beta partials
+   [nthreads, 2, d] float64 (zeroed by the caller, summed by the caller). */
+int posenc_embed_backward(const i64* a, const double* f) {
+  spec sp;
+  parse(a, f, &sp);
+  const float *gout = (const float*)(intptr_t)a[5], *mean = (const float*)(intptr_t)a[6];
+  const float* rstd = (const float*)(intptr_t)a[7];
+  float *scratch = (float*)(intptr_t)a[8], *dx = (float*)(intptr_t)a[15];
+  double* part = (double*)(intptr_t)a[16];
+  int nthreads = (int)a[14];
+#ifdef _OPENMP
+  #pragma omp parallel num_threads(nthreads) if (nthreads > 1)
+#endif
+  {
+    int tid = 0, nt = 1;
+#ifdef _OPENMP
+    tid = omp_get_thread_num(); nt = omp_get_num_threads();
+#endif
+    i64 chunk = (sp.n + nt - 1) / nt, lo = tid * chunk, hi = lo + chunk < sp.n ? lo + chunk : sp.n;
+    float* x = scratch + 2 * tid * sp.d;
+    double* gg = part + 2 * tid * sp.d;
+    if (lo < hi) backward_rows(&sp, gout, mean, rstd, dx, gg, gg + sp.d, lo, hi, x, x + sp.d);
+  }
+  return 0;
+}

@@ -1,0 +1,70 @@
+"""Tests of posenc.kernels.input_cpu: the input layer in one pass gives the composition's numbers
+(outputs, the dropout mask for a seed, gradients) and is used where it applies."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import posenc
+from posenc.kernels import dropout_cpu, input_cpu
+
+pytestmark = pytest.mark.skipif(not input_cpu.available(), reason="no C compiler: the composition runs")
+
+
+def _composition(module, ids, seed):
+    """The module's output and gradients with every fast path off (the composition's arithmetic)."""
+    posenc.kernels.set_enabled(False)
+    try:
+        torch.manual_seed(seed)
+        return module(ids)
+    finally:
+        posenc.kernels.set_enabled(None)
+
+
+@pytest.mark.parametrize("scheme", ["sinusoidal", "nope"])
+@pytest.mark.parametrize("layer_norm", [True, False])
+@pytest.mark.parametrize("training", [True, False])
+def test_outputs_and_gradients_match_the_composition(scheme, layer_norm, training):
+    torch.manual_seed(0)
+    module = posenc.InputEmbedding(300, 48, scheme, layer_norm=layer_norm, dropout=0.25, padding_idx=3)
+    if layer_norm:  # not the identity initialisation, so gamma and beta matter
+        torch.nn.init.normal_(module.norm.weight)
+        torch.nn.init.normal_(module.norm.bias)
+    module.train(training)
+    ids = torch.randint(0, 300, (3, 17))
+    ids[0, :4] = 3  # padding rows get no gradient
+    params = [p for p in module.parameters() if p.requires_grad]
+    grad = torch.randn(3, 17, 48)
+    torch.manual_seed(7)
+    got = module(ids)
+    want = _composition(module, ids, 7)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=2e-6)
+    for g, w in zip(torch.autograd.grad(got, params, grad), torch.autograd.grad(want, params, grad)):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=2e-5)
+    assert torch.equal(torch.autograd.grad(module(ids), module.token.weight, grad)[0][3], torch.zeros(48))
+
+
+def test_dropout_mask_is_the_dropout_kernels_for_the_seed():
+    w, ids = torch.randn(50, 16), torch.randint(0, 50, (4, 9))
+    kw = {"scale": 2.0, "table": None, "norm_weight": None, "norm_bias": None, "eps": 0.0}
+    kw["padding_idx"] = None
+    plain = input_cpu.input_layer(w, ids, p=0.0, **kw)
+    dropped = input_cpu.input_layer(w, ids, p=0.4, seed=12345, **kw)
+    keep = dropout_cpu.reference_keep_mask(plain.numel(), 0.4, 12345).view(plain.shape)
+    assert torch.equal(dropped, plain * torch.where(keep, dropout_cpu._scale(0.4, torch.float32), 0.0))
+
+
+def test_used_where_it_applies_and_not_elsewhere(monkeypatch):
+    calls = []
+    real = input_cpu.input_layer
+    monkeypatch.setattr(input_cpu, "input_layer", lambda *a, **k: calls.append(1) or real(*a, **k))
+    ids = torch.randint(0, 40, (2, 5))
+    posenc.InputEmbedding(40, 8, "sinusoidal")(ids)
+    assert calls == [1]
+    posenc.InputEmbedding(40, 8, "learned", scheme_options={"max_len": 5})(ids)  # a trained table
+    posenc.InputEmbedding(40, 8, "sinusoidal", dtype=torch.float64)(ids)  # float64 computes in float64
+    posenc.InputEmbedding(40, 8, "sinusoidal")(ids, torch.arange(5).expand(2, 5))  # positions per row
+    assert calls == [1]
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        posenc.InputEmbedding(40, 8, "sinusoidal")(ids + 40)  # checked on the fast path too
