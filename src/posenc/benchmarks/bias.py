@@ -17,8 +17,8 @@ Implementations (q, k, v ``[b, h, s, d_h]`` float32):
   built as a decoder's (``bidirectional=False``, ``max_distance=128``).
 
 Checks: every implementation against ``posenc_<scheme>_full`` within 1e-5 (absolute and relative:
-SDPA's blocking and Bloom's shifted bias round differently). Peak memory: the case's ``params``
-hold each implementation's peak resident growth in one call (``peak_mb``).
+SDPA's blocking and Bloom's shifted bias round differently). Peak memory: each implementation's
+peak resident growth in one call, measured in a fresh process (``peak_mb``).
 
 Bytes: q, k, v read and the output written (attention is compute-bound: read the times).
 """
@@ -44,11 +44,13 @@ def _sdpa_masked(q, k, v, bias: torch.Tensor) -> torch.Tensor:
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
-def _case(name: str, scheme_name: str, shape: tuple[int, int, int, int], block_size: int) -> Case:
+def _case(
+    name: str, scheme_name: str, shape: tuple[int, int, int, int], block_size: int, peers: bool = True
+) -> Case:
     import posenc
     from posenc.kernels.attention_cpu import causal_attention_with_bias, scheme_bias_fn
 
-    b, h, s, _ = shape
+    _, h, s, _ = shape
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(shape, generator=gen) for _ in range(3))
     pos = torch.arange(s)
@@ -81,62 +83,64 @@ def _case(name: str, scheme_name: str, shape: tuple[int, int, int, int], block_s
         ),
     ]
     skipped: dict[str, str] = {}
-    xt, why = _optional("x_transformers.x_transformers")
-    if scheme_name == "alibi":
-        bloom, why_bloom = _optional("transformers.models.bloom.modeling_bloom")
-        if bloom is None:
-            skipped["hf_bloom_alibi"] = why_bloom
-        else:
-            ones = torch.ones(b, s)
-
-            def bloom_attention() -> torch.Tensor:
-                alibi = bloom.build_alibi_tensor(ones, h, q.dtype)  # type: ignore[attr-defined]  # [b h, 1, s]
-                return _sdpa_masked(q, k, v, alibi.view(b, h, 1, s))  # m_h * j, broadcast over queries
-
-            impls.append(
-                Impl(
-                    "hf_bloom_alibi",
-                    bloom_attention,
-                    "peer",
-                    None,
-                    "build_alibi_tensor (m_h * j) + causal mask + SDPA",
-                )
-            )
-        if xt is None:
-            skipped["x_transformers_alibi"] = why
-        else:
-            alibi = xt.AlibiPositionalBias(h)  # type: ignore[attr-defined]
-            impls.append(
-                Impl(
-                    "x_transformers_alibi",
-                    lambda: _sdpa_masked(q, k, v, alibi(s, s)),
-                    "peer",
-                    None,
-                    "AlibiPositionalBias (cached table after the first call) + mask + SDPA",
-                )
-            )
-    elif xt is None:
-        skipped["x_transformers_t5"] = why
-    else:
-        rel = xt.RelativePositionBias(scale=1.0, causal=True, heads=h)  # type: ignore[attr-defined]
-        with torch.no_grad():  # the same weights: both compute the same bias
-            rel.relative_attention_bias.weight.copy_(scheme.relative_attention_bias.weight)
-        impls.append(
-            Impl(
-                "x_transformers_t5",
-                lambda: _sdpa_masked(q, k, v, rel(s, s)),
-                "peer",
-                None,
-                "RelativePositionBias (causal buckets) + mask + SDPA",
-            )
-        )
+    if peers:
+        peer_impls = _alibi_peers if scheme_name == "alibi" else _t5_peers
+        impls += peer_impls(q, k, v, scheme, skipped)
+    else:  # long inputs: the full-table path and the peers build [h, s, s] masks (GBs)
+        impls.pop(1)
+        skipped["others"] = "full-table path and peers not run at this length: each builds an [h, s, s] mask"
     nbytes = 4 * tensor_bytes(q)
     params = {"shape": list(shape), "scheme": scheme_name, "block_size": block_size, "dtype": "float32"}
-    with torch.no_grad():
-        want = _sdpa_masked(q, k, v, scheme.score_bias(pos, pos))
+
+    def reference() -> torch.Tensor:  # built only when the case is checked (not in memory probes)
+        with torch.no_grad():
+            return _sdpa_masked(q, k, v, scheme.score_bias(pos, pos))
+
     description = f"causal attention with {scheme_name} bias, q/k/v {list(shape)}"
-    return Case(name, description, nbytes, impls, params, skipped, baselines=False, reference=lambda: want,
-                atol=1e-5, rtol=1e-5, limit="sdpa_causal_no_bias")  # fmt: skip
+    return Case(name, description, nbytes, impls, params, skipped, baselines=False, reference=reference,
+                atol=1e-5, rtol=1e-5, limit="sdpa_causal_no_bias", memory=True)  # fmt: skip
+
+
+def _alibi_peers(q, k, v, scheme, skipped: dict[str, str]) -> list[Impl]:
+    """HF Bloom's ALiBi (key-only form) and x-transformers' AlibiPositionalBias, each + mask + SDPA."""
+    b, h, s, _ = q.shape
+    impls: list[Impl] = []
+    bloom, why_bloom = _optional("transformers.models.bloom.modeling_bloom")
+    if bloom is None:
+        skipped["hf_bloom_alibi"] = why_bloom
+    else:
+        ones = torch.ones(b, s)
+
+        def bloom_attention() -> torch.Tensor:
+            alibi = bloom.build_alibi_tensor(ones, h, q.dtype)  # type: ignore[attr-defined]  # [b h, 1, s]
+            return _sdpa_masked(q, k, v, alibi.view(b, h, 1, s))  # m_h * j, broadcast over queries
+
+        doc = "build_alibi_tensor (m_h * j) + causal mask + SDPA"
+        impls.append(Impl("hf_bloom_alibi", bloom_attention, "peer", None, doc))
+    xt, why = _optional("x_transformers.x_transformers")
+    if xt is None:
+        skipped["x_transformers_alibi"] = why
+    else:
+        alibi = xt.AlibiPositionalBias(h)  # type: ignore[attr-defined]
+        doc = "AlibiPositionalBias (cached table after the first call) + mask + SDPA"
+        impls.append(
+            Impl("x_transformers_alibi", lambda: _sdpa_masked(q, k, v, alibi(s, s)), "peer", None, doc)
+        )
+    return impls
+
+
+def _t5_peers(q, k, v, scheme, skipped: dict[str, str]) -> list[Impl]:
+    """x-transformers' RelativePositionBias with posenc's table weights, + mask + SDPA."""
+    h, s = q.shape[1], q.shape[2]
+    xt, why = _optional("x_transformers.x_transformers")
+    if xt is None:
+        skipped["x_transformers_t5"] = why
+        return []
+    rel = xt.RelativePositionBias(scale=1.0, causal=True, heads=h)  # type: ignore[attr-defined]
+    with torch.no_grad():  # the same weights: both compute the same bias
+        rel.relative_attention_bias.weight.copy_(scheme.relative_attention_bias.weight)
+    doc = "RelativePositionBias (causal buckets) + mask + SDPA"
+    return [Impl("x_transformers_t5", lambda: _sdpa_masked(q, k, v, rel(s, s)), "peer", None, doc)]
 
 
 def cases(quick: bool) -> dict[str, Callable[[], Case]]:
@@ -144,8 +148,21 @@ def cases(quick: bool) -> dict[str, Callable[[], Case]]:
     big = (1, 2, 32, 8) if quick else (2, 16, 2048, 64)
     lab = (2, 4, 16, 8) if quick else (32, 4, 128, 32)
     blk = 8 if quick else 256
+
+    def long_shape(length: int) -> tuple[int, int, int, int]:
+        return (1, 2, length // 128, 8) if quick else (1, 16, length, 64)
+
     return {
         "bias_alibi": no_grad_case(lambda: _case("bias_alibi", "alibi", big, blk)),
         "bias_t5": no_grad_case(lambda: _case("bias_t5", "t5", big, blk)),
         "bias_alibi_lab": no_grad_case(lambda: _case("bias_alibi_lab", "alibi", lab, min(blk, lab[2]))),
+        **{
+            f"bias_{scheme}_{length}": no_grad_case(
+                lambda scheme=scheme, length=length: _case(
+                    f"bias_{scheme}_{length}", scheme, long_shape(length), blk, peers=False
+                )
+            )
+            for scheme in ("alibi", "t5")
+            for length in (4096, 8192)
+        },
     }

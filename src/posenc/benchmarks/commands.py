@@ -98,6 +98,7 @@ def run(
 
     from . import select
     from .harness import environment, run_case, set_allocator
+    from .memory import peak_bytes
 
     set_allocator(allocator)
     if threads is not None:
@@ -110,7 +111,11 @@ def run(
     for build in builders.values():
         case = build()
         result = run_case(case, repeats=repeats, warmup=1, min_time=0.001 if quick else 0.005)
-        del case
+        impls = [i.name for i in case.impls] if case.memory else []
+        del case  # its tensors: the memory probes run in fresh processes
+        for impl in impls:
+            peak = peak_bytes(result.name, impl, quick=quick, threads=threads)
+            result.results[impl]["peak_mb"] = None if peak is None else peak / 1e6
         report["cases"].append(result.to_json())
         if progress is not None:
             progress(result)

@@ -220,7 +220,8 @@ class Case:
     could not run (peer not installed, ...) to the reason. ``reference()`` returns the outputs
     every implementation must match within ``atol + rtol * |ref|``. ``limit`` names the
     implementation that is every form's limit (e.g. causal SDPA without a bias), instead of the
-    memory baselines; ``dtype`` is the element type of the in-place baseline.
+    memory baselines; ``dtype`` is the element type of the in-place baseline; ``memory`` asks for
+    each implementation's peak memory, measured in a fresh process (:mod:`.memory`).
     """
 
     name: str
@@ -235,6 +236,7 @@ class Case:
     rtol: float = 0.0
     limit: str | None = None
     dtype: torch.dtype = torch.float32
+    memory: bool = False  # also measure each implementation's peak memory (benchmarks.memory)
 
 
 @dataclass

@@ -3,7 +3,8 @@
 Columns: the implementation, its form (what kind of call), the median and interquartile range,
 effective GB/s, ``of limit`` (the limit's median over this one's: 100% = at the limit; the limit is
 the memory baseline of its form or the case's own, named in the header), the speed-up of the best
-posenc implementation of the same form and layout over each peer, and the output check.
+posenc implementation of the same form and layout over each peer, and the output check (with the
+peak memory of one call, where the case measures it).
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ def _rows(result: CaseResult) -> list[tuple[str, ...]]:
     for name, r in result.results.items():
         rate = "" if r["gbps"] is None else f"{r['gbps']:.2f}"
         check = r.get("check", "")
+        if r.get("peak_mb") is not None:
+            check = f"peak {r['peak_mb']:.0f} MB; " + check
         rows.append(
             (
                 name,
