@@ -68,3 +68,40 @@ def test_used_where_it_applies_and_not_elsewhere(monkeypatch):
     assert calls == [1]
     with pytest.raises(ValueError, match="outside the vocabulary"):
         posenc.InputEmbedding(40, 8, "sinusoidal")(ids + 40)  # checked on the fast path too
+
+
+def test_the_ops_pass_torch_library_opcheck():
+    w, ids = torch.randn(30, 8, requires_grad=True), torch.randint(0, 30, (2, 5))
+    table, g, b = torch.randn(5, 8), torch.randn(8, requires_grad=True), torch.randn(8, requires_grad=True)
+    seed = torch.tensor(99)
+    for args in (
+        (w, ids, table, g, b, 2.0, 1e-5, 0.3, seed, 4),
+        (w, ids, None, None, None, 1.0, 0.0, 0.0, seed, -1),
+    ):
+        torch.library.opcheck(input_cpu.input_layer_op, args)
+
+
+def test_a_compiled_input_layer_keeps_the_kernel_and_the_eager_numbers(monkeypatch):
+    """torch.compile(fullgraph=True) puts posenc::input_layer_cpu in the graph (forward and
+    backward): the eager outputs and gradients, for the same seed."""
+    calls = []
+    real = input_cpu._fns
+
+    def counted():
+        fns = real()
+        return tuple((lambda *a, f=f: calls.append(1) or f(*a)) for f in fns)
+
+    torch.manual_seed(0)
+    layer = posenc.InputEmbedding(64, 16, "sinusoidal", dropout=0.25).train()
+    ids = torch.randint(0, 64, (2, 8))
+    torch.manual_seed(5)
+    eager = layer(ids)
+    (eager_grad,) = torch.autograd.grad(eager.square().sum(), layer.token.weight)
+    monkeypatch.setattr(input_cpu, "_fns", counted)
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    torch.manual_seed(5)
+    out = compiled(ids)
+    (grad,) = torch.autograd.grad(out.square().sum(), layer.token.weight)
+    assert len(calls) == 2  # the forward and the backward kernel
+    torch.testing.assert_close(out, eager, rtol=0, atol=0)
+    torch.testing.assert_close(grad, eager_grad, rtol=0, atol=0)

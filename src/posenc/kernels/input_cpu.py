@@ -13,9 +13,11 @@ Numbers: the LayerNorm's mean and variance are accumulated in float64, so output
 :mod:`posenc.kernels.dropout_cpu`'s for the same seed, so ``Dropout`` and this kernel drop the
 same elements.
 
-Used for: float32 CPU tensors in eager mode (not under ``torch.compile``/tracing/``torch.func``:
-there the composition runs), an even ``d``, a positional table that needs no gradient
-(sinusoidal, or none), LayerNorm with weight and bias, or none.
+Used for: float32 CPU tensors, an even ``d``, a positional table that needs no gradient
+(sinusoidal, or none), LayerNorm with weight and bias, or none; in eager mode and in compiled
+graphs alike through the registered operators ``posenc::input_layer_cpu`` (and its backward,
+``posenc::input_layer_cpu_backward``), with fake implementations. Tracing, ``torch.export`` and
+``torch.func`` transforms run the composition.
 
 Legend: ``V`` vocabulary, ``d`` width, ``b`` batch, ``s`` sequence length, ``n = b * s`` rows.
 """
@@ -61,12 +63,14 @@ def available() -> bool:
 
 
 def usable(weight, ids, table, norm_weight, norm_bias) -> bool:
-    """Whether :func:`input_layer` takes these: float32 CPU, eager mode, fast paths on, ``weight``
-    ``[V, d]`` contiguous with ``d`` even, ``ids`` ``[b, s]``, ``table`` None or ``[s, d]`` without
-    gradient, LayerNorm parameters both ``[d]`` or both None."""
-    if torch.compiler.is_compiling() or not (
-        _settings.eager(ids) and _settings.eager(weight, parameters=True)
-    ):
+    """Whether :func:`input_layer` takes these: float32 CPU, fast paths on, outside tracing and
+    ``torch.func`` transforms (under ``torch.compile`` the op ``posenc::input_layer_cpu`` goes into
+    the graph), ``weight`` ``[V, d]`` contiguous with ``d`` even, ``ids`` ``[b, s]``, ``table``
+    None or ``[s, d]`` without gradient, LayerNorm parameters both ``[d]`` or both None."""
+    compiling = torch.compiler.is_compiling()
+    if compiling and not _settings.compiled_graph():
+        return False  # torch.export or a torch.func transform under compile: the composition
+    if not compiling and not (_settings.eager(ids) and _settings.eager(weight, parameters=True)):
         return False
     if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2 or ids.dim() != 2:
         return False
@@ -74,74 +78,140 @@ def usable(weight, ids, table, norm_weight, norm_bias) -> bool:
     if d % 2 or not weight.is_contiguous() or ids.device.type != "cpu" or ids.numel() == 0:
         return False
     if table is not None and (
-        table.requires_grad or table.dtype != torch.float32 or table.shape != (ids.shape[1], d)
+        table.requires_grad or table.dtype != torch.float32 or tuple(table.shape) != (ids.shape[1], d)
     ):
         return False
     if (norm_weight is None) != (norm_bias is None):
         return False
     if norm_weight is not None and any(
-        t.dtype != torch.float32 or t.shape != (d,) for t in (norm_weight, norm_bias)
+        t.dtype != torch.float32 or tuple(t.shape) != (d,) for t in (norm_weight, norm_bias)
     ):
         return False
+    return _available_when_compiled() if compiling else _settings.enabled() and available()
+
+
+@torch.compiler.assume_constant_result
+def _available_when_compiled() -> bool:
+    """Switched on and :func:`available`, evaluated once while torch.compile traces."""
     return _settings.enabled() and available()
 
 
 def _ptr(t: torch.Tensor | None) -> int:
-    return 0 if t is None else t.data_ptr()
+    return 0 if t is None or t.numel() == 0 else t.data_ptr()
 
 
 def _args(weight, ids, table, gamma, beta, out, mean, rstd, scratch, p, seed, nthreads):
     """The kernel's int64 arguments (see ``csrc/embed_cpu.c``)."""
-    ptr = _ptr
     thr = _dropout_cpu.threshold(p) if p > 0 else 0
-    return array.array(
-        "q",
-        (
-            ptr(weight), ptr(ids), ptr(table), ptr(gamma), ptr(beta), ptr(out), ptr(mean), ptr(rstd),
-            ptr(scratch), ids.numel(), weight.shape[1], ids.shape[1], thr, _dropout_cpu._i64(seed), nthreads,
-        ),
-    )  # fmt: skip
+    ptrs = (_ptr(t) for t in (weight, ids, table, gamma, beta, out, mean, rstd, scratch))
+    return array.array("q", (*ptrs, ids.numel(), weight.shape[1], ids.shape[1], thr, seed, nthreads))
 
 
 def _threads(rows: int) -> int:
     return max(1, min(torch.get_num_threads(), rows // _ROWS_PER_THREAD))
 
 
-class _InputLayer(torch.autograd.Function):
-    """Forward and backward of the fused input layer (see the module docstring)."""
+def _floats(scale: float, eps: float, p: float) -> array.array:
+    return array.array("d", (scale, eps, _dropout_cpu._scale(p, torch.float32) if p > 0 else 1.0))
 
-    @staticmethod
-    def forward(ctx, weight, gamma, beta, ids, table, scale, eps, p, seed, padding_idx):  # type: ignore[override]
-        n, d = ids.numel(), weight.shape[1]
-        nt = _threads(n)
-        out = _memory.empty(*ids.shape, d, dtype=torch.float32)  # [b, s, d]
-        mean, rstd = torch.empty(n), torch.empty(n)  # [n] row statistics for backward
-        scratch = torch.empty(nt, 2, d)  # per-thread rows: the LayerNorm input and the mask
-        floats = array.array("d", (scale, eps, _dropout_cpu._scale(p, torch.float32) if p > 0 else 1.0))
-        args = _args(weight, ids, table, gamma, beta, out, mean, rstd, scratch, p, seed, nt)
-        _fns()[0](args.buffer_info()[0], floats.buffer_info()[0])
-        ctx.save_for_backward(weight, gamma, beta, ids, table, mean, rstd)
-        ctx.floats, ctx.p, ctx.seed, ctx.padding_idx = floats, p, seed, padding_idx
-        return out
 
-    @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
-        weight, gamma, beta, ids, table, mean, rstd = ctx.saved_tensors
-        grad = grad.contiguous()  # [b, s, d], read row by row
-        n, d = ids.numel(), weight.shape[1]
-        nt = _threads(n)
-        rows = _memory.empty(*ids.shape, d, dtype=torch.float32)  # d loss / d W[id], per token
-        partial = torch.zeros(nt, 2, d, dtype=torch.float64)  # per-thread sums for gamma, beta
-        scratch = torch.empty(nt, 2, d)
-        args = _args(weight, ids, table, gamma, beta, grad, mean, rstd, scratch, ctx.p, ctx.seed, nt)
-        args.extend((rows.data_ptr(), partial.data_ptr()))
-        _fns()[1](args.buffer_info()[0], ctx.floats.buffer_info()[0])
-        pad = -1 if ctx.padding_idx is None else ctx.padding_idx
-        grad_w = torch.ops.aten.embedding_dense_backward(rows, ids, weight.shape[0], pad, False)  # [V, d]
-        sums = partial.sum(0).float()  # [2, d]: float64 partials, one rounding
-        grad_gamma = sums[0] if gamma is not None and ctx.needs_input_grad[1] else None
-        grad_beta = sums[1] if beta is not None and ctx.needs_input_grad[2] else None
-        return grad_w, grad_gamma, grad_beta, None, None, None, None, None, None, None
+# ---------------------------------------------------------------------------------------------- the ops
+@torch.library.custom_op("posenc::input_layer_cpu", mutates_args=(), device_types="cpu")
+def input_layer_op(
+    weight: torch.Tensor,
+    ids: torch.Tensor,
+    table: torch.Tensor | None,
+    gamma: torch.Tensor | None,
+    beta: torch.Tensor | None,
+    scale: float,
+    eps: float,
+    p: float,
+    seed: torch.Tensor,
+    padding_idx: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The forward kernel as a registered operator (eager and compiled): ``(out [b, s, d], mean [n],
+    rstd [n])``; ``seed`` an int64 scalar tensor, ``padding_idx`` -1 for none. A fake
+    implementation and an autograd formula (:func:`input_layer_backward_op`) are registered."""
+    n, d = ids.numel(), weight.shape[1]
+    nt = _threads(n)
+    out = _memory.empty(*ids.shape, d, dtype=torch.float32)  # [b, s, d]
+    new = torch.empty if gamma is not None else torch.zeros  # no LayerNorm: defined (unused) values
+    mean, rstd = new(n), new(n)  # [n] row statistics for backward
+    scratch = torch.empty(nt, 2, d)  # per-thread rows: the LayerNorm input and the mask
+    args = _args(weight, ids, table, gamma, beta, out, mean, rstd, scratch, p, int(seed), nt)
+    floats = _floats(scale, eps, p)  # kept alive across the call: the kernel reads its buffer
+    _fns()[0](args.buffer_info()[0], floats.buffer_info()[0])
+    return out, mean, rstd
+
+
+@input_layer_op.register_fake
+def _(weight, ids, table, gamma, beta, scale, eps, p, seed, padding_idx):
+    n = ids.numel()
+    return weight.new_empty(*ids.shape, weight.shape[1]), weight.new_empty(n), weight.new_empty(n)
+
+
+@torch.library.custom_op("posenc::input_layer_cpu_backward", mutates_args=(), device_types="cpu")
+def input_layer_backward_op(
+    grad: torch.Tensor,
+    weight: torch.Tensor,
+    ids: torch.Tensor,
+    table: torch.Tensor | None,
+    gamma: torch.Tensor | None,
+    beta: torch.Tensor | None,
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    scale: float,
+    eps: float,
+    p: float,
+    seed: torch.Tensor,
+    padding_idx: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of :func:`input_layer_op` for ``grad [b, s, d]``: ``(weight [V, d], gamma [d],
+    beta [d])`` (gamma's and beta's ``[0]`` without LayerNorm). The LayerNorm input is rebuilt
+    from the rows and the mask from its seed."""
+    grad = grad.contiguous()  # [b, s, d], read row by row
+    n, d = ids.numel(), weight.shape[1]
+    nt = _threads(n)
+    rows = _memory.empty(*ids.shape, d, dtype=torch.float32)  # d loss / d W[id], per token
+    partial = torch.zeros(nt, 2, d, dtype=torch.float64)  # per-thread sums for gamma, beta
+    scratch = torch.empty(nt, 2, d)
+    args = _args(weight, ids, table, gamma, beta, grad, mean, rstd, scratch, p, int(seed), nt)
+    args.extend((rows.data_ptr(), partial.data_ptr()))
+    floats = _floats(scale, eps, p)  # kept alive across the call: the kernel reads its buffer
+    _fns()[1](args.buffer_info()[0], floats.buffer_info()[0])
+    grad_w = torch.ops.aten.embedding_dense_backward(rows, ids, weight.shape[0], padding_idx, False)  # [V, d]
+    sums = partial.sum(0).float()  # [2, d]: float64 partials, one rounding
+    if gamma is None:
+        return grad_w, sums.new_empty(0), sums.new_empty(0)
+    return grad_w, sums[0].clone(), sums[1].clone()
+
+
+@input_layer_backward_op.register_fake
+def _(grad, weight, ids, table, gamma, beta, mean, rstd, scale, eps, p, seed, padding_idx):
+    d = weight.shape[1] if gamma is not None else 0
+    return torch.empty_like(weight), weight.new_empty(d), weight.new_empty(d)
+
+
+def _setup(ctx, inputs, output) -> None:
+    weight, ids, table, gamma, beta, scale, eps, p, seed, padding_idx = inputs
+    _, mean, rstd = output
+    ctx.save_for_backward(weight, ids, table, gamma, beta, mean, rstd, seed)
+    ctx.scale, ctx.eps, ctx.p, ctx.padding_idx = scale, eps, p, padding_idx
+    ctx.mark_non_differentiable(mean, rstd)
+
+
+def _backward(ctx, grad, _grad_mean, _grad_rstd):
+    weight, ids, table, gamma, beta, mean, rstd, seed = ctx.saved_tensors
+    grads = input_layer_backward_op(
+        grad, weight, ids, table, gamma, beta, mean, rstd, ctx.scale, ctx.eps, ctx.p, seed, ctx.padding_idx
+    )
+    grad_w, grad_gamma, grad_beta = grads
+    if gamma is None:
+        grad_gamma = grad_beta = None
+    return grad_w, None, None, grad_gamma, grad_beta, None, None, None, None, None
+
+
+input_layer_op.register_autograd(_backward, setup_context=_setup)
 
 
 def input_layer(
@@ -169,9 +239,15 @@ def input_layer(
     Returns:
         ``[b, s, d]`` float32.
     """
-    if p > 0 and seed is None:
-        seed = _dropout_cpu._draw_seed()
+    if p > 0 and seed is None and torch.compiler.is_compiling():  # a graph value, drawn per call
+        drawn = torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64)
+    else:
+        seed = (_dropout_cpu._draw_seed() if seed is None else seed) if p > 0 else 0
+        drawn = torch.tensor(_dropout_cpu._i64(seed % 2**64), dtype=torch.int64)
     ids = ids if ids.dtype == torch.int64 and ids.is_contiguous() else ids.long().contiguous()
     table = None if table is None else table.contiguous()
-    args = (ids, table, float(scale), float(eps), p, seed or 0, padding_idx)
-    return _InputLayer.apply(weight, norm_weight, norm_bias, *args)
+    pad = -1 if padding_idx is None else padding_idx
+    out, _, _ = input_layer_op(
+        weight, ids, table, norm_weight, norm_bias, float(scale), float(eps), p, drawn, pad
+    )
+    return out
