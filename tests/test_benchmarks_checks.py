@@ -17,6 +17,10 @@ def test_compare_outputs():
     ok, err, why = compare_outputs(a + torch.tensor([1e-3, 0, 0]), a, 1e-4, 0.0)
     assert not ok and err == pytest.approx(1e-3, rel=1e-4) and "1 of 3 elements" in why
     assert compare_outputs((a, None, [a]), (a, [a]), 0.0, 0.0)[0]  # None skipped, nesting flattened
+    inf = torch.tensor([float("-inf"), 1.0])
+    assert not compare_outputs(torch.tensor([0.0, 1.0]), inf, 1e-6, 0.0)[0]  # finite vs -inf
+    assert not compare_outputs(torch.tensor([0.0, 1.0]), inf, 1e-6, 1e-6)[0]
+    assert not compare_outputs(inf, torch.tensor([0.0, 1.0]), 1e-6, 1e-6)[0]  # -inf vs finite
     assert "2 output tensors" in compare_outputs((a, a), a, 0, 0)[2]
     assert "shape (2,)" in compare_outputs(a[:2], a, 0, 0)[2]
     with pytest.raises(TypeError, match="tensors or tuples/lists of tensors"):

@@ -193,19 +193,16 @@ def test_t5_block_bias_is_differentiable_like_the_full_table():
 
 def test_reuse_keeps_a_content_free_bias_per_block_for_later_calls():
     """With reuse=True (the layers of one forward sharing T5's bias) score_bias runs once per block,
-    however many attention calls follow; without, once per block per call (positions not in unit
-    steps: the per-block score_bias path; in unit steps score_bias is never called)."""
+    however many attention calls follow; without, once per block per call (the per-block path: an
+    instance whose score_bias was replaced no longer speaks through distance_bias)."""
     h, s, d = 2, 30, 4
     scheme = posenc.build("t5", num_heads=h)
+    assert getattr(scheme_bias_fn(scheme, torch.arange(s), torch.arange(s)), "masks_future", False)
     calls = []
     original = scheme.score_bias
     scheme.score_bias = lambda *a: calls.append(1) or original(*a)
     q, k, v = (torch.randn(1, h, s, d) for _ in range(3))
-    causal_attention_with_bias(
-        q, k, v, scheme_bias_fn(scheme, torch.arange(s), torch.arange(s)), block_size=10
-    )
-    assert calls == []
-    pos = 2 * torch.arange(s)  # steps of 2
+    pos = torch.arange(s)
     for reuse, expected in ((True, 3), (False, 6)):
         calls.clear()
         fn = scheme_bias_fn(scheme, pos, pos, reuse=reuse)
@@ -214,3 +211,17 @@ def test_reuse_keeps_a_content_free_bias_per_block_for_later_calls():
         assert len(calls) == expected
         torch.testing.assert_close(first, second, rtol=0, atol=0)
         torch.testing.assert_close(first, full_path(q, k, v, original(pos, pos)), rtol=2e-6, atol=2e-6)
+
+
+def test_a_subclass_overriding_score_bias_keeps_its_own_bias():
+    """distance_bias speaks for score_bias only when one class defines both: a subclass that changes
+    score_bias alone gets its own numbers through the per-block path."""
+
+    class Doubled(posenc.ALiBi):
+        def score_bias(self, q_positions, k_positions, q=None):
+            return 2 * super().score_bias(q_positions, k_positions, q)
+
+    pos = torch.arange(12)
+    fn = scheme_bias_fn(Doubled(2), pos, pos)
+    assert not getattr(fn, "masks_future", False)
+    assert torch.equal(fn(0, 4, 4), 2 * posenc.ALiBi(2).score_bias(pos[:4], pos[:4]))

@@ -105,3 +105,30 @@ def test_a_compiled_input_layer_keeps_the_kernel_and_the_eager_numbers(monkeypat
     assert len(calls) == 2  # the forward and the backward kernel
     torch.testing.assert_close(out, eager, rtol=0, atol=0)
     torch.testing.assert_close(grad, eager_grad, rtol=0, atol=0)
+
+
+def test_buffers_are_float32_whatever_the_default_dtype():
+    """The kernel writes float32 statistics and scratch rows: a bf16 default dtype changes nothing."""
+    w, ids = torch.randn(20, 8), torch.randint(0, 20, (2, 3))
+    g, b = torch.ones(8), torch.zeros(8)
+    want, _, _ = input_cpu.input_layer_op(w, ids, None, g, b, 1.0, 1e-5, 0.0, torch.tensor(0), -1)
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        out, mean, rstd = input_cpu.input_layer_op(w, ids, None, g, b, 1.0, 1e-5, 0.0, torch.tensor(0), -1)
+    finally:
+        torch.set_default_dtype(old)
+    assert mean.dtype == rstd.dtype == torch.float32 and torch.equal(out, want)
+
+
+def test_the_op_checks_ids_itself_and_dropout_one_takes_the_composition():
+    """A compiled graph reaches the op without InputEmbedding's id check: the op refuses ids
+    outside the vocabulary itself. p = 1 (dropping everything) is left to the composition."""
+    w = torch.randn(20, 8)
+    for bad in (20, -1):
+        ids = torch.tensor([[0, bad]])
+        with pytest.raises(ValueError, match=f"token id {bad} is outside the vocabulary"):
+            input_cpu.input_layer_op(w, ids, None, None, None, 1.0, 0.0, 0.0, torch.tensor(0), -1)
+    layer = posenc.InputEmbedding(20, 8, "sinusoidal", dropout=0.5).train()
+    layer.dropout.p = 1.0
+    assert torch.equal(layer(torch.randint(0, 20, (2, 4))), torch.zeros(2, 4, 8))

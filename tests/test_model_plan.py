@@ -185,3 +185,22 @@ def test_rotary_tables_are_built_once_per_forward_and_scheme(share, monkeypatch)
         step = model(ids[:, 4:], cache=cache).logits
         assert len(calls) == 3 * per_forward
     torch.testing.assert_close(step, out[:, 4:], rtol=1e-4, atol=1e-4)
+
+
+def test_a_rotary_subclass_overriding_rotate_alone_gets_no_tables():
+    """A scheme that overrides rotate (not rotary_tables) is called without tables= (its signature
+    may not take them); the model runs and rotates through it."""
+    calls = []
+
+    from posenc import RotaryEmbedding
+
+    class Logged(RotaryEmbedding):
+        def rotate(self, q, k, q_positions=None, k_positions=None, *, qk_layout=None):
+            calls.append(1)
+            return super().rotate(q, k, q_positions, k_positions, qk_layout=qk_layout)
+
+    model = TransformerLM(config("rope", num_layers=2, share_position=True)).eval()
+    model.decoder.schemes[0] = Logged(model.decoder.schemes[0].head_dim)
+    with torch.no_grad():
+        model(ids_(1, 5))
+    assert len(calls) >= 1

@@ -67,3 +67,9 @@ def check_fields(cls: type, data: dict) -> None:
     unknown = sorted(set(data) - names)
     if unknown:
         raise ValueError(f"unknown {cls.__name__} field(s) {unknown}; valid: {', '.join(sorted(names))}")
+
+
+def defining_class(cls: type, name: str) -> type | None:
+    """The class in ``cls``'s MRO that defines attribute ``name`` (None if none does): for asking
+    whether two capabilities of a scheme come from the same class."""
+    return next((c for c in cls.__mro__ if name in c.__dict__), None)

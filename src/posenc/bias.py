@@ -176,7 +176,8 @@ class ALiBi(PositionalScheme):
         """``[n]`` distances ``j - i`` -> ``[h, n]``: :meth:`score_bias`'s values, bit for bit."""
         neg_dist = distance if self.causal else distance.abs().neg()  # as alibi_bias: exact ints
         with autocast_off(distance.device):
-            return neg_dist[None].to(torch.float32) * self.slopes(distance.device)[:, None]  # [1, n] * [h, 1]
+            slopes = self.slopes(distance.device)  # [h], float32 (as score_bias's)
+            return neg_dist[None].to(slopes.dtype) * slopes[:, None]  # [1, n] * [h, 1] -> [h, n]
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, causal={self.causal}"

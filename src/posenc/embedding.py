@@ -322,12 +322,11 @@ class InputEmbedding(nn.Module):
 
     def _fused(self, ids: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor | None:
         """The layer by :func:`posenc.kernels.input_cpu.input_layer` where it applies (float32 CPU,
-        eager, ids ``[b, s]``, positions shared by the batch, an additive table without gradient,
-        LayerNorm with weight and bias or none); None elsewhere."""
-        norm = self.norm if isinstance(self.norm, nn.LayerNorm) else None
-        if norm is not None and (
-            norm.weight is None or norm.bias is None or norm.normalized_shape != (self.token.d_model,)
-        ):
+        ids ``[b, s]``, positions shared by the batch, an additive table without gradient,
+        LayerNorm with weight and bias or none, dropout below 1, no hooks); None elsewhere."""
+        norm = self._fusable_norm()
+        p = self.dropout.p if self.dropout.training else 0.0
+        if norm is False or not 0.0 <= p < 1.0:  # p = 1 drops everything: the composition
             return None
         if (
             not isinstance(ids, torch.Tensor)
@@ -348,11 +347,22 @@ class InputEmbedding(nn.Module):
             table = self.position.embed(zeros, positions)[0]  # [s, d] = 0 + PE: the table itself
             if not _input_cpu.usable(weight, ids, table, gamma, beta):
                 return None  # a table with a gradient (learned): the composition
-        p = self.dropout.p if self.training and 0.0 < self.dropout.p < 1.0 else 0.0
         return _input_cpu.input_layer(
             weight, ids, scale=self.token.scale, table=table, norm_weight=gamma, norm_bias=beta,
             eps=norm.eps if norm is not None else 0.0, p=p, padding_idx=self.token.padding_idx,
         )  # fmt: skip
+
+    def _fusable_norm(self) -> nn.LayerNorm | bool | None:
+        """The LayerNorm the one-pass kernel can apply, None for no normalisation, False when it
+        cannot run the layer (another norm, LayerNorm without weight or bias, forward hooks)."""
+        if any(m._forward_hooks or m._forward_pre_hooks for m in (self.token, self.norm, self.dropout)):
+            return False  # hooks expect the composition's modules to run
+        if isinstance(self.norm, nn.Identity):
+            return None
+        norm = self.norm
+        if not isinstance(norm, nn.LayerNorm) or norm.weight is None or norm.bias is None:
+            return False
+        return norm if tuple(norm.normalized_shape) == (self.token.d_model,) else False
 
     def _add_position(self, x: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
         """``self.position.embed(x, positions)``; for a scheme that declares ``additive_table`` with

@@ -114,7 +114,11 @@ def run(
         impls = [i.name for i in case.impls] if case.memory else []
         del case  # its tensors: the memory probes run in fresh processes
         for impl in impls:
-            peak = peak_bytes(result.name, impl, quick=quick, threads=threads)
+            try:
+                peak = peak_bytes(result.name, impl, quick=quick, threads=threads, allocator=allocator)
+            except RuntimeError as err:  # one failed probe: recorded, the run goes on
+                result.results[impl]["peak_error"] = str(err)
+                continue
             result.results[impl]["peak_mb"] = None if peak is None else peak / 1e6
         report["cases"].append(result.to_json())
         if progress is not None:

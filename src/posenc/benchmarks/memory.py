@@ -49,6 +49,17 @@ def peak_bytes(
     return int(done.stdout.strip().splitlines()[-1])
 
 
+def _trim() -> None:
+    """glibc's ``malloc_trim(0)``: return freed heap memory to the system (elsewhere nothing)."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    trim = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+    if trim is not None:
+        trim(0)
+
+
 def _measure(case_name: str, impl_name: str, quick: bool) -> int:
     from . import select
 
@@ -57,6 +68,7 @@ def _measure(case_name: str, impl_name: str, quick: bool) -> int:
     if impl is None:
         raise ValueError(f"case {case_name!r} has no implementation {impl_name!r}")
     impl.fn()  # warm up: kernels built, thread pools made
+    _trim()  # what the warm-up freed goes back to the system, so the measured call pays for its own
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # the peak resident size starts again from the current one
     before = _status("VmRSS:")
@@ -70,7 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("impl")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--allocator", default="system")
     args = p.parse_args(argv)
+    from .harness import set_allocator
+
+    set_allocator(args.allocator)
     if args.threads:
         import torch
 

@@ -99,11 +99,12 @@ def _reference_loss(loss: Callable[[], torch.Tensor]) -> Callable[[], torch.Tens
     from posenc import kernels
 
     def run() -> torch.Tensor:
+        before = kernels._settings._state["enabled"]  # restored as it was (None: the environment's)
         kernels.set_enabled(False)
         try:
             return loss()
         finally:
-            kernels.set_enabled(None)
+            kernels.set_enabled(before)
 
     return run
 

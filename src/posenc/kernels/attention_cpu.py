@@ -26,6 +26,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from .._validate import defining_class
 from . import _memory, _settings
 
 __all__ = ["BLOCK_SIZE", "BiasFn", "causal_attention_with_bias", "scheme_bias_fn", "usable"]
@@ -97,6 +98,18 @@ class _DistanceBlocks:
         return self.table.as_strided((1, h, q1 - q0, k1), (0, width, 1, 1), offset)
 
 
+def _answers_distance(scheme: torch.nn.Module) -> bool:
+    """Whether ``scheme.distance_bias`` speaks for its ``score_bias``: it answers, and both come
+    from the same class (a subclass that overrides ``score_bias`` alone, or an instance whose
+    ``score_bias`` was replaced, keeps the per-block ``score_bias`` path)."""
+    if "score_bias" in vars(scheme) or not callable(getattr(scheme, "distance_bias", None)):
+        return False
+    cls = type(scheme)
+    if defining_class(cls, "score_bias") is not defining_class(cls, "distance_bias"):
+        return False
+    return scheme.distance_bias(torch.zeros(1, dtype=torch.long)) is not None
+
+
 def scheme_bias_fn(
     scheme: torch.nn.Module,
     q_positions: torch.Tensor,
@@ -122,10 +135,8 @@ def scheme_bias_fn(
             and handed out again (about half the ``[s_q, s_k]`` table in all, the part attention
             uses), instead of being recomputed for every call.
     """
-    if q is None and _unit_steps(q_positions) and _unit_steps(k_positions):
-        probe = scheme.distance_bias(torch.zeros(1, dtype=torch.long, device=q_positions.device))
-        if probe is not None:
-            return _DistanceBlocks(scheme, q_positions, k_positions)
+    if q is None and _answers_distance(scheme) and _unit_steps(q_positions) and _unit_steps(k_positions):
+        return _DistanceBlocks(scheme, q_positions, k_positions)
     kept: dict[tuple[int, int, int], torch.Tensor] = {}
 
     def bias(q0: int, q1: int, k1: int) -> torch.Tensor:

@@ -8,8 +8,9 @@ backward pass rebuilds the LayerNorm's input from the same rows instead of stori
 recomputes the dropout mask from its seed. Nothing but the output (and ``[b, s]`` row statistics
 saved for backward) is allocated per call.
 
-Numbers: the LayerNorm's mean and variance are accumulated in float64, so outputs agree with
-``nn.LayerNorm`` to float32 rounding (within ~1e-6, not bit for bit); the dropout mask is
+Numbers: the LayerNorm's mean and variance are summed in 16 float32 lanes, the lanes in float64
+(and the gamma/beta gradients in float64), so outputs agree with ``nn.LayerNorm`` to float32
+rounding (within ~1e-6, not bit for bit); the dropout mask is
 :mod:`posenc.kernels.dropout_cpu`'s for the same seed, so ``Dropout`` and this kernel drop the
 same elements.
 
@@ -70,7 +71,11 @@ def usable(weight, ids, table, norm_weight, norm_bias) -> bool:
     compiling = torch.compiler.is_compiling()
     if compiling and not _settings.compiled_graph():
         return False  # torch.export or a torch.func transform under compile: the composition
-    if not compiling and not (_settings.eager(ids) and _settings.eager(weight, parameters=True)):
+    params = [t for t in (weight, norm_weight, norm_bias) if t is not None]
+    if not compiling and not (
+        _settings.eager(ids, *([] if table is None else [table]))
+        and _settings.eager(*params, parameters=True)
+    ):
         return False
     if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2 or ids.dim() != 2:
         return False
@@ -84,7 +89,8 @@ def usable(weight, ids, table, norm_weight, norm_bias) -> bool:
     if (norm_weight is None) != (norm_bias is None):
         return False
     if norm_weight is not None and any(
-        t.dtype != torch.float32 or tuple(t.shape) != (d,) for t in (norm_weight, norm_bias)
+        t.dtype != torch.float32 or tuple(t.shape) != (d,) or t.stride(0) != 1 or t.device.type != "cpu"
+        for t in (norm_weight, norm_bias)
     ):
         return False
     return _available_when_compiled() if compiling else _settings.enabled() and available()
@@ -105,6 +111,17 @@ def _args(weight, ids, table, gamma, beta, out, mean, rstd, scratch, p, seed, nt
     thr = _dropout_cpu.threshold(p) if p > 0 else 0
     ptrs = (_ptr(t) for t in (weight, ids, table, gamma, beta, out, mean, rstd, scratch))
     return array.array("q", (*ptrs, ids.numel(), weight.shape[1], ids.shape[1], thr, seed, nthreads))
+
+
+def _check_ids(ids: torch.Tensor, vocab: int) -> None:
+    """Every id in ``[0, V)``: the kernel reads ``W + id * d`` unchecked (callers check in eager
+    mode; a compiled graph reaches here without that check)."""
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= vocab:
+        bad = lo if lo < 0 else hi
+        raise ValueError(
+            f"token id {bad} is outside the vocabulary [0, {vocab}); check the tokenizer matches vocab_size"
+        )
 
 
 def _threads(rows: int) -> int:
@@ -135,9 +152,11 @@ def input_layer_op(
     n, d = ids.numel(), weight.shape[1]
     nt = _threads(n)
     out = _memory.empty(*ids.shape, d, dtype=torch.float32)  # [b, s, d]
+    _check_ids(ids, weight.shape[0])
     new = torch.empty if gamma is not None else torch.zeros  # no LayerNorm: defined (unused) values
-    mean, rstd = new(n), new(n)  # [n] row statistics for backward
-    scratch = torch.empty(nt, 2, d)  # per-thread rows: the LayerNorm input and the mask
+    f32 = {"dtype": torch.float32, "device": "cpu"}  # what the kernel writes, whatever the defaults
+    mean, rstd = new(n, **f32), new(n, **f32)  # [n] row statistics for backward
+    scratch = torch.empty(nt, 2, d, **f32)  # per-thread rows: the LayerNorm input and the mask
     args = _args(weight, ids, table, gamma, beta, out, mean, rstd, scratch, p, int(seed), nt)
     floats = _floats(scale, eps, p)  # kept alive across the call: the kernel reads its buffer
     _fns()[0](args.buffer_info()[0], floats.buffer_info()[0])
@@ -173,8 +192,8 @@ def input_layer_backward_op(
     n, d = ids.numel(), weight.shape[1]
     nt = _threads(n)
     rows = _memory.empty(*ids.shape, d, dtype=torch.float32)  # d loss / d W[id], per token
-    partial = torch.zeros(nt, 2, d, dtype=torch.float64)  # per-thread sums for gamma, beta
-    scratch = torch.empty(nt, 2, d)
+    partial = torch.zeros(nt, 2, d, dtype=torch.float64, device="cpu")  # per-thread sums for gamma, beta
+    scratch = torch.empty(nt, 2, d, dtype=torch.float32, device="cpu")
     args = _args(weight, ids, table, gamma, beta, grad, mean, rstd, scratch, p, int(seed), nt)
     args.extend((rows.data_ptr(), partial.data_ptr()))
     floats = _floats(scale, eps, p)  # kept alive across the call: the kernel reads its buffer

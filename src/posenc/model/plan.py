@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .._validate import defining_class
 from ..base import PositionalScheme
 from ..kernels import attention_cpu as _attention_cpu
 from ..positions import arange_positions, check_positions, positions_from_cu_seqlens, positions_from_mask
@@ -60,7 +61,10 @@ class AttentionPlan:
         """``scheme.rotary_tables`` for this forward's query positions and ``k_positions`` (all keys,
         or the new keys entering a cache), built once and shared by every layer that uses ``scheme``
         with the same dtypes; None for a scheme with nothing to share."""
-        key = (scheme, q.dtype, k.dtype, k_positions.shape[-1], qk_layout)
+        cls = type(scheme)
+        if defining_class(cls, "rotate") is not defining_class(cls, "rotary_tables"):
+            return None  # rotate overridden without its tables: it may not take tables=
+        key = (scheme, q.dtype, k.dtype, q.device, k_positions.shape[-1], qk_layout)
         if key not in self._rotary_tables:
             self._rotary_tables[key] = scheme.rotary_tables(
                 q, k, self.q_positions, k_positions, qk_layout=qk_layout
