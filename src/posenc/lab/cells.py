@@ -40,31 +40,50 @@ from .config import StudyConfig
 from .distributed import dist_info
 from .evalset import EvalSet, sample_eval_set
 from .evaluate import EVALUATORS, EvalPoint, task_batch_fn, task_seq_len
+from .grid import Setting, run_name, split_setting, study_settings
 from .memory import check_memory, estimate_memory
 from .runs import write_json
 from .train import seed_everything, train
 
-__all__ = ["Cell", "StudyData", "cell_key", "iter_cells", "run_cell", "study_cells", "study_data"]
+__all__ = [
+    "Cell",
+    "StudyData",
+    "cell_key",
+    "cell_model_config",
+    "iter_cells",
+    "run_cell",
+    "study_cells",
+    "study_data",
+]
 
-#: Config fields that do not change a cell's numbers (so a finished cell is still valid when they change).
-_NOT_IN_CELL = ("schemes", "seeds", "checkpoint_every", "eval_batch_tokens")
+#: Config fields that do not change a cell's numbers (so a finished cell is still valid when they
+#: change); a cell's own setting is in its key instead of the whole grid's.
+_NOT_IN_CELL = ("schemes", "seeds", "checkpoint_every", "eval_batch_tokens", "vary",
+                "randomized_positions", "finetune_len", "finetune_steps")  # fmt: skip
 
 
 @dataclass(frozen=True)
 class Cell:
-    """One (scheme, seed) of a study."""
+    """One (scheme, setting, seed) of a study; ``setting`` as in :mod:`posenc.lab.grid` (``()`` = plain)."""
 
     scheme: str
     seed: int
+    setting: Setting = ()
+
+    @property
+    def run(self) -> str:
+        """The name of this cell's trained model in tables: ``rope`` or ``rope[norm=post]``."""
+        return run_name(self.scheme, self.setting)
 
     @property
     def name(self) -> str:
-        return f"{self.scheme}-seed{self.seed}"
+        return f"{self.run}-seed{self.seed}"
 
 
 def study_cells(config: StudyConfig) -> list[Cell]:
-    """The grid, scheme-major: every scheme with every seed."""
-    return [Cell(s, seed) for s in config.schemes for seed in config.seeds]
+    """The grid, scheme-major: every scheme with every setting and every seed."""
+    settings = study_settings(config.vary, config.randomized_positions)
+    return [Cell(s, seed, setting) for s in config.schemes for setting in settings for seed in config.seeds]
 
 
 def cell_key(config: StudyConfig) -> dict[str, Any]:
@@ -172,12 +191,25 @@ def _evaluate(
         if limit is not None and evaluator.positions_needed(e) > limit:
             points.append(EvalPoint(e, note=f"n/a: {model_config.position} positions stop at {limit}"))
             continue
-        point = evaluator(model_at(e), e)
+        model = model_at(e)
+        point = evaluator(model, e)
         if note is not None:
             point.note = note(e)
+        if config.diagnostic_windows:
+            _diagnose(point, model, config, evaluator, e)
         points.append(point)
     evaluator.finish(points)
     return points
+
+
+def _diagnose(point: EvalPoint, model, config: StudyConfig, evaluator, length: int) -> None:
+    """Fill the point's attention diagnostics (:mod:`posenc.lab.diagnostics`)."""
+    from .diagnostics import diagnose
+
+    stats = diagnose(model, evaluator.evalset, length, config, evaluator.device)
+    point.attention = stats
+    point.attn_entropy, point.attn_distance, point.attn_beyond = (
+        stats["attn_entropy"], stats["attn_distance"], stats["attn_beyond"])  # fmt: skip
 
 
 def _variant_runs(config: StudyConfig, cell: Cell, evaluator, model, mc, device) -> list[dict[str, Any]]:
@@ -200,7 +232,7 @@ def _variant_runs(config: StudyConfig, cell: Cell, evaluator, model, mc, device)
         points = _evaluate(
             config, evaluator, scaled, mc, note=lambda e: f"factor {max(1.0, e / config.train_len):g}"
         )
-        name = f"{cell.scheme}+{variant}"
+        name = f"{cell.run}+{variant}"
         runs.append({"name": name, "variant": variant, "eval": [p.to_dict() for p in points]})
     return runs
 
@@ -236,7 +268,8 @@ def run_cell(
     device = torch.device(device)
     data = study_data(config)
     # what the numbers depend on beyond the config: the bytes read and the device type
-    key = {**cell_key(config), "data": data.data_id, "eval": data.eval_id, "device": device.type}
+    key = {**cell_key(config), "data": data.data_id, "eval": data.eval_id, "device": device.type,
+           "setting": [list(kv) for kv in cell.setting]}  # fmt: skip
     if resume and cell_file is not None and cell_file.is_file():
         record = json.loads(cell_file.read_text())
         if record.get("key") == key:
@@ -244,7 +277,7 @@ def run_cell(
             return record
     if threads is not None:
         torch.set_num_threads(threads)
-    mc = config.model_config(cell.scheme, vocab_size=data.vocab, max_len=data.max_len)
+    mc = cell_model_config(config, cell, data)
     ckpt = out_dir / "checkpoints" / f"{cell.name}.safetensors" if out_dir is not None else None
     if config.lm:  # the longest evaluation must fit too: refuse before training, on every rank
         longest = max(config.eval_lens)
@@ -256,7 +289,7 @@ def run_cell(
     if info.is_main:  # under torchrun, rank 0 alone evaluates and writes
         evaluator = EVALUATORS[config.mode](config, data.evalset, device)
         points = _evaluate(config, evaluator, lambda e: model, mc)
-        record["runs"] = [{"name": cell.scheme, "variant": None, "eval": [p.to_dict() for p in points]}]
+        record["runs"] = [{"name": cell.run, "variant": None, "eval": [p.to_dict() for p in points]}]
         if config.lm:
             record["runs"] += _variant_runs(config, cell, evaluator, model, mc, device)
         if cell_file is not None:
@@ -266,6 +299,15 @@ def run_cell(
     return record
 
 
+def cell_model_config(config: StudyConfig, cell: Cell, data: StudyData):
+    """The cell's :class:`~posenc.model.ModelConfig`: the study's for its scheme, with its setting's
+    fields; trained at randomized positions from ``[0, M)``, its nominal length is ``M``."""
+    fields, training = split_setting(cell.setting)
+    max_len = max(data.max_len, training.get("random_positions", 0))
+    mc = config.model_config(cell.scheme, vocab_size=data.vocab, max_len=max_len)
+    return dataclasses.replace(mc, **fields)
+
+
 def _record(cell: Cell, key: dict[str, Any], model, mc, result) -> dict[str, Any]:
     """A cell's record before evaluation: what it is, what it trained, its losses."""
     tail = result.losses[-max(1, len(result.losses) // 10) :]
@@ -273,6 +315,8 @@ def _record(cell: Cell, key: dict[str, Any], model, mc, result) -> dict[str, Any
         "cell": cell.name,
         "scheme": cell.scheme,
         "seed": cell.seed,
+        "run": cell.run,
+        "setting": dict(cell.setting),
         "key": key,
         "params": sum(p.numel() for p in model.parameters()),
         "model_config": mc.to_dict(),
@@ -302,7 +346,7 @@ def _train_cell(
     """The cell's model, seeded by the cell's seed, trained (or resumed) on the study's data."""
     from ..model import TransformerLM
 
-    tc = config.train_config(data.seq_len, cell.seed)
+    tc = dataclasses.replace(config.train_config(data.seq_len, cell.seed), **split_setting(cell.setting)[1])
     if ckpt is None:
         tc = dataclasses.replace(tc, checkpoint_every=0)
     train_data = (

@@ -11,13 +11,39 @@ Legend: ``K`` windows.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from .stats import bootstrap_interval, seed_interval
 
-__all__ = ["compare_studies", "format_comparison"]
+__all__ = ["compare_run", "compare_studies", "format_comparison", "paired_rows", "read_results"]
+
+
+def read_results(spec: str, flag: str = "--compare") -> dict[str, Any]:
+    """The results dict of a finished study (``results.json`` or its folder); errors name ``flag``."""
+    path = Path(spec)
+    if path.is_dir():
+        path = path / "results.json"
+    try:
+        results = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"{flag}: cannot read a study from {spec!r}: {err}") from None
+    if not isinstance(results, dict) or not {"config", "runs", "eval", "summary"} <= results.keys():
+        raise ValueError(f"{flag}: {str(path)!r} is not a results.json of posenc extrapolate")
+    return results
+
+
+def compare_run(specs: list[str]) -> int:
+    """``posenc extrapolate --compare A B``: print B - A on the same bytes."""
+    a, b = (read_results(x) for x in specs)
+    rows = compare_studies(a, b)
+    if not rows:
+        raise ValueError("--compare: the two studies share no (scheme, seed) run")
+    print(format_comparison(rows, b["config"]["eval_lens"]))
+    return 0
 
 
 def _check_same_bytes(a: dict[str, Any], b: dict[str, Any]) -> None:
@@ -45,26 +71,31 @@ def compare_studies(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]
     for rb in b["runs"]:
         if (rb["name"], rb["seed"]) in runs_a:
             pairs.setdefault(rb["name"], []).append((runs_a[rb["name"], rb["seed"]], rb))
+    return [row for name, seed_pairs in pairs.items() for row in paired_rows(name, seed_pairs)]
+
+
+def paired_rows(name: str, seed_pairs: list[tuple[dict, dict]]) -> list[dict[str, Any]]:
+    """Per length, run B minus run A on the same windows, one ``(A, B)`` pair of runs per seed: a
+    t interval over the seeds' mean differences, or with one seed a bootstrap over windows."""
     rows = []
-    for name, seed_pairs in pairs.items():
-        for length in (p["length"] for p in seed_pairs[0][1]["eval"]):
-            both = [(_point(ra, length), _point(rb, length), rb["seed"]) for ra, rb in seed_pairs]
-            both = [(pa, pb, seed) for pa, pb, seed in both if pa and pb]
-            if not both:
-                continue
-            # [K] per-window differences of each common seed: the same bytes, B's model minus A's
-            diffs = [torch.tensor(pb["window_bits"]) - torch.tensor(pa["window_bits"]) for pa, pb, _ in both]
-            many = len(diffs) > 1
-            diff = seed_interval([float(d.mean()) for d in diffs]) if many else bootstrap_interval(diffs[0])
-            rows.append(
-                {
-                    "name": name,
-                    "length": length,
-                    "seeds": [seed for *_, seed in both],
-                    "diff": diff.to_dict(),
-                    "over": "seeds" if many else "windows",
-                }
-            )
+    for length in (p["length"] for p in seed_pairs[0][1]["eval"]):
+        both = [(_point(ra, length), _point(rb, length), rb["seed"]) for ra, rb in seed_pairs]
+        both = [(pa, pb, seed) for pa, pb, seed in both if pa and pb]
+        if not both:
+            continue
+        # [K] per-window differences of each common seed: the same bytes, B's model minus A's
+        diffs = [torch.tensor(pb["window_bits"]) - torch.tensor(pa["window_bits"]) for pa, pb, _ in both]
+        many = len(diffs) > 1
+        diff = seed_interval([float(d.mean()) for d in diffs]) if many else bootstrap_interval(diffs[0])
+        rows.append(
+            {
+                "name": name,
+                "length": length,
+                "seeds": [seed for *_, seed in both],
+                "diff": diff.to_dict(),
+                "over": "seeds" if many else "windows",
+            }
+        )
     return rows
 
 

@@ -39,13 +39,15 @@ from .distributed import dist_info
 from .runs import RunFolder, write_json
 from .stats import Interval, seed_interval
 
-__all__ = ["STUDY_ARTIFACTS", "SUMMARY_METRICS", "format_table", "run_study", "summarize"]
+__all__ = ["STUDY_ARTIFACTS", "SUMMARY_METRICS", "format_table", "run_study", "summarize", "training_summary"]
 
 #: What a study writes into its folder (their presence means the folder holds a study).
-STUDY_ARTIFACTS = ("results.json", "extrapolation.png", "extrapolation.svg", "cells", "checkpoints")
+STUDY_ARTIFACTS = ("results.json", "extrapolation.png", "extrapolation.svg", "attention.png", "attention.svg",
+                   "training.png", "training.svg", "cells", "checkpoints")  # fmt: skip
 
 #: The numbers summarised across seeds, per run and length.
-SUMMARY_METRICS = ("bpb_window", "delta", "bpb_all", "bpb_beyond", "accuracy")
+SUMMARY_METRICS = ("bpb_window", "delta", "bpb_all", "bpb_beyond", "accuracy",
+                   "attn_entropy", "attn_distance", "attn_beyond")  # fmt: skip
 
 
 def _environment(device: torch.device, threads: int | None, workers: int, cluster: Any) -> dict[str, Any]:
@@ -161,25 +163,35 @@ def _run_study(config, out, device, resume, progress, log, threads, workers, clu
 def _collect(results: dict[str, Any], ordered: list[dict[str, Any]], config: StudyConfig, data) -> None:
     """Put the cells' records into ``results``: configs, cells, one entry per run, the summary."""
     results["train_config"] = config.train_config(data.seq_len).to_dict()
-    results["model_configs"] = {r["scheme"]: r["model_config"] for r in ordered}
+    results["model_configs"] = {r.get("run", r["scheme"]): r["model_config"] for r in ordered}
     results["cells"] = [
         {k: v for k, v in r.items() if k not in ("runs", "model_config", "key")} for r in ordered
     ]
     results["runs"] = [
-        {**run, "scheme": r["scheme"], "seed": r["seed"], "params": r["params"]}
+        {
+            **run,
+            "scheme": r["scheme"],
+            "setting": r.get("setting", {}),
+            "seed": r["seed"],
+            "params": r["params"],
+        }
         for r in ordered
         for run in r["runs"]
     ]
     results["summary"] = summarize(results["runs"])
+    results["training"] = training_summary(results["cells"])
 
 
 def _write_study(out_dir: Path, results: dict[str, Any], say: Callable[[str], None]) -> None:
     """``results.json`` and the figure (PNG and SVG; without matplotlib, a line saying so)."""
     write_json(out_dir / "results.json", results)
     try:
-        from .plot import plot_study
+        from .plot import plot_attention, plot_study, plot_training
 
         plot_study(results, out_dir / "extrapolation.png")
+        plot_training(results, out_dir / "training.png")
+        if any(r.get("attn_entropy") for r in results["summary"]):
+            plot_attention(results, out_dir / "attention.png")
     except ImportError as err:  # matplotlib is an optional extra
         say(f"no plot: {err}")
 
@@ -232,12 +244,13 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "name": name,
                 "scheme": group[0]["scheme"],
                 "variant": group[0]["variant"],
+                "setting": group[0].get("setting", {}),
                 "length": length,
                 "seeds": [r["seed"] for r in group],
                 "note": points[0]["note"],
             }
             for metric in SUMMARY_METRICS:
-                values = [p[metric] for p in points if p[metric] is not None]
+                values = [p.get(metric) for p in points if p.get(metric) is not None]
                 if metric == "delta":
                     values = [v["mean"] for v in values]
                 row[metric] = seed_interval(values).to_dict() if values else None
@@ -246,6 +259,32 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 row["delta"] = points[0]["delta"]  # one seed: the bootstrap interval over windows
             summary.append(row)
     return summary
+
+
+def training_summary(cells: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per trained run (fine-tuning cells aside): the final training loss (nats per token, mean of
+    the last 10% of steps) and the loss every 10 steps, each a mean with a 95% t interval across
+    seeds: ``{run: {"seeds", "final_loss": Interval dict, "curve": {"step", "mean", "low", "high"}}}``."""
+    by_run: dict[str, list[dict[str, Any]]] = {}
+    for cell in cells:
+        if "finetune" not in cell and cell.get("train", {}).get("loss_every_10_steps"):
+            by_run.setdefault(cell.get("run", cell["scheme"]), []).append(cell)
+    out = {}
+    for run, group in by_run.items():
+        losses = [c["train"]["loss_every_10_steps"] for c in group]
+        n = min(len(x) for x in losses)
+        steps = [seed_interval([x[i] for x in losses]) for i in range(n)]
+        out[run] = {
+            "seeds": [c["seed"] for c in group],
+            "final_loss": seed_interval([c["train"]["final_loss_nats"] for c in group]).to_dict(),
+            "curve": {
+                "step": [10 * i for i in range(n)],
+                "mean": [iv.mean for iv in steps],
+                "low": [iv.mean if iv.low is None else iv.low for iv in steps],
+                "high": [iv.mean if iv.high is None else iv.high for iv in steps],
+            },
+        }
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -272,12 +311,40 @@ def _metric_table(rows, names, lens, metric, signed, title, markdown, head, widt
         cells = []
         for r in (r for r in rows if r["name"] == name):
             missing = "n/a" if r["note"].startswith("n/a") else "-"
-            cells.append(_cell(r[metric], signed, missing))
+            cells.append(_cell(r.get(metric), signed, missing))
         if markdown:
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
         else:
             lines.append(f"{name:<{width}}" + "".join(f"{c:>{col}}" for c in cells))
     return [*lines, ""]
+
+
+def _training_table(training: dict[str, Any], markdown: bool) -> list[str]:
+    """The final training loss per trained run (mean of the last 10% of steps, nats per token)."""
+    if not training:
+        return []
+    title = "final training loss, nats/token (mean of the last 10% of steps; 95% interval over seeds)"
+    cells = {run: _cell(t["final_loss"], False, "-") for run, t in training.items()}
+    if markdown:
+        return [
+            f"**{title}**",
+            "",
+            "| run | loss |",
+            "|---|---|",
+            *(f"| {r} | {c} |" for r, c in cells.items()),
+            "",
+        ]
+    width = max(8, *(len(r) for r in cells))
+    return [title, *(f"{r:<{width}}{c:>16}" for r, c in cells.items()), ""]
+
+
+def _diagnostic_sections(L: int) -> list[tuple[str, bool, str]]:
+    what = "attention over the scored queries, mean of layers and heads"
+    return [
+        ("attn_entropy", False, f"{what}: entropy in bits (higher = more spread out)"),
+        ("attn_distance", False, f"{what}: mean attended distance in tokens"),
+        ("attn_beyond", False, f"{what}: share of the attention on keys >= L={L} tokens back"),
+    ]
 
 
 def format_table(results: dict[str, Any], markdown: bool = False) -> str:
@@ -311,6 +378,8 @@ def format_table(results: dict[str, Any], markdown: bool = False) -> str:
             ("bpb_all", False, "bits/byte over all positions of the windows (secondary)"),
             ("bpb_beyond", False, f"bits/byte over positions >= L={L} of the windows (secondary)"),
         ]
+        if any(r.get("attn_entropy") for r in rows):
+            sections += _diagnostic_sections(L)
     else:
         sections = [
             (
@@ -322,6 +391,7 @@ def format_table(results: dict[str, Any], markdown: bool = False) -> str:
     lines = []
     for metric, signed, title in sections:
         lines += _metric_table(rows, names, lens, metric, signed, title, markdown, head, width, col)
+    lines += _training_table(results.get("training", {}), markdown)
     seeds = ",".join(map(str, cfg["seeds"]))
     lines.append(
         f"L = {L}; seeds {seeds}; '-' = not defined at this length; n/a = the scheme cannot run so long"
