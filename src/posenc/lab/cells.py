@@ -58,8 +58,16 @@ __all__ = [
 
 #: Config fields that do not change a cell's numbers (so a finished cell is still valid when they
 #: change); a cell's own setting is in its key instead of the whole grid's.
-_NOT_IN_CELL = ("schemes", "seeds", "checkpoint_every", "eval_batch_tokens", "vary",
-                "randomized_positions", "finetune_len", "finetune_steps")  # fmt: skip
+_NOT_IN_CELL = (
+    "schemes",
+    "seeds",
+    "checkpoint_every",
+    "eval_batch_tokens",
+    "vary",
+    "randomized_positions",
+    "finetune_len",
+    "finetune_steps",
+)
 
 
 @dataclass(frozen=True)
@@ -209,7 +217,10 @@ def _diagnose(point: EvalPoint, model, config: StudyConfig, evaluator, length: i
     stats = diagnose(model, evaluator.evalset, length, config, evaluator.device)
     point.attention = stats
     point.attn_entropy, point.attn_distance, point.attn_beyond = (
-        stats["attn_entropy"], stats["attn_distance"], stats["attn_beyond"])  # fmt: skip
+        stats["attn_entropy"],
+        stats["attn_distance"],
+        stats["attn_beyond"],
+    )
 
 
 def _variant_runs(config: StudyConfig, cell: Cell, evaluator, model, mc, device) -> list[dict[str, Any]]:
@@ -268,8 +279,13 @@ def run_cell(
     device = torch.device(device)
     data = study_data(config)
     # what the numbers depend on beyond the config: the bytes read and the device type
-    key = {**cell_key(config), "data": data.data_id, "eval": data.eval_id, "device": device.type,
-           "setting": [list(kv) for kv in cell.setting]}  # fmt: skip
+    key = {
+        **cell_key(config),
+        "data": data.data_id,
+        "eval": data.eval_id,
+        "device": device.type,
+        "setting": [list(kv) for kv in cell.setting],
+    }
     if resume and cell_file is not None and cell_file.is_file():
         record = json.loads(cell_file.read_text())
         if record.get("key") == key:
@@ -377,7 +393,7 @@ def _cell_task(
     config_dict: dict[str, Any], cell: Cell, out: str | None, device: str, resume: bool, threads: int | None
 ) -> dict[str, Any]:
     """What a worker runs: a plain function of JSON-able arguments (picklable for any executor)."""
-    return run_cell(
+    return _runner(cell)(
         StudyConfig.from_dict(config_dict),
         cell,
         out=out,
@@ -386,6 +402,11 @@ def _cell_task(
         progress=False,
         threads=threads,
     )
+
+
+def _runner(cell) -> Callable[..., dict[str, Any]]:
+    """The function that runs ``cell``: :func:`run_cell`, or the cell's own (a fine-tuning cell's)."""
+    return cell.runner() if hasattr(cell, "runner") else run_cell
 
 
 def iter_cells(
@@ -407,7 +428,7 @@ def iter_cells(
     """
     if cluster is None and workers <= 1:
         for cell in cells:
-            yield run_cell(
+            yield _runner(cell)(
                 config, cell, out=out, device=device, resume=resume, progress=progress, threads=threads
             )
         return

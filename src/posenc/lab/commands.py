@@ -299,8 +299,12 @@ def _grid_fields(args: argparse.Namespace) -> dict[str, Any]:
     from .grid import parse_vary
 
     fields: dict[str, Any] = {"vary": parse_vary(args.vary)} if args.vary else {}
-    given = {"randomized_positions": args.randomized_positions, "finetune_len": args.finetune_len,
-             "finetune_steps": args.finetune_steps, "diagnostic_windows": args.diagnostics}  # fmt: skip
+    given = {
+        "randomized_positions": args.randomized_positions,
+        "finetune_len": args.finetune_len,
+        "finetune_steps": args.finetune_steps,
+        "diagnostic_windows": args.diagnostics,
+    }
     return {**fields, **{k: v for k, v in given.items() if v is not None}}
 
 

@@ -324,8 +324,11 @@ class StudyConfig:
         self.vary = check_vary(self.vary, self.model_config(self.schemes[0]))
         for name in ("randomized_positions", "finetune_len", "finetune_steps", "diagnostic_windows"):
             check_int(getattr(self, name), name, minimum=0)
-        extras = {"randomized_positions": self.randomized_positions, "finetune_len": self.finetune_len,
-                  "diagnostic_windows": self.diagnostic_windows}  # fmt: skip
+        extras = {
+            "randomized_positions": self.randomized_positions,
+            "finetune_len": self.finetune_len,
+            "diagnostic_windows": self.diagnostic_windows,
+        }
         for name, value in extras.items():
             if value and not self.lm:
                 raise ValueError(

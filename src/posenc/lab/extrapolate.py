@@ -36,18 +36,36 @@ import torch
 from .cells import iter_cells, study_cells, study_data
 from .config import StudyConfig
 from .distributed import dist_info
+from .finetune import finetune_cells, finetune_summary
 from .runs import RunFolder, write_json
 from .stats import Interval, seed_interval
 
 __all__ = ["STUDY_ARTIFACTS", "SUMMARY_METRICS", "format_table", "run_study", "summarize", "training_summary"]
 
 #: What a study writes into its folder (their presence means the folder holds a study).
-STUDY_ARTIFACTS = ("results.json", "extrapolation.png", "extrapolation.svg", "attention.png", "attention.svg",
-                   "training.png", "training.svg", "cells", "checkpoints")  # fmt: skip
+STUDY_ARTIFACTS = (
+    "results.json",
+    "extrapolation.png",
+    "extrapolation.svg",
+    "attention.png",
+    "attention.svg",
+    "training.png",
+    "training.svg",
+    "cells",
+    "checkpoints",
+)
 
 #: The numbers summarised across seeds, per run and length.
-SUMMARY_METRICS = ("bpb_window", "delta", "bpb_all", "bpb_beyond", "accuracy",
-                   "attn_entropy", "attn_distance", "attn_beyond")  # fmt: skip
+SUMMARY_METRICS = (
+    "bpb_window",
+    "delta",
+    "bpb_all",
+    "bpb_beyond",
+    "accuracy",
+    "attn_entropy",
+    "attn_distance",
+    "attn_beyond",
+)
 
 
 def _environment(device: torch.device, threads: int | None, workers: int, cluster: Any) -> dict[str, Any]:
@@ -109,6 +127,10 @@ def run_study(
         seed, with ``eval`` per length), ``summary`` (per run and length across seeds), ``wall_s``.
     """
     info = dist_info()
+    if out is None and config.finetune_len:
+        raise ValueError(
+            "fine-tuning starts from each trained model's checkpoint: give an output folder (out=, --out)"
+        )
     if out is None:
         return _run_study(config, None, device, resume, progress, log, threads, workers, cluster)
     with RunFolder(out, STUDY_ARTIFACTS, resume=resume, overwrite=overwrite, lock=info.is_main):
@@ -130,34 +152,41 @@ def _run_study(config, out, device, resume, progress, log, threads, workers, clu
     if "corpus" in data.record:
         say(_corpus_line(data.record))
     cells = study_cells(config)
-    records = {}
-    show = sys.stderr.isatty() if progress is None else progress  # None: bars on a terminal only
-    bar = _cell_bar(show and info.is_main and len(cells) > 1, len(cells))
-    for record in iter_cells(
-        config,
-        cells,
+    run = dict(
         out=out,
         device=device,
         resume=resume,
-        progress=progress if workers <= 1 and cluster is None else False,
         workers=workers,
         cluster=cluster,
         threads=threads,
-    ):
-        records[record["cell"]] = record
-        if info.is_main:  # other ranks of a torchrun group train but do not evaluate
-            say(_cell_line(record, config))
-        if bar is not None:
-            bar.update(1)
-    if bar is not None:
-        bar.close()
-    _collect(results, [records[c.name] for c in cells], config, data)  # the grid's order
+        progress=progress if workers <= 1 and cluster is None else False,
+    )
+    show = sys.stderr.isatty() if progress is None else progress  # None: bars on a terminal only
+    records = _run_cells(config, cells, run, show and info.is_main, say)
+    ft_cells = finetune_cells(config, cells)  # phase 2: each starts from a trained cell's checkpoint
+    records.update(_run_cells(config, ft_cells, run, show and info.is_main, say))
+    _collect(results, [records[c.name] for c in [*cells, *ft_cells]], config, data)  # the grid's order
     results["wall_s"] = time.perf_counter() - t_start
     with contextlib.suppress(OSError):
         env["load_avg_end"] = list(os.getloadavg())
     if out is not None and info.is_main:
         _write_study(Path(out), results, say)
     return results
+
+
+def _run_cells(config: StudyConfig, cells: list, run: dict[str, Any], bar: bool, say) -> dict[str, dict]:
+    """Run ``cells`` with :func:`~posenc.lab.cells.iter_cells` (``run``: its arguments); records by name."""
+    records = {}
+    bar = _cell_bar(bar and len(cells) > 1, len(cells))
+    for record in iter_cells(config, cells, **run):
+        records[record["cell"]] = record
+        if dist_info().is_main:  # other ranks of a torchrun group train but do not evaluate
+            say(_cell_line(record, config))
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    return records
 
 
 def _collect(results: dict[str, Any], ordered: list[dict[str, Any]], config: StudyConfig, data) -> None:
@@ -180,6 +209,8 @@ def _collect(results: dict[str, Any], ordered: list[dict[str, Any]], config: Stu
     ]
     results["summary"] = summarize(results["runs"])
     results["training"] = training_summary(results["cells"])
+    if config.finetune_len:
+        results["finetune"] = finetune_summary(results)
 
 
 def _write_study(out_dir: Path, results: dict[str, Any], say: Callable[[str], None]) -> None:
@@ -319,6 +350,30 @@ def _metric_table(rows, names, lens, metric, signed, title, markdown, head, widt
     return [*lines, ""]
 
 
+def _finetune_table(entries: list[dict[str, Any]], lens, markdown: bool, width: int, col: int) -> list[str]:
+    """Fine-tuned minus the same weights before fine-tuning, per length, with the cost."""
+    if not entries:
+        return []
+    e0 = entries[0]
+    share = e0["tokens"] / max(1, e0["train_tokens"])
+    title = (
+        f"fine-tuned minus not fine-tuned, sliding-window bits/byte on the same bytes (< 0: fine-tuning "
+        f"helps; 95% interval over {e0['rows'][0]['over'] if e0['rows'] else 'seeds'}); cost: "
+        f"{e0['steps']} steps at length {e0['length']}, {e0['tokens']:,} tokens ({share:.0%} of training)"
+    )
+    table = []
+    for e in entries:
+        by_len = {r["length"]: r["diff"] for r in e["rows"]}
+        name = f"{e['run']} - {e['before']}"
+        table.append((name, [_cell(by_len.get(n), True, "-") for n in lens]))
+    if markdown:
+        head = ["| run | " + " | ".join(map(str, lens)) + " |", "|---" * (len(lens) + 1) + "|"]
+        return [f"**{title}**", "", *head, *(f"| {n} | " + " | ".join(c) + " |" for n, c in table), ""]
+    w = max(width, *(len(n) for n, _ in table))
+    head = f"{'run':<{w}}" + "".join(f"{n:>{col}}" for n in lens)
+    return [title, head, *(f"{n:<{w}}" + "".join(f"{c:>{col}}" for c in cells) for n, cells in table), ""]
+
+
 def _training_table(training: dict[str, Any], markdown: bool) -> list[str]:
     """The final training loss per trained run (mean of the last 10% of steps, nats per token)."""
     if not training:
@@ -357,7 +412,7 @@ def format_table(results: dict[str, Any], markdown: bool = False) -> str:
     names = list(dict.fromkeys(r["name"] for r in rows))
     n_seeds = len(cfg["seeds"])
     over = f"over {n_seeds} seeds" if n_seeds > 1 else "over windows (1 seed)"
-    width = max(8, *(len(n) for n in names))
+    width = max([8, *(len(n) for n in names)])
     col = 16
     head = f"{'scheme':<{width}}" + "".join(f"{e:>{col}}" for e in lens)
     if cfg["mode"] == "lm":
@@ -391,6 +446,7 @@ def format_table(results: dict[str, Any], markdown: bool = False) -> str:
     lines = []
     for metric, signed, title in sections:
         lines += _metric_table(rows, names, lens, metric, signed, title, markdown, head, width, col)
+    lines += _finetune_table(results.get("finetune", []), lens, markdown, width, col)
     lines += _training_table(results.get("training", {}), markdown)
     seeds = ",".join(map(str, cfg["seeds"]))
     lines.append(
