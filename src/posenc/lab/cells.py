@@ -50,6 +50,8 @@ __all__ = [
     "StudyData",
     "cell_key",
     "cell_model_config",
+    "finished_cell",
+    "full_key",
     "iter_cells",
     "run_cell",
     "study_cells",
@@ -278,19 +280,9 @@ def run_cell(
     cell_file = out_dir / "cells" / f"{cell.name}.json" if out_dir is not None else None
     device = torch.device(device)
     data = study_data(config)
-    # what the numbers depend on beyond the config: the bytes read and the device type
-    key = {
-        **cell_key(config),
-        "data": data.data_id,
-        "eval": data.eval_id,
-        "device": device.type,
-        "setting": [list(kv) for kv in cell.setting],
-    }
-    if resume and cell_file is not None and cell_file.is_file():
-        record = json.loads(cell_file.read_text())
-        if record.get("key") == key:
-            record["reused"] = True
-            return record
+    key = full_key(config, cell, data, device)
+    if resume and (record := finished_cell(cell_file, key)) is not None:
+        return record
     if threads is not None:
         torch.set_num_threads(threads)
     mc = cell_model_config(config, cell, data)
@@ -313,6 +305,26 @@ def run_cell(
     if info.world_size > 1:
         torch.distributed.barrier()
     return record
+
+
+def full_key(config: StudyConfig, cell, data: StudyData, device: torch.device) -> dict[str, Any]:
+    """What a cell's numbers depend on: the config's cell fields (:func:`cell_key`), the bytes it
+    trains on and reads, the device type and the cell's own setting."""
+    return {
+        **cell_key(config),
+        "data": data.data_id,
+        "eval": data.eval_id,
+        "device": device.type,
+        "setting": [list(kv) for kv in cell.setting],
+    }
+
+
+def finished_cell(cell_file: Path | None, key: dict[str, Any]) -> dict[str, Any] | None:
+    """The record in ``cell_file`` when it was run with ``key`` (marked ``reused``), else ``None``."""
+    if cell_file is None or not cell_file.is_file():
+        return None
+    record = json.loads(cell_file.read_text())
+    return {**record, "reused": True} if record.get("key") == key else None
 
 
 def cell_model_config(config: StudyConfig, cell: Cell, data: StudyData):

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .stats import bootstrap_interval, seed_interval
+from .stats import bootstrap_interval, format_interval, seed_interval
 
 __all__ = ["compare_run", "compare_studies", "format_comparison", "paired_rows", "read_results"]
 
@@ -101,8 +101,6 @@ def paired_rows(name: str, seed_pairs: list[tuple[dict, dict]]) -> list[dict[str
 
 def format_comparison(rows: list[dict[str, Any]], lens: list[int]) -> str:
     """A table of ``B - A`` per run and length (``mean ±half-width``; < 0 = B is better)."""
-    from .extrapolate import _cell
-
     names = list(dict.fromkeys(r["name"] for r in rows))
     width = max(8, *(len(n) for n in names)) if names else 8
     over = rows[0]["over"] if rows else "windows"  # "seeds" or "windows"
@@ -112,5 +110,7 @@ def format_comparison(rows: list[dict[str, Any]], lens: list[int]) -> str:
     ]
     for name in names:
         by_len = {r["length"]: r["diff"] for r in rows if r["name"] == name}
-        lines.append(f"{name:<{width}}" + "".join(f"{_cell(by_len.get(e), True, 'n/a'):>16}" for e in lens))
+        lines.append(
+            f"{name:<{width}}" + "".join(f"{format_interval(by_len.get(e), True, 'n/a'):>16}" for e in lens)
+        )
     return "\n".join(lines)

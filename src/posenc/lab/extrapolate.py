@@ -38,7 +38,7 @@ from .config import StudyConfig
 from .distributed import dist_info
 from .finetune import finetune_cells, finetune_summary
 from .runs import RunFolder, write_json
-from .stats import Interval, seed_interval
+from .stats import format_interval, seed_interval
 
 __all__ = ["STUDY_ARTIFACTS", "SUMMARY_METRICS", "format_table", "run_study", "summarize", "training_summary"]
 
@@ -322,9 +322,7 @@ def training_summary(cells: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 # Terminal tables
 # ----------------------------------------------------------------------------------------------
 def _cell(value: dict | None, signed: bool, missing: str) -> str:
-    if value is None:
-        return missing
-    return Interval(value["mean"], value["low"], value["high"], value["n"]).format(signed)
+    return format_interval(value, signed, missing)
 
 
 def _metric_table(rows, names, lens, metric, signed, title, markdown, head, width, col) -> list[str]:

@@ -22,7 +22,6 @@ Legend: ``L`` train length, ``E_ft`` fine-tuning length, ``E`` evaluation length
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +29,7 @@ from typing import Any
 
 import torch
 
-from .cells import Cell, _evaluate, _record, cell_key, cell_model_config, study_data
+from .cells import Cell, _evaluate, _record, cell_model_config, finished_cell, full_key, study_data
 from .config import StudyConfig, TrainConfig
 from .distributed import dist_info
 from .evaluate import EVALUATORS
@@ -152,17 +151,10 @@ def run_finetune(
             "fine-tuning resumes from each trained model's checkpoint: give an output folder (out=)"
         )
     out, device, data = Path(out), torch.device(device), study_data(config)
-    key = {
-        **cell_key(config),
-        "data": data.data_id,
-        "eval": data.eval_id,
-        "device": device.type,
-        "setting": [list(kv) for kv in ft.setting],
-        "finetune": [ft.variant, ft.length, config.finetune_steps],
-    }
+    key = {**full_key(config, ft, data, device), "finetune": [ft.variant, ft.length, config.finetune_steps]}
     cell_file = out / "cells" / f"{ft.name}.json"
-    if resume and cell_file.is_file() and json.loads(cell_file.read_text()).get("key") == key:
-        return {**json.loads(cell_file.read_text()), "reused": True}
+    if resume and (record := finished_cell(cell_file, key)) is not None:
+        return record
     if threads is not None:
         torch.set_num_threads(threads)
     mc, tc = _model_config(config, ft, data), finetune_config(config, ft.seed)
@@ -186,15 +178,18 @@ def run_finetune(
     )
     record = {**_record(ft, key, model, mc, result), "variant": ft.variant, "finetune": _cost(config, tc, ft)}
     if dist_info().is_main:
-        factor = config.finetune_len / config.train_len if ft.variant else 1.0
-        note = f"fine-tuned at {ft.length} for {config.finetune_steps} steps, factor {factor:g}"
-        evaluator = EVALUATORS[config.mode](config, data.evalset, device)
-        points = _evaluate(config, evaluator, lambda e: model, mc, note=lambda e: note)
-        record["runs"] = [
-            {"name": ft.run, "variant": ft.variant, "finetune": True, "eval": [p.to_dict() for p in points]}
-        ]
+        record["runs"] = [_evaluate_finetuned(config, ft, model, mc, data, device)]
         write_json(cell_file, record)
     return record
+
+
+def _evaluate_finetuned(config: StudyConfig, ft: FinetuneCell, model, mc, data, device) -> dict[str, Any]:
+    """The fine-tuned model at every length, its factor fixed at ``E_ft / L`` (1 without a variant)."""
+    factor = config.finetune_len / config.train_len if ft.variant else 1.0
+    note = f"fine-tuned at {ft.length} for {config.finetune_steps} steps, factor {factor:g}"
+    evaluator = EVALUATORS[config.mode](config, data.evalset, device)
+    points = _evaluate(config, evaluator, lambda e: model, mc, note=lambda e: note)
+    return {"name": ft.run, "variant": ft.variant, "finetune": True, "eval": [p.to_dict() for p in points]}
 
 
 def _cost(config: StudyConfig, tc: TrainConfig, ft: FinetuneCell) -> dict[str, Any]:
