@@ -22,6 +22,7 @@ Legend: ``b`` windows, ``h`` heads, ``E`` evaluation length (keys), ``S`` scored
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import torch
@@ -95,8 +96,9 @@ def attention_stats(model: nn.Module, ids: torch.Tensor, train_len: int, score_l
 
 def diagnose(model: nn.Module, evalset, length: int, config, device: torch.device) -> dict[str, Any]:
     """:func:`attention_stats` on the first ``config.diagnostic_windows`` windows of ``evalset`` at
-    ``length``, one window per forward pass (attention ``[h, E, E]`` per layer), averaged."""
-    k = config.diagnostic_windows
+    ``length``, one window per forward pass (attention ``[h, E, E]`` per layer), averaged; with
+    the seconds it took (``wall_s``)."""
+    t0, k = time.perf_counter(), config.diagnostic_windows
     runs = []
     for i in range(k):
         window = evalset.windows(length, slice(i, i + 1)).to(device)  # [1, E + 1]
@@ -106,4 +108,5 @@ def diagnose(model: nn.Module, evalset, length: int, config, device: torch.devic
         out[key] = torch.tensor([r[key] for r in runs]).mean(0).tolist()  # [n][h]
     for metric in DIAGNOSTIC_METRICS:
         out[metric] = sum(r[metric] for r in runs) / k
+    out["wall_s"] = time.perf_counter() - t0
     return out
