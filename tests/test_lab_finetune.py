@@ -33,9 +33,13 @@ def test_cells_per_variant_the_scheme_declares(corpus_dir):
     config = _config(corpus_dir, variants=("linear", "yarn"))
     cells = finetune_cells(config, study_cells(config))
     assert [c.name for c in cells] == [
-        "rope+ft16-seed0", "rope+linear+ft16-seed0", "rope+yarn+ft16-seed0",
-        "rope+ft16-seed1", "rope+linear+ft16-seed1", "rope+yarn+ft16-seed1",
-    ]  # fmt: skip
+        "rope+ft16-seed0",
+        "rope+linear+ft16-seed0",
+        "rope+yarn+ft16-seed0",
+        "rope+ft16-seed1",
+        "rope+linear+ft16-seed1",
+        "rope+yarn+ft16-seed1",
+    ]
     assert [c.before for c in cells[:3]] == ["rope", "rope+linear", "rope+yarn"]
     assert finetune_cells(_config(corpus_dir, finetune_len=0, finetune_steps=0), study_cells(config)) == []
 
@@ -43,8 +47,15 @@ def test_cells_per_variant_the_scheme_declares(corpus_dir):
 def test_recipe_keeps_the_tokens_per_step():
     from posenc.lab.config import StudyConfig
 
-    config = StudyConfig(("rope",), train_len=64, eval_lens=(64, 256), batch_size=32, min_lr=2e-4,
-                         finetune_len=256, finetune_steps=50)  # fmt: skip
+    config = StudyConfig(
+        ("rope",),
+        train_len=64,
+        eval_lens=(64, 256),
+        batch_size=32,
+        min_lr=2e-4,
+        finetune_len=256,
+        finetune_steps=50,
+    )
     tc = finetune_config(config, seed=3)
     assert (tc.steps, tc.seq_len, tc.batch_size, tc.seed) == (50, 256, 8, 3)
     assert tc.lr == tc.min_lr == 2e-4 and tc.warmup_steps == 0 and tc.random_positions == 0
@@ -100,3 +111,26 @@ def test_finetuning_needs_an_output_folder(corpus_dir):
         ValueError, match="fine-tuning starts from each trained model's checkpoint: give an output"
     ):
         run_study(_config(corpus_dir), log=None)
+
+
+@pytest.mark.slow
+def test_the_whole_grid_gives_the_same_numbers_in_local_processes(corpus_dir, tmp_path):
+    """Settings, randomized positions, fine-tuning cells and diagnostics: two worker processes give
+    exactly the numbers of one process."""
+    config = _config(
+        corpus_dir,
+        schemes=("rope",),
+        seeds=(0,),
+        variants=("yarn",),
+        vary={"norm": ("post",)},
+        randomized_positions=16,
+        diagnostic_windows=1,
+    )
+    here = run_study(config, out=tmp_path / "a", log=None, threads=1)
+    there = run_study(config, out=tmp_path / "b", log=None, threads=1, workers=2)
+    numbers = [
+        {(r["name"], r["seed"]): [p["window_bits"] for p in r["eval"]] for r in s["runs"]}
+        for s in (here, there)
+    ]
+    assert len(numbers[0]) == 8 and numbers[0] == numbers[1]
+    assert here["finetune"] == there["finetune"]
