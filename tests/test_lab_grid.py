@@ -8,7 +8,7 @@ import pytest
 
 from _lab_toys import tiny_study
 from posenc.lab.cells import study_cells
-from posenc.lab.extrapolate import run_study
+from posenc.lab.extrapolate import format_table, run_study
 from posenc.lab.grid import (
     check_vary,
     model_fields,
@@ -123,3 +123,14 @@ def test_a_study_trains_every_scheme_with_every_setting(corpus_dir):
     plain, randomized = runs["rope[norm=pre]", 0], runs["rope[norm=pre,random_positions=32]", 0]
     assert plain["eval"][0]["window_bits"] != randomized["eval"][0]["window_bits"]
     assert set(results["training"]) == {r["name"] for r in results["summary"]}
+    # every setting against the grid's first, same scheme, same bytes, seed for seed
+    against = {e["run"]: e["against"] for e in results["settings"]}
+    assert against["rope[norm=post,random_positions=32]"] == "rope[norm=pre]" and len(against) == 6
+    entry = next(e for e in results["settings"] if e["run"] == "alibi[norm=post]")
+    post, pre = runs["alibi[norm=post]", 0]["eval"][0], runs["alibi[norm=pre]", 0]["eval"][0]
+    diff = sum(a - b for a, b in zip(post["window_bits"], pre["window_bits"])) / len(pre["window_bits"])
+    assert (
+        entry["rows"][0]["diff"]["mean"] == pytest.approx(diff, abs=1e-6)
+        and entry["rows"][0]["over"] == "windows"
+    )
+    assert "each setting minus the first setting of the grid" in format_table(results)

@@ -37,6 +37,7 @@ from .cells import iter_cells, study_cells, study_data
 from .config import StudyConfig
 from .distributed import dist_info
 from .finetune import finetune_cells, finetune_summary
+from .grid import settings_summary
 from .runs import RunFolder, write_json
 from .stats import format_interval, seed_interval
 
@@ -209,6 +210,8 @@ def _collect(results: dict[str, Any], ordered: list[dict[str, Any]], config: Stu
     ]
     results["summary"] = summarize(results["runs"])
     results["training"] = training_summary(results["cells"])
+    if config.vary or config.randomized_positions:
+        results["settings"] = settings_summary(results)
     if config.finetune_len:
         results["finetune"] = finetune_summary(results)
 
@@ -359,10 +362,30 @@ def _finetune_table(entries: list[dict[str, Any]], lens, markdown: bool, width: 
         f"helps; 95% interval over {e0['rows'][0]['over'] if e0['rows'] else 'seeds'}); cost: "
         f"{e0['steps']} steps at length {e0['length']}, {e0['tokens']:,} tokens ({share:.0%} of training)"
     )
+    return _paired_table(
+        title, [(f"{e['run']} - {e['before']}", e["rows"]) for e in entries], lens, markdown, width, col
+    )
+
+
+def _settings_table(entries: list[dict[str, Any]], lens, markdown: bool, width: int, col: int) -> list[str]:
+    """Each setting minus the grid's first setting (same scheme and variant), per length."""
+    if not entries:
+        return []
+    over = entries[0]["rows"][0]["over"] if entries[0]["rows"] else "seeds"
+    title = (
+        f"each setting minus the first setting of the grid, sliding-window bits/byte on the same bytes "
+        f"(< 0: the setting helps; 95% interval over {over})"
+    )
+    return _paired_table(
+        title, [(f"{e['run']} - {e['against']}", e["rows"]) for e in entries], lens, markdown, width, col
+    )
+
+
+def _paired_table(title: str, entries, lens, markdown: bool, width: int, col: int) -> list[str]:
+    """``entries``: ``(label, paired rows)`` (:func:`~posenc.lab.compare.paired_rows`), one line each."""
     table = []
-    for e in entries:
-        by_len = {r["length"]: r["diff"] for r in e["rows"]}
-        name = f"{e['run']} - {e['before']}"
+    for name, rows in entries:
+        by_len = {r["length"]: r["diff"] for r in rows}
         table.append((name, [_cell(by_len.get(n), True, "-") for n in lens]))
     if markdown:
         head = ["| run | " + " | ".join(map(str, lens)) + " |", "|---" * (len(lens) + 1) + "|"]
@@ -444,6 +467,7 @@ def format_table(results: dict[str, Any], markdown: bool = False) -> str:
     lines = []
     for metric, signed, title in sections:
         lines += _metric_table(rows, names, lens, metric, signed, title, markdown, head, width, col)
+    lines += _settings_table(results.get("settings", []), lens, markdown, width, col)
     lines += _finetune_table(results.get("finetune", []), lens, markdown, width, col)
     lines += _training_table(results.get("training", {}), markdown)
     seeds = ",".join(map(str, cfg["seeds"]))
