@@ -13,9 +13,11 @@ declares) are applied to the trained weights with factor ``E / L``, as extra row
 A second mode trains on the synthetic tasks of Kazemnejad et al. 2023 (``copy``, ``reverse``,
 ``addition``; :mod:`posenc.text.tasks`) and reports exact-match accuracy at longer lengths.
 
-The grid of cells (:mod:`posenc.lab.cells`) runs here, in local processes or on a Dask cluster;
-this module runs it and turns the cells into ``results.json``: every run, a summary per
-(run, length) across seeds, and the tables.
+The grid of cells (:mod:`posenc.lab.cells`: scheme x setting x seed, settings from
+:mod:`posenc.lab.grid`) runs here, in local processes or on a Dask cluster, then the fine-tuning
+cells of :mod:`posenc.lab.finetune` when asked for; this module turns the cells into
+``results.json``: every run, a summary per (run, length) across seeds, the paired comparisons of
+settings and of fine-tuning, and the tables.
 
 Legend: ``L`` train length, ``E`` evaluation length, ``S`` scored targets per window.
 """
@@ -125,7 +127,10 @@ def run_study(
     Returns:
         the results dict (the content of ``results.json``): ``config``, ``environment``,
         ``corpus`` and ``eval`` (the documents scored), ``cells``, ``runs`` (one per run name and
-        seed, with ``eval`` per length), ``summary`` (per run and length across seeds), ``wall_s``.
+        seed, with ``eval`` per length), ``summary`` (per run and length across seeds),
+        ``training`` (final loss and loss curve per trained run, across seeds), ``settings`` (with
+        ``vary`` or randomized positions: each setting minus the first, paired), ``finetune`` (with
+        fine-tuning: fine-tuned minus not, paired, and the cost), ``wall_s``.
     """
     info = dist_info()
     if out is None and config.finetune_len:
