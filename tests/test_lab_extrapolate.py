@@ -249,3 +249,9 @@ def test_training_summary_and_table_give_each_run_its_final_loss_with_an_interva
     text = format_table(results)
     assert "final training loss, nats/token" in text and "2.100 ±" in text
     assert "| rope[norm=post] | 2.500 |" in format_table(results, markdown=True)
+
+
+def test_training_curves_prefer_the_mean_of_each_ten_steps():
+    train = {"final_loss_nats": 2.0, "loss_every_10_steps": [9.0, 9.0], "loss_mean_10_steps": [5.0, 3.0]}
+    summary = training_summary([{"scheme": "alibi", "run": "alibi", "seed": 0, "train": train}])
+    assert summary["alibi"]["curve"]["mean"] == [5.0, 3.0]

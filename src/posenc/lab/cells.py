@@ -356,9 +356,15 @@ def _record(cell: Cell, key: dict[str, Any], model, mc, result) -> dict[str, Any
             "threads": torch.get_num_threads(),
             "final_loss_nats": sum(tail) / len(tail) if tail else math.nan,
             "loss_every_10_steps": result.losses[::10],
+            "loss_mean_10_steps": [sum(block) / len(block) for block in _blocks(result.losses, 10)],
         },
         "runs": [],
     }
+
+
+def _blocks(values: list[float], size: int) -> list[list[float]]:
+    """``values`` in consecutive blocks of ``size`` (the last may be shorter)."""
+    return [values[i : i + size] for i in range(0, len(values), size)]
 
 
 def _train_cell(

@@ -302,15 +302,15 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def training_summary(cells: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per trained run (fine-tuning cells aside): the final training loss (nats per token, mean of
-    the last 10% of steps) and the loss every 10 steps, each a mean with a 95% t interval across
+    the last 10% of steps) and the mean loss of every 10 steps, each a mean with a 95% t interval across
     seeds: ``{run: {"seeds", "final_loss": Interval dict, "curve": {"step", "mean", "low", "high"}}}``."""
     by_run: dict[str, list[dict[str, Any]]] = {}
     for cell in cells:
         if "finetune" not in cell and cell.get("train", {}).get("loss_every_10_steps"):
             by_run.setdefault(cell.get("run", cell["scheme"]), []).append(cell)
     out = {}
-    for run, group in by_run.items():
-        losses = [c["train"]["loss_every_10_steps"] for c in group]
+    for run, group in by_run.items():  # the mean of each 10 steps (older cells: every 10th step)
+        losses = [c["train"].get("loss_mean_10_steps") or c["train"]["loss_every_10_steps"] for c in group]
         n = min(len(x) for x in losses)
         steps = [seed_interval([x[i] for x in losses]) for i in range(n)]
         out[run] = {
