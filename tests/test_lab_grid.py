@@ -123,6 +123,8 @@ def test_a_study_trains_every_scheme_with_every_setting(corpus_dir):
     plain, randomized = runs["rope[norm=pre]", 0], runs["rope[norm=pre,random_positions=32]", 0]
     assert plain["eval"][0]["window_bits"] != randomized["eval"][0]["window_bits"]
     assert set(results["training"]) == {r["name"] for r in results["summary"]}
+    train = results["cells"][0]["train"]  # 4 steps: one block of the mean loss every 10 steps
+    assert len(train["loss_mean_10_steps"]) == 1 and train["loss_mean_10_steps"][0] < 6
     # every setting against the grid's first, same scheme, same bytes, seed for seed
     against = {e["run"]: e["against"] for e in results["settings"]}
     assert against["rope[norm=post,random_positions=32]"] == "rope[norm=pre]" and len(against) == 6
