@@ -70,6 +70,11 @@ def test_check_vary_names_the_field_the_value_and_the_fix():
     with pytest.raises(TypeError, match="vary must be a dict"):
         check_vary(["norm"], mc)
     assert check_vary({"norm": ["pre", "post"]}, mc) == {"norm": ("pre", "post")}
+    # "none" parses as None; a field that takes no None gets the string back
+    assert check_vary(parse_vary(["tie=output,none"]), mc) == {"tie": ("output", "none")}
+    assert check_vary(parse_vary(["embed_scale=sqrt_d_model,none"]), mc) == {
+        "embed_scale": ("sqrt_d_model", None)
+    }
     assert "embed_scale" in model_fields() and "vocab_size" not in model_fields()
 
 

@@ -88,6 +88,7 @@ def check_vary(vary: Any, model_config: Any) -> dict[str, tuple]:
     if not isinstance(vary, dict):
         raise TypeError(f"vary must be a dict {{field: (value, ...)}}, got {type(vary).__name__}")
     fields = model_fields()
+    types = {f.name: str(f.type) for f in dataclasses.fields(model_config)}
     out = {}
     for field, values in vary.items():
         if field in _NOT_VARIED:
@@ -98,6 +99,8 @@ def check_vary(vary: Any, model_config: Any) -> dict[str, tuple]:
                 f"valid: {', '.join(fields)}"
             )
         values = tuple(values) if isinstance(values, (list, tuple)) else (values,)
+        if "None" not in types[field]:  # "none" on the command line is the string (tie=none)
+            values = tuple("none" if v is None else v for v in values)
         if not values or len(set(map(repr, values))) != len(values):
             raise ValueError(f"vary {field!r} needs distinct values, got {list(values)}; e.g. norm=pre,post")
         for value in values:
