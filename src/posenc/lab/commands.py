@@ -237,7 +237,7 @@ def extrapolate_args(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="E",
-        help="fine-tune each RoPE-scaling run at length E after training (with --finetune-steps)",
+        help="after training, fine-tune RoPE and each of its scalings at length E (with --finetune-steps)",
     )
     p.add_argument("--finetune-steps", type=int, default=None, metavar="N", help="fine-tuning steps")
     p.add_argument(
