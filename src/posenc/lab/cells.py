@@ -205,24 +205,13 @@ def _evaluate(
         point = evaluator(model, e)
         if note is not None:
             point.note = note(e)
-        if config.diagnostic_windows:
-            _diagnose(point, model, config, evaluator, e)
+        if config.diagnostic_windows:  # attention entropy, distance, mass beyond L
+            from .diagnostics import fill_diagnostics
+
+            fill_diagnostics(point, model, config, evaluator.evalset, evaluator.device)
         points.append(point)
     evaluator.finish(points)
     return points
-
-
-def _diagnose(point: EvalPoint, model, config: StudyConfig, evaluator, length: int) -> None:
-    """Fill the point's attention diagnostics (:mod:`posenc.lab.diagnostics`)."""
-    from .diagnostics import diagnose
-
-    stats = diagnose(model, evaluator.evalset, length, config, evaluator.device)
-    point.attention = stats
-    point.attn_entropy, point.attn_distance, point.attn_beyond = (
-        stats["attn_entropy"],
-        stats["attn_distance"],
-        stats["attn_beyond"],
-    )
 
 
 def _variant_runs(config: StudyConfig, cell: Cell, evaluator, model, mc, device) -> list[dict[str, Any]]:

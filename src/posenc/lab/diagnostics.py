@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["DIAGNOSTIC_METRICS", "attention_stats", "diagnose"]
+__all__ = ["DIAGNOSTIC_METRICS", "attention_stats", "diagnose", "fill_diagnostics"]
 
 #: The per-length means (over layers, heads, queries and windows) summarised across seeds.
 DIAGNOSTIC_METRICS = ("attn_entropy", "attn_distance", "attn_beyond")
@@ -110,3 +110,11 @@ def diagnose(model: nn.Module, evalset, length: int, config, device: torch.devic
         out[metric] = sum(r[metric] for r in runs) / k
     out["wall_s"] = time.perf_counter() - t0
     return out
+
+
+def fill_diagnostics(point, model: nn.Module, config, evalset, device: torch.device) -> None:
+    """Put :func:`diagnose` at ``point.length`` into an :class:`~posenc.lab.evaluate.EvalPoint`:
+    the means as ``attn_entropy``, ``attn_distance``, ``attn_beyond``, everything as ``attention``."""
+    stats = diagnose(model, evalset, point.length, config, device)
+    point.attention = stats
+    point.attn_entropy, point.attn_distance, point.attn_beyond = (stats[m] for m in DIAGNOSTIC_METRICS)
