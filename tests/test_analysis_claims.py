@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from posenc.analysis import Claim, common_claims, study_claims
+from posenc.analysis.claims import input_layer_claims
 
 
 @pytest.fixture(scope="module")
@@ -138,3 +139,43 @@ def test_study_claims_of_a_study_without_absolute_schemes_are_empty():
     results = {"config": {"train_len": 8, "steps": 1}, "summary": [_row("alibi", 16, {"mean": 1.0})]}
     assert study_claims(results) == []
     assert study_claims({"config": {"train_len": 8, "steps": 1}}) == []
+
+
+def test_input_layer_claims_compare_each_value_with_the_claimed_one_seed_for_seed():
+    def run(name, seed, bits):
+        return {"name": name, "seed": seed, "eval": [{"length": 8, "window_bits": bits}]}
+
+    results = {
+        "config": {
+            "train_len": 8,
+            "steps": 5,
+            "schemes": ["rope", "sinusoidal"],
+            "seeds": [0, 1],
+            "vary": {"norm": ["pre", "post"]},
+        },
+        "summary": [{**_row("rope", 16, {"mean": 0.5, "low": 0.4, "high": 0.6}), "setting": {"norm": "pre"}}],
+        "runs": [
+            run("rope[norm=pre]", 0, [2.0, 2.0]),
+            run("rope[norm=pre]", 1, [2.1, 2.1]),
+            run("rope[norm=post]", 0, [2.5, 2.5]),  # worse than pre in both seeds
+            run("rope[norm=post]", 1, [2.6, 2.7]),
+            run("sinusoidal[norm=pre]", 0, [3.0, 3.0]),
+            run("sinusoidal[norm=post]", 0, [2.0, 2.0]),  # better, one seed: bootstrap over windows
+        ],
+    }
+    out = study_claims(results)  # the row with a setting is not read as an encoding's claim
+    assert [c.claim for c in out] == ["pre-LayerNorm trains better than post-LayerNorm"] * 2
+    rope, sin = out
+    assert rope.verdict.startswith(
+        "right for rope: norm=post is measurably worse"
+    ) and rope.value == pytest.approx(0.525, abs=1e-6)
+    assert rope.measured.startswith(
+        "rope: bits/byte at L = 8 with norm=post minus with norm=pre on the same bytes"
+    )
+    assert sin.verdict.startswith("wrong for sinusoidal") and sin.value == pytest.approx(-1.0, abs=1e-6)
+    assert rope.how.startswith("posenc extrapolate --vary norm=")
+    two = {
+        **results,
+        "config": {**results["config"], "vary": {"norm": ["pre", "post"], "tie": ["none", "output"]}},
+    }
+    assert input_layer_claims(two) == []  # two fields at once: not a clean comparison

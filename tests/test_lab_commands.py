@@ -41,12 +41,72 @@ def text_corpus(tmp_path_factory) -> Path:
         (["--from", "/nonexistent"], "--from: cannot read a study from '/nonexistent'"),
         (["--option", "t5max=3"], "--option 't5max=3' is not SCHEME.KEY=VALUE"),
         (["--option", "alibi.slope=2"], "unknown position_options key of 'alibi' 'slope'"),
+        (["--vary", "nrom=pre,post"], "vary field 'nrom' is not a model setting; did you mean 'norm'?"),
+        (["--vary", "norm=pre,sideways"], "vary norm='sideways': unknown norm 'sideways'"),
+        (["--vary", "norm"], "--vary 'norm' is not FIELD=V1,V2,... ; e.g. --vary norm=pre,post"),
+        (
+            ["--vary", "vocab_size=8,16"],
+            "vary field 'vocab_size' cannot be varied: the data sets the vocabulary",
+        ),
+        (["--finetune-len", "256"], "finetune_len and finetune_steps go together"),
+        (["--finetune-len", "256", "--finetune-steps", "9"], "none of ['alibi'] has any; add e.g. rope"),
+        (["--randomized-positions", "8"], "randomized_positions=8 must be >= train_len=128"),
+        (["--diagnostics", "100"], "diagnostic_windows=100 must be <= eval_windows=32"),
     ],
 )
 def test_cli_errors(argv, message, capsys):
     assert main(["extrapolate", "--schemes", "alibi", *argv]) == 2
     err = capsys.readouterr().err
-    assert message in err and "Traceback" not in err
+    assert message in err and "Traceback" not in err and err.strip().count("\n") == 0  # one line
+
+
+def test_cli_varies_a_model_setting_with_diagnostics(tmp_path, corpus_dir, capsys):
+    tiny = [
+        "--train-len",
+        "8",
+        "--eval-lens",
+        "8,16",
+        "--steps",
+        "2",
+        "--batch-size",
+        "4",
+        "--d-model",
+        "16",
+        "--layers",
+        "1",
+        "--heads",
+        "2",
+        "--eval-windows",
+        "4",
+        "--workers",
+        "1",
+        "--no-progress",
+        "--seeds",
+        "0",
+    ]
+    argv = [
+        "extrapolate",
+        "--schemes",
+        "alibi",
+        "--corpus",
+        str(corpus_dir),
+        "--out",
+        str(tmp_path / "v"),
+        "--vary",
+        "embed_norm=false,true",
+        "--vary",
+        "init_std=0.02,0.1",
+        "--diagnostics",
+        "2",
+        *tiny,
+    ]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "alibi[embed_norm=true,init_std=0.1]" in out and "mean attended distance" in out
+    results = json.loads((tmp_path / "v" / "results.json").read_text())
+    assert results["config"]["vary"] == {"embed_norm": [False, True], "init_std": [0.02, 0.1]}
+    assert results["config"]["diagnostic_windows"] == 2 and len(results["cells"]) == 4
+    assert results["model_configs"]["alibi[embed_norm=true,init_std=0.1]"]["init_std"] == 0.1
 
 
 def test_parse_options():

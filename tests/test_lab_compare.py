@@ -46,3 +46,28 @@ def test_compare_two_studies_on_the_same_bytes(tmp_path, corpus_dir, capsys):
     assert "the two studies scored different bytes" in capsys.readouterr().err
     assert main(["extrapolate", "--compare", str(tmp_path / "a"), str(tmp_path / "nothing")]) == 2
     assert "--compare: cannot read a study from" in capsys.readouterr().err
+
+
+def test_paired_rows_pair_two_runs_seed_for_seed():
+    from posenc.lab.compare import paired_rows
+    from posenc.lab.stats import seed_interval
+
+    def run(seed, bits):
+        return {"seed": seed, "eval": [{"length": 8, "window_bits": bits}, {"length": 16, "window_bits": []}]}
+
+    pairs = [(run(0, [1.0, 2.0]), run(0, [0.5, 1.5])), (run(1, [1.0, 1.0]), run(1, [0.8, 0.8]))]
+    rows = paired_rows("b", pairs)
+    assert len(rows) == 1 and rows[0]["length"] == 8 and rows[0]["seeds"] == [0, 1]  # 16: not measured
+    assert (
+        rows[0]["diff"] == pytest.approx(seed_interval([-0.5, -0.2]).to_dict()) and rows[0]["over"] == "seeds"
+    )
+    one = paired_rows("b", pairs[:1])[0]
+    assert one["over"] == "windows" and one["diff"]["mean"] == pytest.approx(-0.5)
+
+
+def test_read_results_names_the_flag(tmp_path):
+    from posenc.lab.compare import read_results
+
+    (tmp_path / "results.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"--from: .* is not a results\.json of posenc extrapolate"):
+        read_results(str(tmp_path), "--from")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -54,6 +56,26 @@ def bidirectional_scheme():
             "unknown position_options key of 't5' 'max_dist'; valid values: .*'max_distance'",
         ),
         ({"position_options": [1]}, TypeError, "position_options must be a dict"),
+        (
+            {"vary": {"nrom": ["pre"]}},
+            ValueError,
+            "vary field 'nrom' is not a model setting; did you mean 'norm'",
+        ),
+        ({"randomized_positions": 64}, ValueError, "randomized_positions=64 must be >= train_len=128"),
+        ({"mode": "copy", "randomized_positions": 64}, ValueError, "applies to language-model studies"),
+        ({"finetune_len": 256}, ValueError, "finetune_len and finetune_steps go together"),
+        (
+            {"finetune_len": 128, "finetune_steps": 5},
+            ValueError,
+            "finetune_len=128 must be longer than train_len",
+        ),
+        (
+            {"finetune_len": 256, "finetune_steps": 5},
+            ValueError,
+            r"none of \['alibi'\] has any; add e.g. rope",
+        ),
+        ({"diagnostic_windows": 40}, ValueError, "diagnostic_windows=40 must be <= eval_windows=32"),
+        ({"diagnostic_windows": -1}, ValueError, "diagnostic_windows must be >= 0"),
     ],
 )
 def test_study_config_errors(kwargs, error, match):
@@ -82,6 +104,15 @@ def test_round_trip_and_train_configs_per_seed():
     with pytest.raises(ValueError, match="unknown StudyConfig field"):
         StudyConfig.from_dict({**config.to_dict(), "stride": 4})
     assert PRESETS["default"]["seeds"] == (0, 1, 2)  # the documented study has intervals over seeds
+    grid = StudyConfig(
+        ("rope",),
+        vary={"norm": ("pre", "post"), "embed_scale": (None, 2.0)},
+        randomized_positions=512,
+        finetune_len=256,
+        finetune_steps=7,
+        diagnostic_windows=4,
+    )
+    assert StudyConfig.from_dict(json.loads(json.dumps(grid.to_dict()))) == grid  # through JSON
 
 
 def test_position_options_reach_the_model():

@@ -12,7 +12,7 @@ import pytest
 
 from _lab_toys import TINY, tiny_study, torchrun_command, write_corpus
 from posenc.cli import main
-from posenc.lab.extrapolate import format_table, run_study, summarize
+from posenc.lab.extrapolate import format_table, run_study, summarize, training_summary
 from posenc.lab.stats import seed_interval
 
 
@@ -219,3 +219,39 @@ def test_study_under_torchrun_matches_one_process(tmp_path, corpus_dir):
     for a, b in zip(ddp["summary"], one["summary"]):  # float summation order differs, nothing else
         if a["bpb_window"] is not None:
             assert a["bpb_window"]["mean"] == pytest.approx(b["bpb_window"]["mean"], abs=1e-4)
+
+
+def test_training_summary_and_table_give_each_run_its_final_loss_with_an_interval():
+    def cell(run, seed, final, curve):
+        train = {"final_loss_nats": final, "loss_every_10_steps": curve}
+        return {"scheme": "rope", "run": run, "seed": seed, "train": train}
+
+    cells = [
+        cell("rope", 0, 2.0, [5.0, 3.0, 2.0]),
+        cell("rope", 1, 2.2, [5.2, 3.2, 2.2, 2.1]),  # a longer history: cut to the common steps
+        cell("rope[norm=post]", 0, 2.5, [5.0, 3.5]),
+        {**cell("rope+ft16", 0, 1.9, [2.0]), "finetune": {"steps": 1}},  # fine-tuning: not a trained run
+    ]
+    summary = training_summary(cells)
+    assert list(summary) == ["rope", "rope[norm=post]"]
+    rope = summary["rope"]
+    assert rope["final_loss"] == pytest.approx(seed_interval([2.0, 2.2]).to_dict())
+    assert rope["curve"]["step"] == [0, 10, 20] and rope["curve"]["mean"] == pytest.approx([5.1, 3.1, 2.1])
+    assert rope["curve"]["low"][0] < 5.1 < rope["curve"]["high"][0] and rope["seeds"] == [0, 1]
+    one = summary["rope[norm=post]"]["curve"]
+    assert one["low"] == one["mean"] == one["high"]  # one seed: no interval, the mean itself
+    results = {
+        "config": {"mode": "lm", "train_len": 8, "eval_lens": [8], "seeds": [0, 1]},
+        "eval": {"score_len": 4},
+        "summary": [],
+        "training": summary,
+    }
+    text = format_table(results)
+    assert "final training loss, nats/token" in text and "2.100 ±" in text
+    assert "| rope[norm=post] | 2.500 |" in format_table(results, markdown=True)
+
+
+def test_training_curves_prefer_the_mean_of_each_ten_steps():
+    train = {"final_loss_nats": 2.0, "loss_every_10_steps": [9.0, 9.0], "loss_mean_10_steps": [5.0, 3.0]}
+    summary = training_summary([{"scheme": "alibi", "run": "alibi", "seed": 0, "train": train}])
+    assert summary["alibi"]["curve"]["mean"] == [5.0, 3.0]

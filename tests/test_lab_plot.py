@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from posenc.lab.plot import _curves, _series, plot_study
+from posenc.lab.plot import _curves, _series, plot_attention, plot_study, plot_training
 
 
 def _iv(mean, half=None):
@@ -60,3 +60,21 @@ def test_plot_study_writes_png_and_svg(tmp_path, mode):
     svg = (tmp_path / "figure.svg").read_text()
     assert svg.lstrip().startswith("<?xml") and "<svg" in svg
     assert plt.get_fignums() == []  # the figure is closed
+
+
+def test_plot_attention_and_training_write_png_and_svg(tmp_path):
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    study = _study()
+    for row in study["summary"]:
+        for metric in ("attn_entropy", "attn_distance", "attn_beyond"):
+            row[metric] = _iv(1.0 + row["length"] / 16, 0.1) if row["bpb_window"] else None
+    curve = {"step": [0, 10, 20], "mean": [5.0, 4.0, 3.5], "low": [4.9, 3.9, 3.4], "high": [5.1, 4.1, 3.6]}
+    study["training"] = {"alibi": {"curve": curve}, "learned": {"curve": curve}}
+    assert plot_attention(study, tmp_path / "a.png") == [tmp_path / "a.png", tmp_path / "a.svg"]
+    assert plot_training(study, tmp_path / "t.png") == [tmp_path / "t.png", tmp_path / "t.svg"]
+    assert (tmp_path / "a.png").read_bytes().startswith(b"\x89PNG") and "<svg" in (
+        tmp_path / "t.svg"
+    ).read_text()
+    assert plt.get_fignums() == []

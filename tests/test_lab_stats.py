@@ -80,3 +80,11 @@ def test_interval_errors():
 def test_format():
     assert Interval(0.0123, -0.01, 0.0346, 3).format(signed=True) == "+0.012 ±0.022"
     assert Interval(2.5, 2.4, 2.6, 3).format() == "2.500 ±0.100"
+
+
+def test_format_interval_reads_an_interval_dict():
+    from posenc.lab.stats import format_interval
+
+    assert format_interval({"mean": 0.1234, "low": 0.1, "high": 0.15, "n": 3}, signed=True) == "+0.123 ±0.025"
+    assert format_interval({"mean": 2.0, "low": None, "high": None, "n": 1}) == "2.000"
+    assert format_interval(None, missing="n/a") == "n/a"

@@ -7,6 +7,7 @@ subprocess tests (kill-and-resume, torchrun with 2 gloo processes) dominate its 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -354,3 +355,46 @@ def test_train_refuses_a_run_that_does_not_fit_before_starting():
 def test_stop_at_must_be_a_step():
     with pytest.raises(ValueError, match="stop_at must be >= 0"):
         train(TransformerLM(tiny_config()), tiny_data(), TrainConfig(steps=2), progress=False, stop_at=-1)
+
+
+# ---------------------------------------------------------------------------------------------- positions
+def test_random_positions_train_every_row_of_a_learned_table():
+    """With ``random_positions=M`` the model sees positions from [0, M): a learned table of M rows
+    trains all of them; with ordinary positions only the first seq_len rows move."""
+    data = tiny_data()
+    moved = {}
+    for m in (0, 64):
+        seed_everything(0)
+        model = TransformerLM(dataclasses.replace(tiny_config("learned"), max_len=64))
+        table = model.decoder.embed.position.weight
+        before = table.detach().clone()
+        cfg = TrainConfig(steps=8, batch_size=8, seq_len=8, warmup_steps=1, random_positions=m)
+        train(model, data, cfg, progress=False)
+        changed = (table.detach() - before).abs().amax(dim=1) > 0  # [64] rows that moved
+        moved[m] = int(changed[8:].sum())
+    assert moved[0] == 0 and moved[64] == 56
+
+
+def test_random_positions_are_a_pure_function_of_seed_and_step(monkeypatch):
+    lab_train = sys.modules["posenc.lab.train"]  # the module (posenc.lab.train is also the function)
+    seen = []
+    real = lab_train._train_step
+
+    def spy(*args):
+        seen.append(args[-1].clone())
+        return real(*args)
+
+    monkeypatch.setattr(lab_train, "_train_step", spy)
+    cfg = TrainConfig(steps=3, batch_size=4, seq_len=8, warmup_steps=1, random_positions=40)
+    for _ in range(2):
+        seed_everything(0)
+        train(TransformerLM(tiny_config("alibi")), tiny_data(), cfg, progress=False)
+    first, second = seen[:3], seen[3:]
+    assert all(torch.equal(a, b) for a, b in zip(first, second))  # the same draw in every run
+    assert not torch.equal(first[0], first[1])  # a new draw every step
+    assert all(p.shape == (4, 8) and int(p.max()) < 40 and bool((p.diff(dim=1) > 0).all()) for p in first)
+
+
+def test_random_positions_must_cover_the_window():
+    with pytest.raises(ValueError, match=r"random_positions=4 must be 0 \(off\) or >= seq_len=8"):
+        TrainConfig(seq_len=8, random_positions=4)

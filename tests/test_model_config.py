@@ -27,6 +27,10 @@ def toys(monkeypatch):
         (dict(tie="everything"), "unknown tie 'everything'"),
         (dict(dropout=1.5), r"dropout must be in \[0, 1\)"),
         (dict(memory_len=-1), "memory_len must be >= 0"),
+        (dict(embed_scale="sqrt_d"), "embed_scale must be 'sqrt_d_model', None or a positive number"),
+        (dict(embed_scale=-2.0), "embed_scale must be a finite number > 0"),
+        (dict(embed_init_std=0), "embed_init_std must be a finite number > 0"),
+        (dict(init_std=float("inf")), "init_std must be a finite number > 0"),
     ],
 )
 def test_bad_configurations_fail_at_construction(kwargs, match):

@@ -114,3 +114,30 @@ def test_t5_buckets_are_one_directional_in_a_decoder_and_two_directional_in_an_e
     assert TransformerLM(cfg).decoder.scheme(0).bidirectional is False
     model = EncoderDecoder(cfg)
     assert model.encoder.scheme(0).bidirectional is True and model.decoder.scheme(0).bidirectional is False
+
+
+# ---------------------------------------------------------------------------------------------- input layer
+def test_embedding_scale_and_initialisations_come_from_the_config():
+    d = 64
+    base = dict(vocab_size=V, d_model=d, num_layers=2, num_heads=4, position="sinusoidal", tie="none")
+    torch.manual_seed(0)
+    default = TransformerLM(ModelConfig(**base))
+    token = default.decoder.embed.token
+    # the defaults are unchanged: sqrt(d) scale, the table at 1/sqrt(d), linear layers at 0.02
+    assert token.scale == pytest.approx(d**0.5) and token.init_std == pytest.approx(d**-0.5)
+    assert float(default.decoder.blocks[0].attn.q_proj.weight.detach().std()) == pytest.approx(0.02, rel=0.1)
+    torch.manual_seed(0)
+    plain = TransformerLM(ModelConfig(**base, embed_scale=None, init_std=0.05, embed_init_std=0.3))
+    token = plain.decoder.embed.token
+    assert token.scale == 1.0 and token.init_std == 0.3
+    block = plain.decoder.blocks[0]
+    assert float(block.attn.q_proj.weight.detach().std()) == pytest.approx(0.05, rel=0.1)
+    assert float(block.attn.o_proj.weight.detach().std()) == pytest.approx(0.05 / 2, rel=0.1)  # / sqrt(2 L)
+    assert float(plain.lm_head.weight.detach().std()) == pytest.approx(0.05, rel=0.1)
+    ids = torch.tensor([[3, 5]])
+    x = plain.decoder.embed.token(ids)  # unscaled: the table's rows themselves
+    assert torch.equal(x, token.weight[ids])
+    # no scale: the token part is 1/sqrt(d) per component, the sinusoidal part stays ~0.7
+    torch.manual_seed(0)
+    unscaled = TransformerLM(ModelConfig(**base, embed_scale=None)).decoder.embed.token
+    assert float(unscaled.weight.detach().std()) == pytest.approx(d**-0.5, rel=0.1)

@@ -8,6 +8,7 @@ from posenc.positions import (
     check_positions,
     positions_from_cu_seqlens,
     positions_from_mask,
+    randomized_positions,
     resolve_positions,
 )
 
@@ -93,3 +94,32 @@ def test_check_positions():
     with pytest.raises(TypeError, match="integer tensor"):
         check_positions([0, 1, 2], 3)
     assert torch.equal(resolve_positions(None, 5, torch.device("cpu")), torch.arange(5))
+
+
+# ---------------------------------------------------------------------------------------------- randomized
+def test_randomized_positions_are_sorted_distinct_draws_from_the_range():
+    g = torch.Generator().manual_seed(0)
+    pos = randomized_positions(64, 8, 32, generator=g)  # [64, 8]
+    assert pos.shape == (64, 8) and pos.dtype == torch.long
+    assert bool((pos[:, 1:] > pos[:, :-1]).all())  # strictly increasing: sorted, no repeats
+    assert int(pos.min()) >= 0 and int(pos.max()) < 32
+    # uniform over the range: every value is drawn, each in about 8/32 of the rows
+    counts = torch.bincount(pos.flatten(), minlength=32).float() / 64
+    assert bool((counts > 0.05).all()) and abs(float(counts.mean()) - 0.25) < 1e-6
+    assert len({tuple(r) for r in pos.tolist()}) > 60  # rows draw on their own
+    same = randomized_positions(64, 8, 32, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(pos, same)
+    assert randomized_positions(2, 5, 5).tolist() == [[0, 1, 2, 3, 4]] * 2  # the whole range: arange
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        ((2, 9, 8), r"seq_len=9 distinct positions cannot be drawn from \[0, max_position=8\)"),
+        ((0, 4, 8), "batch must be an int >= 1, got 0"),
+        ((2, 4, 8.0), "max_position must be an int >= 1, got 8.0"),
+    ],
+)
+def test_randomized_positions_errors(args, match):
+    with pytest.raises(ValueError, match=match):
+        randomized_positions(*args)

@@ -58,6 +58,7 @@ _EXPORTS: dict[str, str] = {
     "arange_positions": "positions",
     "positions_from_cu_seqlens": "positions",
     "positions_from_mask": "positions",
+    "randomized_positions": "positions",
     # registry
     "build": "registry",
     "build_with_context": "registry",
@@ -149,6 +150,7 @@ __all__ = [
     "positions_from_cu_seqlens",
     "positions_from_mask",
     "pretrained_embedding",
+    "randomized_positions",
     "read_safetensors_vectors",
     "read_word_vectors",
     "register",

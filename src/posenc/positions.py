@@ -5,7 +5,9 @@ Every hook of every scheme takes explicit integer positions. This module makes t
 * :func:`arange_positions` -- the default ``0, 1, ..., s-1``, optionally shifted by an offset
   (an int, or one offset per batch row for a KV cache whose rows have different lengths);
 * :func:`positions_from_mask` -- positions of a left-padded batch, from its attention mask;
-* :func:`positions_from_cu_seqlens` -- positions of packed documents, restarting at 0 for each.
+* :func:`positions_from_cu_seqlens` -- positions of packed documents, restarting at 0 for each;
+* :func:`randomized_positions` -- sorted positions drawn without replacement from a larger range
+  (training with randomized positional encodings, Ruoss et al. 2023).
 
 and :func:`check_positions` validates positions handed in by a user.
 
@@ -23,6 +25,7 @@ __all__ = [
     "check_positions",
     "positions_from_cu_seqlens",
     "positions_from_mask",
+    "randomized_positions",
     "resolve_positions",
 ]
 
@@ -66,6 +69,40 @@ def arange_positions(
     if isinstance(offset, bool) or not isinstance(offset, int):
         raise TypeError(f"offset must be an int or an integer tensor [b], got {type(offset).__name__}")
     return torch.arange(offset, offset + seq_len, device=device)
+
+
+def randomized_positions(
+    batch: int,
+    seq_len: int,
+    max_position: int,
+    *,
+    generator: torch.Generator | None = None,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """Per row, ``s`` distinct positions drawn uniformly from ``[0, max_position)`` and sorted
+    (Ruoss et al. 2023): a model trained on short windows sees the position values of long ones.
+
+    Args:
+        batch: ``b``, rows (each gets its own draw).
+        seq_len: ``s``, positions per row; ``s <= max_position``.
+        max_position: the range's end (exclusive), e.g. several times the training length.
+        generator: a ``torch.Generator`` (CPU) for reproducible draws.
+        device: device of the result.
+
+    Returns:
+        int64 ``[b, s]``, strictly increasing along each row.
+    """
+    for name, value in (("batch", batch), ("seq_len", seq_len), ("max_position", max_position)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    if seq_len > max_position:
+        raise ValueError(
+            f"seq_len={seq_len} distinct positions cannot be drawn from [0, max_position={max_position}); "
+            f"use max_position >= {seq_len}"
+        )
+    keys = torch.rand(batch, max_position, generator=generator)  # [b, max_position] uniform keys
+    chosen = keys.topk(seq_len, dim=-1).indices  # [b, s]: a uniform subset without replacement
+    return chosen.sort(dim=-1).values.to(device)
 
 
 def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:

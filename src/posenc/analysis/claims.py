@@ -19,7 +19,7 @@ import torch
 from ..absolute import sinusoidal_frequencies, sinusoidal_table
 from .properties import fit_shift_map
 
-__all__ = ["Claim", "common_claims", "study_claims"]
+__all__ = ["INPUT_LAYER_CLAIMS", "Claim", "common_claims", "input_layer_claims", "study_claims"]
 
 
 @dataclass(frozen=True)
@@ -169,7 +169,7 @@ def study_claims(results: dict[str, Any]) -> list[Claim]:
     L = cfg["train_len"]
     out = []
     for row in results.get("summary", []):
-        if row.get("variant") or row["length"] != 2 * L or not row.get("delta"):
+        if row.get("variant") or row.get("setting") or row["length"] != 2 * L or not row.get("delta"):
             continue
         if row["scheme"] not in registered or "embed" not in describe(row["scheme"])["hooks"]:
             continue  # a scheme this process does not know, or one that does not add to the input
@@ -190,4 +190,73 @@ def study_claims(results: dict[str, Any]) -> list[Claim]:
                 f"posenc extrapolate (this study: {cfg['steps']} steps, L = {L})",
             )
         )
+    return out + input_layer_claims(results)
+
+
+#: Claims about the input layer that a study varying one model field settles: the field, the
+#: value the claim says is better, and the claim as it is usually made.
+INPUT_LAYER_CLAIMS: dict[str, tuple[Any, str]] = {
+    "embed_scale": ("sqrt_d_model", "scaling the token embedding by sqrt(d_model) keeps the positions "
+                    "from drowning the tokens (or the reverse), so it trains a better model"),
+    "embed_norm": (True, "a LayerNorm right after the embedding speeds training"),
+    "tie": ("output", "tying the output layer to the token embedding helps small models"),
+    "init_std": (0.02, "initialising the weights with std 0.02 (GPT-2) works better than other scales"),
+    "norm": ("pre", "pre-LayerNorm trains better than post-LayerNorm"),
+}  # fmt: skip
+
+
+def input_layer_claims(results: dict[str, Any]) -> list[Claim]:
+    """The :data:`INPUT_LAYER_CLAIMS` a study with one ``vary`` field settles, per scheme and
+    other value: held-out bits/byte at ``L`` with the other value minus with the claimed one, on
+    the same bytes, seed for seed (> 0: the claim holds)."""
+    from ..lab.compare import paired_rows
+    from ..lab.grid import run_name
+
+    cfg = results.get("config", {})
+    vary = cfg.get("vary") or {}
+    if len(vary) != 1 or cfg.get("randomized_positions"):
+        return []  # several fields at once: each comparison would mix them
+    field, values = next(iter(vary.items()))
+    if field not in INPUT_LAYER_CLAIMS or INPUT_LAYER_CLAIMS[field][0] not in values:
+        return []
+    better, text = INPUT_LAYER_CLAIMS[field]
+    runs = {(r["name"], r["seed"]): r for r in results.get("runs", [])}
+    out = []
+    for scheme in cfg["schemes"]:
+        ref = run_name(scheme, ((field, better),))
+        for value in (v for v in values if v != better):
+            other = run_name(scheme, ((field, value),))
+            pairs = [
+                (runs[ref, s], runs[other, s])
+                for s in cfg["seeds"]
+                if (ref, s) in runs and (other, s) in runs
+            ]
+            row = (
+                next((r for r in paired_rows(other, pairs) if r["length"] == cfg["train_len"]), None)
+                if pairs
+                else None
+            )
+            if row is not None:
+                out.append(_input_layer_claim(text, scheme, field, better, value, row, cfg))
     return out
+
+
+def _input_layer_claim(text, scheme, field, better, value, row, cfg) -> Claim:
+    d = row["diff"]
+    low, high = d.get("low"), d.get("high")
+    interval = f" (95%: {low:+.3f} to {high:+.3f})" if low is not None and high is not None else ""
+    if low is not None and low > 0:
+        verdict = f"right for {scheme}: {field}={value} is measurably worse"
+    elif high is not None and high < 0:
+        verdict = f"wrong for {scheme}: {field}={value} is measurably better"
+    else:
+        verdict = f"not shown for {scheme} at this budget: the interval includes 0"
+    return Claim(
+        text,
+        f"{field}={better}",
+        f"{scheme}: bits/byte at L = {cfg['train_len']} with {field}={value} minus with {field}={better} "
+        f"on the same bytes: {d['mean']:+.3f}{interval}, {len(row['seeds'])} seed(s)",
+        verdict,
+        float(d["mean"]),
+        f"posenc extrapolate --vary {field}=... (this study: {cfg['steps']} steps, L = {cfg['train_len']})",
+    )

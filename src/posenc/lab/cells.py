@@ -40,31 +40,60 @@ from .config import StudyConfig
 from .distributed import dist_info
 from .evalset import EvalSet, sample_eval_set
 from .evaluate import EVALUATORS, EvalPoint, task_batch_fn, task_seq_len
+from .grid import Setting, run_name, split_setting, study_settings
 from .memory import check_memory, estimate_memory
 from .runs import write_json
 from .train import seed_everything, train
 
-__all__ = ["Cell", "StudyData", "cell_key", "iter_cells", "run_cell", "study_cells", "study_data"]
+__all__ = [
+    "Cell",
+    "StudyData",
+    "cell_key",
+    "cell_model_config",
+    "finished_cell",
+    "full_key",
+    "iter_cells",
+    "run_cell",
+    "study_cells",
+    "study_data",
+]
 
-#: Config fields that do not change a cell's numbers (so a finished cell is still valid when they change).
-_NOT_IN_CELL = ("schemes", "seeds", "checkpoint_every", "eval_batch_tokens")
+#: Config fields that do not change a cell's numbers (so a finished cell is still valid when they
+#: change); a cell's own setting is in its key instead of the whole grid's.
+_NOT_IN_CELL = (
+    "schemes",
+    "seeds",
+    "checkpoint_every",
+    "eval_batch_tokens",
+    "vary",
+    "randomized_positions",
+    "finetune_len",
+    "finetune_steps",
+)
 
 
 @dataclass(frozen=True)
 class Cell:
-    """One (scheme, seed) of a study."""
+    """One (scheme, setting, seed) of a study; ``setting`` as in :mod:`posenc.lab.grid` (``()`` = plain)."""
 
     scheme: str
     seed: int
+    setting: Setting = ()
+
+    @property
+    def run(self) -> str:
+        """The name of this cell's trained model in tables: ``rope`` or ``rope[norm=post]``."""
+        return run_name(self.scheme, self.setting)
 
     @property
     def name(self) -> str:
-        return f"{self.scheme}-seed{self.seed}"
+        return f"{self.run}-seed{self.seed}"
 
 
 def study_cells(config: StudyConfig) -> list[Cell]:
-    """The grid, scheme-major: every scheme with every seed."""
-    return [Cell(s, seed) for s in config.schemes for seed in config.seeds]
+    """The grid, scheme-major: every scheme with every setting and every seed."""
+    settings = study_settings(config.vary, config.randomized_positions)
+    return [Cell(s, seed, setting) for s in config.schemes for setting in settings for seed in config.seeds]
 
 
 def cell_key(config: StudyConfig) -> dict[str, Any]:
@@ -172,9 +201,14 @@ def _evaluate(
         if limit is not None and evaluator.positions_needed(e) > limit:
             points.append(EvalPoint(e, note=f"n/a: {model_config.position} positions stop at {limit}"))
             continue
-        point = evaluator(model_at(e), e)
+        model = model_at(e)
+        point = evaluator(model, e)
         if note is not None:
             point.note = note(e)
+        if config.diagnostic_windows:  # attention entropy, distance, mass beyond L
+            from .diagnostics import fill_diagnostics
+
+            fill_diagnostics(point, model, config, evaluator.evalset, evaluator.device)
         points.append(point)
     evaluator.finish(points)
     return points
@@ -200,7 +234,7 @@ def _variant_runs(config: StudyConfig, cell: Cell, evaluator, model, mc, device)
         points = _evaluate(
             config, evaluator, scaled, mc, note=lambda e: f"factor {max(1.0, e / config.train_len):g}"
         )
-        name = f"{cell.scheme}+{variant}"
+        name = f"{cell.run}+{variant}"
         runs.append({"name": name, "variant": variant, "eval": [p.to_dict() for p in points]})
     return runs
 
@@ -235,16 +269,12 @@ def run_cell(
     cell_file = out_dir / "cells" / f"{cell.name}.json" if out_dir is not None else None
     device = torch.device(device)
     data = study_data(config)
-    # what the numbers depend on beyond the config: the bytes read and the device type
-    key = {**cell_key(config), "data": data.data_id, "eval": data.eval_id, "device": device.type}
-    if resume and cell_file is not None and cell_file.is_file():
-        record = json.loads(cell_file.read_text())
-        if record.get("key") == key:
-            record["reused"] = True
-            return record
+    key = full_key(config, cell, data, device)
+    if resume and (record := finished_cell(cell_file, key)) is not None:
+        return record
     if threads is not None:
         torch.set_num_threads(threads)
-    mc = config.model_config(cell.scheme, vocab_size=data.vocab, max_len=data.max_len)
+    mc = cell_model_config(config, cell, data)
     ckpt = out_dir / "checkpoints" / f"{cell.name}.safetensors" if out_dir is not None else None
     if config.lm:  # the longest evaluation must fit too: refuse before training, on every rank
         longest = max(config.eval_lens)
@@ -256,7 +286,7 @@ def run_cell(
     if info.is_main:  # under torchrun, rank 0 alone evaluates and writes
         evaluator = EVALUATORS[config.mode](config, data.evalset, device)
         points = _evaluate(config, evaluator, lambda e: model, mc)
-        record["runs"] = [{"name": cell.scheme, "variant": None, "eval": [p.to_dict() for p in points]}]
+        record["runs"] = [{"name": cell.run, "variant": None, "eval": [p.to_dict() for p in points]}]
         if config.lm:
             record["runs"] += _variant_runs(config, cell, evaluator, model, mc, device)
         if cell_file is not None:
@@ -266,6 +296,35 @@ def run_cell(
     return record
 
 
+def full_key(config: StudyConfig, cell, data: StudyData, device: torch.device) -> dict[str, Any]:
+    """What a cell's numbers depend on: the config's cell fields (:func:`cell_key`), the bytes it
+    trains on and reads, the device type and the cell's own setting."""
+    return {
+        **cell_key(config),
+        "data": data.data_id,
+        "eval": data.eval_id,
+        "device": device.type,
+        "setting": [list(kv) for kv in cell.setting],
+    }
+
+
+def finished_cell(cell_file: Path | None, key: dict[str, Any]) -> dict[str, Any] | None:
+    """The record in ``cell_file`` when it was run with ``key`` (marked ``reused``), else ``None``."""
+    if cell_file is None or not cell_file.is_file():
+        return None
+    record = json.loads(cell_file.read_text())
+    return {**record, "reused": True} if record.get("key") == key else None
+
+
+def cell_model_config(config: StudyConfig, cell: Cell, data: StudyData):
+    """The cell's :class:`~posenc.model.ModelConfig`: the study's for its scheme, with its setting's
+    fields; trained at randomized positions from ``[0, M)``, its nominal length is ``M``."""
+    fields, training = split_setting(cell.setting)
+    max_len = max(data.max_len, training.get("random_positions", 0))
+    mc = config.model_config(cell.scheme, vocab_size=data.vocab, max_len=max_len)
+    return dataclasses.replace(mc, **fields)
+
+
 def _record(cell: Cell, key: dict[str, Any], model, mc, result) -> dict[str, Any]:
     """A cell's record before evaluation: what it is, what it trained, its losses."""
     tail = result.losses[-max(1, len(result.losses) // 10) :]
@@ -273,6 +332,8 @@ def _record(cell: Cell, key: dict[str, Any], model, mc, result) -> dict[str, Any
         "cell": cell.name,
         "scheme": cell.scheme,
         "seed": cell.seed,
+        "run": cell.run,
+        "setting": dict(cell.setting),
         "key": key,
         "params": sum(p.numel() for p in model.parameters()),
         "model_config": mc.to_dict(),
@@ -284,9 +345,15 @@ def _record(cell: Cell, key: dict[str, Any], model, mc, result) -> dict[str, Any
             "threads": torch.get_num_threads(),
             "final_loss_nats": sum(tail) / len(tail) if tail else math.nan,
             "loss_every_10_steps": result.losses[::10],
+            "loss_mean_10_steps": [sum(block) / len(block) for block in _blocks(result.losses, 10)],
         },
         "runs": [],
     }
+
+
+def _blocks(values: list[float], size: int) -> list[list[float]]:
+    """``values`` in consecutive blocks of ``size`` (the last may be shorter)."""
+    return [values[i : i + size] for i in range(0, len(values), size)]
 
 
 def _train_cell(
@@ -302,7 +369,7 @@ def _train_cell(
     """The cell's model, seeded by the cell's seed, trained (or resumed) on the study's data."""
     from ..model import TransformerLM
 
-    tc = config.train_config(data.seq_len, cell.seed)
+    tc = dataclasses.replace(config.train_config(data.seq_len, cell.seed), **split_setting(cell.setting)[1])
     if ckpt is None:
         tc = dataclasses.replace(tc, checkpoint_every=0)
     train_data = (
@@ -333,7 +400,7 @@ def _cell_task(
     config_dict: dict[str, Any], cell: Cell, out: str | None, device: str, resume: bool, threads: int | None
 ) -> dict[str, Any]:
     """What a worker runs: a plain function of JSON-able arguments (picklable for any executor)."""
-    return run_cell(
+    return _runner(cell)(
         StudyConfig.from_dict(config_dict),
         cell,
         out=out,
@@ -342,6 +409,11 @@ def _cell_task(
         progress=False,
         threads=threads,
     )
+
+
+def _runner(cell) -> Callable[..., dict[str, Any]]:
+    """The function that runs ``cell``: :func:`run_cell`, or the cell's own (a fine-tuning cell's)."""
+    return cell.runner() if hasattr(cell, "runner") else run_cell
 
 
 def iter_cells(
@@ -363,7 +435,7 @@ def iter_cells(
     """
     if cluster is None and workers <= 1:
         for cell in cells:
-            yield run_cell(
+            yield _runner(cell)(
                 config, cell, out=out, device=device, resume=resume, progress=progress, threads=threads
             )
         return

@@ -219,6 +219,37 @@ def extrapolate_args(p: argparse.ArgumentParser) -> None:
         help="a scheme's option for its model, e.g. t5.max_distance=128 (repeatable)",
     )
     p.add_argument(
+        "--vary",
+        action="append",
+        default=[],
+        metavar="FIELD=V1,V2",
+        help="train every scheme with each value of a model setting, e.g. norm=pre,post (repeatable)",
+    )
+    p.add_argument(
+        "--randomized-positions",
+        type=int,
+        default=None,
+        metavar="M",
+        help="also train each scheme at sorted random positions from [0, M) (Ruoss et al. 2023)",
+    )
+    p.add_argument(
+        "--finetune-len",
+        type=int,
+        default=None,
+        metavar="E",
+        help="after training, fine-tune RoPE and each of its scalings at length E (with --finetune-steps)",
+    )
+    p.add_argument("--finetune-steps", type=int, default=None, metavar="N", help="fine-tuning steps")
+    p.add_argument(
+        "--diagnostics",
+        type=int,
+        nargs="?",
+        const=8,
+        default=None,
+        metavar="K",
+        help="attention entropy, distance and mass beyond L on K windows per length (default 8)",
+    )
+    p.add_argument(
         "--workers",
         type=int,
         default=None,
@@ -230,31 +261,6 @@ def extrapolate_args(p: argparse.ArgumentParser) -> None:
         help="run the cells on a Dask cluster at this scheduler address (tcp://host:8786)",
     )
     _common_args(p)
-
-
-def _read_results(spec: str, flag: str = "--compare") -> dict[str, Any]:
-    path = Path(spec)
-    if path.is_dir():
-        path = path / "results.json"
-    try:
-        results = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise ValueError(f"{flag}: cannot read a study from {spec!r}: {err}") from None
-    if not isinstance(results, dict) or not {"config", "runs", "eval", "summary"} <= results.keys():
-        raise ValueError(f"{flag}: {str(path)!r} is not a results.json of posenc extrapolate")
-    return results
-
-
-def compare_run(args: argparse.Namespace) -> int:
-    """``posenc extrapolate --compare A B``: print B - A on the same bytes."""
-    from .compare import compare_studies, format_comparison
-
-    a, b = (_read_results(x) for x in args.compare)
-    rows = compare_studies(a, b)
-    if not rows:
-        raise ValueError("--compare: the two studies share no (scheme, seed) run")
-    print(format_comparison(rows, b["config"]["eval_lens"]))
-    return 0
 
 
 def _study_config(args: argparse.Namespace):
@@ -285,7 +291,21 @@ def _study_config(args: argparse.Namespace):
         fields["variants"] = () if args.variants == "none" else parse_list(args.variants, flag="--variants")
     if args.option:
         fields["position_options"] = parse_options(args.option)
-    return StudyConfig(**fields)
+    return StudyConfig(**fields, **_grid_fields(args))
+
+
+def _grid_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The study fields of ``--vary``, ``--randomized-positions``, fine-tuning and ``--diagnostics``."""
+    from .grid import parse_vary
+
+    fields: dict[str, Any] = {"vary": parse_vary(args.vary)} if args.vary else {}
+    given = {
+        "randomized_positions": args.randomized_positions,
+        "finetune_len": args.finetune_len,
+        "finetune_steps": args.finetune_steps,
+        "diagnostic_windows": args.diagnostics,
+    }
+    return {**fields, **{k: v for k, v in given.items() if v is not None}}
 
 
 def _workers(args: argparse.Namespace, info, device, cells: int) -> int:
@@ -304,11 +324,14 @@ def _workers(args: argparse.Namespace, info, device, cells: int) -> int:
 def extrapolate_run(args: argparse.Namespace) -> int:
     """Run ``posenc extrapolate``: train, evaluate, print the table, write the JSON and plot."""
     if args.compare is not None:
-        return compare_run(args)
+        from .compare import compare_run
+
+        return compare_run(args.compare)
     if args.from_file is not None:
+        from .compare import read_results
         from .extrapolate import format_table
 
-        print(format_table(_read_results(args.from_file, "--from"), markdown=args.markdown))
+        print(format_table(read_results(args.from_file, "--from"), markdown=args.markdown))
         return 0
     if args.markdown:
         raise ValueError("--markdown formats a finished study: use it with --from RESULTS")
@@ -323,7 +346,9 @@ def extrapolate_run(args: argparse.Namespace) -> int:
     if args.workers is not None and args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
     info, device, threads = _setup(args)
-    workers = _workers(args, info, device, len(config.schemes) * len(config.seeds))
+    from .cells import study_cells
+
+    workers = _workers(args, info, device, len(study_cells(config)))
     if workers > 1 and args.threads is None:
         threads = 1  # one thread per cell process: the cores go to the cells
     try:

@@ -11,13 +11,39 @@ Legend: ``K`` windows.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from .stats import bootstrap_interval, seed_interval
+from .stats import bootstrap_interval, format_interval, seed_interval
 
-__all__ = ["compare_studies", "format_comparison"]
+__all__ = ["compare_run", "compare_studies", "format_comparison", "paired_rows", "read_results"]
+
+
+def read_results(spec: str, flag: str = "--compare") -> dict[str, Any]:
+    """The results dict of a finished study (``results.json`` or its folder); errors name ``flag``."""
+    path = Path(spec)
+    if path.is_dir():
+        path = path / "results.json"
+    try:
+        results = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"{flag}: cannot read a study from {spec!r}: {err}") from None
+    if not isinstance(results, dict) or not {"config", "runs", "eval", "summary"} <= results.keys():
+        raise ValueError(f"{flag}: {str(path)!r} is not a results.json of posenc extrapolate")
+    return results
+
+
+def compare_run(specs: list[str]) -> int:
+    """``posenc extrapolate --compare A B``: print B - A on the same bytes."""
+    a, b = (read_results(x) for x in specs)
+    rows = compare_studies(a, b)
+    if not rows:
+        raise ValueError("--compare: the two studies share no (scheme, seed) run")
+    print(format_comparison(rows, b["config"]["eval_lens"]))
+    return 0
 
 
 def _check_same_bytes(a: dict[str, Any], b: dict[str, Any]) -> None:
@@ -45,33 +71,36 @@ def compare_studies(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]
     for rb in b["runs"]:
         if (rb["name"], rb["seed"]) in runs_a:
             pairs.setdefault(rb["name"], []).append((runs_a[rb["name"], rb["seed"]], rb))
+    return [row for name, seed_pairs in pairs.items() for row in paired_rows(name, seed_pairs)]
+
+
+def paired_rows(name: str, seed_pairs: list[tuple[dict, dict]]) -> list[dict[str, Any]]:
+    """Per length, run B minus run A on the same windows, one ``(A, B)`` pair of runs per seed: a
+    t interval over the seeds' mean differences, or with one seed a bootstrap over windows."""
     rows = []
-    for name, seed_pairs in pairs.items():
-        for length in (p["length"] for p in seed_pairs[0][1]["eval"]):
-            both = [(_point(ra, length), _point(rb, length), rb["seed"]) for ra, rb in seed_pairs]
-            both = [(pa, pb, seed) for pa, pb, seed in both if pa and pb]
-            if not both:
-                continue
-            # [K] per-window differences of each common seed: the same bytes, B's model minus A's
-            diffs = [torch.tensor(pb["window_bits"]) - torch.tensor(pa["window_bits"]) for pa, pb, _ in both]
-            many = len(diffs) > 1
-            diff = seed_interval([float(d.mean()) for d in diffs]) if many else bootstrap_interval(diffs[0])
-            rows.append(
-                {
-                    "name": name,
-                    "length": length,
-                    "seeds": [seed for *_, seed in both],
-                    "diff": diff.to_dict(),
-                    "over": "seeds" if many else "windows",
-                }
-            )
+    for length in (p["length"] for p in seed_pairs[0][1]["eval"]):
+        both = [(_point(ra, length), _point(rb, length), rb["seed"]) for ra, rb in seed_pairs]
+        both = [(pa, pb, seed) for pa, pb, seed in both if pa and pb]
+        if not both:
+            continue
+        # [K] per-window differences of each common seed: the same bytes, B's model minus A's
+        diffs = [torch.tensor(pb["window_bits"]) - torch.tensor(pa["window_bits"]) for pa, pb, _ in both]
+        many = len(diffs) > 1
+        diff = seed_interval([float(d.mean()) for d in diffs]) if many else bootstrap_interval(diffs[0])
+        rows.append(
+            {
+                "name": name,
+                "length": length,
+                "seeds": [seed for *_, seed in both],
+                "diff": diff.to_dict(),
+                "over": "seeds" if many else "windows",
+            }
+        )
     return rows
 
 
 def format_comparison(rows: list[dict[str, Any]], lens: list[int]) -> str:
     """A table of ``B - A`` per run and length (``mean ±half-width``; < 0 = B is better)."""
-    from .extrapolate import _cell
-
     names = list(dict.fromkeys(r["name"] for r in rows))
     width = max(8, *(len(n) for n in names)) if names else 8
     over = rows[0]["over"] if rows else "windows"  # "seeds" or "windows"
@@ -81,5 +110,7 @@ def format_comparison(rows: list[dict[str, Any]], lens: list[int]) -> str:
     ]
     for name in names:
         by_len = {r["length"]: r["diff"] for r in rows if r["name"] == name}
-        lines.append(f"{name:<{width}}" + "".join(f"{_cell(by_len.get(e), True, 'n/a'):>16}" for e in lens))
+        lines.append(
+            f"{name:<{width}}" + "".join(f"{format_interval(by_len.get(e), True, 'n/a'):>16}" for e in lens)
+        )
     return "\n".join(lines)

@@ -76,6 +76,9 @@ class TrainConfig:
             weight decay. Adam moves a parameter by about its learning rate per step whatever the
             gradient's size, so over a run an entry travels at most the sum of the learning rates
             (~1.0 at the defaults); T5's bias needs values of +-2.5 (docs/lab.md has the measurement).
+        random_positions: 0 = ordinary positions ``0 .. s-1``; ``M > 0`` = each training window
+            gets ``s`` sorted positions drawn without replacement from ``[0, M)`` (randomized
+            positional encodings, Ruoss et al. 2023), a pure function of ``(seed, step)``.
     """
 
     steps: int = 600
@@ -92,6 +95,7 @@ class TrainConfig:
     log_every: int = 10
     autocast: str = "auto"
     position_lr_scale: float = 10.0
+    random_positions: int = 0
 
     def __post_init__(self) -> None:
         check_int(self.steps, "steps")
@@ -120,6 +124,12 @@ class TrainConfig:
         check_int(self.log_every, "log_every")
         check_choice(self.autocast, "autocast", AUTOCAST_MODES)
         check_positive_float(self.position_lr_scale, "position_lr_scale")
+        check_int(self.random_positions, "random_positions", minimum=0)
+        if 0 < self.random_positions < self.seq_len:
+            raise ValueError(
+                f"random_positions={self.random_positions} must be 0 (off) or >= seq_len={self.seq_len}: "
+                f"each window draws seq_len distinct positions from [0, random_positions)"
+            )
 
     @property
     def tokens_per_step(self) -> int:
@@ -205,6 +215,18 @@ class StudyConfig:
         eval_examples: examples per length in task mode.
         eval_batch_tokens: at most this many tokens per evaluation forward pass.
         checkpoint_every: write a training checkpoint this often (when the study has an output folder).
+        vary: model-config fields to vary, ``{"norm": ("pre", "post")}``: every scheme is trained
+            with every combination (:mod:`posenc.lab.grid`), runs named ``rope[norm=post]``.
+        randomized_positions: ``M > 0``: every scheme (and setting) is also trained at positions
+            drawn sorted without replacement from ``[0, M)`` (Ruoss et al. 2023) and evaluated at
+            ordinary positions; its model's nominal length (``max_len``) is ``M``. 0 = off.
+        finetune_len, finetune_steps: ``E_ft > L`` and ``N``: after training, each model whose scheme
+            declares evaluation-time variants (RoPE's scalings) is fine-tuned at ``E_ft`` for ``N``
+            steps, once plainly and once per variant with factor ``E_ft / L``, then evaluated
+            (:mod:`posenc.lab.finetune`). 0 = off.
+        diagnostic_windows: attention diagnostics (entropy, attended distance, mass beyond ``L``) on
+            the first this many evaluation windows at every length (:mod:`posenc.lab.diagnostics`);
+            0 = off.
     """
 
     schemes: tuple[str, ...] = DEFAULT_SCHEMES
@@ -236,6 +258,11 @@ class StudyConfig:
     eval_examples: int = 200
     eval_batch_tokens: int = 16384
     checkpoint_every: int = 100
+    vary: dict[str, tuple] = dataclasses.field(default_factory=dict)
+    randomized_positions: int = 0
+    finetune_len: int = 0
+    finetune_steps: int = 0
+    diagnostic_windows: int = 0
 
     def __post_init__(self) -> None:
         from ..registry import SCHEMES, scheme_class
@@ -287,6 +314,48 @@ class StudyConfig:
         for v in self.variants:
             check_choice(v, "variants entry", sorted(offered))
         self.train_config()  # validates the optimizer settings
+        self._check_grid_options()
+
+    def _check_grid_options(self) -> None:
+        """``vary``, randomized positions, fine-tuning and diagnostics: valid and meaningful here."""
+        from ..registry import scheme_class
+        from .grid import check_vary
+
+        self.vary = check_vary(self.vary, self.model_config(self.schemes[0]))
+        for name in ("randomized_positions", "finetune_len", "finetune_steps", "diagnostic_windows"):
+            check_int(getattr(self, name), name, minimum=0)
+        extras = {
+            "randomized_positions": self.randomized_positions,
+            "finetune_len": self.finetune_len,
+            "diagnostic_windows": self.diagnostic_windows,
+        }
+        for name, value in extras.items():
+            if value and not self.lm:
+                raise ValueError(
+                    f"{name}={value} applies to language-model studies (mode 'lm'), not {self.mode!r}"
+                )
+        if 0 < self.randomized_positions < self.train_len:
+            raise ValueError(
+                f"randomized_positions={self.randomized_positions} must be >= train_len="
+                f"{self.train_len} (each window draws train_len distinct positions from it)"
+            )
+        if bool(self.finetune_len) != bool(self.finetune_steps):
+            raise ValueError(
+                "finetune_len and finetune_steps go together: give both (e.g. 256 and 100) or neither"
+            )
+        if self.finetune_len and self.finetune_len <= self.train_len:
+            raise ValueError(
+                f"finetune_len={self.finetune_len} must be longer than train_len={self.train_len}"
+            )
+        if self.finetune_len and not any(scheme_class(s).eval_variants for s in self.schemes):
+            raise ValueError(
+                "fine-tuning extends the context of schemes with evaluation-time variants (RoPE's "
+                f"scalings), and none of {list(self.schemes)} has any; add e.g. rope to schemes"
+            )
+        if self.diagnostic_windows > self.eval_windows:
+            raise ValueError(
+                f"diagnostic_windows={self.diagnostic_windows} must be <= eval_windows={self.eval_windows}"
+            )
 
     def _check_position_options(self) -> None:
         from ..registry import config_keys
@@ -330,6 +399,7 @@ class StudyConfig:
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
+        d["vary"] = {k: list(v) for k, v in self.vary.items()}
         return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
 
     @classmethod

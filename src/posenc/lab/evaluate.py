@@ -69,6 +69,8 @@ class EvalPoint:
         accuracy: exact-match accuracy (task modes).
         note: why a value is missing, or the variant's setting (e.g. ``factor 4``).
         wall_s: evaluation time.
+        attn_entropy, attn_distance, attn_beyond: attention diagnostics (:mod:`posenc.lab.diagnostics`),
+            means over layers and heads; ``attention`` holds them per layer and head.
     """
 
     length: int
@@ -82,6 +84,10 @@ class EvalPoint:
     accuracy: float | None = None
     note: str = ""
     wall_s: float = 0.0
+    attn_entropy: float | None = None
+    attn_distance: float | None = None
+    attn_beyond: float | None = None
+    attention: dict | None = None
 
     @property
     def measured(self) -> bool:

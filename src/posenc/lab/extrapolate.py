@@ -13,9 +13,11 @@ declares) are applied to the trained weights with factor ``E / L``, as extra row
 A second mode trains on the synthetic tasks of Kazemnejad et al. 2023 (``copy``, ``reverse``,
 ``addition``; :mod:`posenc.text.tasks`) and reports exact-match accuracy at longer lengths.
 
-The grid of cells (:mod:`posenc.lab.cells`) runs here, in local processes or on a Dask cluster;
-this module runs it and turns the cells into ``results.json``: every run, a summary per
-(run, length) across seeds, and the tables.
+The grid of cells (:mod:`posenc.lab.cells`: scheme x setting x seed, settings from
+:mod:`posenc.lab.grid`) runs here, in local processes or on a Dask cluster, then the fine-tuning
+cells of :mod:`posenc.lab.finetune` when asked for; this module turns the cells into
+``results.json``: every run, a summary per (run, length) across seeds, the paired comparisons of
+settings and of fine-tuning, and the tables.
 
 Legend: ``L`` train length, ``E`` evaluation length, ``S`` scored targets per window.
 """
@@ -36,16 +38,37 @@ import torch
 from .cells import iter_cells, study_cells, study_data
 from .config import StudyConfig
 from .distributed import dist_info
+from .finetune import finetune_cells, finetune_summary
+from .grid import settings_summary
 from .runs import RunFolder, write_json
-from .stats import Interval, seed_interval
+from .stats import format_interval, seed_interval
 
-__all__ = ["STUDY_ARTIFACTS", "SUMMARY_METRICS", "format_table", "run_study", "summarize"]
+__all__ = ["STUDY_ARTIFACTS", "SUMMARY_METRICS", "format_table", "run_study", "summarize", "training_summary"]
 
 #: What a study writes into its folder (their presence means the folder holds a study).
-STUDY_ARTIFACTS = ("results.json", "extrapolation.png", "extrapolation.svg", "cells", "checkpoints")
+STUDY_ARTIFACTS = (
+    "results.json",
+    "extrapolation.png",
+    "extrapolation.svg",
+    "attention.png",
+    "attention.svg",
+    "training.png",
+    "training.svg",
+    "cells",
+    "checkpoints",
+)
 
 #: The numbers summarised across seeds, per run and length.
-SUMMARY_METRICS = ("bpb_window", "delta", "bpb_all", "bpb_beyond", "accuracy")
+SUMMARY_METRICS = (
+    "bpb_window",
+    "delta",
+    "bpb_all",
+    "bpb_beyond",
+    "accuracy",
+    "attn_entropy",
+    "attn_distance",
+    "attn_beyond",
+)
 
 
 def _environment(device: torch.device, threads: int | None, workers: int, cluster: Any) -> dict[str, Any]:
@@ -104,9 +127,16 @@ def run_study(
     Returns:
         the results dict (the content of ``results.json``): ``config``, ``environment``,
         ``corpus`` and ``eval`` (the documents scored), ``cells``, ``runs`` (one per run name and
-        seed, with ``eval`` per length), ``summary`` (per run and length across seeds), ``wall_s``.
+        seed, with ``eval`` per length), ``summary`` (per run and length across seeds),
+        ``training`` (final loss and loss curve per trained run, across seeds), ``settings`` (with
+        ``vary`` or randomized positions: each setting minus the first, paired), ``finetune`` (with
+        fine-tuning: fine-tuned minus not, paired, and the cost), ``wall_s``.
     """
     info = dist_info()
+    if out is None and config.finetune_len:
+        raise ValueError(
+            "fine-tuning starts from each trained model's checkpoint: give an output folder (out=, --out)"
+        )
     if out is None:
         return _run_study(config, None, device, resume, progress, log, threads, workers, cluster)
     with RunFolder(out, STUDY_ARTIFACTS, resume=resume, overwrite=overwrite, lock=info.is_main):
@@ -128,28 +158,20 @@ def _run_study(config, out, device, resume, progress, log, threads, workers, clu
     if "corpus" in data.record:
         say(_corpus_line(data.record))
     cells = study_cells(config)
-    records = {}
-    show = sys.stderr.isatty() if progress is None else progress  # None: bars on a terminal only
-    bar = _cell_bar(show and info.is_main and len(cells) > 1, len(cells))
-    for record in iter_cells(
-        config,
-        cells,
+    run = dict(
         out=out,
         device=device,
         resume=resume,
-        progress=progress if workers <= 1 and cluster is None else False,
         workers=workers,
         cluster=cluster,
         threads=threads,
-    ):
-        records[record["cell"]] = record
-        if info.is_main:  # other ranks of a torchrun group train but do not evaluate
-            say(_cell_line(record, config))
-        if bar is not None:
-            bar.update(1)
-    if bar is not None:
-        bar.close()
-    _collect(results, [records[c.name] for c in cells], config, data)  # the grid's order
+        progress=progress if workers <= 1 and cluster is None else False,
+    )
+    show = sys.stderr.isatty() if progress is None else progress  # None: bars on a terminal only
+    records = _run_cells(config, cells, run, show and info.is_main, say)
+    ft_cells = finetune_cells(config, cells)  # phase 2: each starts from a trained cell's checkpoint
+    records.update(_run_cells(config, ft_cells, run, show and info.is_main, say))
+    _collect(results, [records[c.name] for c in [*cells, *ft_cells]], config, data)  # the grid's order
     results["wall_s"] = time.perf_counter() - t_start
     with contextlib.suppress(OSError):
         env["load_avg_end"] = list(os.getloadavg())
@@ -158,28 +180,57 @@ def _run_study(config, out, device, resume, progress, log, threads, workers, clu
     return results
 
 
+def _run_cells(config: StudyConfig, cells: list, run: dict[str, Any], bar: bool, say) -> dict[str, dict]:
+    """Run ``cells`` with :func:`~posenc.lab.cells.iter_cells` (``run``: its arguments); records by name."""
+    records = {}
+    bar = _cell_bar(bar and len(cells) > 1, len(cells))
+    for record in iter_cells(config, cells, **run):
+        records[record["cell"]] = record
+        if dist_info().is_main:  # other ranks of a torchrun group train but do not evaluate
+            say(_cell_line(record, config))
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    return records
+
+
 def _collect(results: dict[str, Any], ordered: list[dict[str, Any]], config: StudyConfig, data) -> None:
     """Put the cells' records into ``results``: configs, cells, one entry per run, the summary."""
     results["train_config"] = config.train_config(data.seq_len).to_dict()
-    results["model_configs"] = {r["scheme"]: r["model_config"] for r in ordered}
+    results["model_configs"] = {r.get("run", r["scheme"]): r["model_config"] for r in ordered}
     results["cells"] = [
         {k: v for k, v in r.items() if k not in ("runs", "model_config", "key")} for r in ordered
     ]
     results["runs"] = [
-        {**run, "scheme": r["scheme"], "seed": r["seed"], "params": r["params"]}
+        {
+            **run,
+            "scheme": r["scheme"],
+            "setting": r.get("setting", {}),
+            "seed": r["seed"],
+            "params": r["params"],
+        }
         for r in ordered
         for run in r["runs"]
     ]
     results["summary"] = summarize(results["runs"])
+    results["training"] = training_summary(results["cells"])
+    if config.vary or config.randomized_positions:
+        results["settings"] = settings_summary(results)
+    if config.finetune_len:
+        results["finetune"] = finetune_summary(results)
 
 
 def _write_study(out_dir: Path, results: dict[str, Any], say: Callable[[str], None]) -> None:
     """``results.json`` and the figure (PNG and SVG; without matplotlib, a line saying so)."""
     write_json(out_dir / "results.json", results)
     try:
-        from .plot import plot_study
+        from .plot import plot_attention, plot_study, plot_training
 
         plot_study(results, out_dir / "extrapolation.png")
+        plot_training(results, out_dir / "training.png")
+        if any(r.get("attn_entropy") for r in results["summary"]):
+            plot_attention(results, out_dir / "attention.png")
     except ImportError as err:  # matplotlib is an optional extra
         say(f"no plot: {err}")
 
@@ -232,12 +283,13 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "name": name,
                 "scheme": group[0]["scheme"],
                 "variant": group[0]["variant"],
+                "setting": group[0].get("setting", {}),
                 "length": length,
                 "seeds": [r["seed"] for r in group],
                 "note": points[0]["note"],
             }
             for metric in SUMMARY_METRICS:
-                values = [p[metric] for p in points if p[metric] is not None]
+                values = [p.get(metric) for p in points if p.get(metric) is not None]
                 if metric == "delta":
                     values = [v["mean"] for v in values]
                 row[metric] = seed_interval(values).to_dict() if values else None
@@ -248,13 +300,37 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return summary
 
 
+def training_summary(cells: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per trained run (fine-tuning cells aside): the final training loss (nats per token, mean of
+    the last 10% of steps) and the mean loss of every 10 steps, each a mean with a 95% t interval across
+    seeds: ``{run: {"seeds", "final_loss": Interval dict, "curve": {"step", "mean", "low", "high"}}}``."""
+    by_run: dict[str, list[dict[str, Any]]] = {}
+    for cell in cells:
+        if "finetune" not in cell and cell.get("train", {}).get("loss_every_10_steps"):
+            by_run.setdefault(cell.get("run", cell["scheme"]), []).append(cell)
+    out = {}
+    for run, group in by_run.items():  # the mean of each 10 steps (older cells: every 10th step)
+        losses = [c["train"].get("loss_mean_10_steps") or c["train"]["loss_every_10_steps"] for c in group]
+        n = min(len(x) for x in losses)
+        steps = [seed_interval([x[i] for x in losses]) for i in range(n)]
+        out[run] = {
+            "seeds": [c["seed"] for c in group],
+            "final_loss": seed_interval([c["train"]["final_loss_nats"] for c in group]).to_dict(),
+            "curve": {
+                "step": [10 * i for i in range(n)],
+                "mean": [iv.mean for iv in steps],
+                "low": [iv.mean if iv.low is None else iv.low for iv in steps],
+                "high": [iv.mean if iv.high is None else iv.high for iv in steps],
+            },
+        }
+    return out
+
+
 # ----------------------------------------------------------------------------------------------
 # Terminal tables
 # ----------------------------------------------------------------------------------------------
 def _cell(value: dict | None, signed: bool, missing: str) -> str:
-    if value is None:
-        return missing
-    return Interval(value["mean"], value["low"], value["high"], value["n"]).format(signed)
+    return format_interval(value, signed, missing)
 
 
 def _metric_table(rows, names, lens, metric, signed, title, markdown, head, width, col) -> list[str]:
@@ -272,12 +348,84 @@ def _metric_table(rows, names, lens, metric, signed, title, markdown, head, widt
         cells = []
         for r in (r for r in rows if r["name"] == name):
             missing = "n/a" if r["note"].startswith("n/a") else "-"
-            cells.append(_cell(r[metric], signed, missing))
+            cells.append(_cell(r.get(metric), signed, missing))
         if markdown:
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
         else:
             lines.append(f"{name:<{width}}" + "".join(f"{c:>{col}}" for c in cells))
     return [*lines, ""]
+
+
+def _finetune_table(entries: list[dict[str, Any]], lens, markdown: bool, width: int, col: int) -> list[str]:
+    """Fine-tuned minus the same weights before fine-tuning, per length, with the cost."""
+    if not entries:
+        return []
+    e0 = entries[0]
+    share = e0["tokens"] / max(1, e0["train_tokens"])
+    title = (
+        f"fine-tuned minus not fine-tuned, sliding-window bits/byte on the same bytes (< 0: fine-tuning "
+        f"helps; 95% interval over {e0['rows'][0]['over'] if e0['rows'] else 'seeds'}); cost: "
+        f"{e0['steps']} steps at length {e0['length']}, {e0['tokens']:,} tokens ({share:.0%} of training)"
+    )
+    return _paired_table(
+        title, [(f"{e['run']} - {e['before']}", e["rows"]) for e in entries], lens, markdown, width, col
+    )
+
+
+def _settings_table(entries: list[dict[str, Any]], lens, markdown: bool, width: int, col: int) -> list[str]:
+    """Each setting minus the grid's first setting (same scheme and variant), per length."""
+    if not entries:
+        return []
+    over = entries[0]["rows"][0]["over"] if entries[0]["rows"] else "seeds"
+    title = (
+        f"each setting minus the first setting of the grid, sliding-window bits/byte on the same bytes "
+        f"(< 0: the setting helps; 95% interval over {over})"
+    )
+    return _paired_table(
+        title, [(f"{e['run']} - {e['against']}", e["rows"]) for e in entries], lens, markdown, width, col
+    )
+
+
+def _paired_table(title: str, entries, lens, markdown: bool, width: int, col: int) -> list[str]:
+    """``entries``: ``(label, paired rows)`` (:func:`~posenc.lab.compare.paired_rows`), one line each."""
+    table = []
+    for name, rows in entries:
+        by_len = {r["length"]: r["diff"] for r in rows}
+        table.append((name, [_cell(by_len.get(n), True, "-") for n in lens]))
+    if markdown:
+        head = ["| run | " + " | ".join(map(str, lens)) + " |", "|---" * (len(lens) + 1) + "|"]
+        return [f"**{title}**", "", *head, *(f"| {n} | " + " | ".join(c) + " |" for n, c in table), ""]
+    w = max(width, *(len(n) for n, _ in table))
+    head = f"{'run':<{w}}" + "".join(f"{n:>{col}}" for n in lens)
+    return [title, head, *(f"{n:<{w}}" + "".join(f"{c:>{col}}" for c in cells) for n, cells in table), ""]
+
+
+def _training_table(training: dict[str, Any], markdown: bool) -> list[str]:
+    """The final training loss per trained run (mean of the last 10% of steps, nats per token)."""
+    if not training:
+        return []
+    title = "final training loss, nats/token (mean of the last 10% of steps; 95% interval over seeds)"
+    cells = {run: _cell(t["final_loss"], False, "-") for run, t in training.items()}
+    if markdown:
+        return [
+            f"**{title}**",
+            "",
+            "| run | loss |",
+            "|---|---|",
+            *(f"| {r} | {c} |" for r, c in cells.items()),
+            "",
+        ]
+    width = max(8, *(len(r) for r in cells))
+    return [title, *(f"{r:<{width}}{c:>16}" for r, c in cells.items()), ""]
+
+
+def _diagnostic_sections(L: int) -> list[tuple[str, bool, str]]:
+    what = "attention over the scored queries, mean of layers and heads"
+    return [
+        ("attn_entropy", False, f"{what}: entropy in bits (higher = more spread out)"),
+        ("attn_distance", False, f"{what}: mean attended distance in tokens"),
+        ("attn_beyond", False, f"{what}: share of the attention on keys >= L={L} tokens back"),
+    ]
 
 
 def format_table(results: dict[str, Any], markdown: bool = False) -> str:
@@ -290,7 +438,7 @@ def format_table(results: dict[str, Any], markdown: bool = False) -> str:
     names = list(dict.fromkeys(r["name"] for r in rows))
     n_seeds = len(cfg["seeds"])
     over = f"over {n_seeds} seeds" if n_seeds > 1 else "over windows (1 seed)"
-    width = max(8, *(len(n) for n in names))
+    width = max([8, *(len(n) for n in names)])
     col = 16
     head = f"{'scheme':<{width}}" + "".join(f"{e:>{col}}" for e in lens)
     if cfg["mode"] == "lm":
@@ -311,6 +459,8 @@ def format_table(results: dict[str, Any], markdown: bool = False) -> str:
             ("bpb_all", False, "bits/byte over all positions of the windows (secondary)"),
             ("bpb_beyond", False, f"bits/byte over positions >= L={L} of the windows (secondary)"),
         ]
+        if any(r.get("attn_entropy") for r in rows):
+            sections += _diagnostic_sections(L)
     else:
         sections = [
             (
@@ -322,6 +472,9 @@ def format_table(results: dict[str, Any], markdown: bool = False) -> str:
     lines = []
     for metric, signed, title in sections:
         lines += _metric_table(rows, names, lens, metric, signed, title, markdown, head, width, col)
+    lines += _settings_table(results.get("settings", []), lens, markdown, width, col)
+    lines += _finetune_table(results.get("finetune", []), lens, markdown, width, col)
+    lines += _training_table(results.get("training", {}), markdown)
     seeds = ",".join(map(str, cfg["seeds"]))
     lines.append(
         f"L = {L}; seeds {seeds}; '-' = not defined at this length; n/a = the scheme cannot run so long"

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["plot_study"]
+__all__ = ["plot_attention", "plot_study", "plot_training"]
 
 
 def _series(rows: list[dict[str, Any]], name: str, metric: str):
@@ -109,6 +109,86 @@ def plot_study(results: dict[str, Any], path: str | os.PathLike) -> list[Path]:
     else:
         axes[0].set_title(f"{cfg['mode']}: trained on lengths 1..{L}; higher is better ({over})", fontsize=9)
     axes[0].legend(fontsize=7, loc="best")  # the first panel draws every run (learned: one point)
+    path = Path(path)
+    written = [path, path.with_suffix(".svg")]
+    for p in written:
+        fig.savefig(p, dpi=120)
+    plt.close(fig)
+    return written
+
+
+def _panels(results: dict[str, Any], path: str | os.PathLike, metrics, title: str) -> list[Path]:
+    """One panel per ``(metric, label)`` against the evaluation length, a line and a 95% band per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cfg, rows = results["config"], results["summary"]
+    L, lens = cfg["train_len"], cfg["eval_lens"]
+    names = list(dict.fromkeys(r["name"] for r in rows))
+    colors = plt.get_cmap("tab10" if len(names) <= 10 else "tab20")
+    fig, axes = plt.subplots(1, len(metrics), figsize=(5.2 * len(metrics), 4.4), squeeze=False,
+                             layout="constrained")  # fmt: skip
+    for i, name in enumerate(names):
+        style = "--" if any(r["variant"] for r in rows if r["name"] == name) else "-"
+        for ax, (metric, _) in zip(axes[0], metrics):
+            xs, mean, low, high = _series([r for r in rows if r.get(metric)], name, metric)
+            if xs:
+                ax.plot(xs, mean, style, marker="o", ms=3, color=colors(i), label=name)
+                ax.fill_between(xs, low, high, color=colors(i), alpha=0.15, lw=0)
+    for ax, (_, label) in zip(axes[0], metrics):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(lens, [str(e) for e in lens])
+        ax.minorticks_off()
+        ax.axvline(L, color="grey", lw=0.8, ls=":")
+        ax.set_xlabel("evaluation length E (tokens)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    n = len(cfg["seeds"])
+    axes[0][0].set_title(f"{title}\n(trained at L={L}; 95% interval over {n} seed(s))", fontsize=9)
+    axes[0][0].legend(fontsize=7, loc="best")
+    path = Path(path)
+    written = [path, path.with_suffix(".svg")]
+    for p in written:
+        fig.savefig(p, dpi=120)
+    plt.close(fig)
+    return written
+
+
+def plot_attention(results: dict[str, Any], path: str | os.PathLike) -> list[Path]:
+    """The attention diagnostics against length (entropy, attended distance, mass beyond ``L``),
+    a line per run; ``path`` (png) and ``.svg``."""
+    metrics = [
+        ("attn_entropy", "attention entropy (bits)"),
+        ("attn_distance", "mean attended distance (tokens)"),
+        ("attn_beyond", "attention share on keys >= L back"),
+    ]
+    return _panels(results, path, metrics, "attention over the scored queries, mean of layers and heads")
+
+
+def plot_training(results: dict[str, Any], path: str | os.PathLike) -> list[Path]:
+    """Training loss against step, a line and a 95% band across seeds per run; ``path`` and ``.svg``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves = {run: t["curve"] for run, t in results.get("training", {}).items()}
+    colors = plt.get_cmap("tab10" if len(curves) <= 10 else "tab20")
+    fig, axes = plt.subplots(1, 2, figsize=(10.4, 4.4), layout="constrained")
+    for i, (run, c) in enumerate(curves.items()):
+        for ax, start in zip(axes, (0, len(c["step"]) // 2)):
+            sl = slice(start, None)
+            ax.plot(c["step"][sl], c["mean"][sl], color=colors(i), label=run)
+            ax.fill_between(c["step"][sl], c["low"][sl], c["high"][sl], color=colors(i), alpha=0.15, lw=0)
+    n = len(results["config"]["seeds"])
+    for ax, title in zip(axes, ("training loss", "second half")):
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss (nats per token)")
+        ax.set_title(f"{title} (95% interval over {n} seed(s))", fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7, loc="best")
     path = Path(path)
     written = [path, path.with_suffix(".svg")]
     for p in written:

@@ -21,7 +21,7 @@ import torch
 
 from .._validate import check_int
 
-__all__ = ["T_975", "Interval", "bootstrap_interval", "seed_interval"]
+__all__ = ["T_975", "Interval", "bootstrap_interval", "format_interval", "seed_interval"]
 
 #: Two-sided 95% quantiles of Student's t, ``t_{0.975, df}`` for ``df = 1 .. 30`` (standard
 #: tables; checked against ``scipy.stats.t.ppf`` in the tests). Past 30 the normal 1.96 is used.
@@ -58,6 +58,11 @@ class Interval:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def format_interval(value: dict | None, signed: bool = False, missing: str = "-") -> str:
+    """An :meth:`Interval.to_dict` as ``"2.345 ±0.012"`` (``missing`` for ``None``)."""
+    return missing if value is None else Interval(**value).format(signed)
 
 
 def _as_float64(values: Sequence[float] | torch.Tensor, name: str) -> torch.Tensor:

@@ -204,6 +204,7 @@ def _check_resumable(path: Path, config: TrainConfig, module: nn.Module, data_id
             f"{data_id[:16]}...: the corpus changed); start a new run in another folder"
         )
     saved_train, saved_model = json.loads(meta["train_config"]), json.loads(meta["model_config"])
+    saved_train.setdefault("random_positions", 0)  # checkpoints written before the option existed
     current = config.to_dict()
     diff = [
         f"{k}: checkpoint {saved_train.get(k)!r} vs now {current[k]!r}"
@@ -299,7 +300,10 @@ def train(
     t0 = time.perf_counter()
     for step in range(start, end):
         ids, targets = _batch(data, step, config, info)
-        log.pending.append(_train_step(model, module, optimizer, ids, targets, step, config, device))
+        positions = _positions(ids, step, config, info)
+        log.pending.append(
+            _train_step(model, module, optimizer, ids, targets, step, config, device, positions)
+        )
         if (step + 1) % config.log_every == 0 or step + 1 == end:
             log.flush(step)
         at_checkpoint = config.checkpoint_every and (step + 1) % config.checkpoint_every == 0
@@ -378,6 +382,19 @@ def _batch(data, step: int, config: TrainConfig, info) -> tuple[torch.Tensor, to
     )
 
 
+def _positions(ids: torch.Tensor, step: int, config: TrainConfig, info) -> torch.Tensor | None:
+    """This rank's rows ``[b, s]`` of the step's randomized positions (``config.random_positions``),
+    a pure function of ``(seed, step)``; ``None`` = ordinary positions."""
+    if not config.random_positions:
+        return None
+    from ..positions import randomized_positions
+
+    g = torch.Generator().manual_seed(_step_seed(config.seed + 7_919, step))  # not the batch's draw
+    rows = config.batch_size // info.world_size
+    every = randomized_positions(config.batch_size, ids.shape[-1], config.random_positions, generator=g)
+    return every[info.rank * rows : (info.rank + 1) * rows]  # [b, s] of [B, s]
+
+
 def _check_fits(
     module: nn.Module, config: TrainConfig, info, device: torch.device, desc: str, memory_check: bool
 ) -> None:
@@ -404,14 +421,16 @@ def _train_step(
     step: int,
     config: TrainConfig,
     device: torch.device,
+    positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One optimizer step on ``ids``/``targets`` ``[b, s]``; returns the loss (on the device, unsynced)."""
+    """One optimizer step on ``ids``/``targets`` ``[b, s]`` (at ``positions`` ``[b, s]``, default
+    ``0 .. s-1``); returns the loss (on the device, unsynced)."""
     lr = lr_at(step, config)
     for group in optimizer.param_groups:
         group["lr"] = lr * group.get("lr_scale", 1.0)  # positional parameters: their own scale
     ids, targets = ids.to(device, non_blocking=True), targets.to(device, non_blocking=True)  # [b, s] each
     with _autocast(device, config.autocast):
-        out = model(ids)
+        out = model(ids) if positions is None else model(ids, positions=positions.to(device))
     logits = out.logits  # [b, s, V]
     logits = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()  # float64 kept
     loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)

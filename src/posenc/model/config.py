@@ -12,7 +12,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._validate import check_choice, check_fields, check_int, check_probability
+from .._validate import check_choice, check_fields, check_int, check_positive_float, check_probability
 from ..embedding import TIE_STRATEGIES
 from ..registry import config_keys, scheme_class, schemes
 
@@ -51,6 +51,13 @@ class ModelConfig:
         share_position: one scheme instance shared by all layers (T5 shares its bias table);
             ``False`` builds one per layer (each with its own parameters, if it has any).
         embed_norm: LayerNorm right after token + position embedding (BERT-style).
+        embed_scale: the token embedding's multiplier: ``"sqrt_d_model"`` (Vaswani et al. 2017,
+            default), ``None`` (no scaling) or a positive number.
+        embed_init_std: std of the token table's normal initialisation; ``None`` = ``1 /
+            sqrt(d_model)`` whatever ``embed_scale`` (so with the default scale the scaled
+            embedding starts with unit variance, and without it at ``1 / sqrt(d_model)``).
+        init_std: std of the normal initialisation of every linear layer (GPT-2's 0.02; the
+            residual output projections get ``init_std / sqrt(2 num_layers)``).
         memory_len: Transformer-XL segment recurrence: each layer also attends to up to this
             many hidden states of the previous segments (detached). 0 = off.
         bias: biases in the linear layers (attention projections and MLP).
@@ -73,6 +80,9 @@ class ModelConfig:
     tie: str = "output"
     share_position: bool = True
     embed_norm: bool = False
+    embed_scale: str | float | None = "sqrt_d_model"
+    embed_init_std: float | None = None
+    init_std: float = 0.02
     memory_len: int = 0
     bias: bool = False
     src_vocab_size: int | None = None
@@ -108,6 +118,15 @@ class ModelConfig:
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         check_int(self.memory_len, "memory_len", minimum=0)
+        if self.embed_scale is not None and self.embed_scale != "sqrt_d_model":
+            if isinstance(self.embed_scale, str):
+                raise ValueError(
+                    f"embed_scale must be 'sqrt_d_model', None or a positive number, got {self.embed_scale!r}"
+                )
+            check_positive_float(self.embed_scale, "embed_scale")
+        if self.embed_init_std is not None:
+            check_positive_float(self.embed_init_std, "embed_init_std")
+        check_positive_float(self.init_std, "init_std")
         if self.src_vocab_size is not None:
             check_int(self.src_vocab_size, "src_vocab_size")
         if not isinstance(self.position_options, dict):

@@ -68,10 +68,11 @@ class Block(nn.Module):
         self.norm2 = nn.LayerNorm(config.d_model)
         self.mlp = MLP(config)
         self.drop = nn.Dropout(config.dropout)
-        # GPT-2 initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2 L).
+        # GPT-2 initialisation: N(0, init_std = 0.02), residual projections scaled by 1/sqrt(2 L).
         for name, module in self.named_modules():
             if isinstance(module, nn.Linear):
-                std = 0.02 / math.sqrt(2 * config.num_layers) if name.endswith(("o_proj", "down")) else 0.02
+                std = config.init_std
+                std = std / math.sqrt(2 * config.num_layers) if name.endswith(("o_proj", "down")) else std
                 nn.init.normal_(module.weight, std=std)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
@@ -171,7 +172,13 @@ class _Stack(nn.Module):
         )
         self.schemes = nn.ModuleList(schemes if acts_in_attention else [])
         self.embed = InputEmbedding(
-            vocab_size, config.d_model, first, layer_norm=config.embed_norm, dropout=config.dropout
+            vocab_size,
+            config.d_model,
+            first,
+            layer_norm=config.embed_norm,
+            dropout=config.dropout,
+            scale=config.embed_scale,
+            init_std=config.embed_init_std or 1.0 / math.sqrt(config.d_model),
         )
         self.blocks = nn.ModuleList(
             Block(config, cross_attention=cross_attention) for _ in range(config.num_layers)

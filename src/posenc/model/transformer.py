@@ -124,7 +124,7 @@ class TransformerLM(Pretrained, nn.Module):
         with placed(device, dtype):
             self.decoder = Decoder(config, cross_attention=False)
             self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
-        nn.init.normal_(self.lm_head.weight, std=0.02)
+        nn.init.normal_(self.lm_head.weight, std=config.init_std)
         apply_tying(config.tie, decoder_embedding=self.decoder.embed.token, output=self.lm_head)
         if dtype is not None:
             self.to(dtype)
@@ -257,7 +257,7 @@ class EncoderDecoder(Pretrained, nn.Module):
             self.encoder = Encoder(config)
             self.decoder = Decoder(config, cross_attention=True)
             self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
-        nn.init.normal_(self.lm_head.weight, std=0.02)
+        nn.init.normal_(self.lm_head.weight, std=config.init_std)
         apply_tying(
             config.tie,
             encoder_embedding=self.encoder.embed.token,
