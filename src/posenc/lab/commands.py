@@ -188,6 +188,12 @@ def extrapolate_args(p: argparse.ArgumentParser) -> None:
         help="lm (default: bits/byte on a corpus) or a synthetic task (exact-match accuracy)",
     )
     p.add_argument(
+        "--curriculum-steps",
+        type=int,
+        default=None,
+        help="task mode: the longest question grows from 1 to L over these first steps (default 600)",
+    )
+    p.add_argument(
         "--seeds",
         default=None,
         help="comma list of training seeds, one model per scheme and seed (default 0,1,2; --quick: 0)",
@@ -285,6 +291,8 @@ def _study_config(args: argparse.Namespace):
         fields["variants"] = () if args.variants == "none" else parse_list(args.variants, flag="--variants")
     if args.option:
         fields["position_options"] = parse_options(args.option)
+    if args.curriculum_steps is not None:
+        fields["curriculum_steps"] = args.curriculum_steps
     return StudyConfig(**fields)
 
 

@@ -13,7 +13,8 @@ of every target, from which come:
   (secondary: at different ``E`` they cover different bytes);
 * ``curve``: the loss by position inside the window (the early-token effect made visible).
 
-**Synthetic tasks** (:func:`evaluate_task`, modes ``copy``, ``reverse``, ``addition``):
+**Synthetic tasks** (:func:`evaluate_task`, modes ``copy``, ``reverse``, ``addition``, ``sort``,
+``parity``):
 exact-match accuracy on fresh examples of question length ``n`` (teacher-forced argmax, which
 equals greedy decoding's exact match).
 
@@ -42,6 +43,7 @@ __all__ = [
     "EvalPoint",
     "LMEvaluator",
     "TaskEvaluator",
+    "curriculum_len",
     "evaluate_lm",
     "evaluate_task",
     "paired_deltas",
@@ -210,14 +212,25 @@ def paired_deltas(points: list[EvalPoint], train_len: int, *, seed: int = 0) -> 
 # ----------------------------------------------------------------------------------------------
 # Synthetic tasks
 # ----------------------------------------------------------------------------------------------
-def task_batch_fn(task: str, batch_size: int, max_len: int, seed: int) -> Callable:
-    """A :data:`~posenc.lab.train.BatchFn` of task examples with question lengths ``1..max_len``:
-    ids ``[b, s-1]``, targets ``[b, s-1]`` with only the answer tokens (and ``[EOS]``) counted."""
+def curriculum_len(step: int, max_len: int, curriculum_steps: int) -> int:
+    """The longest question at ``step`` of a length curriculum: it grows linearly from 1 at step 0
+    to ``max_len`` at step ``curriculum_steps`` and stays there (``curriculum_steps = 0``: always
+    ``max_len``)."""
+    if curriculum_steps <= 0 or step >= curriculum_steps:
+        return max_len
+    return 1 + (max_len - 1) * step // curriculum_steps
+
+
+def task_batch_fn(task: str, batch_size: int, max_len: int, seed: int, curriculum_steps: int = 0) -> Callable:
+    """A :data:`~posenc.lab.train.BatchFn` of task examples with question lengths drawn from
+    ``1..max_len`` (``1..curriculum_len(step, ...)`` while a curriculum runs): ids ``[b, s-1]``,
+    targets ``[b, s-1]`` with only the answer tokens (and ``[EOS]``) counted."""
     from ..text.tasks import generate_task
     from .train import IGNORE_INDEX, _step_seed
 
     def batch(step: int, rank: int, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        ex = generate_task(task, batch_size, (1, max_len), seed=_step_seed(seed, step) % 2**62)
+        hi = curriculum_len(step, max_len, curriculum_steps)
+        ex = generate_task(task, batch_size, (1, hi), seed=_step_seed(seed, step) % 2**62)
         per_rank = batch_size // world_size
         rows = slice(rank * per_rank, (rank + 1) * per_rank)
         tokens, mask = ex.tokens[rows], ex.answer_mask[rows]  # [b, s]
@@ -295,7 +308,7 @@ class LMEvaluator:
 
 
 class TaskEvaluator:
-    """Modes ``copy``, ``reverse``, ``addition``: exact match on fresh examples per length (the
+    """Task modes (``copy``, ``reverse``, ...): exact match on fresh examples per length (the
     same examples for every model: their seed depends on the split seed and the length only)."""
 
     def __init__(self, config, evalset: None, device: torch.device) -> None:
@@ -320,4 +333,6 @@ EVALUATORS: dict[str, type] = {
     "copy": TaskEvaluator,
     "reverse": TaskEvaluator,
     "addition": TaskEvaluator,
+    "sort": TaskEvaluator,
+    "parity": TaskEvaluator,
 }
