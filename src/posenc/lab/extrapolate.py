@@ -11,7 +11,8 @@ declares) are applied to the trained weights with factor ``E / L``, as extra row
 ``rope+yarn``.
 
 A second mode trains on the synthetic tasks of Kazemnejad et al. 2023 (``copy``, ``reverse``,
-``addition``; :mod:`posenc.text.tasks`) and reports exact-match accuracy at longer lengths.
+``addition``, ``sort``, ``parity``; :mod:`posenc.text.tasks`) and reports exact-match accuracy at
+longer lengths, with the schemes ranked past the trained length (:mod:`posenc.lab.tasks`).
 
 The grid of cells (:mod:`posenc.lab.cells`) runs here, in local processes or on a Dask cluster;
 this module runs it and turns the cells into ``results.json``: every run, a summary per
@@ -171,6 +172,10 @@ def _collect(results: dict[str, Any], ordered: list[dict[str, Any]], config: Stu
         for run in r["runs"]
     ]
     results["summary"] = summarize(results["runs"])
+    if not config.lm:
+        from .tasks import task_ranking
+
+        results["ranking"] = task_ranking(results["runs"], config.train_len)
 
 
 def _write_study(out_dir: Path, results: dict[str, Any], say: Callable[[str], None]) -> None:
@@ -322,6 +327,10 @@ def format_table(results: dict[str, Any], markdown: bool = False) -> str:
     lines = []
     for metric, signed, title in sections:
         lines += _metric_table(rows, names, lens, metric, signed, title, markdown, head, width, col)
+    if cfg["mode"] != "lm":
+        from .tasks import format_ranking, task_ranking
+
+        lines += format_ranking(task_ranking(results["runs"], L), L, markdown)
     seeds = ",".join(map(str, cfg["seeds"]))
     lines.append(
         f"L = {L}; seeds {seeds}; '-' = not defined at this length; n/a = the scheme cannot run so long"

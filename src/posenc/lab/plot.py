@@ -6,7 +6,8 @@
 2. the paired delta against ``L`` with its interval (0 = no change; above 0 = worse);
 3. the loss by position inside the longest window (the early-token effect), mean across seeds.
 
-Task modes: exact-match accuracy against question length. Lower is better except for accuracy.
+Task modes: exact-match accuracy against question length, with a line at the level that counts as
+having learned the task (:data:`~posenc.lab.tasks.LEARNED_AT`). Lower is better except for accuracy.
 """
 
 from __future__ import annotations
@@ -107,6 +108,10 @@ def plot_study(results: dict[str, Any], path: str | os.PathLike) -> list[Path]:
         axes[2].set_title("loss by position: early tokens lack context\n(lower is better)", fontsize=9)
         axes[2].grid(alpha=0.3)
     else:
+        from .tasks import LEARNED_AT
+
+        axes[0].axhline(LEARNED_AT, color="grey", lw=0.8, ls="--", label=f"{LEARNED_AT:.0%} (learned)")
+        axes[0].set_ylim(-0.05, 1.05)
         axes[0].set_title(f"{cfg['mode']}: trained on lengths 1..{L}; higher is better ({over})", fontsize=9)
     axes[0].legend(fontsize=7, loc="best")  # the first panel draws every run (learned: one point)
     path = Path(path)
