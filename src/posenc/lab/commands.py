@@ -60,7 +60,9 @@ def _common_args(p: argparse.ArgumentParser, *, study: bool = True) -> None:
         "--steps",
         type=int,
         default=None,
-        help="optimizer steps per scheme (default 600)" if study else "optimizer steps (default 600)",
+        help="optimizer steps per scheme (default 600; task mode: 2500)"
+        if study
+        else "optimizer steps (default 600)",
     )
     p.add_argument("--batch-size", type=int, default=None, help="global batch in windows (default 32)")
     p.add_argument("--lr", type=float, default=None, help="peak learning rate (default 3e-3)")
@@ -81,7 +83,12 @@ def _common_args(p: argparse.ArgumentParser, *, study: bool = True) -> None:
         default=None,
         help="share held out for validation (default 0.1): by file, or the end of a single file",
     )
-    p.add_argument("--d-model", type=int, default=None, help="model width (default 128)")
+    p.add_argument(
+        "--d-model",
+        type=int,
+        default=None,
+        help="model width (default 128; task mode: 64)" if study else "model width (default 128)",
+    )
     p.add_argument("--layers", type=int, default=None, help="Transformer layers (default 4)")
     p.add_argument("--heads", type=int, default=None, help="attention heads (default 4)")
     p.add_argument("--dropout", type=float, default=None, help="dropout (default 0)")
@@ -191,7 +198,8 @@ def extrapolate_args(p: argparse.ArgumentParser) -> None:
         "--curriculum-steps",
         type=int,
         default=None,
-        help="task mode: the longest question grows from 1 to L over these first steps (default 600)",
+        help="task mode: the longest question grows from 1 to L over these first steps (default 600, "
+        "at most --steps)",
     )
     p.add_argument(
         "--seeds",
@@ -293,6 +301,8 @@ def _study_config(args: argparse.Namespace):
         fields["position_options"] = parse_options(args.option)
     if args.curriculum_steps is not None:
         fields["curriculum_steps"] = args.curriculum_steps
+    elif "curriculum_steps" in fields:  # the task default, within a shorter --steps
+        fields["curriculum_steps"] = min(fields["curriculum_steps"], fields["steps"])
     return StudyConfig(**fields)
 
 

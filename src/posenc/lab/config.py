@@ -385,8 +385,18 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
 }
 
-#: Task-mode defaults, applied when a synthetic task is chosen and the user did not set these.
-TASK_DEFAULTS: dict[str, Any] = {"train_len": 8, "eval_lens": (4, 8, 12, 16, 24, 32), "batch_size": 64}
+#: Task-mode defaults, applied when a synthetic task is chosen and the user did not set these: the
+#: budget with which copy, reverse and addition reach >= 95% exact match at L (docs/lab.md).
+TASK_DEFAULTS: dict[str, Any] = {
+    "train_len": 8,
+    "eval_lens": (8, 12, 16, 24),
+    "batch_size": 64,
+    "d_model": 64,
+    "num_layers": 4,
+    "num_heads": 4,
+    "steps": 2500,
+    "curriculum_steps": 600,
+}
 
 
 def study_model_config(
