@@ -60,9 +60,7 @@ def _common_args(p: argparse.ArgumentParser, *, study: bool = True) -> None:
         "--steps",
         type=int,
         default=None,
-        help="optimizer steps per scheme (default 600; task mode: 2500)"
-        if study
-        else "optimizer steps (default 600)",
+        help="optimizer steps per scheme (default 600)" if study else "optimizer steps (default 600)",
     )
     p.add_argument("--batch-size", type=int, default=None, help="global batch in windows (default 32)")
     p.add_argument("--lr", type=float, default=None, help="peak learning rate (default 3e-3)")
@@ -83,12 +81,7 @@ def _common_args(p: argparse.ArgumentParser, *, study: bool = True) -> None:
         default=None,
         help="share held out for validation (default 0.1): by file, or the end of a single file",
     )
-    p.add_argument(
-        "--d-model",
-        type=int,
-        default=None,
-        help="model width (default 128; task mode: 64)" if study else "model width (default 128)",
-    )
+    p.add_argument("--d-model", type=int, default=None, help="model width (default 128)")
     p.add_argument("--layers", type=int, default=None, help="Transformer layers (default 4)")
     p.add_argument("--heads", type=int, default=None, help="attention heads (default 4)")
     p.add_argument("--dropout", type=float, default=None, help="dropout (default 0)")
@@ -166,6 +159,7 @@ def _teardown() -> None:
 def extrapolate_args(p: argparse.ArgumentParser) -> None:
     """Arguments of ``posenc extrapolate``."""
     from .config import DEFAULT_SCHEMES, MODES
+    from .config import TASK_DEFAULTS as task
 
     p.add_argument(
         "--schemes", default=None, help=f"comma list of schemes (default {','.join(DEFAULT_SCHEMES)})"
@@ -192,14 +186,17 @@ def extrapolate_args(p: argparse.ArgumentParser) -> None:
         "--task",
         default="lm",
         choices=list(MODES),
-        help="lm (default: bits/byte on a corpus) or a synthetic task (exact-match accuracy)",
+        help="lm (default: bits/byte on a corpus) or a synthetic task (exact-match accuracy; its own "
+        f"defaults: d-model {task['d_model']}, {task['num_layers']} layers, {task['steps']} steps, a "
+        f"{task['curriculum_steps']}-step curriculum, L {task['train_len']}, eval lengths "
+        f"{','.join(map(str, task['eval_lens']))})",
     )
     p.add_argument(
         "--curriculum-steps",
         type=int,
         default=None,
-        help="task mode: the longest question grows from 1 to L over these first steps (default 600, "
-        "at most --steps)",
+        help="task mode: the longest question grows from 1 to L over these first steps (default "
+        f"{task['curriculum_steps']}, at most --steps; 0 = no curriculum)",
     )
     p.add_argument(
         "--seeds",
