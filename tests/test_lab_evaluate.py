@@ -166,7 +166,9 @@ class CopyOracle(nn.Module):
 
 def test_evaluate_task_aligns_predictions_with_answers():
     assert evaluate_task(CopyOracle(), "copy", 6, 20, seed=0).accuracy == 1.0
-    assert evaluate_task(CopyOracle(wrong_at=3), "copy", 6, 20, seed=0).accuracy == 0.0
+    wrong = evaluate_task(CopyOracle(wrong_at=3), "copy", 6, 20, seed=0)
+    assert wrong.accuracy == 0.0 and wrong.token_accuracy == pytest.approx(6 / 7)  # 6 digits + EOS, one wrong
+    assert evaluate_task(CopyOracle(), "copy", 6, 20, seed=0).token_accuracy == 1.0
 
 
 def test_task_batches_score_answers_only():

@@ -186,6 +186,7 @@ def test_tiny_task_study(tmp_path, capsys):
     rows = {(r["name"], r["length"]): r for r in results["summary"]}
     assert all(0.0 <= rows["nope", n]["accuracy"]["mean"] <= 1.0 for n in (2, 4, 8))
     assert rows["nope", 8]["accuracy"]["n"] == 2
+    assert rows["nope", 8]["accuracy"]["mean"] <= rows["nope", 8]["token_accuracy"]["mean"] <= 1.0
     assert rows["learned", 8]["accuracy"] is None and rows["learned", 8]["note"].startswith("n/a")
     runs = {(r["name"], r["seed"]): r for r in results["runs"]}
     assert math.isfinite(runs["nope", 1]["eval"][0]["accuracy"])

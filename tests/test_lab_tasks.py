@@ -10,7 +10,7 @@ from posenc.lab.tasks import LEARNED_AT, format_ranking, task_ranking
 
 
 def _run(name: str, seed: int, accuracies: dict[int, float | None]) -> dict:
-    points = [{"length": n, "accuracy": a} for n, a in accuracies.items()]
+    points = [{"length": n, "accuracy": a, "token_accuracy": a} for n, a in accuracies.items()]
     return {"name": name, "seed": seed, "eval": points}
 
 
@@ -45,7 +45,20 @@ def test_ranking_text_and_markdown():
     lines = format_ranking(ranking, 8)
     assert lines[0].startswith("ranking by mean exact match past L=8 (lengths 12,16)")
     assert lines[2].split()[:2] == ["nope", "0.940"] and lines[2].split()[-1] == "no"
-    assert lines[4].split() == ["learned", "1.000", "±0.000", "n/a", "yes"]
+    assert lines[4].split() == ["learned", "1.000", "±0.000", "n/a", "n/a", "yes"]
     md = format_ranking(ranking, 8, markdown=True)
-    assert md[2] == "| scheme | at L | past L | learned |"
+    assert md[2] == "| scheme | exact match at L | exact match past L | tokens right past L | learned |"
     assert md[4].startswith("| nope | 0.940 ±") and md[4].endswith("| no |")
+
+
+def test_ties_in_exact_match_are_broken_by_the_tokens_right():
+    runs = [_run("rope", 0, {8: 1.0, 12: 0.0}), _run("t5", 0, {8: 1.0, 12: 0.0})]
+    runs[1]["eval"][1]["token_accuracy"] = 0.4  # t5 gets more answer tokens right past L
+    runs[0]["eval"][1]["token_accuracy"] = 0.1
+    ranking = task_ranking(runs, train_len=8)
+    assert [r["name"] for r in ranking] == ["t5", "rope"]
+    assert ranking[0]["beyond_L_tokens"] == {"mean": 0.4, "low": None, "high": None, "n": 1}
+    old = [
+        {**r, "eval": [{"length": p["length"], "accuracy": p["accuracy"]} for p in r["eval"]]} for r in runs
+    ]
+    assert task_ranking(old, train_len=8)[0]["beyond_L_tokens"] is None  # results of older versions

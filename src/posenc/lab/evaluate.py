@@ -69,6 +69,7 @@ class EvalPoint:
         curve: ``[[position, bits], ...]`` the mean loss by position in the window, binned.
         n_scored: targets in ``bpb_window`` (``K * S``), or task examples.
         accuracy: exact-match accuracy (task modes).
+        token_accuracy: the share of answer tokens (and ``[EOS]``) predicted right (task modes).
         note: why a value is missing, or the variant's setting (e.g. ``factor 4``).
         wall_s: evaluation time.
     """
@@ -82,6 +83,7 @@ class EvalPoint:
     curve: list[list[float]] = field(default_factory=list)
     n_scored: int = 0
     accuracy: float | None = None
+    token_accuracy: float | None = None
     note: str = ""
     wall_s: float = 0.0
 
@@ -257,22 +259,26 @@ def evaluate_task(
     device: str | torch.device | None = None,
 ) -> EvalPoint:
     """Exact-match accuracy of ``model`` on ``examples`` fresh examples of ``task`` with question
-    length ``n`` (teacher-forced argmax over the answer tokens and ``[EOS]``)."""
+    length ``n`` (teacher-forced argmax over the answer tokens and ``[EOS]``), and the share of
+    those tokens predicted right (``token_accuracy``: partial credit where exact match is 0)."""
     from ..text.tasks import exact_match, generate_task
 
     t0 = time.perf_counter()
     if device is None:
         device = next(model.parameters()).device
     ex = generate_task(task, examples, n, seed=seed)  # [n_ex, s], all the same length
-    correct = []
+    correct, right_tokens = [], 0
     model.eval()
     for i in range(0, examples, 64):
         tokens, mask = ex.tokens[i : i + 64].to(device), ex.answer_mask[i : i + 64].to(device)  # [b, s]
         out = model(tokens[:, :-1])
         pred = out.logits.argmax(-1)  # [b, s - 1]: prediction for position t + 1
         correct.append(exact_match(pred, tokens[:, 1:], mask[:, 1:]).cpu())
+        right_tokens += int(((pred == tokens[:, 1:]) & mask[:, 1:]).sum())
     acc = float(torch.cat(correct).float().mean())
-    return EvalPoint(length=n, accuracy=acc, n_scored=examples, wall_s=time.perf_counter() - t0)
+    token_acc = right_tokens / int(ex.answer_mask.sum())
+    return EvalPoint(length=n, accuracy=acc, token_accuracy=token_acc, n_scored=examples,
+                     wall_s=time.perf_counter() - t0)  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------

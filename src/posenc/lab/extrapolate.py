@@ -46,7 +46,7 @@ __all__ = ["STUDY_ARTIFACTS", "SUMMARY_METRICS", "format_table", "run_study", "s
 STUDY_ARTIFACTS = ("results.json", "extrapolation.png", "extrapolation.svg", "cells", "checkpoints")
 
 #: The numbers summarised across seeds, per run and length.
-SUMMARY_METRICS = ("bpb_window", "delta", "bpb_all", "bpb_beyond", "accuracy")
+SUMMARY_METRICS = ("bpb_window", "delta", "bpb_all", "bpb_beyond", "accuracy", "token_accuracy")
 
 
 def _environment(device: torch.device, threads: int | None, workers: int, cluster: Any) -> dict[str, Any]:
@@ -241,8 +241,8 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "seeds": [r["seed"] for r in group],
                 "note": points[0]["note"],
             }
-            for metric in SUMMARY_METRICS:
-                values = [p[metric] for p in points if p[metric] is not None]
+            for metric in SUMMARY_METRICS:  # .get: cells of older versions lack newer metrics
+                values = [p.get(metric) for p in points if p.get(metric) is not None]
                 if metric == "delta":
                     values = [v["mean"] for v in values]
                 row[metric] = seed_interval(values).to_dict() if values else None
@@ -277,7 +277,7 @@ def _metric_table(rows, names, lens, metric, signed, title, markdown, head, widt
         cells = []
         for r in (r for r in rows if r["name"] == name):
             missing = "n/a" if r["note"].startswith("n/a") else "-"
-            cells.append(_cell(r[metric], signed, missing))
+            cells.append(_cell(r.get(metric), signed, missing))
         if markdown:
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
         else:
@@ -322,7 +322,8 @@ def format_table(results: dict[str, Any], markdown: bool = False) -> str:
                 "accuracy",
                 False,
                 f"exact-match accuracy, task {cfg['mode']!r}, trained on lengths 1..{L} (higher is better)",
-            )
+            ),
+            ("token_accuracy", False, "answer tokens right (teacher-forced; partial credit)"),
         ]
     lines = []
     for metric, signed, title in sections:
