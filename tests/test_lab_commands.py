@@ -214,3 +214,40 @@ def test_train_help_speaks_of_one_run(capsys):
     with pytest.raises(SystemExit):
         main(["extrapolate", "--help"])
     assert "optimizer steps per scheme" in " ".join(capsys.readouterr().out.split())
+
+
+def _study(argv: list[str]):
+    import argparse
+
+    from posenc.lab.commands import _study_config, extrapolate_args
+
+    parser = argparse.ArgumentParser()
+    extrapolate_args(parser)
+    return _study_config(parser.parse_args(argv))
+
+
+def test_task_mode_defaults_are_the_budget_that_learns():
+    c = _study(["--task", "copy"])
+    budget = (c.d_model, c.num_layers, c.num_heads, c.batch_size, c.steps, c.curriculum_steps)
+    assert budget == (64, 4, 4, 64, 2500, 600)
+    assert (c.train_len, c.eval_lens, c.seeds) == (8, (8, 12, 16, 24), (0, 1, 2))  # 1.5x..3x L
+    assert _study(["--task", "sort", "--steps", "50"]).curriculum_steps == 50  # the default, within --steps
+    assert _study(["--task", "copy", "--curriculum-steps", "0"]).curriculum_steps == 0
+    lm = _study([])
+    assert (lm.curriculum_steps, lm.d_model, lm.steps) == (0, 128, 600)  # language modelling unchanged
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--curriculum-steps", "5"], "curriculum_steps=5 needs a synthetic task"),
+        (
+            ["--task", "copy", "--steps", "10", "--curriculum-steps", "20"],
+            "curriculum_steps=20 must be <= steps=10",
+        ),
+    ],
+)
+def test_curriculum_errors_are_one_line(argv, message, capsys):
+    assert main(["extrapolate", "--schemes", "alibi", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1

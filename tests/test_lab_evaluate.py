@@ -13,6 +13,7 @@ from posenc.lab.evalset import sample_eval_set
 from posenc.lab.evaluate import (
     EvalPoint,
     _eval_batch,
+    curriculum_len,
     evaluate_lm,
     evaluate_task,
     paired_deltas,
@@ -165,7 +166,9 @@ class CopyOracle(nn.Module):
 
 def test_evaluate_task_aligns_predictions_with_answers():
     assert evaluate_task(CopyOracle(), "copy", 6, 20, seed=0).accuracy == 1.0
-    assert evaluate_task(CopyOracle(wrong_at=3), "copy", 6, 20, seed=0).accuracy == 0.0
+    wrong = evaluate_task(CopyOracle(wrong_at=3), "copy", 6, 20, seed=0)
+    assert wrong.accuracy == 0.0 and wrong.token_accuracy == pytest.approx(6 / 7)  # 6 digits + EOS, one wrong
+    assert evaluate_task(CopyOracle(), "copy", 6, 20, seed=0).token_accuracy == 1.0
 
 
 def test_task_batches_score_answers_only():
@@ -182,6 +185,16 @@ def test_task_batches_score_answers_only():
         assert scored == [*question[::-1], EOS]  # exactly the answer and EOS count
     top, bottom = batch(3, 0, 2), batch(3, 1, 2)
     assert torch.equal(torch.cat((top[0], bottom[0])), ids)  # ranks partition the global batch
+
+
+def test_curriculum_grows_the_questions_from_one_digit_to_max_len():
+    assert [curriculum_len(t, 9, 100) for t in (0, 12, 13, 50, 99, 100, 5000)] == [1, 1, 2, 5, 8, 9, 9]
+    assert curriculum_len(0, 9, 0) == 9  # no curriculum: every length from the start
+    batch = task_batch_fn("copy", 64, 9, seed=0, curriculum_steps=100)
+    longest = [int(((batch(t, 0, 1)[1] != -100).sum(-1) - 1).max()) for t in (0, 50, 100)]
+    assert longest == [1, 5, 9]  # answer tokens (without EOS) = question length
+    plain = task_batch_fn("copy", 64, 9, seed=0)
+    assert torch.equal(batch(100, 0, 1)[0], plain(100, 0, 1)[0])  # after it: the same batches
 
 
 def test_a_float64_model_is_scored_in_float64():

@@ -186,9 +186,26 @@ def test_tiny_task_study(tmp_path, capsys):
     rows = {(r["name"], r["length"]): r for r in results["summary"]}
     assert all(0.0 <= rows["nope", n]["accuracy"]["mean"] <= 1.0 for n in (2, 4, 8))
     assert rows["nope", 8]["accuracy"]["n"] == 2
+    assert rows["nope", 8]["accuracy"]["mean"] <= rows["nope", 8]["token_accuracy"]["mean"] <= 1.0
     assert rows["learned", 8]["accuracy"] is None and rows["learned", 8]["note"].startswith("n/a")
     runs = {(r["name"], r["seed"]): r for r in results["runs"]}
     assert math.isfinite(runs["nope", 1]["eval"][0]["accuracy"])
+    ranking = {r["name"]: r for r in results["ranking"]}  # past L: nope scored, learned n/a
+    assert ranking["nope"]["beyond_L"]["n"] == 2 and ranking["learned"]["beyond_L"] is None
+    assert results["config"]["curriculum_steps"] == 4  # the task default, within --steps 4
+
+
+@pytest.mark.parametrize("task", ["sort", "parity"])
+def test_tiny_study_of_a_new_task_with_a_curriculum(tmp_path, capsys, task):
+    argv = ["extrapolate", "--task", task, "--schemes", "alibi", "--train-len", "3", "--eval-lens", "3,6"]
+    tiny = ["--steps", "6", "--curriculum-steps", "3", "--batch-size", "4", "--d-model", "16"]
+    rest = ["--layers", "1", "--heads", "2", "--seeds", "0", "--threads", "1", "--workers", "1"]
+    assert main([*argv, *tiny, *rest, "--no-progress", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"exact-match accuracy, task {task!r}" in out and "ranking by mean exact match past L=3" in out
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["config"]["curriculum_steps"] == 3 and results["ranking"][0]["lengths"] == [6]
+    assert (tmp_path / "extrapolation.png").exists()
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""Tests of posenc.lab.plot: plot_study writes the png and the svg (three panels in lm mode, one in
+"""Tests of posenc.lab.plot: plot_study writes the png and the svg (three panels in lm mode, two in
 task modes), draws every run with its interval, and averages the loss-by-position curves over seeds."""
 
 from __future__ import annotations
@@ -78,3 +78,12 @@ def test_plot_attention_and_training_write_png_and_svg(tmp_path):
         tmp_path / "t.svg"
     ).read_text()
     assert plt.get_fignums() == []
+
+
+def test_task_plot_has_exact_match_with_the_learned_line_and_the_tokens_right(tmp_path):
+    pytest.importorskip("matplotlib")
+    study = _study("copy")
+    study["summary"][0]["token_accuracy"] = _iv(0.75, 0.125)  # older rows lack it: left out
+    plot_study(study, tmp_path / "figure.png")
+    svg = (tmp_path / "figure.svg").read_text()
+    assert "95% (learned)" in svg and "answer tokens right" in svg and "exact-match accuracy" in svg

@@ -1,4 +1,4 @@
-"""Tests of posenc.text.tasks: copy, reverse, addition; determinism, masks, exact match."""
+"""Tests of posenc.text.tasks: copy, reverse, addition, sort, parity; determinism, masks, exact match."""
 
 from __future__ import annotations
 
@@ -30,6 +30,10 @@ def test_answers_are_right(task, n, seed):
             assert a == q and len(q) == n
         elif task == "reverse":
             assert a == q[::-1] and len(q) == n
+        elif task == "sort":
+            assert a == sorted(q) and len(q) == n and set(q) <= set("0123456789")
+        elif task == "parity":
+            assert len(q) == n and set(q) <= {"0", "1"} and a == [str(q.count("1") % 2)]
         else:
             plus = q.index("+")
             x, y = int("".join(q[:plus])), int("".join(q[plus + 1 :]))
@@ -57,6 +61,16 @@ def test_length_range_pads():
     assert torch.equal((~pad).sum(-1), 2 * batch.lengths + 3)
 
 
+def test_sort_and_parity_examples():
+    batch = generate_task("sort", 200, 6, seed=3)
+    answers = {" ".join(_parts(batch, i)[1]) for i in range(200)}
+    assert len(answers) > 100  # not one fixed answer
+    parity = generate_task("parity", 400, 5, seed=3)
+    bits = [_parts(parity, i)[1][0] for i in range(400)]
+    assert 150 < bits.count("1") < 250  # both answers, about equally often
+    assert parity.tokens.shape == (400, 5 + 4)  # [BOS] 5 bits [SEP] bit [EOS]
+
+
 def test_reverse_answer_addition():
     fwd = generate_task("addition", 5, 3, seed=4)
     rev = generate_task("addition", 5, 3, seed=4, reverse_answer=True)
@@ -75,8 +89,9 @@ def test_exact_match():
 
 
 def test_errors():
-    with pytest.raises(ValueError, match="unknown task 'sort'; valid tasks: copy, reverse, addition"):
-        generate_task("sort", 1, 3)
+    valid = "copy, reverse, addition, sort, parity"
+    with pytest.raises(ValueError, match=f"unknown task 'scan'; valid tasks: {valid}"):
+        generate_task("scan", 1, 3)
     with pytest.raises(ValueError, match="length must be >= 1, got 0"):
         generate_task("copy", 1, 0)
     with pytest.raises(ValueError, match=r"length range \(5, 2\) is empty"):

@@ -375,7 +375,9 @@ def _train_cell(
     train_data = (
         data.train_bytes
         if config.lm
-        else task_batch_fn(config.mode, config.batch_size, config.train_len, cell.seed)
+        else task_batch_fn(
+            config.mode, config.batch_size, config.train_len, cell.seed, config.curriculum_steps
+        )
     )
     seed_everything(cell.seed)
     model = TransformerLM(mc).to(device)

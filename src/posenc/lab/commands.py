@@ -159,6 +159,7 @@ def _teardown() -> None:
 def extrapolate_args(p: argparse.ArgumentParser) -> None:
     """Arguments of ``posenc extrapolate``."""
     from .config import DEFAULT_SCHEMES, MODES
+    from .config import TASK_DEFAULTS as task
 
     p.add_argument(
         "--schemes", default=None, help=f"comma list of schemes (default {','.join(DEFAULT_SCHEMES)})"
@@ -185,7 +186,17 @@ def extrapolate_args(p: argparse.ArgumentParser) -> None:
         "--task",
         default="lm",
         choices=list(MODES),
-        help="lm (default: bits/byte on a corpus) or a synthetic task (exact-match accuracy)",
+        help="lm (default: bits/byte on a corpus) or a synthetic task (exact-match accuracy; its own "
+        f"defaults: d-model {task['d_model']}, {task['num_layers']} layers, {task['steps']} steps, a "
+        f"{task['curriculum_steps']}-step curriculum, L {task['train_len']}, eval lengths "
+        f"{','.join(map(str, task['eval_lens']))})",
+    )
+    p.add_argument(
+        "--curriculum-steps",
+        type=int,
+        default=None,
+        help="task mode: the longest question grows from 1 to L over these first steps (default "
+        f"{task['curriculum_steps']}, at most --steps; 0 = no curriculum)",
     )
     p.add_argument(
         "--seeds",
@@ -291,6 +302,10 @@ def _study_config(args: argparse.Namespace):
         fields["variants"] = () if args.variants == "none" else parse_list(args.variants, flag="--variants")
     if args.option:
         fields["position_options"] = parse_options(args.option)
+    if args.curriculum_steps is not None:
+        fields["curriculum_steps"] = args.curriculum_steps
+    elif "curriculum_steps" in fields:  # the task default, within a shorter --steps
+        fields["curriculum_steps"] = min(fields["curriculum_steps"], fields["steps"])
     return StudyConfig(**fields, **_grid_fields(args))
 
 

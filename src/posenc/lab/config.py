@@ -168,6 +168,8 @@ MODES: dict[str, str] = {
     "copy": "copy n digits; exact-match accuracy vs n",
     "reverse": "reverse n digits; exact-match accuracy vs n",
     "addition": "add two n-digit numbers; exact-match accuracy vs n",
+    "sort": "sort n digits; exact-match accuracy vs n",
+    "parity": "the parity of n bits; exact-match accuracy vs n",
 }
 
 
@@ -213,6 +215,8 @@ class StudyConfig:
         position_options: per scheme, constructor options for its model (``{"t5": {"max_distance":
             128}}``); keys must be the scheme's configuration keys (``posenc show t5``).
         eval_examples: examples per length in task mode.
+        curriculum_steps: task mode: the longest training question grows linearly from 1 digit at
+            step 0 to ``train_len`` at this step (0 = lengths ``1..train_len`` from the start).
         eval_batch_tokens: at most this many tokens per evaluation forward pass.
         checkpoint_every: write a training checkpoint this often (when the study has an output folder).
         vary: model-config fields to vary, ``{"norm": ("pre", "post")}``: every scheme is trained
@@ -256,6 +260,7 @@ class StudyConfig:
     variants: tuple[str, ...] = ("linear", "ntk", "yarn")
     position_options: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     eval_examples: int = 200
+    curriculum_steps: int = 0
     eval_batch_tokens: int = 16384
     checkpoint_every: int = 100
     vary: dict[str, tuple] = dataclasses.field(default_factory=dict)
@@ -310,6 +315,7 @@ class StudyConfig:
         if self.d_model % self.num_heads:
             raise ValueError(f"num_heads={self.num_heads} must divide d_model={self.d_model}")
         self._check_position_options()
+        self._check_curriculum()
         offered = {v for cls in SCHEMES.values() for v in cls.eval_variants}
         for v in self.variants:
             check_choice(v, "variants entry", sorted(offered))
@@ -370,6 +376,19 @@ class StudyConfig:
             valid = config_keys(scheme)
             for key in options:
                 check_choice(key, f"position_options key of {scheme!r}", list(valid))
+
+    def _check_curriculum(self) -> None:
+        check_int(self.curriculum_steps, "curriculum_steps", minimum=0)
+        if self.curriculum_steps and self.lm:
+            raise ValueError(
+                f"curriculum_steps={self.curriculum_steps} needs a synthetic task (--task copy, ...); "
+                "mode 'lm' trains on windows of one length: leave it at 0"
+            )
+        if self.curriculum_steps > self.steps:
+            raise ValueError(
+                f"curriculum_steps={self.curriculum_steps} must be <= steps={self.steps}: the "
+                "curriculum must reach train_len before training ends"
+            )
 
     @property
     def lm(self) -> bool:
@@ -436,8 +455,18 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
 }
 
-#: Task-mode defaults, applied when a synthetic task is chosen and the user did not set these.
-TASK_DEFAULTS: dict[str, Any] = {"train_len": 8, "eval_lens": (4, 8, 12, 16, 24, 32), "batch_size": 64}
+#: Task-mode defaults, applied when a synthetic task is chosen and the user did not set these: the
+#: budget with which copy, reverse and addition reach >= 95% exact match at L (docs/lab.md).
+TASK_DEFAULTS: dict[str, Any] = {
+    "train_len": 8,
+    "eval_lens": (8, 12, 16, 24),
+    "batch_size": 64,
+    "d_model": 64,
+    "num_layers": 4,
+    "num_heads": 4,
+    "steps": 2500,
+    "curriculum_steps": 600,
+}
 
 
 def study_model_config(

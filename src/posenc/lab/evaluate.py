@@ -13,7 +13,8 @@ of every target, from which come:
   (secondary: at different ``E`` they cover different bytes);
 * ``curve``: the loss by position inside the window (the early-token effect made visible).
 
-**Synthetic tasks** (:func:`evaluate_task`, modes ``copy``, ``reverse``, ``addition``):
+**Synthetic tasks** (:func:`evaluate_task`, modes ``copy``, ``reverse``, ``addition``, ``sort``,
+``parity``):
 exact-match accuracy on fresh examples of question length ``n`` (teacher-forced argmax, which
 equals greedy decoding's exact match).
 
@@ -42,6 +43,7 @@ __all__ = [
     "EvalPoint",
     "LMEvaluator",
     "TaskEvaluator",
+    "curriculum_len",
     "evaluate_lm",
     "evaluate_task",
     "paired_deltas",
@@ -67,6 +69,7 @@ class EvalPoint:
         curve: ``[[position, bits], ...]`` the mean loss by position in the window, binned.
         n_scored: targets in ``bpb_window`` (``K * S``), or task examples.
         accuracy: exact-match accuracy (task modes).
+        token_accuracy: the share of answer tokens (and ``[EOS]``) predicted right (task modes).
         note: why a value is missing, or the variant's setting (e.g. ``factor 4``).
         wall_s: evaluation time.
         attn_entropy, attn_distance, attn_beyond: attention diagnostics (:mod:`posenc.lab.diagnostics`),
@@ -82,6 +85,7 @@ class EvalPoint:
     curve: list[list[float]] = field(default_factory=list)
     n_scored: int = 0
     accuracy: float | None = None
+    token_accuracy: float | None = None
     note: str = ""
     wall_s: float = 0.0
     attn_entropy: float | None = None
@@ -216,14 +220,25 @@ def paired_deltas(points: list[EvalPoint], train_len: int, *, seed: int = 0) -> 
 # ----------------------------------------------------------------------------------------------
 # Synthetic tasks
 # ----------------------------------------------------------------------------------------------
-def task_batch_fn(task: str, batch_size: int, max_len: int, seed: int) -> Callable:
-    """A :data:`~posenc.lab.train.BatchFn` of task examples with question lengths ``1..max_len``:
-    ids ``[b, s-1]``, targets ``[b, s-1]`` with only the answer tokens (and ``[EOS]``) counted."""
+def curriculum_len(step: int, max_len: int, curriculum_steps: int) -> int:
+    """The longest question at ``step`` of a length curriculum: it grows linearly from 1 at step 0
+    to ``max_len`` at step ``curriculum_steps`` and stays there (``curriculum_steps = 0``: always
+    ``max_len``)."""
+    if curriculum_steps <= 0 or step >= curriculum_steps:
+        return max_len
+    return 1 + (max_len - 1) * step // curriculum_steps
+
+
+def task_batch_fn(task: str, batch_size: int, max_len: int, seed: int, curriculum_steps: int = 0) -> Callable:
+    """A :data:`~posenc.lab.train.BatchFn` of task examples with question lengths drawn from
+    ``1..max_len`` (``1..curriculum_len(step, ...)`` while a curriculum runs): ids ``[b, s-1]``,
+    targets ``[b, s-1]`` with only the answer tokens (and ``[EOS]``) counted."""
     from ..text.tasks import generate_task
     from .train import IGNORE_INDEX, _step_seed
 
     def batch(step: int, rank: int, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        ex = generate_task(task, batch_size, (1, max_len), seed=_step_seed(seed, step) % 2**62)
+        hi = curriculum_len(step, max_len, curriculum_steps)
+        ex = generate_task(task, batch_size, (1, hi), seed=_step_seed(seed, step) % 2**62)
         per_rank = batch_size // world_size
         rows = slice(rank * per_rank, (rank + 1) * per_rank)
         tokens, mask = ex.tokens[rows], ex.answer_mask[rows]  # [b, s]
@@ -250,22 +265,26 @@ def evaluate_task(
     device: str | torch.device | None = None,
 ) -> EvalPoint:
     """Exact-match accuracy of ``model`` on ``examples`` fresh examples of ``task`` with question
-    length ``n`` (teacher-forced argmax over the answer tokens and ``[EOS]``)."""
+    length ``n`` (teacher-forced argmax over the answer tokens and ``[EOS]``), and the share of
+    those tokens predicted right (``token_accuracy``: partial credit where exact match is 0)."""
     from ..text.tasks import exact_match, generate_task
 
     t0 = time.perf_counter()
     if device is None:
         device = next(model.parameters()).device
     ex = generate_task(task, examples, n, seed=seed)  # [n_ex, s], all the same length
-    correct = []
+    correct, right_tokens = [], 0
     model.eval()
     for i in range(0, examples, 64):
         tokens, mask = ex.tokens[i : i + 64].to(device), ex.answer_mask[i : i + 64].to(device)  # [b, s]
         out = model(tokens[:, :-1])
         pred = out.logits.argmax(-1)  # [b, s - 1]: prediction for position t + 1
         correct.append(exact_match(pred, tokens[:, 1:], mask[:, 1:]).cpu())
+        right_tokens += int(((pred == tokens[:, 1:]) & mask[:, 1:]).sum())
     acc = float(torch.cat(correct).float().mean())
-    return EvalPoint(length=n, accuracy=acc, n_scored=examples, wall_s=time.perf_counter() - t0)
+    token_acc = right_tokens / int(ex.answer_mask.sum())
+    return EvalPoint(length=n, accuracy=acc, token_accuracy=token_acc, n_scored=examples,
+                     wall_s=time.perf_counter() - t0)  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------
@@ -301,7 +320,7 @@ class LMEvaluator:
 
 
 class TaskEvaluator:
-    """Modes ``copy``, ``reverse``, ``addition``: exact match on fresh examples per length (the
+    """Task modes (``copy``, ``reverse``, ...): exact match on fresh examples per length (the
     same examples for every model: their seed depends on the split seed and the length only)."""
 
     def __init__(self, config, evalset: None, device: torch.device) -> None:
@@ -326,4 +345,6 @@ EVALUATORS: dict[str, type] = {
     "copy": TaskEvaluator,
     "reverse": TaskEvaluator,
     "addition": TaskEvaluator,
+    "sort": TaskEvaluator,
+    "parity": TaskEvaluator,
 }

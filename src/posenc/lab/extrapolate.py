@@ -11,7 +11,8 @@ declares) are applied to the trained weights with factor ``E / L``, as extra row
 ``rope+yarn``.
 
 A second mode trains on the synthetic tasks of Kazemnejad et al. 2023 (``copy``, ``reverse``,
-``addition``; :mod:`posenc.text.tasks`) and reports exact-match accuracy at longer lengths.
+``addition``, ``sort``, ``parity``; :mod:`posenc.text.tasks`) and reports exact-match accuracy at
+longer lengths, with the schemes ranked past the trained length (:mod:`posenc.lab.tasks`).
 
 The grid of cells (:mod:`posenc.lab.cells`: scheme x setting x seed, settings from
 :mod:`posenc.lab.grid`) runs here, in local processes or on a Dask cluster, then the fine-tuning
@@ -65,6 +66,7 @@ SUMMARY_METRICS = (
     "bpb_all",
     "bpb_beyond",
     "accuracy",
+    "token_accuracy",
     "attn_entropy",
     "attn_distance",
     "attn_beyond",
@@ -219,6 +221,10 @@ def _collect(results: dict[str, Any], ordered: list[dict[str, Any]], config: Stu
         results["settings"] = settings_summary(results)
     if config.finetune_len:
         results["finetune"] = finetune_summary(results)
+    if not config.lm:
+        from .tasks import task_ranking
+
+        results["ranking"] = task_ranking(results["runs"], config.train_len)
 
 
 def _write_study(out_dir: Path, results: dict[str, Any], say: Callable[[str], None]) -> None:
@@ -288,7 +294,7 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "seeds": [r["seed"] for r in group],
                 "note": points[0]["note"],
             }
-            for metric in SUMMARY_METRICS:
+            for metric in SUMMARY_METRICS:  # .get: cells of older versions lack newer metrics
                 values = [p.get(metric) for p in points if p.get(metric) is not None]
                 if metric == "delta":
                     values = [v["mean"] for v in values]
@@ -467,7 +473,8 @@ def format_table(results: dict[str, Any], markdown: bool = False) -> str:
                 "accuracy",
                 False,
                 f"exact-match accuracy, task {cfg['mode']!r}, trained on lengths 1..{L} (higher is better)",
-            )
+            ),
+            ("token_accuracy", False, "answer tokens right (teacher-forced; partial credit)"),
         ]
     lines = []
     for metric, signed, title in sections:
@@ -475,6 +482,10 @@ def format_table(results: dict[str, Any], markdown: bool = False) -> str:
     lines += _settings_table(results.get("settings", []), lens, markdown, width, col)
     lines += _finetune_table(results.get("finetune", []), lens, markdown, width, col)
     lines += _training_table(results.get("training", {}), markdown)
+    if cfg["mode"] != "lm":
+        from .tasks import format_ranking, task_ranking
+
+        lines += format_ranking(task_ranking(results["runs"], L), L, markdown)
     seeds = ",".join(map(str, cfg["seeds"]))
     lines.append(
         f"L = {L}; seeds {seeds}; '-' = not defined at this length; n/a = the scheme cannot run so long"

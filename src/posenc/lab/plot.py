@@ -6,7 +6,9 @@
 2. the paired delta against ``L`` with its interval (0 = no change; above 0 = worse);
 3. the loss by position inside the longest window (the early-token effect), mean across seeds.
 
-Task modes: exact-match accuracy against question length. Lower is better except for accuracy.
+Task modes, two panels against question length: exact-match accuracy, with a line at the level that
+counts as having learned the task (:data:`~posenc.lab.tasks.LEARNED_AT`), and the share of answer
+tokens right. Lower is better except for accuracy.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ __all__ = ["plot_attention", "plot_study", "plot_training"]
 
 def _series(rows: list[dict[str, Any]], name: str, metric: str):
     """``(lengths, means, lows, highs)`` of one run's measured points."""
-    pts = [r for r in rows if r["name"] == name and r[metric] is not None]
+    pts = [
+        r for r in rows if r["name"] == name and r.get(metric) is not None
+    ]  # older results lack newer metrics
     xs = [r["length"] for r in pts]
     means = [r[metric]["mean"] for r in pts]
     lows = [r[metric]["low"] if r[metric]["low"] is not None else r[metric]["mean"] for r in pts]
@@ -58,13 +62,13 @@ def plot_study(results: dict[str, Any], path: str | os.PathLike) -> list[Path]:
     names = list(dict.fromkeys(r["name"] for r in rows))
     colors = plt.get_cmap("tab10" if len(names) <= 10 else "tab20")
     n_seeds = len(cfg["seeds"])
-    panels = 3 if lm else 1
+    panels = 3 if lm else 2
     fig, axes = plt.subplots(1, panels, figsize=(5.2 * panels, 4.4), squeeze=False, layout="constrained")
     axes = axes[0]
     metrics = (
         [("bpb_window", "bits per byte (sliding window)"), ("delta", "paired delta vs L (bits/byte)")]
         if lm
-        else [("accuracy", "exact-match accuracy")]
+        else [("accuracy", "exact-match accuracy"), ("token_accuracy", "answer tokens right")]
     )
     variants = {r["name"]: r["variant"] for r in rows}
     for i, name in enumerate(names):
@@ -107,7 +111,13 @@ def plot_study(results: dict[str, Any], path: str | os.PathLike) -> list[Path]:
         axes[2].set_title("loss by position: early tokens lack context\n(lower is better)", fontsize=9)
         axes[2].grid(alpha=0.3)
     else:
-        axes[0].set_title(f"{cfg['mode']}: trained on lengths 1..{L}; higher is better ({over})", fontsize=9)
+        from .tasks import LEARNED_AT
+
+        axes[0].axhline(LEARNED_AT, color="grey", lw=0.8, ls="--", label=f"{LEARNED_AT:.0%} (learned)")
+        for ax in axes:
+            ax.set_ylim(-0.05, 1.05)
+        axes[0].set_title(f"{cfg['mode']}: trained on lengths 1..{L}; higher is better\n({over})", fontsize=9)
+        axes[1].set_title("partial credit: share of answer tokens right\n(teacher-forced)", fontsize=9)
     axes[0].legend(fontsize=7, loc="best")  # the first panel draws every run (learned: one point)
     path = Path(path)
     written = [path, path.with_suffix(".svg")]

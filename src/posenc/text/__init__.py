@@ -2,7 +2,8 @@
 
 * :mod:`.tokenizer` - WordPiece / byte-level BPE / byte tokenizers on Hugging Face ``tokenizers``.
 * :mod:`.corpus` - the Python stdlib's own source and user files, split by document, byte views.
-* :mod:`.tasks` - copy, reverse, addition (Kazemnejad et al. 2023) for length generalization.
+* :mod:`.tasks` - copy, reverse, addition, sort, parity (Kazemnejad et al. 2023) for length
+  generalization.
 * :mod:`.pipeline` - ids -> scaled embedding -> + positions -> LayerNorm -> dropout, each step kept.
 * :mod:`.projection` - a learned ``[V, d]`` embedding matrix projected to 2D (PCA, t-SNE).
 

@@ -1,4 +1,5 @@
-"""Synthetic length-generalization tasks (Kazemnejad et al. 2023): copy, reverse, addition.
+"""Synthetic length-generalization tasks (Kazemnejad et al. 2023): copy, reverse, addition,
+sorting and parity.
 
 Every example is one token sequence for a decoder-only model::
 
@@ -16,6 +17,9 @@ task           question (length n)          answer
 ``addition``   a ``+`` b, n digits each     a + b, n + 1 digits (leading zero kept),
                                             most significant first (``reverse_answer``
                                             writes it least significant first)
+``sort``       n random digits              the same digits in ascending order
+``parity``     n random bits (``0``/``1``)  one token: ``1`` if the question holds an odd
+                                            number of ``1`` s, else ``0``
 =============  ===========================  ==========================================
 
 Shapes: ``tokens`` and ``answer_mask`` are ``[n_examples, s]`` (int64 / bool); ``s`` is the
@@ -65,11 +69,23 @@ def _addition(
     return [*map(str, a), "+", *map(str, b)], answer
 
 
+def _sort(rng: random.Random, n: int, **_: object) -> tuple[list[str], list[str]]:
+    q = [str(x) for x in _digits(rng, n)]
+    return q, sorted(q)
+
+
+def _parity(rng: random.Random, n: int, **_: object) -> tuple[list[str], list[str]]:
+    bits = [rng.randrange(2) for _ in range(n)]
+    return [str(b) for b in bits], [str(sum(bits) % 2)]
+
+
 #: task name -> ``(rng, n, **options) -> (question tokens, answer tokens)``.
 TASKS: dict[str, Callable[..., tuple[list[str], list[str]]]] = {
     "copy": _copy,
     "reverse": _reverse,
     "addition": _addition,
+    "sort": _sort,
+    "parity": _parity,
 }
 
 

@@ -1,0 +1,101 @@
+"""Task-mode verdicts: did each scheme learn the task at the trained length, and how do the
+schemes rank past it.
+
+Kazemnejad et al. 2023 rank positional schemes by exact-match accuracy on questions longer than
+any seen in training (their ranking: NoPE > T5 > ALiBi ~ RoPE > absolute). A ranking means
+something only among models that learned the task in distribution, so each row also says whether
+the scheme reached :data:`LEARNED_AT` at the training length ``L``.
+
+For each run (a scheme, or a scheme with an evaluation-time variant) and seed, the score past
+``L`` is the mean exact match over the evaluated lengths ``n > L``; across seeds, the mean with a
+95% t interval (:func:`~posenc.lab.stats.seed_interval`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .stats import Interval, seed_interval
+
+__all__ = ["LEARNED_AT", "format_ranking", "task_ranking"]
+
+#: Exact match at the training length from which a run counts as having learned the task.
+LEARNED_AT = 0.95
+
+
+def _accuracies(run: dict[str, Any], keep, metric: str = "accuracy") -> list[float]:
+    return [p[metric] for p in run["eval"] if keep(p["length"]) and p.get(metric) is not None]
+
+
+def _mean_past(group: list[dict[str, Any]], train_len: int, metric: str) -> dict[str, Any] | None:
+    """Across seeds: each seed's mean of ``metric`` over the lengths past ``L``."""
+    beyond = [_accuracies(r, lambda n: n > train_len, metric) for r in group]
+    per_seed = [sum(b) / len(b) for b in beyond if b]
+    return seed_interval(per_seed).to_dict() if per_seed else None
+
+
+def _key(row: dict[str, Any]) -> tuple[float, float]:
+    exact, tokens = row["beyond_L"], row["beyond_L_tokens"]
+    return (-1.0 if exact is None else exact["mean"], -1.0 if tokens is None else tokens["mean"])
+
+
+def task_ranking(runs: list[dict[str, Any]], train_len: int) -> list[dict[str, Any]]:
+    """The runs of a task study ranked by exact match past the training length, best first.
+
+    Args:
+        runs: ``results["runs"]``: one entry per run name and seed, each with ``eval`` points
+            (``length``, ``accuracy``).
+        train_len: ``L``, the longest training question.
+
+    Returns:
+        one dict per run name: ``name``, ``seeds``, ``at_L``, ``beyond_L`` and ``beyond_L_tokens``
+        (exact match at ``L``, exact match and answer-token accuracy past ``L``: interval dicts
+        across seeds, ``None`` when not measured, e.g. learned positions past ``L``), ``lengths``
+        (the lengths past ``L`` averaged), ``learned`` (``at_L`` mean >= :data:`LEARNED_AT`).
+        Ties in exact match are broken by token accuracy; runs without a score past ``L`` come last.
+    """
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for run in runs:
+        by_name.setdefault(run["name"], []).append(run)
+    rows = []
+    for name, group in by_name.items():
+        at_l = [a for r in group for a in _accuracies(r, lambda n: n == train_len)]
+        lengths = sorted({p["length"] for r in group for p in r["eval"] if p["length"] > train_len})
+        at = seed_interval(at_l) if at_l else None
+        rows.append(
+            {
+                "name": name,
+                "seeds": [r["seed"] for r in group],
+                "at_L": at.to_dict() if at else None,
+                "learned": bool(at and at.mean >= LEARNED_AT),
+                "beyond_L": _mean_past(group, train_len, "accuracy"),
+                "beyond_L_tokens": _mean_past(group, train_len, "token_accuracy"),
+                "lengths": lengths,
+            }
+        )
+    rows.sort(key=_key, reverse=True)
+    return rows
+
+
+def format_ranking(ranking: list[dict[str, Any]], train_len: int, markdown: bool = False) -> list[str]:
+    """The ranking as lines of text (or a Markdown table): exact match at ``L`` and past it."""
+
+    def cell(value: dict[str, Any] | None) -> str:
+        if value is None:
+            return "n/a"
+        return Interval(value["mean"], value["low"], value["high"], value["n"]).format()
+
+    lengths = ranking[0]["lengths"] if ranking else []
+    title = (
+        f"ranking by mean exact match past L={train_len} (lengths {','.join(map(str, lengths))}); "
+        f"learned = exact match >= {LEARNED_AT:.0%} at L"
+    )
+    rows = [(r["name"], cell(r["at_L"]), cell(r["beyond_L"]), cell(r.get("beyond_L_tokens")),
+             "yes" if r["learned"] else "no") for r in ranking]  # fmt: skip
+    if markdown:
+        head = "| scheme | exact match at L | exact match past L | tokens right past L | learned |"
+        lines = [f"**{title}**", "", head, "|---|---|---|---|---|"]
+        return [*lines, *(f"| {' | '.join(row)} |" for row in rows), ""]
+    width = max(8, *(len(r[0]) for r in rows)) if rows else 8
+    lines = [title, f"{'scheme':<{width}}{'at L':>16}{'past L':>16}{'tokens past L':>16}{'learned':>9}"]
+    return [*lines, *(f"{a:<{width}}{b:>16}{c:>16}{d:>16}{e:>9}" for a, b, c, d, e in rows), ""]

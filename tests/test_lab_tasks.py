@@ -1,0 +1,64 @@
+"""Tests of posenc.lab.tasks: the ranking of schemes past the trained length, and whether each
+learned the task at it."""
+
+from __future__ import annotations
+
+import pytest
+
+from posenc.lab.stats import T_975
+from posenc.lab.tasks import LEARNED_AT, format_ranking, task_ranking
+
+
+def _run(name: str, seed: int, accuracies: dict[int, float | None]) -> dict:
+    points = [{"length": n, "accuracy": a, "token_accuracy": a} for n, a in accuracies.items()]
+    return {"name": name, "seed": seed, "eval": points}
+
+
+RUNS = [
+    _run("alibi", 0, {4: 1.0, 8: 0.99, 12: 0.0, 16: 0.0}),
+    _run("alibi", 1, {4: 1.0, 8: 0.97, 12: 0.2, 16: 0.0}),
+    _run("nope", 0, {4: 1.0, 8: 0.90, 12: 0.5, 16: 0.1}),
+    _run("nope", 1, {4: 1.0, 8: 0.98, 12: 0.7, 16: 0.3}),
+    _run("learned", 0, {4: 1.0, 8: 1.0, 12: None, 16: None}),
+    _run("learned", 1, {4: 1.0, 8: 1.0, 12: None, 16: None}),
+]
+
+
+def test_ranking_orders_by_exact_match_past_L_across_seeds():
+    ranking = task_ranking(RUNS, train_len=8)
+    assert [r["name"] for r in ranking] == ["nope", "alibi", "learned"]
+    nope = ranking[0]
+    per_seed = [(0.5 + 0.1) / 2, (0.7 + 0.3) / 2]  # mean over lengths 12 and 16, per seed
+    assert nope["beyond_L"]["mean"] == pytest.approx(sum(per_seed) / 2)
+    half = T_975[0] * abs(per_seed[1] - per_seed[0]) / 2  # t interval: sd / sqrt(2) = |diff| / 2
+    assert nope["beyond_L"]["high"] - nope["beyond_L"]["mean"] == pytest.approx(half)
+    assert nope["at_L"]["mean"] == pytest.approx(0.94) and nope["at_L"]["n"] == 2
+    assert nope["learned"] is False  # 0.94 < 0.95 in distribution
+    assert ranking[1]["learned"] is True and ranking[1]["seeds"] == [0, 1]
+    assert ranking[2]["beyond_L"] is None and ranking[2]["learned"] is True  # learned positions: n/a past L
+    assert ranking[0]["lengths"] == [12, 16]
+    assert LEARNED_AT == 0.95
+
+
+def test_ranking_text_and_markdown():
+    ranking = task_ranking(RUNS, train_len=8)
+    lines = format_ranking(ranking, 8)
+    assert lines[0].startswith("ranking by mean exact match past L=8 (lengths 12,16)")
+    assert lines[2].split()[:2] == ["nope", "0.940"] and lines[2].split()[-1] == "no"
+    assert lines[4].split() == ["learned", "1.000", "±0.000", "n/a", "n/a", "yes"]
+    md = format_ranking(ranking, 8, markdown=True)
+    assert md[2] == "| scheme | exact match at L | exact match past L | tokens right past L | learned |"
+    assert md[4].startswith("| nope | 0.940 ±") and md[4].endswith("| no |")
+
+
+def test_ties_in_exact_match_are_broken_by_the_tokens_right():
+    runs = [_run("rope", 0, {8: 1.0, 12: 0.0}), _run("t5", 0, {8: 1.0, 12: 0.0})]
+    runs[1]["eval"][1]["token_accuracy"] = 0.4  # t5 gets more answer tokens right past L
+    runs[0]["eval"][1]["token_accuracy"] = 0.1
+    ranking = task_ranking(runs, train_len=8)
+    assert [r["name"] for r in ranking] == ["t5", "rope"]
+    assert ranking[0]["beyond_L_tokens"] == {"mean": 0.4, "low": None, "high": None, "n": 1}
+    old = [
+        {**r, "eval": [{"length": p["length"], "accuracy": p["accuracy"]} for p in r["eval"]]} for r in runs
+    ]
+    assert task_ranking(old, train_len=8)[0]["beyond_L_tokens"] is None  # results of older versions
