@@ -129,7 +129,9 @@ def _alibi_peers(q, k, v, scheme, skipped: dict[str, str]) -> list[Impl]:
             return _sdpa_masked(q, k, v, alibi.view(b, h, 1, s))  # m_h * j, broadcast over queries
 
         doc = "build_alibi_tensor (m_h * j) + causal mask + SDPA"
-        impls.append(Impl("hf_bloom_alibi", bloom_attention, "peer", None, doc))
+        # m_h * j is rounded at its own size (up to m_h * s), not at the size of m_h * (j - i)
+        atol = 1e-5 + 4 * 2.0**-24 * float(scheme.slopes().max()) * s
+        impls.append(Impl("hf_bloom_alibi", bloom_attention, "peer", None, doc, tolerance=(atol, 1e-5)))
     xt, why = _optional("x_transformers.x_transformers")
     if xt is None:
         skipped["x_transformers_alibi"] = why

@@ -34,13 +34,22 @@ def _status(key: str) -> int:
 
 
 def peak_bytes(
-    case: str, impl: str, *, quick: bool, threads: int | None = None, timeout: float = 600
+    case: str,
+    impl: str,
+    *,
+    quick: bool,
+    threads: int | None = None,
+    allocator: str = "system",
+    timeout: float = 600,
 ) -> int | None:
     """Peak memory of one call of ``impl`` of benchmark ``case`` beyond its inputs, in bytes, from a
-    fresh process (None where it cannot be measured)."""
+    fresh process with the same threads and allocator setting (None where it cannot be measured).
+
+    Raises:
+        RuntimeError: the probe process failed (the end of its stderr in the message)."""
     if not supported():
         return None
-    cmd = [sys.executable, "-m", "posenc.benchmarks.memory", case, impl]
+    cmd = [sys.executable, "-m", "posenc.benchmarks.memory", case, impl, "--allocator", allocator]
     cmd += ["--quick"] if quick else []
     cmd += ["--threads", str(threads)] if threads else []
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)

@@ -243,11 +243,13 @@ def causal_attention_with_bias(
         o = F.scaled_dot_product_attention(
             qb, k[:, :, :k1], v[:, :, :k1], attn_mask=mask, dropout_p=dropout_p, enable_gqa=gqa
         )  # [b, h, n, d_h]
-        if reversed_rows:
-            o = o.flip(2)  # the block's queries back in order
         if q1 - q0 == s_q:
-            return o  # a single block
+            return o.flip(2) if reversed_rows else o  # a single block (in query order)
         if out is None:
             out = _memory.empty(b, s_q, h, o.shape[-1], dtype=o.dtype, device=o.device)  # SDPA's layout
-        out[:, q0:q1].copy_(o.transpose(1, 2))  # [b, h, n, d_v] -> [b, n, h, d_v]
+        if reversed_rows:  # row r of o is query q1 - 1 - r: written to its place, no flipped copy
+            rows = torch.arange(q1 - 1, q0 - 1, -1, device=o.device)  # [n]
+            out.index_copy_(1, rows, o.transpose(1, 2))  # [b, h, n, d_v] -> [b, n, h, d_v] rows
+        else:
+            out[:, q0:q1].copy_(o.transpose(1, 2))  # [b, h, n, d_v] -> [b, n, h, d_v]
     return out.transpose(1, 2)  # [b, s_q, h, d_v] -> [b, h, s_q, d_v]

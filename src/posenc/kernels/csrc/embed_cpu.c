@@ -41,6 +41,13 @@ static void row_mask(const spec* sp, i64 row, float* restrict k) {
   }
 }
 
+/* ask for the token row of a later row now: rows are gathered from random places in W, and the
+   hardware prefetcher only follows a row once it is being read */
+static void prefetch_row(const spec* sp, i64 row) {
+  const char* wr = (const char*)(sp->w + sp->ids[row] * sp->d);
+  for (i64 b = 0; b < sp->d * (i64)sizeof(float); b += 64) __builtin_prefetch(wr + b, 0, 3);
+}
+
 /* x = W[id] * scale + pe: the LayerNorm's input, rebuilt where needed (never stored) */
 static void row_input(const spec* sp, i64 row, float* x) {
   const float* wr = sp->w + sp->ids[row] * sp->d;
@@ -48,24 +55,36 @@ static void row_input(const spec* sp, i64 row, float* x) {
   for (i64 c = 0; c < sp->d; ++c) x[c] = wr[c] * sp->scale + (pr ? pr[c] : 0.0f);
 }
 
-/* sum of x[c] * y[c] (y NULL: of x[c]) over d values: 16 independent float lanes (they vectorize:
-   one lane never needs reassociation), summed in double at the end */
+/* sum of x[c] * y[c] over d values: 16 independent float lanes (they vectorize: one lane never
+   needs reassociation), summed in double at the end */
 #define LANES 16
-static double dot(const float* x, const float* y, i64 d) {
+static double dot(const float* restrict x, const float* restrict y, i64 d) {
   float acc[LANES] = {0};
   i64 c = 0;
   for (; c + LANES <= d; c += LANES)
-    for (int l = 0; l < LANES; ++l) acc[l] += y ? x[c + l] * y[c + l] : x[c + l];
+    for (int l = 0; l < LANES; ++l) acc[l] += x[c + l] * y[c + l];
   double total = 0.0;
   for (int l = 0; l < LANES; ++l) total += acc[l];
-  for (; c < d; ++c) total += y ? (double)x[c] * y[c] : x[c];
+  for (; c < d; ++c) total += (double)x[c] * y[c];
+  return total;
+}
+
+/* sum of x[c] over d values, in lanes as dot */
+static double sum(const float* restrict x, i64 d) {
+  float acc[LANES] = {0};
+  i64 c = 0;
+  for (; c + LANES <= d; c += LANES)
+    for (int l = 0; l < LANES; ++l) acc[l] += x[c + l];
+  double total = 0.0;
+  for (int l = 0; l < LANES; ++l) total += acc[l];
+  for (; c < d; ++c) total += x[c];
   return total;
 }
 
 /* mean and 1 / sqrt(var + eps) of one row (two passes: the mean first, then the centred squares) */
 static void moments(const spec* sp, float* x, float* mean, float* rstd, float* tmp) {
   i64 d = sp->d;
-  float m = (float)(dot(x, NULL, d) / (double)d);
+  float m = (float)(sum(x, d) / (double)d);
   for (i64 c = 0; c < d; ++c) tmp[c] = x[c] - m;
   *mean = m;
   *rstd = (float)(1.0 / sqrt(dot(tmp, tmp, d) / (double)d + (double)sp->eps));
@@ -75,6 +94,7 @@ static void moments(const spec* sp, float* x, float* mean, float* rstd, float* t
 static void forward_rows(const spec* sp, float* out, float* mean, float* rstd, i64 lo, i64 hi, float* x, float* k) {
   for (i64 row = lo; row < hi; ++row) {
     float* o = out + row * sp->d;
+    if (row + 2 < hi) prefetch_row(sp, row + 2);
     row_input(sp, row, x);
     if (sp->gamma) {
       moments(sp, x, mean + row, rstd + row, k);  /* k: scratch until the mask is drawn */
@@ -110,7 +130,7 @@ static void backward_rows(const spec* sp, const float* gout, const float* mean, 
         gb[c] += out[c];
         k[c] = out[c] * sp->gamma[c];  /* k now holds dy = g * gamma */
       }
-      float ma = (float)(dot(k, NULL, d) / (double)d), mb = (float)(dot(k, x, d) / (double)d);
+      float ma = (float)(sum(k, d) / (double)d), mb = (float)(dot(k, x, d) / (double)d);
       for (i64 c = 0; c < d; ++c) out[c] = r * (k[c] - ma - x[c] * mb);
     }
     for (i64 c = 0; c < d; ++c) out[c] *= sp->scale;  /* d x / d W[id] = scale */
