@@ -191,6 +191,16 @@ def _block_mask(bias, dtype, tri, scratch: bool, saves_mask: bool, masks_future:
     return mask
 
 
+def _write_block(out: torch.Tensor, o: torch.Tensor, q0: int, q1: int, reversed_rows: bool) -> None:
+    """Block output ``o`` ``[b, h, n, d_v]`` into rows ``q0..q1-1`` of ``out`` ``[b, s_q, h, d_v]``;
+    with ``reversed_rows`` row ``r`` of ``o`` is query ``q1 - 1 - r`` (written in place, no flipped copy)."""
+    if reversed_rows:
+        rows = torch.arange(q1 - 1, q0 - 1, -1, device=o.device)  # [n]
+        out.index_copy_(1, rows, o.transpose(1, 2))  # [b, h, n, d_v] -> [b, n, h, d_v] rows
+    else:
+        out[:, q0:q1].copy_(o.transpose(1, 2))  # [b, h, n, d_v] -> [b, n, h, d_v]
+
+
 def causal_attention_with_bias(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -247,9 +257,5 @@ def causal_attention_with_bias(
             return o.flip(2) if reversed_rows else o  # a single block (in query order)
         if out is None:
             out = _memory.empty(b, s_q, h, o.shape[-1], dtype=o.dtype, device=o.device)  # SDPA's layout
-        if reversed_rows:  # row r of o is query q1 - 1 - r: written to its place, no flipped copy
-            rows = torch.arange(q1 - 1, q0 - 1, -1, device=o.device)  # [n]
-            out.index_copy_(1, rows, o.transpose(1, 2))  # [b, h, n, d_v] -> [b, n, h, d_v] rows
-        else:
-            out[:, q0:q1].copy_(o.transpose(1, 2))  # [b, h, n, d_v] -> [b, n, h, d_v]
+        _write_block(out, o, q0, q1, reversed_rows)
     return out.transpose(1, 2)  # [b, s_q, h, d_v] -> [b, h, s_q, d_v]

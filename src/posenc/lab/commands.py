@@ -306,21 +306,9 @@ def _study_config(args: argparse.Namespace):
         fields["curriculum_steps"] = args.curriculum_steps
     elif "curriculum_steps" in fields:  # the task default, within a shorter --steps
         fields["curriculum_steps"] = min(fields["curriculum_steps"], fields["steps"])
-    return StudyConfig(**fields, **_grid_fields(args))
+    from .grid import grid_fields
 
-
-def _grid_fields(args: argparse.Namespace) -> dict[str, Any]:
-    """The study fields of ``--vary``, ``--randomized-positions``, fine-tuning and ``--diagnostics``."""
-    from .grid import parse_vary
-
-    fields: dict[str, Any] = {"vary": parse_vary(args.vary)} if args.vary else {}
-    given = {
-        "randomized_positions": args.randomized_positions,
-        "finetune_len": args.finetune_len,
-        "finetune_steps": args.finetune_steps,
-        "diagnostic_windows": args.diagnostics,
-    }
-    return {**fields, **{k: v for k, v in given.items() if v is not None}}
+    return StudyConfig(**fields, **grid_fields(args))
 
 
 def _workers(args: argparse.Namespace, info, device, cells: int) -> int:

@@ -21,6 +21,7 @@ __all__ = [
     "RANDOM_POSITIONS",
     "Setting",
     "check_vary",
+    "grid_fields",
     "model_fields",
     "parse_value",
     "parse_vary",
@@ -164,3 +165,15 @@ def settings_summary(results: dict[str, Any]) -> list[dict[str, Any]]:
     return [
         {"run": run, "against": against, "rows": paired_rows(run, p)} for (run, against), p in pairs.items()
     ]
+
+
+def grid_fields(args: Any) -> dict[str, Any]:
+    """The study fields of ``--vary``, ``--randomized-positions``, fine-tuning and ``--diagnostics``."""
+    fields: dict[str, Any] = {"vary": parse_vary(args.vary)} if args.vary else {}
+    given = {
+        "randomized_positions": args.randomized_positions,
+        "finetune_len": args.finetune_len,
+        "finetune_steps": args.finetune_steps,
+        "diagnostic_windows": args.diagnostics,
+    }
+    return {**fields, **{k: v for k, v in given.items() if v is not None}}
