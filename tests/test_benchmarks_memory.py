@@ -27,5 +27,6 @@ def test_peak_counts_what_one_call_allocates(monkeypatch):
 def test_peak_bytes_runs_a_shipped_case_in_a_fresh_process():
     peak = memory.peak_bytes("embedding_eval", "posenc_input_embedding", quick=True, threads=1)
     assert isinstance(peak, int) and 0 <= peak < 64 << 20
-    with pytest.raises(RuntimeError, match="no implementation 'nothing'"):
+    with pytest.raises(RuntimeError, match="error: case 'embedding_eval' has no implementation 'nothing'"):
         memory.peak_bytes("embedding_eval", "nothing", quick=True)
+    assert memory.main(["nonsense_case", "x", "--quick"]) == 2  # one line, no traceback

@@ -100,7 +100,11 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    print(_measure(args.case, args.impl, args.quick))
+    try:
+        print(_measure(args.case, args.impl, args.quick))
+    except ValueError as err:  # an unknown case or implementation: one line, exit 2
+        print(f"python -m posenc.benchmarks.memory: error: {err}", file=sys.stderr)
+        return 2
     return 0
 
 
