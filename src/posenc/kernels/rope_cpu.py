@@ -344,7 +344,7 @@ class PairRotation(torch.autograd.Function):
     def forward(ctx, q, k, q_cos, q_sin, k_cos, k_sin, layout, sign):  # type: ignore[override]
         ctx.save_for_backward(q_cos, q_sin, k_cos, k_sin)
         ctx.layout, ctx.sign = layout, sign
-        outs = torch.empty_like(q), torch.empty_like(k)  # no huge-page hint: see rotate_pair
+        outs = _memory.empty_like(q), _memory.empty_like(k)
         return _launch_pair(q, k, (q_cos, q_sin), (k_cos, k_sin), *outs, layout, sign)
 
     @staticmethod
@@ -372,8 +372,5 @@ def rotate_pair(
         return rope_op(q, *q_tables, layout, 1.0), rope_op(k, *k_tables, layout, 1.0)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
         return PairRotation.apply(q, k, *q_tables, *k_tables, layout, 1.0)
-    # plain allocations: with the huge-page hint on both fresh outputs the pair measured 295 ms
-    # against 91 ms without it (q, k [4, 32, 2048, 128] fp32, 2 threads, glibc's allocator;
-    # benchmarks/RESULTS.md), while a single output gains from it (29 ms against 92 ms)
-    outs = torch.empty_like(q), torch.empty_like(k)
+    outs = _memory.empty_like(q), _memory.empty_like(k)
     return _launch_pair(q, k, q_tables, k_tables, *outs, layout, 1.0)
