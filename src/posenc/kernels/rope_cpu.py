@@ -212,7 +212,7 @@ def _launch(
 
 
 def _launch_pair(q, k, q_tables, k_tables, q_out, k_out, layout: str, sign: float):
-    """``q`` and ``k`` rotated into ``q_out``/``k_out`` by one kernel call (one parallel region)."""
+    """``q`` and ``k`` rotated into ``q_out``/``k_out`` by one kernel call (q's rows, then k's)."""
     a, _qt = _args(q, *q_tables, q_out, layout, sign)
     b, _kt = _args(k, *k_tables, k_out, layout, sign)
     if _state["pair"](a.buffer_info()[0], b.buffer_info()[0]):  # pragma: no cover - see usable()

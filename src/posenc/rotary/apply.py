@@ -102,7 +102,7 @@ def apply_rotary_qk(
     """Rotate queries and keys in one call: :func:`apply_rotary` of ``q`` by ``(cos, sin)`` and of
     ``k`` by ``(k_cos, k_sin)`` (default: the same tables), out of place.
 
-    On the CPU fast path both rotations run in one kernel call and one parallel region (and their
+    On the CPU fast path both rotations run in one kernel call, q's rows then k's (and their
     backward likewise); the numbers are :func:`apply_rotary`'s, bit for bit.
 
     Args:
