@@ -148,7 +148,11 @@ static void parse(const i64* a, const double* f, spec* sp) {
   sp->scale = (float)f[0]; sp->eps = (float)f[1]; sp->keep = (float)f[2];
 }
 
-int posenc_embed_forward(const i64* a, const double* f) {
+/* The rows split evenly over the threads, forward (backward = 0) or backward (1): a as parsed,
+   a[5..8] = out (the incoming gradient in backward), mean, rstd, scratch (2 * d floats per thread);
+   backward also a[15] = dx, a[16] = gamma/beta partials [nthreads, 2, d] float64 (zeroed and
+   summed by the caller). */
+static int run(const i64* a, const double* f, int backward) {
   spec sp;
   parse(a, f, &sp);
   float *out = (float*)(intptr_t)a[5], *mean = (float*)(intptr_t)a[6], *rstd = (float*)(intptr_t)a[7];
@@ -164,33 +168,15 @@ int posenc_embed_forward(const i64* a, const double* f) {
 #endif
     i64 chunk = (sp.n + nt - 1) / nt, lo = tid * chunk, hi = lo + chunk < sp.n ? lo + chunk : sp.n;
     float* x = scratch + 2 * tid * sp.d;
-    if (lo < hi) forward_rows(&sp, out, mean, rstd, lo, hi, x, x + sp.d);
+    if (lo < hi && !backward) forward_rows(&sp, out, mean, rstd, lo, hi, x, x + sp.d);
+    if (lo < hi && backward) {
+      double* gg = (double*)(intptr_t)a[16] + 2 * tid * sp.d;
+      backward_rows(&sp, out, mean, rstd, (float*)(intptr_t)a[15], gg, gg + sp.d, lo, hi, x, x + sp.d);
+    }
   }
   return 0;
 }
 
-/* a as for the forward with out = the incoming gradient, plus a[15] = dx, a[16] = gamma/beta partials
-   [nthreads, 2, d] float64 (zeroed by the caller, summed by the caller). */
-int posenc_embed_backward(const i64* a, const double* f) {
-  spec sp;
-  parse(a, f, &sp);
-  const float *gout = (const float*)(intptr_t)a[5], *mean = (const float*)(intptr_t)a[6];
-  const float* rstd = (const float*)(intptr_t)a[7];
-  float *scratch = (float*)(intptr_t)a[8], *dx = (float*)(intptr_t)a[15];
-  double* part = (double*)(intptr_t)a[16];
-  int nthreads = (int)a[14];
-#ifdef _OPENMP
-  #pragma omp parallel num_threads(nthreads) if (nthreads > 1)
-#endif
-  {
-    int tid = 0, nt = 1;
-#ifdef _OPENMP
-    tid = omp_get_thread_num(); nt = omp_get_num_threads();
-#endif
-    i64 chunk = (sp.n + nt - 1) / nt, lo = tid * chunk, hi = lo + chunk < sp.n ? lo + chunk : sp.n;
-    float* x = scratch + 2 * tid * sp.d;
-    double* gg = part + 2 * tid * sp.d;
-    if (lo < hi) backward_rows(&sp, gout, mean, rstd, dx, gg, gg + sp.d, lo, hi, x, x + sp.d);
-  }
-  return 0;
-}
+int posenc_embed_forward(const i64* a, const double* f) { return run(a, f, 0); }
+
+int posenc_embed_backward(const i64* a, const double* f) { return run(a, f, 1); }
