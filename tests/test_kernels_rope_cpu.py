@@ -134,6 +134,45 @@ def test_gradients_match_the_reference(layout):
     assert torch.equal(gx, gr)
 
 
+def _bf16_edge_cases(gen, per_batch):
+    """bf16 x [2, 6, 9, 2 * 69 + 3] and tables [9, 69] (or per batch [2, 1, 9, 69]) whose products
+    or sums are subnormal floats in some 32-pair blocks (the kernel's fast bf16 blocks must hand
+    those to the exact path): a row of x near 2^-125, a row of subnormal x, a table row of 2^-70
+    meeting x rows of 2^-58 (x alone passes the block's check there), and a row of raw bit
+    patterns (overflow, inf, NaN)."""
+    x = torch.randn(2, 6, 9, 141, generator=gen).to(torch.bfloat16)
+    x[0, 1, 3] *= 2.0**-125
+    x[1, 2, 4] = (torch.rand(141, generator=gen) * 2.0**-127).to(torch.bfloat16)  # subnormal
+    x[:, :, 5] = 2.0**-58
+    x[0, 4, 7] = torch.randint(-(2**15), 2**15, (141,), generator=gen, dtype=torch.int16).view(torch.bfloat16)
+    angles = torch.rand((2, 1, 9, 69) if per_batch else (9, 69), generator=gen, dtype=torch.float64) * 40
+    cos, sin = tables(angles, torch.bfloat16)
+    cos[..., 5, :] = 2.0**-70
+    sin[..., 5, :] = -(2.0**-70)
+    return x, cos, sin
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("per_batch", [False, True])
+def test_bf16_blocks_keep_the_exact_bits_at_the_edges(layout, per_batch):
+    """Every bf16 output equals the reference's (NaN where it is NaN), in place and out of place,
+    with tables shared by every head (checked once per call) or per batch (checked per block), and
+    rotated back by the opposite angle as backward does; clean blocks stay exact too."""
+    x, cos, sin = _bf16_edge_cases(torch.Generator().manual_seed(5), per_batch)
+    want = reference(x, cos, sin, layout)
+    exact = dict(rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(posenc.apply_rotary(x, cos, sin, layout=layout), want, **exact)
+    y = x.clone()
+    posenc.apply_rotary(y, cos, sin, layout=layout, out=y)
+    torch.testing.assert_close(y, want, **exact)
+    xg = x.clone().requires_grad_(True)
+    (back,) = torch.autograd.grad(posenc.apply_rotary(xg, cos, sin, layout=layout), xg, x)
+    torch.testing.assert_close(back, reference(x, cos, -sin, layout), **exact)
+    clean = torch.randn(3, 5, 7, 128, dtype=torch.bfloat16)
+    c, s = tables(torch.rand(7, 64, dtype=torch.float64) * 40, torch.bfloat16)
+    assert torch.equal(posenc.apply_rotary(clean, c, s, layout=layout), reference(clean, c, s, layout))
+
+
 def test_gradcheck_and_double_backward():
     x = torch.randn(1, 2, 5, 8, dtype=torch.float64, requires_grad=True)
     cos, sin = tables(torch.rand(5, 3, dtype=torch.float64) * 7, torch.float64)

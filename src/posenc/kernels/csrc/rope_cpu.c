@@ -19,26 +19,39 @@ static inline float rbf(float f) {
 /* store a float already rounded by rbf: its low 16 bits are zero */
 static inline uint16_t f2bf_rounded(float f) { uint32_t u; memcpy(&u, &f, 4); return (uint16_t)(u >> 16); }
 
-/* A run of n rows along one row dim (byte strides xs, os, cs, ss): rotate r dims of each row xr
-   (pairs (i, i+r/2) or (2i, 2i+1)) into orow, copy dims r..d if out != x. Iteration i reads and
-   writes only the two elements of pair i, and orow is either xr itself or disjoint from it, so
-   there is no dependence between iterations (ivdep lets the loop vectorize); the tables are never
-   written (restrict: no aliasing checks per row). One call per run, not per row. */
-#define ROWFN(NAME, T, F, LOAD, STORE, RND, IA, IB)                                        \
-static void NAME(const char* xp, char* op, const char* cp, const char* sp, i64 n, i64 xs,  \
-                 i64 os, i64 cs, i64 ss, i64 h, i64 d, i64 r, float sgn) {                  \
-  for (i64 row = 0; row < n; ++row, xp += xs, op += os, cp += cs, sp += ss) {              \
-    const T* xr = (const T*)xp; T* orow = (T*)op;                                           \
-    const T* restrict c = (const T*)cp; const T* restrict s = (const T*)sp;                 \
-    _Pragma("GCC ivdep")                                                                    \
-    for (i64 i = 0; i < h; ++i) {                                                           \
-      F a = LOAD(xr[IA(i)]), b = LOAD(xr[IB(i)]);                                           \
-      F cc = LOAD(c[i]), ss_ = (F)sgn * LOAD(s[i]);                                         \
-      orow[IA(i)] = STORE(RND(RND(a * cc) - RND(b * ss_)));                                 \
-      orow[IB(i)] = STORE(RND(RND(b * cc) + RND(a * ss_)));                                 \
-    }                                                                                       \
-    if (orow != xr) for (i64 i = r; i < d; ++i) orow[i] = xr[i];                            \
+/* Pairs lo..hi-1 of one row xr (pairs (i, i+r/2) or (2i, 2i+1)), rotated into orow. Iteration i
+   reads and writes only the two elements of pair i, and orow is either xr itself or disjoint from
+   it, so there is no dependence between iterations (ivdep lets the loop vectorize); the tables are
+   never written (restrict: no aliasing checks). */
+#define PAIRFN(NAME, T, F, LOAD, STORE, RND, IA, IB)                                       \
+static inline void NAME(const T* xr, T* orow, const T* restrict c, const T* restrict s,   \
+                        i64 lo, i64 hi, i64 h, float sgn) {                                 \
+  (void)h; /* the interleaved layout does not use it */                                     \
+  _Pragma("GCC ivdep")                                                                      \
+  for (i64 i = lo; i < hi; ++i) {                                                           \
+    F a = LOAD(xr[IA(i)]), b = LOAD(xr[IB(i)]);                                             \
+    F cc = LOAD(c[i]), ss_ = (F)sgn * LOAD(s[i]);                                           \
+    orow[IA(i)] = STORE(RND(RND(a * cc) - RND(b * ss_)));                                   \
+    orow[IB(i)] = STORE(RND(RND(b * cc) + RND(a * ss_)));                                   \
   }                                                                                         \
+}
+
+/* A run of n rows along one row dim (byte strides xs, os, cs, ss), each at g places g_k = k * xg
+   (k < g) of the next row dim out, which read the same table row: g > 1 reads each table row once
+   for g rows (the rows of g heads at one position) instead of streaming the table once per head.
+   Rotates r dims of each row, copies dims r..d if out != x. One call per run, not per row. BODY
+   rotates pairs 0..h-1 of one row; tn says the tables were checked beforehand (bf16, below). */
+#define ROWFN(NAME, T, BODY)                                                                \
+static void NAME(const char* xp, char* op, const char* cp, const char* sp, i64 n, i64 xs,  \
+                 i64 os, i64 cs, i64 ss, i64 h, i64 d, i64 r, float sgn, int tn, i64 g, i64 xg,    \
+                 i64 og) {                                                                  \
+  (void)tn;                                                                                 \
+  for (i64 row = 0; row < n; ++row, xp += xs, op += os, cp += cs, sp += ss)                \
+    for (i64 k = 0; k < g; ++k) {                                                           \
+      const T* xr = (const T*)(xp + k * xg); T* orow = (T*)(op + k * og);                   \
+      BODY((const T*)xr, orow, (const T*)cp, (const T*)sp, h, sgn, tn);                     \
+      if (orow != xr) for (i64 i = r; i < d; ++i) orow[i] = xr[i];                          \
+    }                                                                                       \
 }
 
 #define ID(v) (v)
@@ -46,15 +59,130 @@ static void NAME(const char* xp, char* op, const char* cp, const char* sp, i64 n
 #define HALF_B(i) ((i) + h)
 #define INTL_A(i) (2 * (i))
 #define INTL_B(i) (2 * (i) + 1)
-ROWFN(row_f32_half, float, float, ID, ID, ID, HALF_A, HALF_B)
-ROWFN(row_f32_intl, float, float, ID, ID, ID, INTL_A, INTL_B)
-ROWFN(row_f64_half, double, double, ID, ID, ID, HALF_A, HALF_B)
-ROWFN(row_f64_intl, double, double, ID, ID, ID, INTL_A, INTL_B)
-ROWFN(row_bf16_half, uint16_t, float, bf2f, f2bf_rounded, rbf, HALF_A, HALF_B)
-ROWFN(row_bf16_intl, uint16_t, float, bf2f, f2bf_rounded, rbf, INTL_A, INTL_B)
+PAIRFN(pairs_f32_half, float, float, ID, ID, ID, HALF_A, HALF_B)
+PAIRFN(pairs_f32_intl, float, float, ID, ID, ID, INTL_A, INTL_B)
+PAIRFN(pairs_f64_half, double, double, ID, ID, ID, HALF_A, HALF_B)
+PAIRFN(pairs_f64_intl, double, double, ID, ID, ID, INTL_A, INTL_B)
+PAIRFN(pairs_bf16_half, uint16_t, float, bf2f, f2bf_rounded, rbf, HALF_A, HALF_B)
+PAIRFN(pairs_bf16_intl, uint16_t, float, bf2f, f2bf_rounded, rbf, INTL_A, INTL_B)
+#define BODY_F32_HALF(xr, orow, c, s, h, sgn, tn) pairs_f32_half(xr, orow, c, s, 0, h, h, sgn)
+#define BODY_F32_INTL(xr, orow, c, s, h, sgn, tn) pairs_f32_intl(xr, orow, c, s, 0, h, h, sgn)
+#define BODY_F64_HALF(xr, orow, c, s, h, sgn, tn) pairs_f64_half(xr, orow, c, s, 0, h, h, sgn)
+#define BODY_F64_INTL(xr, orow, c, s, h, sgn, tn) pairs_f64_intl(xr, orow, c, s, 0, h, h, sgn)
+
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+#include <immintrin.h>
+/* bfloat16, 32 pairs at a time, with AVX512-BF16's converter (one instruction rounds 32 floats to
+   bf16, where the integer rounding above takes 5 per 16): the same roundings in the same order, so
+   the same bits as the exact path, as long as no value it rounds is a subnormal float (the converter
+   reads those as zero). The caller checks that first: when every nonzero |a|, |b|, |cos|, |sin| of
+   the block is >= 2^-59 (bf16 exponent field >= 68), each product is exact (8-bit x 8-bit
+   significands) and >= 2^-118, and each sum of two such bf16 values is 0 or >= 2^-125: all normal.
+   Other blocks (and the last h % 32 pairs) take the exact path.
+
+   Lane order: a float vector pair (l, h) holds 32 pairs, lane m of l pair pl(m), of h pair ph(m).
+   Packing (h, l) to 32 bf16 words puts l's lanes in words 0-15 and h's in 16-31; widening words
+   back to floats without a shuffle takes the even words (w << 16) as l and the odd ones
+   (w & 0xFFFF0000) as h, so a trip through bf16 maps word s to word g(s) = 2s (s < 16), 2(s-16)+1
+   (s >= 16) of the previous pack. The half layout widens raw rows the same way (pl(m) = 2m, ph(m) =
+   2m+1) and makes two trips: word s of a result holds pair g(g(s)), NAT puts them back in order.
+   The interleaved layout widens x's words (a even, b odd) to pl(m) = m, ph(m) = 16 + m and makes
+   one more trip than it widens: word s holds pair g(s); ILV0/ILV1 put a' and b' (index >= 32: b')
+   of pairs 0-15 and 16-31 back in order, interleaved. */
+static const uint16_t NAT[32] = {0, 8, 16, 24, 1, 9, 17, 25, 2, 10, 18, 26, 3, 11, 19, 27,
+                                 4, 12, 20, 28, 5, 13, 21, 29, 6, 14, 22, 30, 7, 15, 23, 31};
+static const uint16_t ILV0[32] = {0, 32, 16, 48, 1, 33, 17, 49, 2, 34, 18, 50, 3, 35, 19, 51,
+                                  4, 36, 20, 52, 5, 37, 21, 53, 6, 38, 22, 54, 7, 39, 23, 55};
+static const uint16_t ILV1[32] = {8, 40, 24, 56, 9, 41, 25, 57, 10, 42, 26, 58, 11, 43, 27, 59,
+                                  12, 44, 28, 60, 13, 45, 29, 61, 14, 46, 30, 62, 15, 47, 31, 63};
+
+static inline __m512i ld(const void* p) { return _mm512_loadu_si512(p); }
+static inline __m512 even16(__m512i w) { return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)); }
+static inline __m512 odd16(__m512i w) {
+  return _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32((int)0xFFFF0000u)));
+}
+/* natural-order words 0-15 / 16-31 of w as floats (for tables read with the interleaved layout) */
+static inline __m512 first16(__m512i w) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(w)), 16));
+}
+static inline __m512 last16(__m512i w) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(w, 1)), 16));
+}
+static inline __m512i pack16(__m512 h, __m512 l) { return (__m512i)_mm512_cvtne2ps_pbh(h, l); }
+
+/* |v| - 1 of raw bf16 words: 0 wraps to 0xFFFF, so a word is below TINY only for a nonzero value
+   under 2^-59 (the scalar form is bf16_tiny) */
+#define TINY (0x2200 - 1)
+static inline __m512i mag1(__m512i v) {
+  return _mm512_sub_epi16(_mm512_and_si512(v, _mm512_set1_epi16(0x7FFF)), _mm512_set1_epi16(1));
+}
+/* Whether every lane of a, b (and of c, s unless the tables were checked: tn) is 0 or >= 2^-59 */
+static inline int bf16_normal(__m512i a, __m512i b, __m512i c, __m512i s, int tn) {
+  __m512i m = _mm512_min_epu16(mag1(a), mag1(b));
+  if (!tn) m = _mm512_min_epu16(m, _mm512_min_epu16(mag1(c), mag1(s)));
+  return _mm512_cmplt_epu16_mask(m, _mm512_set1_epi16(TINY)) == 0;
+}
+
+/* a' = rnd(rnd(a c) - rnd(b s)), b' = rnd(rnd(b c) + rnd(a s)) for 32 pairs given as (l, h) float
+   vectors, packed in word order g(.) of the inputs' order (above) */
+static inline void bf16_rotate32(__m512 al, __m512 ah, __m512 bl, __m512 bh, __m512 cl, __m512 ch, __m512 sl,
+                                 __m512 sh, __m512i* ao, __m512i* bo) {
+  __m512i ac = pack16(_mm512_mul_ps(ah, ch), _mm512_mul_ps(al, cl));
+  __m512i bs = pack16(_mm512_mul_ps(bh, sh), _mm512_mul_ps(bl, sl));
+  __m512i bc = pack16(_mm512_mul_ps(bh, ch), _mm512_mul_ps(bl, cl));
+  __m512i as = pack16(_mm512_mul_ps(ah, sh), _mm512_mul_ps(al, sl));
+  *ao = pack16(_mm512_sub_ps(odd16(ac), odd16(bs)), _mm512_sub_ps(even16(ac), even16(bs)));
+  *bo = pack16(_mm512_add_ps(odd16(bc), odd16(as)), _mm512_add_ps(even16(bc), even16(as)));
+}
+
+/* sgn = -1 negates sin: the sign bit flipped (as exact as multiplying by -1) */
+static inline __m512i sign_bits(float sgn) { return _mm512_set1_epi16(sgn < 0 ? (short)0x8000 : 0); }
+
+static inline void body_bf16_half(const uint16_t* xr, uint16_t* orow, const uint16_t* c, const uint16_t* s,
+                                  i64 h, float sgn, int tn) {
+  const __m512i nat = ld(NAT), flip = sign_bits(sgn);
+  i64 i = 0;
+  for (; i + 32 <= h; i += 32) {
+    __m512i a = ld(xr + i), b = ld(xr + h + i), cc = ld(c + i), ss = ld(s + i), ao, bo;
+    if (!bf16_normal(a, b, cc, ss, tn)) { pairs_bf16_half(xr, orow, c, s, i, i + 32, h, sgn); continue; }
+    ss = _mm512_xor_si512(ss, flip);
+    bf16_rotate32(even16(a), odd16(a), even16(b), odd16(b), even16(cc), odd16(cc), even16(ss), odd16(ss), &ao, &bo);
+    _mm512_storeu_si512(orow + i, _mm512_permutexvar_epi16(nat, ao));
+    _mm512_storeu_si512(orow + h + i, _mm512_permutexvar_epi16(nat, bo));
+  }
+  pairs_bf16_half(xr, orow, c, s, i, h, h, sgn);
+}
+
+static inline void body_bf16_intl(const uint16_t* xr, uint16_t* orow, const uint16_t* c, const uint16_t* s,
+                                  i64 h, float sgn, int tn) {
+  const __m512i ilv0 = ld(ILV0), ilv1 = ld(ILV1), flip = sign_bits(sgn);
+  i64 i = 0;
+  for (; i + 32 <= h; i += 32) {
+    __m512i x0 = ld(xr + 2 * i), x1 = ld(xr + 2 * i + 32), cc = ld(c + i), ss = ld(s + i), ao, bo;
+    if (!bf16_normal(x0, x1, cc, ss, tn)) { pairs_bf16_intl(xr, orow, c, s, i, i + 32, h, sgn); continue; }
+    ss = _mm512_xor_si512(ss, flip);
+    bf16_rotate32(even16(x0), even16(x1), odd16(x0), odd16(x1), first16(cc), last16(cc), first16(ss), last16(ss),
+                  &ao, &bo);
+    _mm512_storeu_si512(orow + 2 * i, _mm512_permutex2var_epi16(ao, ilv0, bo));
+    _mm512_storeu_si512(orow + 2 * i + 32, _mm512_permutex2var_epi16(ao, ilv1, bo));
+  }
+  pairs_bf16_intl(xr, orow, c, s, i, h, h, sgn);
+}
+#define BODY_BF16_HALF body_bf16_half
+#define BODY_BF16_INTL body_bf16_intl
+#else
+#define BODY_BF16_HALF(xr, orow, c, s, h, sgn, tn) pairs_bf16_half(xr, orow, c, s, 0, h, h, sgn)
+#define BODY_BF16_INTL(xr, orow, c, s, h, sgn, tn) pairs_bf16_intl(xr, orow, c, s, 0, h, h, sgn)
+#endif
+ROWFN(row_f32_half, float, BODY_F32_HALF)
+ROWFN(row_f32_intl, float, BODY_F32_INTL)
+ROWFN(row_f64_half, double, BODY_F64_HALF)
+ROWFN(row_f64_intl, double, BODY_F64_INTL)
+ROWFN(row_bf16_half, uint16_t, BODY_BF16_HALF)
+ROWFN(row_bf16_intl, uint16_t, BODY_BF16_INTL)
 
 typedef void (*rowfn)(const char*, char*, const char*, const char*, i64, i64, i64, i64, i64, i64, i64, i64,
-                      float);
+                      float, int, i64, i64, i64);
 static rowfn pick(int dtype, int interleaved) {
   static const rowfn table[3][2] = {{row_f32_half, row_f32_intl}, {row_f64_half, row_f64_intl},
                                      {row_bf16_half, row_bf16_intl}};
@@ -66,8 +194,38 @@ static rowfn pick(int dtype, int interleaved) {
 typedef struct {
   rowfn f; const char *x, *cs, *sn; char* out;
   i64 nd, d, r, rows, shape[MAXD], xs[MAXD], os[MAXD], cst[MAXD], sst[MAXD];
-  float sgn; int nthreads;
+  i64 group;  /* rows per table row (run_groups), 0: run_rows */
+  float sgn; int nthreads, tn;
 } job;
+
+/* Rows per table row for run_groups: when every row dim but the innermost reads the same table
+   rows (the tables' strides are 0 there, as for [s, r/2] tables shared by every batch and head),
+   the rows of G neighbours along the next dim out (heads) at one position share one read of the
+   table row, instead of the whole table streaming from memory once per head (the tables are as big
+   as a head's rows: 1.5x the traffic of the in-place floor). G = 4 in place; 2 out of place, whose
+   reads and writes then make 4 streams (4 measured slower there, in place it reaches the floor).
+   0: run_rows. */
+static i64 group_size(const job* j) {
+  i64 in = j->nd - 1;
+  if (in < 1 || j->shape[in - 1] < 2 || j->shape[in] < 2) return 0;
+  for (i64 k = 0; k < in; ++k)
+    if (j->cst[k] != 0 || j->sst[k] != 0) return 0;
+  return j->out == j->x ? 4 : 2;
+}
+
+static inline int bf16_tiny(uint16_t v) { return (uint16_t)((v & 0x7FFF) - 1) < 0x2200 - 1; }
+
+/* bf16 tables read by run_groups (positions 0..s-1 of each): whether every value is 0 or >= 2^-59,
+   so the fast blocks need not check them again for every head (1/(batch * heads) of the work). */
+static int tables_checked(const job* j) {
+  i64 in = j->nd - 1, h = j->r / 2, bad = 0;
+  for (i64 p = 0; p < j->shape[in]; ++p) {
+    const uint16_t* c = (const uint16_t*)(j->cs + p * j->cst[in]);
+    const uint16_t* s = (const uint16_t*)(j->sn + p * j->sst[in]);
+    for (i64 i = 0; i < h; ++i) bad |= bf16_tiny(c[i]) | bf16_tiny(s[i]);
+  }
+  return !bad;
+}
 
 /* a = [dtype, interleaved, x, out, cos, sin, nd, nthreads, sign (+1/-1), d, r, shape[nd], xs[nd],
    os[nd], cs[nd], ss[nd]] (strides in elements). dtype: 0 f32, 1 f64, 2 bf16. Nonzero: rejected. */
@@ -88,6 +246,8 @@ static int parse(const i64* a, job* j) {
     j->xs[k] = geo[2 + nd + k] * e; j->os[k] = geo[2 + 2 * nd + k] * e;
     j->cst[k] = geo[2 + 3 * nd + k] * e; j->sst[k] = geo[2 + 4 * nd + k] * e;
   }
+  j->group = group_size(j);
+  j->tn = dtype == 2 && j->group && tables_checked(j);
   return 0;
 }
 
@@ -104,7 +264,7 @@ static void run_rows(const job* j, i64 lo, i64 hi) {
     i64 run = j->shape[in] - idx[in];
     if (run > hi - row) run = hi - row;
     j->f(j->x + xo, j->out + oo, j->cs + co, j->sn + so, run, j->xs[in], j->os[in], j->cst[in], j->sst[in],
-         h, j->d, j->r, j->sgn);
+         h, j->d, j->r, j->sgn, j->tn, 1, 0, 0);
     row += run;
     idx[in] += run;
     xo += run * j->xs[in]; oo += run * j->os[in]; co += run * j->cst[in]; so += run * j->sst[in];
@@ -114,6 +274,28 @@ static void run_rows(const job* j, i64 lo, i64 hi) {
       idx[k] = 0;
       if (k > 0) { ++idx[k - 1]; xo += j->xs[k - 1]; oo += j->os[k - 1]; co += j->cst[k - 1]; so += j->sst[k - 1]; }
     }
+  }
+}
+
+/* Units lo..hi-1 of a grouped job: a unit is G neighbours (fewer at the end) along dim in-1 of one
+   index of the dims further out, every position. */
+static i64 group_units(const job* j) {
+  i64 in = j->nd - 1, m = j->shape[in - 1], outer = j->rows / j->shape[in] / m;
+  return outer * ((m + j->group - 1) / j->group);
+}
+
+static void run_groups(const job* j, i64 lo, i64 hi) {
+  i64 in = j->nd - 1, m = j->shape[in - 1], G = j->group, per = (m + G - 1) / G, h = j->r / 2;
+  for (i64 u = lo; u < hi; ++u) {
+    i64 rem = u / per, g0 = (u % per) * G, g = m - g0 < G ? m - g0 : G;
+    i64 xo = g0 * j->xs[in - 1], oo = g0 * j->os[in - 1];
+    for (i64 k = in - 2; k >= 0; --k) {  /* the offsets of index rem of the dims further out */
+      i64 ik = rem % j->shape[k];
+      rem /= j->shape[k];
+      xo += ik * j->xs[k]; oo += ik * j->os[k];
+    }
+    j->f(j->x + xo, j->out + oo, j->cs, j->sn, j->shape[in], j->xs[in], j->os[in], j->cst[in], j->sst[in], h, j->d,
+         j->r, j->sgn, j->tn, g, j->xs[in - 1], j->os[in - 1]);
   }
 }
 
@@ -136,8 +318,9 @@ static int run_jobs(const i64* const* args, int n) {
 #ifdef _OPENMP
       tid = omp_get_thread_num(); nt = omp_get_num_threads();
 #endif
-      i64 rows = j->rows, chunk = (rows + nt - 1) / nt, lo = tid * chunk;
-      run_rows(j, lo, lo + chunk < rows ? lo + chunk : rows);
+      i64 units = j->group ? group_units(j) : j->rows;
+      i64 chunk = (units + nt - 1) / nt, lo = tid * chunk, hi = lo + chunk < units ? lo + chunk : units;
+      if (j->group) run_groups(j, lo, hi); else run_rows(j, lo, hi);
     }
   }
   return 0;
