@@ -10,11 +10,8 @@ import posenc
 from posenc.absolute import (
     LearnedPE,
     ScaledSinusoidalPE,
-    Sinusoidal2D,
-    Sinusoidal3D,
     SinusoidalPE,
     sinusoidal_frequencies,
-    sinusoidal_nd_table,
     sinusoidal_table,
 )
 
@@ -83,21 +80,6 @@ def test_vaswani_matches_positional_encodings_package(d):
     pe_pkg = pytest.importorskip("positional_encodings.torch_encodings")
     theirs = pe_pkg.PositionalEncoding1D(d)(torch.zeros(1, 50, d))[0]
     torch.testing.assert_close(sinusoidal_table(50, d), theirs, rtol=0, atol=angle_tolerance(50))
-
-
-@pytest.mark.parametrize(
-    ("shape", "channels"), [((5, 7), 16), ((4, 6), 10), ((3, 4, 5), 12), ((2, 3, 4), 20)]
-)
-def test_nd_matches_positional_encodings_package(shape, channels):
-    pe_pkg = pytest.importorskip("positional_encodings.torch_encodings")
-    cls = pe_pkg.PositionalEncoding2D if len(shape) == 2 else pe_pkg.PositionalEncoding3D
-    x = torch.zeros(2, *shape, channels)
-    theirs = cls(channels)(x)
-    scheme = Sinusoidal2D(channels) if len(shape) == 2 else Sinusoidal3D(channels)
-    torch.testing.assert_close(scheme.embed(x), theirs, rtol=0, atol=1e-6)
-    # explicit coordinates give the same result as the default grid
-    coords = torch.stack(torch.meshgrid(*(torch.arange(n) for n in shape), indexing="ij"), -1)
-    torch.testing.assert_close(scheme.embed(x, coords), theirs, rtol=0, atol=1e-6)
 
 
 def test_seed_004_printed_values():
@@ -230,8 +212,7 @@ def test_autocast_does_not_lower_table_precision():
         (lambda: SinusoidalPE(16).embed(torch.zeros(1, 3, 8)), ValueError, r"shape \[b, s, 16\]"),
         (lambda: SinusoidalPE(16).embed(torch.zeros(1, 3, 16), torch.zeros(3)), TypeError, "integer"),
         (lambda: SinusoidalPE("16"), TypeError, "d_model must be an int"),
-        (lambda: Sinusoidal2D(16).embed(torch.zeros(1, 3, 16)), ValueError, "channels last"),
-        (lambda: sinusoidal_nd_table((3, 0), 8), ValueError, r"shape\[1\] must be >= 1"),
+        (lambda: SinusoidalPE(16, precompute=-1), ValueError, "precompute must be >= 0"),
     ],
 )
 def test_errors(call, err, match):
@@ -344,3 +325,30 @@ def test_batched_positions_must_match_the_batch():
     with pytest.raises(ValueError, match=r"positions has batch size 3 but the input has 2; pass \[s\]"):
         pe.embed(torch.zeros(2, 5, 8), torch.arange(5).expand(3, 5))
     assert pe.embed(torch.zeros(2, 5, 8), torch.arange(5)[None]).shape == (2, 5, 8)  # [1, s] broadcasts
+
+
+@pytest.mark.parametrize("cls", [SinusoidalPE, ScaledSinusoidalPE])
+def test_precomputed_rows_give_the_same_numbers_and_follow_casts(cls):
+    """precompute=n: inputs of up to n tokens read rows made at build time, bit for bit what each
+    call computes; longer inputs and explicit positions compute; a cast recomputes the rows at the
+    table's precision (float32 in a bf16 model, float64 in a float64 one), nothing in forward."""
+    plain, kept = cls(16), cls(16, precompute=12)
+    assert kept.rows.shape == (12, 16) and "rows" not in kept.state_dict()
+    for s in (1, 7, 12, 13):
+        x = torch.randn(2, s, 16)
+        assert torch.equal(kept.embed(x), plain.embed(x))
+        assert torch.equal(kept.additive_rows(x), plain.additive_rows(x))
+    pos = torch.tensor([5, 2, 30])
+    assert torch.equal(kept.embed(torch.zeros(1, 3, 16), pos), plain.embed(torch.zeros(1, 3, 16), pos))
+    rows = kept.rows
+    kept.embed(torch.zeros(1, 4, 16))
+    assert kept.rows is rows  # forward never writes them
+    kept.to(torch.bfloat16)
+    assert kept.rows.dtype == torch.float32
+    xb = torch.randn(1, 9, 16, dtype=torch.bfloat16)
+    assert torch.equal(kept.embed(xb), plain.embed(xb))
+    kept.double()
+    assert kept.rows.dtype == torch.float64
+    x64 = torch.randn(1, 9, 16, dtype=torch.float64)
+    assert torch.equal(kept.rows[:9], sinusoidal_table(9, 16, dtype=torch.float64))
+    assert torch.equal(kept.embed(x64), plain.double().embed(x64))

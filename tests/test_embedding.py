@@ -348,3 +348,32 @@ def test_token_and_input_embedding_take_factory_kwargs():
     layer = InputEmbedding(10, 4, "learned", scheme_options={"max_len": 8}, dtype=torch.float64)
     assert {p.dtype for p in layer.parameters()} == {torch.float64}
     assert layer(torch.tensor([[1, 2, 3]])).dtype == torch.float64
+
+
+@pytest.mark.parametrize("name", ["sinusoidal", "scaled_sinusoidal", "learned"])
+@pytest.mark.parametrize("positions", [None, torch.tensor([3, 1, 4, 1, 5, 9, 2])])
+def test_additive_rows_are_what_embed_adds(name, positions):
+    """additive_rows [s, d] is embed of zeros, bit for bit (the table the input layer adds once)."""
+    scheme = posenc.build(name, d_model=8, **({"max_len": 16} if name == "learned" else {}))
+    like = torch.randn(3, 7, 8)
+    rows = scheme.additive_rows(like, positions)
+    assert rows.shape == (7, 8)
+    assert torch.equal(rows, scheme.embed(torch.zeros(1, 7, 8), positions)[0])
+    assert torch.equal(like + rows, scheme.embed(like, positions))
+
+
+def test_input_embedding_asks_additive_rows_only_of_the_class_that_defines_embed():
+    """A subclass that overrides embed alone (or an instance with embed replaced) keeps its own
+    numbers: the layer then adds embed of zeros, never the parent's table."""
+
+    class Doubled(SinusoidalPE):
+        def embed(self, x, positions=None):
+            return x + 2 * self.table(torch.arange(x.shape[1]), x.dtype)
+
+    ids = torch.randint(0, 50, (2, 6))
+    for scheme in (Doubled(8), SinusoidalPE(8)):
+        if type(scheme) is SinusoidalPE:
+            scheme.embed = lambda x, positions=None, s=scheme: x + 2 * s.table(torch.arange(x.shape[1]), x.dtype)
+        layer = InputEmbedding(50, 8, scheme, layer_norm=False, dropout=0.0)
+        want = layer.token(ids) + 2 * sinusoidal_table(6, 8)
+        torch.testing.assert_close(layer(ids), want, rtol=0, atol=1e-6)

@@ -37,12 +37,8 @@ __all__ = [
     "LearnedPE",
     "NoPE",
     "ScaledSinusoidalPE",
-    "Sinusoidal2D",
-    "Sinusoidal3D",
-    "SinusoidalND",
     "SinusoidalPE",
     "sinusoidal_frequencies",
-    "sinusoidal_nd_table",
     "sinusoidal_table",
 ]
 
@@ -176,45 +172,6 @@ def sinusoidal_table(
     return table.to(dtype)
 
 
-def sinusoidal_nd_table(
-    shape: tuple[int, ...] | torch.Tensor,
-    channels: int,
-    base: float = 10000.0,
-    *,
-    dtype: torch.dtype = torch.float32,
-) -> torch.Tensor:
-    """Multi-dimensional sinusoidal encoding (images, volumes), channels last.
-
-    Each of the ``n`` axes gets its own 1D ``"vaswani"`` encoding of width
-    ``c_a = 2 * ceil(channels / (2n))``; the axes' encodings are concatenated and cut to
-    ``channels`` (the convention of the ``positional-encodings`` package).
-
-    Args:
-        shape: the grid size ``(x, y)`` / ``(x, y, z)``, or an integer tensor of coordinates
-            ``[..., n]`` (e.g. ``[x, y, 2]``) for arbitrary grid positions.
-        channels: ``c``, the channel count.
-
-    Returns:
-        ``[*shape, c]`` for a grid size, ``[..., c]`` for coordinates.
-    """
-    if isinstance(shape, torch.Tensor):
-        coords = shape
-        if coords.is_floating_point() or coords.dtype == torch.bool or coords.dim() < 1:
-            raise TypeError(f"coordinates must be an integer tensor [..., n], got {coords.dtype}")
-    else:
-        if not isinstance(shape, (tuple, list)) or not shape:
-            raise TypeError(f"shape must be a non-empty tuple of ints, got {shape!r}")
-        for i, n in enumerate(shape):
-            check_int(n, f"shape[{i}]")
-        axes = torch.meshgrid(*(torch.arange(n) for n in shape), indexing="ij")
-        coords = torch.stack(axes, dim=-1)  # [*shape, n]
-    ndim = coords.shape[-1]
-    check_int(channels, "channels")
-    per_axis = 2 * math.ceil(channels / (2 * ndim))
-    parts = [sinusoidal_table(coords[..., a], per_axis, base, dtype=dtype) for a in range(ndim)]
-    return torch.cat(parts, dim=-1)[..., :channels]  # n x [..., c_a] -> [..., n c_a] -> [..., c]
-
-
 def init_table_(weight: torch.Tensor, std: float, padding_idx: int | None = None) -> None:
     """Initialise an embedding table ``[n, d]`` in place from ``N(0, std^2)``, with row
     ``padding_idx`` (if any) set to zero. Shared by learned positions and token embeddings."""
@@ -245,9 +202,12 @@ class SinusoidalPE(PositionalScheme):
         d_model: ``d``, the model width (even).
         base: wavelength base (10000).
         variant: ``"vaswani"`` (interleaved, the paper) or ``"tensor2tensor"`` (``[sin | cos]``).
+        precompute: ``n > 0`` computes the rows of positions ``0..n-1`` when the module is built
+            and whenever it moves or is cast (float32; float64 in a float64 module); inputs of up
+            to ``n`` tokens at the default positions read them: the same numbers without a
+            per-call ``sin``/``cos``, for ``n * d`` floats of memory. Default 0: nothing is kept.
 
     Shapes: ``embed(x [b, s, d], positions [s] | [b, s]) -> [b, s, d]``.
-    Nothing is cached: the table for the positions at hand is computed in each call.
     """
 
     name = "sinusoidal"
@@ -255,12 +215,44 @@ class SinusoidalPE(PositionalScheme):
     additive_table = True
     summary = "fixed sin/cos of position (Vaswani 2017), added to the input; any length"
 
-    def __init__(self, d_model: int, base: float = 10000.0, variant: str = "vaswani") -> None:
+    def __init__(
+        self, d_model: int, base: float = 10000.0, variant: str = "vaswani", precompute: int = 0
+    ) -> None:
         super().__init__()
         spec = SINUSOIDAL_VARIANTS[check_choice(variant, "variant", SINUSOIDAL_VARIANTS)]
         self.d_model = check_int(d_model, "d_model", minimum=spec.min_dim, even=True)
         self.base = check_positive_float(base, "base")
         self.variant = variant
+        self.precompute = check_int(precompute, "precompute", minimum=0)
+        rows = self._precomputed(torch.device("cpu"), torch.float32)  # [n, d] or None
+        self.register_buffer("rows", rows, persistent=False)  # read in forward, never written there
+
+    def _precomputed(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor | None:
+        """Rows ``[n, d]`` of positions ``0..n-1`` at a table's precision for ``dtype``, or None."""
+        if not self.precompute:
+            return None
+        fix = "pass a smaller precompute (0 computes the table in each call)"
+        check_allocation((self.precompute, self.d_model), dtype, "precomputed rows", fix, device=device)
+        dtype = _angle_dtype(dtype)
+        return self.table(torch.arange(self.precompute, device=device), dtype).to(dtype)
+
+    def _apply(self, fn, recurse=True):  # type: ignore[override]
+        """Move or cast as usual, then recompute the rows where they now are (a cast would round
+        float32 rows to bf16; a table keeps float32 in a bf16 model)."""
+        super()._apply(fn, recurse)
+        if self.rows is not None:
+            self.rows = self._precomputed(self.rows.device, self.rows.dtype)
+        return self
+
+    def _pe(self, positions: torch.Tensor | None, like: torch.Tensor, batch: int | None) -> torch.Tensor:
+        """The table ``[s, d]`` (or ``[b, s, d]`` for ``[b, s]`` positions) that ``like``
+        ``[b, s, d]`` gets, at the precision of its dtype: the precomputed rows where they serve."""
+        s, rows = like.shape[1], self.rows
+        fits = rows is not None and s <= rows.shape[0] and rows.device == like.device
+        if positions is None and fits and rows.dtype == _angle_dtype(like.dtype):  # the table's precision
+            return rows[:s]  # [n, d] -> [s, d], a view
+        pos = resolve_positions(positions, s, like.device, batch=batch)
+        return self.table(pos, like.dtype)
 
     def table(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The encoding ``[..., d]`` of integer positions ``[...]``, in float32 (float64 angles and
@@ -273,18 +265,22 @@ class SinusoidalPE(PositionalScheme):
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         self._check_width(x)
-        pos = resolve_positions(positions, x.shape[1], x.device, batch=x.shape[0])
-        return x + self.table(pos, x.dtype).to(x.dtype)  # [b, s, d] + ([s, d] | [b, s, d])
+        return x + self._pe(positions, x, x.shape[0]).to(x.dtype)  # [b, s, d] + ([s, d] | [b, s, d])
+
+    def additive_rows(self, like: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        self._check_width(like)
+        return self._pe(positions, like, None).to(like.dtype)  # [s, d]: what embed adds
 
     def extra_repr(self) -> str:
-        return f"d_model={self.d_model}, base={self.base}, variant={self.variant!r}"
+        extra = f", precompute={self.precompute}" if self.precompute else ""
+        return f"d_model={self.d_model}, base={self.base}, variant={self.variant!r}{extra}"
 
 
 class ScaledSinusoidalPE(SinusoidalPE):
     """Sinusoidal encoding times one learned scalar gain (Hua et al. 2022, "FLASH").
 
     Args:
-        d_model, base, variant: as :class:`SinusoidalPE`.
+        d_model, base, variant, precompute: as :class:`SinusoidalPE`.
         init_gain: the gain's initial value; default ``d_model ** -0.5`` as in Hua et al. and
             x-transformers. Use 1.0 to start from the plain sinusoidal encoding.
 
@@ -302,18 +298,23 @@ class ScaledSinusoidalPE(SinusoidalPE):
         variant: str = "vaswani",
         init_gain: float | None = None,
         *,
+        precompute: int = 0,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
-        super().__init__(d_model, base, variant)
+        super().__init__(d_model, base, variant, precompute)
         gain = d_model**-0.5 if init_gain is None else check_positive_float(init_gain, "init_gain")
         self.gain = nn.Parameter(torch.tensor(float(gain), **factory_kwargs(device, dtype)))
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         self._check_width(x)
-        pos = resolve_positions(positions, x.shape[1], x.device, batch=x.shape[0])
-        table = self.table(pos, x.dtype)  # float32, float64 for a float64 model
+        table = self._pe(positions, x, x.shape[0])  # float32, float64 for a float64 model
         return x + (table * self.gain.to(table.dtype)).to(x.dtype)
+
+    def additive_rows(self, like: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        self._check_width(like)
+        table = self._pe(positions, like, None)
+        return (table * self.gain.to(table.dtype)).to(like.dtype)  # [s, d]: what embed adds
 
 
 class LearnedPE(PositionalScheme):
@@ -392,71 +393,3 @@ class LearnedPE(PositionalScheme):
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, max_len={self.max_len}, padding_idx={self.padding_idx}"
-
-
-class SinusoidalND(PositionalScheme):
-    """Sinusoidal encoding of 2D/3D grid positions (image patches, video, volumes), channels last.
-
-    Args:
-        d_model: ``c``, the channel count.
-        ndim: the number of spatial axes ``n`` (2 or 3).
-        base: wavelength base.
-
-    Shapes: ``embed(x [b, *grid, c], positions [*grid, n] | [b, *grid, n]) -> [b, *grid, c]``
-    where ``grid`` is ``(x, y)`` or ``(x, y, z)``; positions default to the grid coordinates.
-    """
-
-    name = "sinusoidal_nd"
-    hooks = ("embed",)
-    summary = "sinusoidal per spatial axis for images and volumes, channels last"
-
-    def __init__(self, d_model: int, ndim: int = 2, base: float = 10000.0) -> None:
-        super().__init__()
-        self.d_model = check_int(d_model, "d_model")
-        self.ndim = check_int(ndim, "ndim")
-        if self.ndim not in (2, 3):
-            raise ValueError(f"ndim must be 2 or 3, got {ndim}")
-        self.base = check_positive_float(base, "base")
-
-    def embed(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-        if x.dim() != self.ndim + 2 or x.shape[-1] != self.d_model:
-            raise ValueError(
-                f"x must have shape [b, {', '.join('xyz'[: self.ndim])}, {self.d_model}] (channels last), "
-                f"got {tuple(x.shape)}"
-            )
-        grid = tuple(x.shape[1:-1])
-        if positions is None:
-            pe = sinusoidal_nd_table(grid, self.d_model, self.base, dtype=_angle_dtype(x.dtype)).to(x.device)
-        else:
-            if positions.shape[-1] != self.ndim or tuple(positions.shape[-1 - self.ndim : -1]) != grid:
-                raise ValueError(
-                    f"positions must have shape [*grid, {self.ndim}] or [b, *grid, {self.ndim}] with "
-                    f"grid={grid}, got {tuple(positions.shape)}"
-                )
-            pe = sinusoidal_nd_table(positions, self.d_model, self.base, dtype=_angle_dtype(x.dtype))
-        return x + pe.to(x.dtype)  # pe: [*grid, c] float32 (float64 for float64 x)
-
-    def extra_repr(self) -> str:
-        return f"d_model={self.d_model}, ndim={self.ndim}, base={self.base}"
-
-
-class Sinusoidal2D(SinusoidalND):
-    """:class:`SinusoidalND` for 2D grids: ``embed(x [b, x, y, c]) -> [b, x, y, c]``."""
-
-    name = "sinusoidal_2d"
-    position_dims = 2
-    summary = "sinusoidal per axis for 2D grids (image patches), channels last"
-
-    def __init__(self, d_model: int, base: float = 10000.0) -> None:
-        super().__init__(d_model, 2, base)
-
-
-class Sinusoidal3D(SinusoidalND):
-    """:class:`SinusoidalND` for 3D grids: ``embed(x [b, x, y, z, c]) -> [b, x, y, z, c]``."""
-
-    name = "sinusoidal_3d"
-    position_dims = 3
-    summary = "sinusoidal per axis for 3D grids (video, volumes), channels last"
-
-    def __init__(self, d_model: int, base: float = 10000.0) -> None:
-        super().__init__(d_model, 3, base)

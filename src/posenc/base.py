@@ -115,6 +115,20 @@ class PositionalScheme(nn.Module):
         """
         return x
 
+    def additive_rows(self, like: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """The rows ``t`` that :meth:`embed` adds, for a scheme that declares :attr:`additive_table`:
+        ``embed(x, positions) == x + t`` for every ``x`` shaped like ``like``.
+
+        Args:
+            like: ``[b, s, d]`` token embeddings (only their ``s``, ``d``, dtype and device are used).
+            positions: ``[s]`` integer positions shared by the batch, default ``arange(s)``.
+
+        Returns:
+            ``[s, d]`` in ``like``'s dtype. Here: :meth:`embed` of zeros ``[1, s, d]``; a scheme that
+            computes its table directly overrides this together with :meth:`embed`.
+        """
+        return self.embed(like.new_zeros(1, *like.shape[1:]), positions)[0]
+
     def rotate(
         self,
         q: torch.Tensor,

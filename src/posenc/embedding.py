@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from ._alloc import check_allocation, factory_kwargs
-from ._validate import check_int, check_positive_float, check_probability
+from ._validate import check_int, check_positive_float, check_probability, defining_class
 from .absolute import init_table_
 from .base import PositionalScheme
 from .kernels import dropout_cpu as _dropout_cpu
@@ -343,8 +343,8 @@ class InputEmbedding(nn.Module):
         self.token.check_ids(ids)
         table = None
         if self.position is not None:
-            zeros = weight.new_zeros(1, ids.shape[1], weight.shape[1])
-            table = self.position.embed(zeros, positions)[0]  # [s, d] = 0 + PE: the table itself
+            like = weight.new_empty(0, ids.shape[1], weight.shape[1])  # [0, s, d]: the shape, no data
+            table = self._positional_rows(like, positions)  # [s, d]
             if not _input_cpu.usable(weight, ids, table, gamma, beta):
                 return None  # a table with a gradient (learned): the composition
         return _input_cpu.input_layer(
@@ -370,6 +370,16 @@ class InputEmbedding(nn.Module):
         ``[1, s, d]``, exactly the table) and added in place to the fresh token embeddings: one
         ``[b, s, d]`` tensor fewer."""
         if self.position.additive_table and (positions is None or positions.dim() == 1):
-            pe = self.position.embed(x.new_zeros(1, *x.shape[1:]), positions)  # [1, s, d] = 0 + PE
-            return x.add_(pe)  # [b, s, d] + [1, s, d], in place
+            return x.add_(self._positional_rows(x, positions))  # [b, s, d] + [s, d], in place
         return self.position.embed(x, positions)
+
+    def _positional_rows(self, like: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
+        """``[s, d]``: what ``self.position.embed`` adds to ``like`` ``[b, s, d]`` (an additive table).
+        ``additive_rows`` answers when it comes from the class that defines ``embed`` (a subclass
+        overriding ``embed`` alone, or an instance whose ``embed`` was replaced, gets ``embed`` of
+        zeros: its own numbers)."""
+        scheme, cls = self.position, type(self.position)
+        same_class = defining_class(cls, "embed") is defining_class(cls, "additive_rows")
+        if same_class and "embed" not in vars(scheme):
+            return scheme.additive_rows(like, positions)
+        return scheme.embed(like.new_zeros(1, *like.shape[1:]), positions)[0]

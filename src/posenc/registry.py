@@ -23,7 +23,8 @@ import torch
 
 from ._alloc import factory_kwargs
 from ._validate import did_you_mean
-from .absolute import LearnedPE, NoPE, ScaledSinusoidalPE, Sinusoidal2D, Sinusoidal3D, SinusoidalPE
+from .absolute import LearnedPE, NoPE, ScaledSinusoidalPE, SinusoidalPE
+from .absolute_nd import Sinusoidal2D, Sinusoidal3D
 from .base import PositionalScheme
 from .bias import ALiBi, T5RelativeBias
 from .relative import ShawRelative, TransformerXLRelative
@@ -61,7 +62,7 @@ def register(cls: type[PositionalScheme], *, name: str | None = None) -> type[Po
 
 
 _BUILTIN = (
-    NoPE, SinusoidalPE, ScaledSinusoidalPE, LearnedPE, Sinusoidal2D, Sinusoidal3D,  # absolute.py
+    NoPE, SinusoidalPE, ScaledSinusoidalPE, LearnedPE, Sinusoidal2D, Sinusoidal3D,  # absolute(_nd).py
     RotaryEmbedding, XPos, Rope2D,  # rotary.py
     ALiBi, T5RelativeBias,  # bias.py
     ShawRelative, TransformerXLRelative,  # relative.py

@@ -4,8 +4,10 @@ posenc's :class:`posenc.InputEmbedding` against the eager composition a user wou
 
     drop(norm(emb(ids) * sqrt(d) + pe[:s]))      # nn.Embedding, nn.LayerNorm, nn.Dropout
 
-with ``pe`` a precomputed sinusoidal buffer (so the composition does less work per call than
-posenc, which computes its table from the positions each call). Both hold the same weights.
+with ``pe`` a precomputed sinusoidal buffer. posenc runs twice: as built by default (its table
+computed from the positions in each call: more work than the composition) and with
+``scheme_options={"precompute": s}`` (rows kept like the composition's buffer: like for like).
+All hold the same weights.
 
 * ``embedding_forward``: train mode (dropout on), grad enabled, forward only;
 * ``embedding_forward_backward``: train mode, forward and backward of ``(out * g).sum()``;
@@ -55,12 +57,14 @@ def _case(name: str, description: str, b: int, s: int, d: int, vocab: int, mode:
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (b, s), generator=gen)
     mine = posenc.InputEmbedding(vocab, d, "sinusoidal", dropout=0.1)
+    kept = posenc.InputEmbedding(vocab, d, "sinusoidal", dropout=0.1, scheme_options={"precompute": s})
     eager = EagerInput(vocab, d, s, 0.1)
     with torch.no_grad():
         eager.emb.weight.copy_(mine.token.weight)
+        kept.token.weight.copy_(mine.token.weight)
     grad = torch.randn(b, s, d, generator=gen)
     if mode == "eval":
-        mine.eval(), eager.eval()
+        mine.eval(), kept.eval(), eager.eval()
 
     def step(model: nn.Module) -> Callable[[], object]:
         if mode == "eval":
@@ -96,6 +100,9 @@ def _case(name: str, description: str, b: int, s: int, d: int, vocab: int, mode:
     impls = [
         Impl("posenc_input_embedding", step(mine), "posenc", None, "posenc.InputEmbedding('sinusoidal')",
              form="module", output=evaluated(mine)),
+        Impl("posenc_input_embedding_precomputed", step(kept), "posenc", None,
+             "posenc.InputEmbedding('sinusoidal', scheme_options={'precompute': s})", form="module",
+             output=evaluated(kept)),
         Impl("eager_composition", step(eager), "peer", None, "nn.Embedding * sqrt(d) + pe[:s], nn.LayerNorm, "
              "nn.Dropout", form="module", output=evaluated(eager)),
     ]  # fmt: skip

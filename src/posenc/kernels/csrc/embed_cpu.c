@@ -42,7 +42,9 @@ static void row_mask(const spec* sp, i64 row, float* restrict k) {
 }
 
 /* ask for the token row of a later row now: rows are gathered from random places in W, and the
-   hardware prefetcher only follows a row once it is being read */
+   hardware prefetcher only follows a row once it is being read. PREFETCH rows ahead: 4 measured
+   ~10% faster than 2 at d = 768 (eval forward, 2 threads); 8 no better. */
+#define PREFETCH 4
 static void prefetch_row(const spec* sp, i64 row) {
   const char* wr = (const char*)(sp->w + sp->ids[row] * sp->d);
   for (i64 b = 0; b < sp->d * (i64)sizeof(float); b += 64) __builtin_prefetch(wr + b, 0, 3);
@@ -94,7 +96,7 @@ static void moments(const spec* sp, float* x, float* mean, float* rstd, float* t
 static void forward_rows(const spec* sp, float* out, float* mean, float* rstd, i64 lo, i64 hi, float* x, float* k) {
   for (i64 row = lo; row < hi; ++row) {
     float* o = out + row * sp->d;
-    if (row + 2 < hi) prefetch_row(sp, row + 2);
+    if (row + PREFETCH < hi) prefetch_row(sp, row + PREFETCH);
     row_input(sp, row, x);
     if (sp->gamma) {
       moments(sp, x, mean + row, rstd + row, k);  /* k: scratch until the mask is drawn */
@@ -118,6 +120,7 @@ static void backward_rows(const spec* sp, const float* gout, const float* mean, 
   for (i64 row = lo; row < hi; ++row) {
     const float* g = gout + row * d;
     float* out = dx + row * d;
+    if (sp->gamma && row + PREFETCH < hi) prefetch_row(sp, row + PREFETCH);  /* read by row_input */
     if (sp->thr) row_mask(sp, row, k);
     for (i64 c = 0; c < d; ++c) out[c] = sp->thr ? g[c] * k[c] : g[c];  /* through dropout */
     if (sp->gamma) {
