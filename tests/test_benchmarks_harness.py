@@ -112,3 +112,31 @@ def test_impl_kind_and_allocator_errors():
     with pytest.raises(ValueError, match="unknown allocator 'jemalloc'; valid: system, keep"):
         set_allocator("jemalloc")
     assert set(ALLOCATORS) == {"system", "keep"}
+
+
+def test_keep_hands_mallopt_values_that_fit_its_int(monkeypatch):
+    """mallopt takes C ints: ctypes would silently cut 2^40 to 0 (trim on every free, the opposite
+    of keeping memory). keep sets M_MMAP_MAX = 0 and M_TRIM_THRESHOLD = -1 (glibc: never trim)."""
+    import ctypes
+
+    from posenc.benchmarks import harness
+
+    calls = []
+
+    class FakeMallopt:
+        argtypes = restype = None
+
+        def __call__(self, param, value):
+            assert self.argtypes == [ctypes.c_int, ctypes.c_int]
+            assert -(2**31) <= value < 2**31
+            calls.append((param, value))
+            return 1
+
+    class FakeLibc:
+        mallopt = FakeMallopt()
+
+    monkeypatch.setattr(harness.ctypes, "CDLL", lambda name: FakeLibc())
+    monkeypatch.setattr(harness.platform, "libc_ver", lambda: ("glibc", "2.36"))
+    monkeypatch.setitem(harness._allocator_state, "setting", "system")
+    assert set_allocator("keep") == "keep"
+    assert calls == [(harness._M_MMAP_MAX, 0), (harness._M_TRIM_THRESHOLD, -1)]

@@ -99,7 +99,7 @@ _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
 #: MALLOC_TRIM_THRESHOLD_=<large>`` in the environment does, applied from inside the process.
 ALLOCATORS: dict[str, str] = {
     "system": "the allocator as the process started (glibc default: large blocks are fresh mmap pages)",
-    "keep": "glibc mallopt(M_MMAP_MAX=0, M_TRIM_THRESHOLD=2^40): freed memory is kept and reused, "
+    "keep": "glibc mallopt(M_MMAP_MAX=0, M_TRIM_THRESHOLD=-1): freed memory is kept and reused, "
     "so large temporaries stop paying page faults",
 }
 
@@ -123,7 +123,9 @@ def set_allocator(setting: str) -> str:
         mallopt = getattr(libc, "mallopt", None)
         if mallopt is None or platform.libc_ver()[0] != "glibc":
             raise ValueError("allocator 'keep' needs glibc's mallopt; set MALLOC_* variables instead")
-        ok = mallopt(_M_MMAP_MAX, 0) and mallopt(_M_TRIM_THRESHOLD, 2**40)
+        mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int  # mallopt(int, int)
+        # -1: never trim (glibc's documented value; a large number would not fit the int)
+        ok = mallopt(_M_MMAP_MAX, 0) and mallopt(_M_TRIM_THRESHOLD, -1)
         if not ok:
             raise ValueError("glibc mallopt refused M_MMAP_MAX/M_TRIM_THRESHOLD")
         _allocator_state["setting"] = "keep"
