@@ -1,0 +1,104 @@
+"""Same-process timings behind figures in docs/performance.md and benchmarks/RESULTS.md.
+
+``posenc bench`` times each implementation between its peers; these loops instead alternate two or
+three calls in one process, 11 rounds, medians printed (2 threads). Run from the repository root:
+
+    python benchmarks/same_process.py rope fp32   # in place vs x.mul_(1), out= vs a copy, fresh outputs
+    python benchmarks/same_process.py rope bf16
+    POSENC_HUGEPAGES=1 python benchmarks/same_process.py fresh   # fresh outputs with the huge-page hint
+    POSENC_HUGEPAGES=0 python benchmarks/same_process.py fresh   # ... and without it
+
+Shapes as in RESULTS.md: q and k ``[4, 32, 2048, 128]``; the input layer ``[8, 2048]`` ids, d = 768.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+import torch
+
+import posenc
+from posenc.kernels import rope_cpu
+
+
+def _medians(fns: dict, rounds: int = 11) -> dict[str, float]:
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    with torch.no_grad():
+        for _ in range(rounds):
+            for name, fn in fns.items():
+                fn()  # warm: the second call is timed
+                t0 = time.perf_counter()
+                out = fn()
+                times[name].append((time.perf_counter() - t0) * 1e3)
+                del out
+    return {name: statistics.median(v) for name, v in times.items()}
+
+
+def rope(dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(4, 32, 2048, 128, generator=gen).to(dtype) for _ in range(2))
+    rot = posenc.build("rope", head_dim=128)
+    tables = rot.rotary_tables(q, k)
+    cos, sin = tables.q_cos, tables.q_sin
+    dq, dk = torch.empty_like(q), torch.empty_like(k)
+    m = _medians(
+        {
+            "floor x.mul_(1)": lambda: (q.mul_(1), k.mul_(1)),
+            "in place half": lambda: (
+                rope_cpu.rotate(q, cos, sin, "half", out=q),
+                rope_cpu.rotate(k, cos, sin, "half", out=k),
+            ),
+            "in place interleaved": lambda: (
+                rope_cpu.rotate(q, cos, sin, "interleaved", out=q),
+                rope_cpu.rotate(k, cos, sin, "interleaved", out=k),
+            ),
+            "copy into buffer": lambda: (dq.copy_(q), dk.copy_(k)),
+            "out= into buffer": lambda: (
+                rope_cpu.rotate(q, cos, sin, "half", out=dq),
+                rope_cpu.rotate(k, cos, sin, "half", out=dk),
+            ),
+            "function, fresh outputs": lambda: posenc.apply_rotary_qk(q, k, cos, sin, cos, sin),
+            "module rotate": lambda: rot.rotate(q, k),
+        }
+    )
+    for name, ms in m.items():
+        print(f"{name:24s} {ms:7.2f} ms")
+    floor, copy = m["floor x.mul_(1)"], m["copy into buffer"]
+    print(
+        f"in place: {floor / m['in place half']:.0%} / {floor / m['in place interleaved']:.0%} of the floor; "
+        f"out= {copy / m['out= into buffer']:.0%}, module {copy / m['module rotate']:.0%} of the copy"
+    )
+
+
+def fresh() -> None:
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(4, 32, 2048, 128, generator=gen)
+    ang = torch.arange(2048, dtype=torch.float64)[:, None] * torch.rand(
+        64, dtype=torch.float64, generator=gen
+    )
+    cos, sin = ang.cos().float(), ang.sin().float()
+    layer = posenc.InputEmbedding(32000, 768, "sinusoidal").eval()
+    ids = torch.randint(0, 32000, (8, 2048), generator=gen)
+    m = _medians(
+        {
+            "rope out of place": lambda: rope_cpu.rotate(q, cos, sin, "half"),
+            "InputEmbedding eval": lambda: layer(ids),
+            "token gather": lambda: layer.token(ids),
+        },
+        rounds=8,
+    )
+    for name, ms in m.items():
+        print(f"{name:24s} {ms:7.2f} ms")
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(2)
+    what = sys.argv[1] if len(sys.argv) > 1 else "rope"
+    if what == "rope":
+        rope({"fp32": torch.float32, "bf16": torch.bfloat16}[sys.argv[2] if len(sys.argv) > 2 else "fp32"])
+    elif what == "fresh":
+        fresh()
+    else:
+        sys.exit("usage: same_process.py rope [fp32|bf16] | fresh")
