@@ -342,7 +342,12 @@ def test_precomputed_rows_give_the_same_numbers_and_follow_casts(cls):
     assert torch.equal(kept.embed(torch.zeros(1, 3, 16), pos), plain.embed(torch.zeros(1, 3, 16), pos))
     rows = kept.rows
     kept.embed(torch.zeros(1, 4, 16))
-    assert kept.rows is rows  # forward never writes them
+    assert kept.rows is rows and torch.equal(rows, sinusoidal_table(12, 16))  # forward never writes them
+    kept.rows = rows + 1  # the rows are what inputs of up to 12 tokens read, and only those
+    short, long = torch.zeros(1, 5, 16), torch.zeros(1, 13, 16)
+    assert not torch.equal(kept.embed(short), plain.embed(short))
+    assert torch.equal(kept.embed(long), plain.embed(long))
+    kept.rows = rows
     kept.to(torch.bfloat16)
     assert kept.rows.dtype == torch.float32
     xb = torch.randn(1, 9, 16, dtype=torch.bfloat16)
@@ -352,3 +357,14 @@ def test_precomputed_rows_give_the_same_numbers_and_follow_casts(cls):
     x64 = torch.randn(1, 9, 16, dtype=torch.float64)
     assert torch.equal(kept.rows[:9], sinusoidal_table(9, 16, dtype=torch.float64))
     assert torch.equal(kept.embed(x64), plain.double().embed(x64))
+
+
+def test_precomputed_rows_build_on_meta_and_materialize():
+    """Built under torch.device("meta") (no memory), the rows are made for real by to_empty."""
+    with torch.device("meta"):
+        layer = posenc.InputEmbedding(50, 8, "sinusoidal", scheme_options={"precompute": 16})
+        scaled = ScaledSinusoidalPE(8, precompute=4)
+    assert layer.position.rows.is_meta and scaled.rows.is_meta
+    layer.to_empty(device="cpu")
+    assert torch.equal(layer.position.rows, sinusoidal_table(16, 8))
+    assert ScaledSinusoidalPE(8, precompute=4, dtype=torch.float64).rows.dtype == torch.float64

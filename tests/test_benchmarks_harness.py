@@ -135,6 +135,7 @@ def test_keep_hands_mallopt_values_that_fit_its_int(monkeypatch):
     class FakeLibc:
         mallopt = FakeMallopt()
 
+    monkeypatch.setattr(harness.ctypes.util, "find_library", lambda name: "libc.so.6")
     monkeypatch.setattr(harness.ctypes, "CDLL", lambda name: FakeLibc())
     monkeypatch.setattr(harness.platform, "libc_ver", lambda: ("glibc", "2.36"))
     monkeypatch.setitem(harness._allocator_state, "setting", "system")

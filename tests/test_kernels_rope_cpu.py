@@ -168,9 +168,18 @@ def test_bf16_blocks_keep_the_exact_bits_at_the_edges(layout, per_batch):
     xg = x.clone().requires_grad_(True)
     (back,) = torch.autograd.grad(posenc.apply_rotary(xg, cos, sin, layout=layout), xg, x)
     torch.testing.assert_close(back, reference(x, cos, -sin, layout), **exact)
-    clean = torch.randn(3, 5, 7, 128, dtype=torch.bfloat16)
-    c, s = tables(torch.rand(7, 64, dtype=torch.float64) * 40, torch.bfloat16)
-    assert torch.equal(posenc.apply_rotary(clean, c, s, layout=layout), reference(clean, c, s, layout))
+    # clean shared tables (checked once per call, then trusted): x alone must send its tiny and
+    # subnormal blocks to the exact path; huge x overflows to inf and NaN inside the fast blocks
+    c, s = tables(torch.rand(9, 64, dtype=torch.float64) * 40, torch.bfloat16)
+    y = torch.randn(2, 6, 9, 128, dtype=torch.bfloat16)
+    y[0, 1, 3] *= 2.0**-125
+    y[1, 2, 4] = (torch.rand(128) * 2.0**-127).to(torch.bfloat16)
+    y[1, 3] *= 2.0**126
+    for z in (y, y.clone()):
+        want = reference(z, c, s, layout)
+        torch.testing.assert_close(posenc.apply_rotary(z, c, s, layout=layout), want, **exact)
+        posenc.apply_rotary(z, c, s, layout=layout, out=z)
+        torch.testing.assert_close(z, want, **exact)
 
 
 def test_gradcheck_and_double_backward():
@@ -193,16 +202,21 @@ def test_tables_requiring_grad_take_the_reference_path():
     assert angles.grad is not None and angles.grad.abs().sum() > 0
 
 
-def test_two_threads_give_the_same_bits():
-    x = torch.randn(4, 8, 64, 64)  # > 32768 elements: the kernel splits the rows over threads
-    cos, sin = tables(torch.rand(64, 32, dtype=torch.float64) * 60, torch.float32)
+@pytest.mark.parametrize("shape", [(4, 8, 64, 64), (1, 2, 512, 64)])
+def test_two_threads_give_the_same_bits(shape):
+    """> 32768 elements: the kernel splits the work over threads (head groups for [4, 8, ...];
+    rows for [1, 2, ...], whose one group of heads could not keep two threads busy)."""
+    x = torch.randn(shape)
+    cos, sin = tables(torch.rand(shape[2], 32, dtype=torch.float64) * 60, torch.float32)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
         out = posenc.apply_rotary(x, cos, sin)
+        y = x.clone()
+        posenc.apply_rotary(y, cos, sin, out=y)
     finally:
         torch.set_num_threads(threads)
-    assert torch.equal(out, reference(x, cos, sin, "half"))
+    assert torch.equal(out, reference(x, cos, sin, "half")) and torch.equal(y, out)
 
 
 @pytest.mark.parametrize(

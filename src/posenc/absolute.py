@@ -224,7 +224,7 @@ class SinusoidalPE(PositionalScheme):
         self.base = check_positive_float(base, "base")
         self.variant = variant
         self.precompute = check_int(precompute, "precompute", minimum=0)
-        rows = self._precomputed(torch.device("cpu"), torch.float32)  # [n, d] or None
+        rows = self._precomputed(torch.get_default_device(), torch.float32)  # [n, d] or None; meta is fine
         self.register_buffer("rows", rows, persistent=False)  # read in forward, never written there
 
     def _precomputed(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor | None:
@@ -303,6 +303,9 @@ class ScaledSinusoidalPE(SinusoidalPE):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__(d_model, base, variant, precompute)
+        if self.rows is not None and (device is not None or dtype is not None):  # where the gain lives
+            target = torch.device(device) if device is not None else self.rows.device
+            self.rows = self._precomputed(target, dtype or self.rows.dtype)
         gain = d_model**-0.5 if init_gain is None else check_positive_float(init_gain, "init_gain")
         self.gain = nn.Parameter(torch.tensor(float(gain), **factory_kwargs(device, dtype)))
 

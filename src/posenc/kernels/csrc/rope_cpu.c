@@ -135,18 +135,18 @@ static inline void bf16_rotate32(__m512 al, __m512 ah, __m512 bl, __m512 bh, __m
   *bo = pack16(_mm512_add_ps(odd16(bc), odd16(as)), _mm512_add_ps(even16(bc), even16(as)));
 }
 
-/* sgn = -1 negates sin: the sign bit flipped (as exact as multiplying by -1) */
-static inline __m512i sign_bits(float sgn) { return _mm512_set1_epi16(sgn < 0 ? (short)0x8000 : 0); }
+/* sin times sgn (+1 or -1) as the exact path computes it: a multiply, which also keeps a NaN's sign */
+static inline __m512 signed16(__m512 s, float sgn) { return _mm512_mul_ps(_mm512_set1_ps(sgn), s); }
 
 static inline void body_bf16_half(const uint16_t* xr, uint16_t* orow, const uint16_t* c, const uint16_t* s,
                                   i64 h, float sgn, int tn) {
-  const __m512i nat = ld(NAT), flip = sign_bits(sgn);
+  const __m512i nat = ld(NAT);
   i64 i = 0;
   for (; i + 32 <= h; i += 32) {
     __m512i a = ld(xr + i), b = ld(xr + h + i), cc = ld(c + i), ss = ld(s + i), ao, bo;
     if (!bf16_normal(a, b, cc, ss, tn)) { pairs_bf16_half(xr, orow, c, s, i, i + 32, h, sgn); continue; }
-    ss = _mm512_xor_si512(ss, flip);
-    bf16_rotate32(even16(a), odd16(a), even16(b), odd16(b), even16(cc), odd16(cc), even16(ss), odd16(ss), &ao, &bo);
+    bf16_rotate32(even16(a), odd16(a), even16(b), odd16(b), even16(cc), odd16(cc), signed16(even16(ss), sgn),
+                  signed16(odd16(ss), sgn), &ao, &bo);
     _mm512_storeu_si512(orow + i, _mm512_permutexvar_epi16(nat, ao));
     _mm512_storeu_si512(orow + h + i, _mm512_permutexvar_epi16(nat, bo));
   }
@@ -155,14 +155,13 @@ static inline void body_bf16_half(const uint16_t* xr, uint16_t* orow, const uint
 
 static inline void body_bf16_intl(const uint16_t* xr, uint16_t* orow, const uint16_t* c, const uint16_t* s,
                                   i64 h, float sgn, int tn) {
-  const __m512i ilv0 = ld(ILV0), ilv1 = ld(ILV1), flip = sign_bits(sgn);
+  const __m512i ilv0 = ld(ILV0), ilv1 = ld(ILV1);
   i64 i = 0;
   for (; i + 32 <= h; i += 32) {
     __m512i x0 = ld(xr + 2 * i), x1 = ld(xr + 2 * i + 32), cc = ld(c + i), ss = ld(s + i), ao, bo;
     if (!bf16_normal(x0, x1, cc, ss, tn)) { pairs_bf16_intl(xr, orow, c, s, i, i + 32, h, sgn); continue; }
-    ss = _mm512_xor_si512(ss, flip);
-    bf16_rotate32(even16(x0), even16(x1), odd16(x0), odd16(x1), first16(cc), last16(cc), first16(ss), last16(ss),
-                  &ao, &bo);
+    bf16_rotate32(even16(x0), even16(x1), odd16(x0), odd16(x1), first16(cc), last16(cc), signed16(first16(ss), sgn),
+                  signed16(last16(ss), sgn), &ao, &bo);
     _mm512_storeu_si512(orow + 2 * i, _mm512_permutex2var_epi16(ao, ilv0, bo));
     _mm512_storeu_si512(orow + 2 * i + 32, _mm512_permutex2var_epi16(ao, ilv1, bo));
   }
@@ -318,9 +317,11 @@ static int run_jobs(const i64* const* args, int n) {
 #ifdef _OPENMP
       tid = omp_get_thread_num(); nt = omp_get_num_threads();
 #endif
-      i64 units = j->group ? group_units(j) : j->rows;
+      /* groups only when every thread gets one (batch 1 with few heads: rows, split finer) */
+      int grouped = j->group && group_units(j) >= nt;
+      i64 units = grouped ? group_units(j) : j->rows;
       i64 chunk = (units + nt - 1) / nt, lo = tid * chunk, hi = lo + chunk < units ? lo + chunk : units;
-      if (j->group) run_groups(j, lo, hi); else run_rows(j, lo, hi);
+      if (grouped) run_groups(j, lo, hi); else run_rows(j, lo, hi);
     }
   }
   return 0;
