@@ -1,5 +1,7 @@
 """Blocked causal attention with a positional bias == the full-table path (and a float64 reference)."""
 
+from itertools import pairwise
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -7,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import posenc
+from posenc.kernels import attention_cpu
 from posenc.kernels.attention_cpu import causal_attention_with_bias, scheme_bias_fn
 
 
@@ -40,6 +43,97 @@ def test_blocked_equals_full_table(scheme_name, block):
     bias = scheme.score_bias(pos, pos)
     torch.testing.assert_close(out, full_path(q, k, v, bias), rtol=2e-6, atol=2e-6)
     torch.testing.assert_close(out.double(), reference64(q, k, v, bias), rtol=1e-5, atol=1e-5)
+
+
+@settings(deadline=None, max_examples=40)
+@given(s_q=st.integers(1, 5000), size=st.one_of(st.none(), st.integers(1, 3000)), grad_bias=st.booleans())
+def test_block_bounds_cover_every_query_once(s_q, size, grad_bias):
+    """The blocks tile [0, s_q) in order; automatic blocks are 256 below 4096 queries or for a bias
+    that needs a gradient, else 768 with the (smaller) remainder first."""
+    bounds = attention_cpu._block_bounds(s_q, size, grad_bias)
+    lengths = [q1 - q0 for q0, q1 in pairwise(bounds)]
+    assert bounds[0] == 0 and bounds[-1] == s_q and all(n >= 1 for n in lengths)
+    if size is not None:
+        assert all(n == size for n in lengths[:-1]) and lengths[-1] <= size
+    elif s_q < attention_cpu.LONG_QUERIES or grad_bias:
+        assert all(n == attention_cpu.BLOCK_SIZE for n in lengths[:-1])
+    else:
+        assert all(n == attention_cpu.LONG_BLOCK_SIZE for n in lengths[1:])
+        assert lengths[0] == (s_q % attention_cpu.LONG_BLOCK_SIZE or attention_cpu.LONG_BLOCK_SIZE)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.parametrize("scheme_name", ["alibi", "t5"])
+def test_automatic_long_blocks_equal_the_full_table(scheme_name, grad, monkeypatch):
+    """The automatic schedule for long inputs (shrunk here: BLOCK_SIZE 4, blocks of 7 from 20
+    queries) gives the full-table numbers, with a key prefix and the remainder block first; a bias
+    that needs a gradient (T5's trainable table, grad on) keeps the short blocks."""
+    monkeypatch.setattr(attention_cpu, "BLOCK_SIZE", 4)
+    monkeypatch.setattr(attention_cpu, "LONG_QUERIES", 20)
+    monkeypatch.setattr(attention_cpu, "LONG_BLOCK_SIZE", 7)
+    b, h, s_q, prefix, d = 2, 4, 45, 3, 8
+    q = torch.randn(b, h, s_q, d)
+    k, v = torch.randn(b, h, s_q + prefix, d), torch.randn(b, h, s_q + prefix, d)
+    scheme = posenc.build(scheme_name, num_heads=h)
+    kp = torch.arange(s_q + prefix)
+    fn = scheme_bias_fn(scheme, kp[prefix:], kp)
+    sizes = []
+    spy = lambda q0, q1, k1: sizes.append(q1 - q0) or fn(q0, q1, k1)  # noqa: E731
+    spy.masks_future = spy.reversed_rows = True  # what fn declares
+    spy.bias_requires_grad = fn.bias_requires_grad
+    with torch.set_grad_enabled(grad):
+        out = causal_attention_with_bias(q, k, v, spy)
+    short = grad and scheme_name == "t5"
+    assert sizes == ([4] * 11 + [1] if short else [3] + [7] * 6)
+    bias = scheme.score_bias(kp[prefix:], kp)
+    torch.testing.assert_close(out, full_path(q, k, v, bias), rtol=2e-6, atol=2e-6)
+    torch.testing.assert_close(out.double(), reference64(q, k, v, bias), rtol=1e-5, atol=1e-5)
+
+
+@settings(deadline=None, max_examples=60)
+@given(h_kv=st.integers(1, 16), group=st.integers(1, 4), n=st.integers(1, 3000))
+def test_head_chunks_cover_the_heads_in_whole_groups(h_kv, group, n):
+    """Heads split only for blocks longer than BLOCK_SIZE, into at most ceil(n / BLOCK_SIZE) calls
+    of whole key/value groups, covering every head once in order."""
+    h = h_kv * group
+    chunks = attention_cpu._head_chunks(h, h_kv, n)
+    assert chunks[0][0] == 0 and chunks[-1][1] == h
+    assert all(a1 == b0 for (_, a1), (b0, _) in pairwise(chunks))
+    assert all(h0 % group == 0 and h1 % group == 0 and h1 > h0 for h0, h1 in chunks)
+    calls = min(h_kv, -(-n // attention_cpu.BLOCK_SIZE))  # a long block: as many calls as fit
+    assert len(chunks) <= calls
+    assert max(h1 - h0 for h0, h1 in chunks) == -(-h_kv // calls) * group  # even split of the groups
+    if n <= attention_cpu.BLOCK_SIZE:
+        assert chunks == [(0, h)]
+
+
+@pytest.mark.parametrize("bias_kind", ["distance", "shared", "per_head"])
+def test_long_blocks_split_heads_with_the_same_numbers_and_gradients(bias_kind, monkeypatch):
+    """Blocks longer than BLOCK_SIZE (shrunk to 4) run their heads in chunks (grouped-query heads:
+    6 query heads on 3 key/value heads): outputs and gradients of q, k, v and the bias equal the
+    full-table path's, for a per-distance table, a bias shared by the heads and one per head."""
+    monkeypatch.setattr(attention_cpu, "BLOCK_SIZE", 4)
+    b, h, h_kv, s, d = 2, 6, 3, 23, 8
+    q = torch.randn(b, h, s, d, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(b, h_kv, s, d, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    pos = torch.arange(s)
+    if bias_kind == "distance":
+        scheme = posenc.build("t5", num_heads=h).double()
+        fn, table = scheme_bias_fn(scheme, pos, pos), scheme.score_bias(pos, pos)
+        params = list(scheme.parameters())
+    else:
+        table = torch.randn(
+            1, 1 if bias_kind == "shared" else h, s, s, dtype=torch.float64, requires_grad=True
+        )
+        fn, params = (lambda q0, q1, k1: table[:, :, q0:q1, :k1]), [table]
+    out = causal_attention_with_bias(q, k, v, fn, block_size=10)
+    ref = full_path(q, k, v, table)
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, [q, k, v, *params], grad)
+    want = torch.autograd.grad(ref, [q, k, v, *params], grad)
+    for g1, g2 in zip(got, want, strict=True):
+        torch.testing.assert_close(g1, g2, rtol=1e-9, atol=1e-9)
 
 
 @settings(deadline=None, max_examples=20)
@@ -115,7 +209,9 @@ def test_a_bias_the_scheme_keeps_is_not_written_into():
         ({"k": torch.randn(1, 2, 3, 8), "v": torch.randn(1, 2, 3, 8)}, "causal attention needs s_k >= s_q"),
         ({"v": torch.randn(1, 2, 4, 8)}, "k and v must agree"),
         ({"q": torch.randn(1, 3, 5, 8)}, "h_kv must divide h"),
-        ({"block_size": 0}, "block_size must be an int >= 1"),
+        ({"block_size": 0}, r"block_size must be None \(automatic\) or an int >= 1"),
+        ({"block_size": 2.0}, r"block_size must be None \(automatic\) or an int >= 1, got 2.0"),
+        ({"q": torch.randn(1, 2, 0, 8)}, r"at least one query \(s_q >= 1\), got s_q=0"),
         ({"bias_fn": lambda a, z, e: torch.zeros(1, 2, 1, 1)}, r"bias_fn\(0, 5, 5\) returned shape"),
     ],
 )
