@@ -7,6 +7,8 @@ three calls in one process, 11 rounds, medians printed (2 threads). Run from the
     python benchmarks/same_process.py rope bf16
     POSENC_HUGEPAGES=1 python benchmarks/same_process.py fresh   # fresh outputs with the huge-page hint
     POSENC_HUGEPAGES=0 python benchmarks/same_process.py fresh   # ... and without it
+    python benchmarks/same_process.py blocks        # biased attention: blocks of 256 vs 768 queries
+    python benchmarks/same_process.py blocks train  # ... forward + backward at L = 4096
 
 Shapes as in RESULTS.md: q and k ``[4, 32, 2048, 128]``; the input layer ``[8, 2048]`` ids, d = 768.
 """
@@ -20,7 +22,7 @@ import time
 import torch
 
 import posenc
-from posenc.kernels import rope_cpu
+from posenc.kernels import attention_cpu, rope_cpu
 
 
 def _medians(fns: dict, rounds: int = 11) -> dict[str, float]:
@@ -93,6 +95,43 @@ def fresh() -> None:
         print(f"{name:24s} {ms:7.2f} ms")
 
 
+def _biased(q, k, v, scheme, size: int | None, train: bool):
+    """Causal attention of q/k/v: SDPA without a bias (``size`` 0), else with ``scheme``'s bias in
+    blocks of ``size`` queries (None: automatic); ``train``: also the backward of its sum."""
+    import torch.nn.functional as F
+
+    if size == 0:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    else:
+        pos = torch.arange(q.shape[2])
+        fn = attention_cpu.scheme_bias_fn(scheme, pos, pos)
+        out = attention_cpu.causal_attention_with_bias(q, k, v, fn, block_size=size)
+    if train:
+        out.sum().backward()
+    return out
+
+
+def blocks(train: bool) -> None:
+    """Causal attention with a bias (q/k/v ``[1, 16, L, 64]``), blocks of 256 and 768 queries and
+    the automatic choice, over causal SDPA without a bias; ``train``: forward + backward, L = 4096."""
+    cases = [("alibi", 4096), ("t5", 4096)] if train else [("alibi", n) for n in (2048, 3072, 4096, 8192)]
+    for name, length in cases:
+        gen = torch.Generator().manual_seed(0)
+        qkv = [torch.randn(1, 16, length, 64, generator=gen).requires_grad_(train) for _ in range(3)]
+        scheme = posenc.build(name, num_heads=16)
+        sizes = {"sdpa": 0, "256": 256, "768": 768, "auto": None}
+        times: dict[str, list[float]] = {n: [] for n in sizes}
+        with torch.set_grad_enabled(train):
+            for _ in range(5):
+                for n, size in sizes.items():
+                    t0 = time.perf_counter()
+                    _biased(*qkv, scheme, size, train)
+                    times[n].append(time.perf_counter() - t0)
+        base = statistics.median(times["sdpa"])
+        ratios = ", ".join(f"{n} {statistics.median(t) / base:.2f}x" for n, t in times.items() if n != "sdpa")
+        print(f"{name} L={length}{' fwd+bwd' if train else ''}: sdpa {base * 1e3:.0f} ms; {ratios}")
+
+
 if __name__ == "__main__":
     torch.set_num_threads(2)
     what = sys.argv[1] if len(sys.argv) > 1 else "rope"
@@ -100,5 +139,7 @@ if __name__ == "__main__":
         rope({"fp32": torch.float32, "bf16": torch.bfloat16}[sys.argv[2] if len(sys.argv) > 2 else "fp32"])
     elif what == "fresh":
         fresh()
+    elif what == "blocks":
+        blocks(train=sys.argv[2:] == ["train"])
     else:
-        sys.exit("usage: same_process.py rope [fp32|bf16] | fresh")
+        sys.exit("usage: same_process.py rope [fp32|bf16] | fresh | blocks [train]")
