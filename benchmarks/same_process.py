@@ -9,6 +9,7 @@ three calls in one process, 11 rounds, medians printed (2 threads). Run from the
     POSENC_HUGEPAGES=0 python benchmarks/same_process.py fresh   # ... and without it
     python benchmarks/same_process.py blocks        # biased attention: blocks of 256 vs 768 queries
     python benchmarks/same_process.py blocks train  # ... forward + backward at L = 4096
+    python benchmarks/same_process.py decode        # one decode step: module, tables, function
 
 Shapes as in RESULTS.md: q and k ``[4, 32, 2048, 128]``; the input layer ``[8, 2048]`` ids, d = 768.
 """
@@ -95,6 +96,29 @@ def fresh() -> None:
         print(f"{name:24s} {ms:7.2f} ms")
 
 
+def decode() -> None:
+    """One decode step, q and k ``[8, 32, 1, 128]`` at position 32767 (float32): where the module's
+    time goes (microseconds per call, 2000 calls after 100 warm-up calls)."""
+    gen = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(8, 32, 1, 128, generator=gen) for _ in range(2))
+    pos = torch.tensor([32767])
+    rope = posenc.RotaryEmbedding(128)
+    tab = rope.rotary_tables(q, k, pos, pos)
+    calls = {
+        "module rotate": lambda: rope.rotate(q, k, pos, pos),
+        "rotate(tables=...)": lambda: rope.rotate(q, k, pos, pos, tables=tab),
+        "rotary_tables": lambda: rope.rotary_tables(q, k, pos, pos),
+        "apply_rotary_qk": lambda: posenc.apply_rotary_qk(q, k, tab.q_cos, tab.q_sin, tab.k_cos, tab.k_sin),
+    }
+    for name, fn in calls.items():
+        for _ in range(100):
+            fn()
+        t0 = time.perf_counter()
+        for _ in range(2000):
+            fn()
+        print(f"{name:24s} {(time.perf_counter() - t0) / 2000 * 1e6:7.1f} us")
+
+
 def _biased(q, k, v, scheme, size: int | None, train: bool):
     """Causal attention of q/k/v: SDPA without a bias (``size`` 0), else with ``scheme``'s bias in
     blocks of ``size`` queries (None: automatic); ``train``: also the backward of its sum."""
@@ -139,7 +163,9 @@ if __name__ == "__main__":
         rope({"fp32": torch.float32, "bf16": torch.bfloat16}[sys.argv[2] if len(sys.argv) > 2 else "fp32"])
     elif what == "fresh":
         fresh()
+    elif what == "decode":
+        decode()
     elif what == "blocks":
         blocks(train=sys.argv[2:] == ["train"])
     else:
-        sys.exit("usage: same_process.py rope [fp32|bf16] | fresh | blocks [train]")
+        sys.exit("usage: same_process.py rope [fp32|bf16] | fresh | blocks [train] | decode")
