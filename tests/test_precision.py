@@ -72,6 +72,38 @@ def test_only_the_frequencies_that_need_it_are_split_in_any_order():
     assert slow.any() and torch.equal(sorted_angles[:, slow], plain[:, slow])
 
 
+@given(
+    reach=st.integers(0, 2**50),
+    scale=st.floats(1e-6, 1e3),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+)
+def test_split_columns_are_chosen_on_the_host_as_by_the_tensor_rule(reach, scale, dtype):
+    """[r] frequencies are compared on the host: the same columns as the float64 tensor rule
+    (|f| * reach >= 4096), and per-row [..., r] frequencies take any row's."""
+    from posenc._precision import _reaching
+
+    inv = (INV * scale).to(dtype)
+    want = (inv.abs().double() * reach >= ANGLE_SPLIT).nonzero().flatten().tolist()
+    assert _reaching(inv, reach) == want
+    assert _reaching(-inv, reach) == want  # by magnitude
+    rows = torch.stack([inv, -inv.flip(0) / 3])  # [2, r]
+    want_rows = (rows.abs().double() * reach >= ANGLE_SPLIT).any(0).nonzero().flatten().tolist()
+    assert _reaching(rows, reach) == want_rows
+
+
+@given(st.integers(-(2**44), 2**44), st.integers(-(2**44), 2**44))
+def test_one_position_gives_the_bits_it_has_among_others(p, other):
+    """A decode step (one position, read on the host) gets the angles that position gets in a batch."""
+    from posenc._precision import _reach
+
+    alone = position_angles(torch.tensor([p]), INV, torch.float32)  # [1, r]
+    among = position_angles(torch.tensor([other, p]), INV, torch.float32)  # [2, r]
+    if abs(other) <= abs(p):  # the same reach, so the same columns are split
+        assert torch.equal(alone[0], among[1])
+    assert _reach(torch.tensor([p])) == abs(p) and _reach(torch.tensor([], dtype=torch.long)) == 0
+    assert _reach(torch.tensor([other, p])) == max(abs(other), abs(p))
+
+
 def test_per_block_table_gives_the_direct_numbers():
     """Dense positions take ``hi f mod 2 pi`` from a per-block table: the very same float64 numbers."""
     from posenc._precision import _split_angles

@@ -28,7 +28,9 @@ def wide_dtype(device: torch.device | str) -> torch.dtype:
 
 def _reach(positions: torch.Tensor) -> int:
     """The largest ``|position|`` (0 for no positions): one reduction over ``[...]``."""
-    return 0 if positions.numel() == 0 else max(abs(int(positions.min())), abs(int(positions.max())))
+    if positions.numel() <= 1:  # a decode step: one host read, no reductions
+        return abs(int(positions.item())) if positions.numel() else 0
+    return max(abs(int(positions.min())), abs(int(positions.max())))
 
 
 def position_angles(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -61,15 +63,23 @@ def position_angles(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torc
     if torch.compiler.is_compiling() or positions.device.type != "cpu":
         return _split_angles(positions, inv_freq, dtype)
     angles = positions.to(dtype)[..., None] * f  # [..., 1] * [r] -> [..., r], the plain product
-    # the frequencies whose angles reach 4096 rad somewhere: float32 loses them there
-    reaches = inv_freq.abs().double() * _reach(positions) >= ANGLE_SPLIT  # [..., r]
-    cols = reaches.reshape(-1, reaches.shape[-1]).any(0).nonzero().flatten()  # [k] over any row
-    if cols.numel() and int(cols[-1]) - int(cols[0]) + 1 == cols.numel():  # a range (decreasing f)
-        a, b = int(cols[0]), int(cols[-1]) + 1
+    cols = _reaching(inv_freq, _reach(positions))  # [k] column indices
+    if cols and cols[-1] - cols[0] + 1 == len(cols):  # a range (decreasing f)
+        a, b = cols[0], cols[-1] + 1
         angles[..., a:b] = _split_angles(positions, inv_freq[..., a:b], dtype)  # [..., k], in place
-    elif cols.numel():
+    elif cols:
         angles[..., cols] = _split_angles(positions, inv_freq[..., cols], dtype)  # [..., k]
     return angles
+
+
+def _reaching(inv_freq: torch.Tensor, reach: int) -> list[int]:
+    """The frequencies (last-dim indices of ``inv_freq`` ``[r]`` or ``[..., r]``) whose angles reach
+    4096 rad at position ``reach`` in some row: float32 loses them there. ``[r]`` frequencies are
+    compared on the host (one read instead of a chain of small ops; the same float64 products)."""
+    if inv_freq.dim() == 1:
+        return [i for i, f in enumerate(inv_freq.tolist()) if abs(f) * reach >= ANGLE_SPLIT]
+    reaches = inv_freq.abs().double() * reach >= ANGLE_SPLIT  # [..., r]
+    return reaches.reshape(-1, reaches.shape[-1]).any(0).nonzero().flatten().tolist()  # over any row
 
 
 def _split_angles(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
