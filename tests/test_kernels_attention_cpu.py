@@ -107,27 +107,67 @@ def test_head_chunks_cover_the_heads_in_whole_groups(h_kv, group, n):
         assert chunks == [(0, h)]
 
 
-@pytest.mark.parametrize("bias_kind", ["distance", "shared", "per_head"])
-def test_long_blocks_split_heads_with_the_same_numbers_and_gradients(bias_kind, monkeypatch):
-    """Blocks longer than BLOCK_SIZE (shrunk to 4) run their heads in chunks (grouped-query heads:
-    6 query heads on 3 key/value heads): outputs and gradients of q, k, v and the bias equal the
-    full-table path's, for a per-distance table, a bias shared by the heads and one per head."""
-    monkeypatch.setattr(attention_cpu, "BLOCK_SIZE", 4)
-    b, h, h_kv, s, d = 2, 6, 3, 23, 8
+def _long_block_case(bias_kind, h, h_kv, s, batch_bias=False):
+    """q [2, h, s, 8], k/v [2, h_kv, s, 8] in float64 (requiring grad) and a bias: T5's per-distance
+    table, or a tensor [1 | 2, 1 | h, s, s] sliced per block. Returns q, k, v, bias_fn, the full
+    bias and the bias's parameters."""
+    b, d = 2, 8
     q = torch.randn(b, h, s, d, dtype=torch.float64, requires_grad=True)
     k, v = (torch.randn(b, h_kv, s, d, dtype=torch.float64, requires_grad=True) for _ in range(2))
     pos = torch.arange(s)
     if bias_kind == "distance":
         scheme = posenc.build("t5", num_heads=h).double()
-        fn, table = scheme_bias_fn(scheme, pos, pos), scheme.score_bias(pos, pos)
-        params = list(scheme.parameters())
-    else:
-        table = torch.randn(
-            1, 1 if bias_kind == "shared" else h, s, s, dtype=torch.float64, requires_grad=True
+        return (
+            q,
+            k,
+            v,
+            scheme_bias_fn(scheme, pos, pos),
+            scheme.score_bias(pos, pos),
+            list(scheme.parameters()),
         )
-        fn, params = (lambda q0, q1, k1: table[:, :, q0:q1, :k1]), [table]
+    shape = (b if batch_bias else 1, 1 if bias_kind == "shared" else h, s, s)
+    table = torch.randn(shape, dtype=torch.float64, requires_grad=True)
+    return q, k, v, (lambda q0, q1, k1: table[:, :, q0:q1, :k1]), table, [table]
+
+
+@pytest.mark.parametrize("block", [10, 23, 40])
+@pytest.mark.parametrize("bias_kind", ["distance", "shared", "per_head", "per_row_and_head"])
+def test_long_blocks_split_heads_without_autograd(bias_kind, block, monkeypatch):
+    """Without autograd, blocks longer than BLOCK_SIZE (shrunk to 4) run their heads in chunks of
+    whole groups (6 query heads on 3 key/value heads: 3 SDPA calls per block of 10, and for one
+    block of 23 or 40 = the whole input): the full-table path's numbers, for a per-distance table, a bias
+    shared by the heads, one per head and one per batch row and head."""
+    monkeypatch.setattr(attention_cpu, "BLOCK_SIZE", 4)
+    h, h_kv, s = 6, 3, 23
+    kind = "per_head" if bias_kind == "per_row_and_head" else bias_kind
+    q, k, v, fn, bias, _ = _long_block_case(kind, h, h_kv, s, batch_bias=bias_kind == "per_row_and_head")
+    calls = []
+    sdpa = F.scaled_dot_product_attention
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].shape[1])  # query heads of the call
+        return sdpa(*args, **kwargs)
+
+    with torch.no_grad():
+        monkeypatch.setattr(F, "scaled_dot_product_attention", counted)
+        out = causal_attention_with_bias(q, k, v, fn, block_size=block)
+        monkeypatch.setattr(F, "scaled_dot_product_attention", sdpa)
+        ref = full_path(q, k, v, bias)
+    lengths = [min(block, s - q0) for q0 in range(0, s, block)]
+    # blocks over 4 queries: 3 calls of one group (2 heads); a block of 3 (the last of 10s): one of 6
+    assert calls == [c for n in lengths for c in ([2, 2, 2] if n > 4 else [6])]
+    assert 2 in calls
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("bias_kind", ["distance", "per_head"])
+def test_long_blocks_keep_their_heads_together_under_autograd(bias_kind, monkeypatch):
+    """With autograd, a long block is one call over all heads (everything is kept for the backward
+    anyway): outputs and gradients of q, k, v and the bias equal the full-table path's."""
+    monkeypatch.setattr(attention_cpu, "BLOCK_SIZE", 4)
+    q, k, v, fn, bias, params = _long_block_case(bias_kind, 6, 3, 23)
     out = causal_attention_with_bias(q, k, v, fn, block_size=10)
-    ref = full_path(q, k, v, table)
+    ref = full_path(q, k, v, bias)
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
     grad = torch.randn_like(out)
     got = torch.autograd.grad(out, [q, k, v, *params], grad)
