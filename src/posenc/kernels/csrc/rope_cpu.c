@@ -54,6 +54,21 @@ static void NAME(const char* xp, char* op, const char* cp, const char* sp, i64 n
     }                                                                                       \
 }
 
+/* As ROWFN, with a body that rotates the g rows of one table row together (GBODY: bf16, whose
+   fast blocks widen each table block once for the g rows). */
+#define GROWFN(NAME, T, GBODY)                                                              \
+static void NAME(const char* xp, char* op, const char* cp, const char* sp, i64 n, i64 xs,  \
+                 i64 os, i64 cs, i64 ss, i64 h, i64 d, i64 r, float sgn, int tn, i64 g, i64 xg,    \
+                 i64 og) {                                                                  \
+  for (i64 row = 0; row < n; ++row, xp += xs, op += os, cp += cs, sp += ss) {              \
+    GBODY(xp, op, xg, og, g, (const T*)cp, (const T*)sp, h, sgn, tn);                       \
+    for (i64 k = 0; k < g; ++k) {                                                           \
+      const T* xr = (const T*)(xp + k * xg); T* orow = (T*)(op + k * og);                   \
+      if (orow != xr) for (i64 i = r; i < d; ++i) orow[i] = xr[i];                          \
+    }                                                                                       \
+  }                                                                                         \
+}
+
 #define ID(v) (v)
 #define HALF_A(i) (i)
 #define HALF_B(i) ((i) + h)
@@ -116,11 +131,9 @@ static inline __m512i pack16(__m512 h, __m512 l) { return (__m512i)_mm512_cvtne2
 static inline __m512i mag1(__m512i v) {
   return _mm512_sub_epi16(_mm512_and_si512(v, _mm512_set1_epi16(0x7FFF)), _mm512_set1_epi16(1));
 }
-/* Whether every lane of a, b (and of c, s unless the tables were checked: tn) is 0 or >= 2^-59 */
-static inline int bf16_normal(__m512i a, __m512i b, __m512i c, __m512i s, int tn) {
-  __m512i m = _mm512_min_epu16(mag1(a), mag1(b));
-  if (!tn) m = _mm512_min_epu16(m, _mm512_min_epu16(mag1(c), mag1(s)));
-  return _mm512_cmplt_epu16_mask(m, _mm512_set1_epi16(TINY)) == 0;
+/* Whether every lane of a and b is 0 or >= 2^-59 */
+static inline int bf16_normal(__m512i a, __m512i b) {
+  return _mm512_cmplt_epu16_mask(_mm512_min_epu16(mag1(a), mag1(b)), _mm512_set1_epi16(TINY)) == 0;
 }
 
 /* a' = rnd(rnd(a c) - rnd(b s)), b' = rnd(rnd(b c) + rnd(a s)) for 32 pairs given as (l, h) float
@@ -138,47 +151,62 @@ static inline void bf16_rotate32(__m512 al, __m512 ah, __m512 bl, __m512 bh, __m
 /* sin times sgn (+1 or -1) as the exact path computes it: a multiply, which also keeps a NaN's sign */
 static inline __m512 signed16(__m512 s, float sgn) { return _mm512_mul_ps(_mm512_set1_ps(sgn), s); }
 
-static inline void body_bf16_half(const uint16_t* xr, uint16_t* orow, const uint16_t* c, const uint16_t* s,
-                                  i64 h, float sgn, int tn) {
+/* The g rows xp + k xg -> op + k og (k < g) that read one table row (c, s): each block of 32
+   pairs widens its table values once for the g rows (the same operations per row as one row at a
+   time, so the same bits). A block whose x or table values fail the check takes the exact path. */
+static inline void body_bf16_half(const char* xp, char* op, i64 xg, i64 og, i64 g, const uint16_t* c,
+                                  const uint16_t* s, i64 h, float sgn, int tn) {
   const __m512i nat = ld(NAT);
   i64 i = 0;
   for (; i + 32 <= h; i += 32) {
-    __m512i a = ld(xr + i), b = ld(xr + h + i), cc = ld(c + i), ss = ld(s + i), ao, bo;
-    if (!bf16_normal(a, b, cc, ss, tn)) { pairs_bf16_half(xr, orow, c, s, i, i + 32, h, sgn); continue; }
-    bf16_rotate32(even16(a), odd16(a), even16(b), odd16(b), even16(cc), odd16(cc), signed16(even16(ss), sgn),
-                  signed16(odd16(ss), sgn), &ao, &bo);
-    _mm512_storeu_si512(orow + i, _mm512_permutexvar_epi16(nat, ao));
-    _mm512_storeu_si512(orow + h + i, _mm512_permutexvar_epi16(nat, bo));
+    __m512i cc = ld(c + i), ss = ld(s + i), ao, bo;
+    int tab = tn || bf16_normal(cc, ss);
+    __m512 cl = even16(cc), ch = odd16(cc), sl = signed16(even16(ss), sgn), sh = signed16(odd16(ss), sgn);
+    for (i64 k = 0; k < g; ++k) {
+      const uint16_t* xr = (const uint16_t*)(xp + k * xg); uint16_t* orow = (uint16_t*)(op + k * og);
+      __m512i a = ld(xr + i), b = ld(xr + h + i);
+      if (!tab || !bf16_normal(a, b)) { pairs_bf16_half(xr, orow, c, s, i, i + 32, h, sgn); continue; }
+      bf16_rotate32(even16(a), odd16(a), even16(b), odd16(b), cl, ch, sl, sh, &ao, &bo);
+      _mm512_storeu_si512(orow + i, _mm512_permutexvar_epi16(nat, ao));
+      _mm512_storeu_si512(orow + h + i, _mm512_permutexvar_epi16(nat, bo));
+    }
   }
-  pairs_bf16_half(xr, orow, c, s, i, h, h, sgn);
+  for (i64 k = 0; k < g && i < h; ++k)
+    pairs_bf16_half((const uint16_t*)(xp + k * xg), (uint16_t*)(op + k * og), c, s, i, h, h, sgn);
 }
 
-static inline void body_bf16_intl(const uint16_t* xr, uint16_t* orow, const uint16_t* c, const uint16_t* s,
-                                  i64 h, float sgn, int tn) {
+static inline void body_bf16_intl(const char* xp, char* op, i64 xg, i64 og, i64 g, const uint16_t* c,
+                                  const uint16_t* s, i64 h, float sgn, int tn) {
   const __m512i ilv0 = ld(ILV0), ilv1 = ld(ILV1);
   i64 i = 0;
   for (; i + 32 <= h; i += 32) {
-    __m512i x0 = ld(xr + 2 * i), x1 = ld(xr + 2 * i + 32), cc = ld(c + i), ss = ld(s + i), ao, bo;
-    if (!bf16_normal(x0, x1, cc, ss, tn)) { pairs_bf16_intl(xr, orow, c, s, i, i + 32, h, sgn); continue; }
-    bf16_rotate32(even16(x0), even16(x1), odd16(x0), odd16(x1), first16(cc), last16(cc), signed16(first16(ss), sgn),
-                  signed16(last16(ss), sgn), &ao, &bo);
-    _mm512_storeu_si512(orow + 2 * i, _mm512_permutex2var_epi16(ao, ilv0, bo));
-    _mm512_storeu_si512(orow + 2 * i + 32, _mm512_permutex2var_epi16(ao, ilv1, bo));
+    __m512i cc = ld(c + i), ss = ld(s + i), ao, bo;
+    int tab = tn || bf16_normal(cc, ss);
+    __m512 cl = first16(cc), ch = last16(cc), sl = signed16(first16(ss), sgn), sh = signed16(last16(ss), sgn);
+    for (i64 k = 0; k < g; ++k) {
+      const uint16_t* xr = (const uint16_t*)(xp + k * xg); uint16_t* orow = (uint16_t*)(op + k * og);
+      __m512i x0 = ld(xr + 2 * i), x1 = ld(xr + 2 * i + 32);
+      if (!tab || !bf16_normal(x0, x1)) { pairs_bf16_intl(xr, orow, c, s, i, i + 32, h, sgn); continue; }
+      bf16_rotate32(even16(x0), even16(x1), odd16(x0), odd16(x1), cl, ch, sl, sh, &ao, &bo);
+      _mm512_storeu_si512(orow + 2 * i, _mm512_permutex2var_epi16(ao, ilv0, bo));
+      _mm512_storeu_si512(orow + 2 * i + 32, _mm512_permutex2var_epi16(ao, ilv1, bo));
+    }
   }
-  pairs_bf16_intl(xr, orow, c, s, i, h, h, sgn);
+  for (i64 k = 0; k < g && i < h; ++k)
+    pairs_bf16_intl((const uint16_t*)(xp + k * xg), (uint16_t*)(op + k * og), c, s, i, h, h, sgn);
 }
-#define BODY_BF16_HALF body_bf16_half
-#define BODY_BF16_INTL body_bf16_intl
+GROWFN(row_bf16_half, uint16_t, body_bf16_half)
+GROWFN(row_bf16_intl, uint16_t, body_bf16_intl)
 #else
 #define BODY_BF16_HALF(xr, orow, c, s, h, sgn, tn) pairs_bf16_half(xr, orow, c, s, 0, h, h, sgn)
 #define BODY_BF16_INTL(xr, orow, c, s, h, sgn, tn) pairs_bf16_intl(xr, orow, c, s, 0, h, h, sgn)
+ROWFN(row_bf16_half, uint16_t, BODY_BF16_HALF)
+ROWFN(row_bf16_intl, uint16_t, BODY_BF16_INTL)
 #endif
 ROWFN(row_f32_half, float, BODY_F32_HALF)
 ROWFN(row_f32_intl, float, BODY_F32_INTL)
 ROWFN(row_f64_half, double, BODY_F64_HALF)
 ROWFN(row_f64_intl, double, BODY_F64_INTL)
-ROWFN(row_bf16_half, uint16_t, BODY_BF16_HALF)
-ROWFN(row_bf16_intl, uint16_t, BODY_BF16_INTL)
 
 typedef void (*rowfn)(const char*, char*, const char*, const char*, i64, i64, i64, i64, i64, i64, i64, i64,
                       float, int, i64, i64, i64);
