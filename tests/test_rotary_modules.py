@@ -243,3 +243,39 @@ def test_rotate_with_prebuilt_tables_equals_rotate(per_row):
     with pytest.raises(TypeError, match="for 'bhsd'"):
         rope.rotate(q.transpose(1, 2), k.transpose(1, 2), qk_layout="bshd", tables=tabs)
     assert XPos(16).rotary_tables(q, k) is None and Rope2D(16, grid=(1, 5)).rotary_tables(q, k) is None
+
+
+@pytest.mark.parametrize("rule", ["default", "linear", "ntk", "yarn", "llama3", "dynamic", "longrope"])
+def test_fixed_frequencies_are_kept_in_float64_through_casts(rule):
+    """A rule that does not depend on the length keeps its frequencies (computed at build, and again
+    after a move or cast, never in the module's dtype): frequencies() returns them bit for bit, they
+    stay out of the state dict, and a bf16 module rotates as a freshly built one does."""
+    from posenc.rotary.scalings import ROPE_SCALINGS
+
+    spec = ROPE_SCALINGS[rule]
+    rope = RotaryEmbedding(64, scaling=scaling_for(rule, 64))
+    if spec.length_dependent:
+        assert rope.inv_freq is None  # per-call: the length changes them
+        return
+    want, scale = spec.compute(64, rope.base, rope.scaling_params, None, "cpu")
+    got, got_scale = rope.frequencies(device="cpu")
+    assert got is rope.inv_freq and torch.equal(got, want) and got.dtype == torch.float64
+    assert got_scale == scale and "inv_freq" not in rope.state_dict()
+    q = torch.randn(2, 3, 40, 64).bfloat16()
+    fresh = RotaryEmbedding(64, scaling=scaling_for(rule, 64)).rotate(q, q, torch.arange(40) + 5000)
+    for cast in (torch.bfloat16, torch.float16, torch.float64):
+        rope.to(cast)
+        assert rope.inv_freq.dtype == torch.float64 and torch.equal(rope.inv_freq, want)
+    out = rope.rotate(q, q, torch.arange(40) + 5000)
+    assert torch.equal(out[0], fresh[0]) and torch.equal(out[1], fresh[1])
+
+
+def test_fixed_frequencies_materialize_after_a_meta_build():
+    with torch.device("meta"):
+        m = RotaryEmbedding(32, scaling=scaling_for("yarn", 32))
+    assert m.inv_freq.is_meta
+    m.to_empty(device="cpu")
+    ref = RotaryEmbedding(32, scaling=scaling_for("yarn", 32))
+    assert torch.equal(m.inv_freq, ref.inv_freq)
+    q = torch.randn(1, 2, 9, 32)
+    assert torch.equal(m.rotate(q, q)[0], ref.rotate(q, q)[0])

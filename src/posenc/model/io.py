@@ -97,8 +97,9 @@ def load_weights(
 
 def _load_tied(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
     """Load ``state`` (each tied tensor under one of its names) into ``model``, re-using ties."""
-    params = dict(model.named_parameters(remove_duplicate=False))
-    params.update(dict(model.named_buffers(remove_duplicate=False)))
+    # every name of every parameter and persistent buffer (tied ones under each name); buffers a
+    # module recomputes itself (non-persistent: frequencies, precomputed rows) are not in files
+    params = model.state_dict(keep_vars=True)
     groups: dict[int, list[str]] = {}
     for key, tensor in params.items():
         groups.setdefault(id(tensor), []).append(key)

@@ -150,11 +150,39 @@ class RotaryEmbedding(PositionalScheme):
         self.scaling_rule, self.scaling_params = _check_scaling(scaling, self.rotary_dim)
         # An instance attribute: only length-dependent rules need the model to cache raw keys.
         self.needs_unrotated_cache = ROPE_SCALINGS[self.scaling_rule].length_dependent
+        # A rule that does not depend on the length has fixed frequencies: computed here and again
+        # whenever the module moves or is cast (_apply), in float64 (float32 on MPS), never in the
+        # module's dtype; read in forward, never written there.
+        self.register_buffer(
+            "inv_freq", self._fixed_frequencies(torch.get_default_device()), persistent=False
+        )
+
+    def _fixed_frequencies(self, device: torch.device) -> torch.Tensor | None:
+        """``inv_freq [r/2]`` of a rule that does not depend on the length (None for one that does);
+        sets ``_attention_scale``."""
+        if self.needs_unrotated_cache:
+            return None
+        rule = ROPE_SCALINGS[self.scaling_rule]
+        inv, self._attention_scale = rule.compute(
+            self.rotary_dim, self.base, self.scaling_params, None, device
+        )
+        return inv
+
+    def _apply(self, fn, recurse=True):  # type: ignore[override]
+        """Move or cast as usual, then recompute the fixed frequencies where they now are (a cast
+        would round them to the module's dtype)."""
+        super()._apply(fn, recurse)
+        if self.inv_freq is not None:
+            self.inv_freq = self._fixed_frequencies(self.inv_freq.device)
+        return self
 
     def frequencies(
         self, seq_len: int | torch.Tensor | None = None, *, device: torch.device | str | None = None
     ) -> tuple[torch.Tensor, float]:
         """``(inv_freq [r/2] float64 (float32 on MPS), attention_scale)`` from the configuration."""
+        kept = self.inv_freq
+        if kept is not None and device is not None and torch.device(device) == kept.device:
+            return kept, self._attention_scale  # fixed frequencies, computed when the module was built
         rule = ROPE_SCALINGS[self.scaling_rule]
         return rule.compute(self.rotary_dim, self.base, self.scaling_params, seq_len, device)
 
