@@ -57,8 +57,8 @@ BLOCK_SIZE = 256
 #: reread keys and values 4x less; on long inputs that outweighs the larger masked triangle of each
 #: block (L=8192, ALiBi, 2 threads: 1.03-1.12x causal SDPA without bias against 1.26-1.30x with
 #: blocks of 256; at L=2048 and 3072 blocks of 256 stay ahead). Not where the bias itself needs a
-#: gradient (a trainable T5 table): its backward grows with the masked triangle (L=4096: 3.3-3.8 s
-#: against 2.7-3.1 s with blocks of 256).
+#: gradient (a trainable T5 table): its backward grows with the masked triangle (L=4096, forward
+#: and backward: 3.5-3.8 s against 2.9-3.1 s with blocks of 256 in the same runs).
 LONG_BLOCK_SIZE = 768
 #: query count from which blocks of :data:`LONG_BLOCK_SIZE` are used
 LONG_QUERIES = 4096
@@ -334,7 +334,7 @@ def causal_attention_with_bias(
     reversed_rows = getattr(bias_fn, "reversed_rows", False)
     grad_bias = torch.is_grad_enabled() and getattr(bias_fn, "bias_requires_grad", True)
     bounds = _block_bounds(s_q, block_size, grad_bias)
-    longest = max(b - a for a, b in pairwise(bounds))
+    longest = max(hi - lo for lo, hi in pairwise(bounds))
     tri = None if masks_future else _future_triangle(longest, q.dtype, q.device)  # [n, n]
     out = None
     for q0, q1 in pairwise(bounds):
