@@ -166,7 +166,14 @@ def test_long_blocks_keep_their_heads_together_under_autograd(bias_kind, monkeyp
     anyway): outputs and gradients of q, k, v and the bias equal the full-table path's."""
     monkeypatch.setattr(attention_cpu, "BLOCK_SIZE", 4)
     q, k, v, fn, bias, params = _long_block_case(bias_kind, 6, 3, 23)
+    calls = []
+    sdpa = F.scaled_dot_product_attention
+    monkeypatch.setattr(
+        F, "scaled_dot_product_attention", lambda *a, **kw: calls.append(a[0].shape[1]) or sdpa(*a, **kw)
+    )
     out = causal_attention_with_bias(q, k, v, fn, block_size=10)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", sdpa)
+    assert calls == [6, 6, 6]  # one call over all 6 heads per block
     ref = full_path(q, k, v, bias)
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
     grad = torch.randn_like(out)
@@ -361,3 +368,20 @@ def test_a_subclass_overriding_score_bias_keeps_its_own_bias():
     fn = scheme_bias_fn(Doubled(2), pos, pos)
     assert not getattr(fn, "masks_future", False)
     assert torch.equal(fn(0, 4, 4), 2 * posenc.ALiBi(2).score_bias(pos[:4], pos[:4]))
+
+
+def test_automatic_long_blocks_with_a_table_bias(monkeypatch):
+    """A bias that does not mask the future (a plain table) under the automatic long schedule,
+    remainder block first: the causal triangle is sized for the longest block."""
+    monkeypatch.setattr(attention_cpu, "BLOCK_SIZE", 4)
+    monkeypatch.setattr(attention_cpu, "LONG_QUERIES", 20)
+    monkeypatch.setattr(attention_cpu, "LONG_BLOCK_SIZE", 7)
+    q, k, v, fn, bias, _ = _long_block_case("per_head", 6, 3, 45)
+    with torch.no_grad():
+        out = causal_attention_with_bias(q, k, v, fn)
+        torch.testing.assert_close(out, full_path(q, k, v, bias), rtol=1e-10, atol=1e-10)
+
+
+def test_the_long_schedule_starts_at_4096_queries():
+    assert attention_cpu._block_bounds(4095, None)[1] == attention_cpu.BLOCK_SIZE
+    assert attention_cpu._block_bounds(4096, None)[1] == 4096 % attention_cpu.LONG_BLOCK_SIZE

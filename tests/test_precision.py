@@ -126,3 +126,10 @@ def test_compiled_tables_take_the_split_form_and_agree():
     want = rope.rotate(q, q, positions, positions)[0]
     got = torch.compile(lambda x: rope.rotate(x, x, positions, positions)[0], fullgraph=True)(q)
     torch.testing.assert_close(got, want, rtol=0, atol=5e-3)
+
+
+def test_split_columns_start_at_4096_rad():
+    from posenc._precision import _reaching
+
+    inv = torch.tensor([1.0, 0.5], dtype=torch.float64)
+    assert _reaching(inv, 4096) == [0] and _reaching(inv, 4095) == [] and _reaching(inv, 8192) == [0, 1]

@@ -241,9 +241,9 @@ def _block_mask(bias, dtype, tri, n: int, scratch: bool, saves_mask: bool) -> to
 
 def _head_chunks(h: int, h_kv: int, n: int) -> list[tuple[int, int]]:
     """Query-head ranges ``[h0, h1)``, one SDPA call each, for a block of ``n`` queries: all heads up
-    to :data:`BLOCK_SIZE` queries; a longer block splits its heads so that each call holds about
-    ``BLOCK_SIZE x h`` query rows (its copy of the queries and its output stay the size of a short
-    block's: peak memory), whole groups of query heads per key/value head."""
+    to :data:`BLOCK_SIZE` queries; a longer block splits its heads into up to ``ceil(n / BLOCK_SIZE)``
+    calls of whole groups of query heads per key/value head, so that each call holds about
+    ``BLOCK_SIZE x h`` query rows when there are enough key/value heads (peak memory)."""
     group = h // h_kv
     calls = min(h_kv, -(-n // BLOCK_SIZE))  # ceil(n / BLOCK_SIZE), at most one per kv head
     per = -(-h_kv // calls) * group  # query heads per call
@@ -315,8 +315,10 @@ def causal_attention_with_bias(
             ``i + s_k - s_q`` and sees keys up to and including it.
         bias_fn: see :data:`BiasFn`; e.g. :func:`scheme_bias_fn`. Called once per block.
         block_size: queries per block. Smaller blocks skip more of the masked future but call SDPA
-            more often. None (default): :data:`BLOCK_SIZE` (256), or :data:`LONG_BLOCK_SIZE` (768)
-            from :data:`LONG_QUERIES` (4096) queries on, measured fastest on CPUs.
+            more often. None (default): :data:`BLOCK_SIZE` (256), or :data:`LONG_BLOCK_SIZE` (768,
+            the remainder block first) from :data:`LONG_QUERIES` (4096) queries on, measured
+            fastest on CPUs; 256 whenever grad mode is on and ``bias_fn`` does not declare
+            ``bias_requires_grad = False``.
         dropout_p: attention dropout (training).
 
     Returns:
