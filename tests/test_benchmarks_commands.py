@@ -52,6 +52,9 @@ RESULT_KEYS = {
     "copy_fraction",
     "limit",
     "of_limit",
+    "of_limit_q1",
+    "of_limit_q3",
+    "of_limit_medians",
     "check",
     "max_abs_err",
 }

@@ -36,3 +36,16 @@ def test_markdown_table_round_trips_through_json():
     md = format_case(again, markdown=True)
     assert md.splitlines()[2] == "| impl | form | median | IQR | GB/s | of limit | posenc speed-up | check |"
     assert "| **mine** | out of place |" in md and "| gone | skipped: not installed |" in md
+
+
+def test_of_limit_shows_the_paired_quartiles_and_reads_older_runs():
+    result = _result()
+    r = result.results["mine"]
+    r.update(of_limit=0.95, of_limit_q1=0.91, of_limit_q3=0.99)
+    row = next(line for line in format_case(result).splitlines() if line.split()[0] == "mine")
+    assert "95% of copy (91-99%)" in row
+    copy_row = next(line for line in format_case(result).splitlines() if line.split()[0] == "copy")
+    assert "100% of copy" in copy_row and "(100-100%)" not in copy_row
+    r.pop("of_limit_q1"), r.pop("of_limit_q3")  # a run saved before pairing: the ratio alone
+    row = next(line for line in format_case(result).splitlines() if line.split()[0] == "mine")
+    assert "95% of copy" in row and "(91" not in row

@@ -9,7 +9,8 @@ JSON (``--json``, or ``--out FILE``)::
      malloc_env, loadavg, ...},
      "cases": [{"case", "description", "params", "bytes",
                 "results": {impl: {"kind", "layout", "note", "median_s", "q1_s", "q3_s", "gbps",
-                                   "copy_fraction"}},
+                                   "limit", "of_limit", "of_limit_q1", "of_limit_q3",
+                                   "of_limit_medians", "copy_fraction"}},
                 "copy_gbps", "clone_gbps",
                 "speedup": {posenc impl: {peer impl: peer median / posenc median}},
                 "skipped": {impl: reason}, "loadavg_before", "loadavg_after"}]}

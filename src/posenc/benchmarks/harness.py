@@ -11,13 +11,15 @@ memory system does *in the same run*, on the same number of bytes:
 
 A case may name its own limit instead (``Case.limit``: causal SDPA without a bias for biased
 attention). Each implementation declares its ``form`` (:data:`FORMS`: in place, out of place,
-module, ...); ``of limit`` is the limit's median over the implementation's median (1.0 = at the
-limit) and speed-ups compare only implementations of the same form (and layout, where given).
+module, ...) and speed-ups compare only implementations of the same form (and layout, where given).
 
 Before anything is timed, :func:`~posenc.benchmarks.checks.check_case` runs every implementation
 once and compares its outputs with the case's reference: a disagreement stops the run.
-Implementations are timed round-robin (in a new shuffled order every round) so that a noisy,
-shared machine slows all of them alike, and the median is reported with the interquartile range.
+Implementations are timed round-robin (:mod:`.timing`: a new shuffled order every round), each one
+right next to one more measurement of its limit; ``of limit`` is the median over rounds of the
+limit's time over the implementation's in the same pair (1.0 = at the limit), with its quartiles,
+so that the machine's drift between minutes stays out of it. Medians of each implementation's
+times are reported with their interquartile range.
 
 Terms: ``impl`` an implementation of a case; ``kind`` ``"posenc"``, ``"peer"`` or ``"baseline"``;
 ``speedup[p][q] = median(q) / median(p)`` for a posenc impl ``p`` and a peer ``q`` of the same
@@ -29,17 +31,16 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import datetime
-import gc
 import os
 import platform
-import random
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from .timing import Timings, time_interleaved, time_rounds
 
 __all__ = [
     "ALLOCATORS",
@@ -321,66 +322,6 @@ def no_grad_case(build: Callable[[], Case]) -> Callable[[], Case]:
     return wrapped
 
 
-# ----------------------------------------------------------------------------------------------
-# Timing
-# ----------------------------------------------------------------------------------------------
-def _calibrate(fn: Callable[[], object], min_time: float) -> int:
-    """Calls per measurement so that one measurement takes at least ``min_time`` seconds."""
-    number = 1
-    while True:
-        t0 = time.perf_counter()
-        for _ in range(number):
-            fn()
-        dt = time.perf_counter() - t0
-        if dt >= min_time or number >= 1 << 20:
-            return number
-        number *= 2 if dt <= 0 else max(2, min(10, int(min_time / dt) + 1))
-
-
-def time_interleaved(
-    fns: dict[str, Callable[[], object]],
-    *,
-    repeats: int = 7,
-    warmup: int = 1,
-    min_time: float = 0.005,
-) -> dict[str, list[float]]:
-    """Seconds per call of each function, measured round-robin.
-
-    Each function is warmed up (``warmup`` calls, then calibrated so that one measurement lasts at
-    least ``min_time``); then ``repeats`` rounds each time every function once, in an order shuffled
-    every round, so that no implementation always follows the same neighbour (one that frees a lot
-    of memory changes what the next allocation costs). The garbage collector is off while timing.
-
-    Returns:
-        ``{name: [seconds per call] * repeats}``.
-    """
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
-    names = list(fns)
-    for name in names:
-        for _ in range(warmup):
-            fns[name]()
-    number = {name: _calibrate(fns[name], min_time) for name in names}
-    samples: dict[str, list[float]] = {name: [] for name in names}
-    gc.collect()
-    gc_was_on = gc.isenabled()
-    gc.disable()
-    try:
-        for r in range(repeats):
-            order = list(names)
-            random.Random(r).shuffle(order)  # a new order each round (seeded: reproducible)
-            for name in order:
-                fn, n = fns[name], number[name]
-                t0 = time.perf_counter()
-                for _ in range(n):
-                    fn()
-                samples[name].append((time.perf_counter() - t0) / n)
-    finally:
-        if gc_was_on:
-            gc.enable()
-    return samples
-
-
 def _baselines(nbytes: int, dtype: torch.dtype) -> list[Impl]:
     """``copy``, ``inplace`` and ``clone`` of ``nbytes / 2`` bytes: ``nbytes`` of traffic each, half
     read, half written (``inplace`` on elements of ``dtype``)."""
@@ -426,14 +367,19 @@ def run_case(case: Case, *, repeats: int = 7, warmup: int = 1, min_time: float =
             f"case {case.name!r}: limit {case.limit!r} is not one of its implementations {names}"
         )
     checks = check_case(case)
+    limits = {i.name: _limit_of(i.form, case.limit, names) for i in impls}
     load_before = _load()
-    samples = time_interleaved(
-        {i.name: i.fn for i in impls}, repeats=repeats, warmup=warmup, min_time=min_time
+    timings = time_rounds(
+        {i.name: i.fn for i in impls},
+        limits={n: lim for n, lim in limits.items() if lim is not None},
+        repeats=repeats,
+        warmup=warmup,
+        min_time=min_time,
     )
     load_after = _load()
     results: dict[str, dict[str, Any]] = {}
     for impl in impls:
-        xs = samples[impl.name]
+        xs = timings.samples[impl.name]
         med = statistics.median(xs)
         q1, q3 = _quantiles(xs)
         results[impl.name] = {
@@ -447,7 +393,7 @@ def run_case(case: Case, *, repeats: int = 7, warmup: int = 1, min_time: float =
             "gbps": gbps(case.nbytes, med) if case.nbytes else None,
             **checks.get(impl.name, {"check": "baseline", "max_abs_err": None}),
         }
-    _add_limits(results, case.limit)
+    _add_limits(results, limits, timings)
     return CaseResult(
         case.name,
         case.description,
@@ -460,13 +406,24 @@ def run_case(case: Case, *, repeats: int = 7, warmup: int = 1, min_time: float =
     )
 
 
-def _add_limits(results: dict[str, dict[str, Any]], limit: str | None) -> None:
-    """Each result's ``limit`` (the baseline of its form, or the case's own) and ``of_limit``
-    (limit median / its median), and ``copy_fraction`` (GB/s over the copy's)."""
+def _limit_of(form: str, case_limit: str | None, names: list[str]) -> str | None:
+    """The implementation that is the limit of a call of ``form``: the case's own, else the memory
+    baseline of the form; None where the case has no such implementation."""
+    name = case_limit or FORMS[form]
+    return name if name in names else None
+
+
+def _add_limits(results: dict[str, dict[str, Any]], limits: dict[str, str | None], timings: Timings) -> None:
+    """Each result's ``limit``; ``of_limit`` with ``of_limit_q1``/``of_limit_q3``: the median and
+    quartiles over rounds of the limit's time measured next to it over its own (1.0 for the limit
+    itself); ``of_limit_medians``: the ratio of the two medians (drift between minutes included);
+    ``copy_fraction``: GB/s over the copy's."""
     copy = results.get("copy")
-    for r in results.values():
-        name = limit or FORMS[r["form"]]
-        base = results.get(name)
-        r["limit"] = name if base is not None else None
-        r["of_limit"] = None if base is None else base["median_s"] / r["median_s"]
+    for name, r in results.items():
+        lim = limits[name]
+        r["limit"] = lim
+        ratios = [1.0] if lim == name else timings.ratios(name) if lim is not None else []
+        r["of_limit"] = statistics.median(ratios) if ratios else None
+        r["of_limit_q1"], r["of_limit_q3"] = _quantiles(ratios) if ratios else (None, None)
+        r["of_limit_medians"] = None if lim is None else results[lim]["median_s"] / r["median_s"]
         r["copy_fraction"] = None if copy is None or r["gbps"] is None else r["gbps"] / copy["gbps"]

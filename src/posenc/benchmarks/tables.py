@@ -1,8 +1,9 @@
 """Tables of benchmark results: plain text for the terminal, Markdown for ``benchmarks/RESULTS.md``.
 
 Columns: the implementation, its form (what kind of call), the median and interquartile range,
-effective GB/s, ``of limit`` (the limit's median over this one's: 100% = at the limit; the limit is
-the memory baseline of its form or the case's own, named in the header), the speed-up of the best
+effective GB/s, ``of limit`` (the limit's time over this one's, measured next to each other in every
+round: the median and quartiles over rounds; 100% = at the limit; the limit is the memory baseline
+of its form or the case's own), the speed-up of the best
 posenc implementation of the same form and layout over each peer, and the output check (with the
 peak memory of one call, where the case measures it).
 """
@@ -37,10 +38,15 @@ def _speedup(result: CaseResult, name: str, r: dict[str, Any]) -> str:
 
 
 def _limit(r: dict[str, Any]) -> str:
+    """``"95% of copy (91-99%)"``: the paired median with its quartiles over rounds."""
     if r.get("of_limit") is None:  # results saved before limits existed: the copy fraction
         frac = r.get("copy_fraction")
         return "" if frac is None else f"{frac * 100:.0f}% of copy"
-    return f"{r['of_limit'] * 100:.0f}% of {r['limit']}"
+    text = f"{r['of_limit'] * 100:.0f}% of {r['limit']}"
+    q1, q3 = r.get("of_limit_q1"), r.get("of_limit_q3")
+    if q1 is None or q3 is None or q1 == q3 == 1.0:
+        return text  # the limit itself, or a run saved before pairing (a ratio of medians)
+    return f"{text} ({q1 * 100:.0f}-{q3 * 100:.0f}%)"
 
 
 def _rows(result: CaseResult) -> list[tuple[str, ...]]:
@@ -87,12 +93,12 @@ def format_case(result: CaseResult, markdown: bool = False) -> str:
     lines = [f"== {result.name}: {result.description}", f"   {moved}; load {load}"]
     width = max(len(n) for n in result.results)
     head = (
-        f"{'form':<12}  {'median':>10}  {'IQR':>21}  {'GB/s':>7}  {'of limit':>18}  posenc speed-up / check"
+        f"{'form':<12}  {'median':>10}  {'IQR':>21}  {'GB/s':>7}  {'of limit':>26}  posenc speed-up / check"
     )
     lines.append(f"   {'impl':<{width}}  {head}")
     for name, _, form, med, iqr, rate, lim, vs, check in rows:
         tail = "; ".join(x for x in (vs, check) if x)
-        lines.append(f"   {name:<{width}}  {form:<12}  {med:>10}  {iqr:>21}  {rate:>7}  {lim:>18}  {tail}")
+        lines.append(f"   {name:<{width}}  {form:<12}  {med:>10}  {iqr:>21}  {rate:>7}  {lim:>26}  {tail}")
     for name, why in result.skipped.items():
         lines.append(f"   {name:<{width}}  skipped: {why}")
     return "\n".join(lines)
