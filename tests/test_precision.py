@@ -104,6 +104,23 @@ def test_one_position_gives_the_bits_it_has_among_others(p, other):
     assert _reach(torch.tensor([other, p])) == max(abs(other), abs(p))
 
 
+@pytest.mark.parametrize("shape", [(), (1,), (1, 1)])
+@pytest.mark.parametrize("freqs", ["float64", "float32", "unordered"])
+def test_one_position_keeps_its_shape_and_the_general_bits(shape, freqs):
+    """The single-position path (host integers, a few ops) against the general path run on the same
+    position twice: every shape a decode step uses, float32 frequencies, frequencies whose split
+    columns are not a range, positions of both signs and past 2^53 (the general path serves those)."""
+    inv = {
+        "float64": INV,
+        "float32": INV.float(),
+        "unordered": INV[torch.randperm(32, generator=torch.Generator().manual_seed(0))],
+    }[freqs]
+    for p in (0, 5, -4097, 32767, 2**31 + 7, -(2**40) - 3, 2**53 + 2, -(2**62)):
+        alone = position_angles(torch.full(shape, p), inv, torch.float32)
+        twice = position_angles(torch.tensor([p, p]), inv, torch.float32)[0]
+        assert alone.shape == (*shape, 32) and torch.equal(alone.reshape(32), twice)
+
+
 def test_per_block_table_gives_the_direct_numbers():
     """Dense positions take ``hi f mod 2 pi`` from a per-block table: the very same float64 numbers."""
     from posenc._precision import _split_angles

@@ -63,6 +63,8 @@ def position_angles(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torc
         return positions.to(dtype)[..., None] * f
     if torch.compiler.is_compiling() or positions.device.type != "cpu":
         return _split_angles(positions, inv_freq, dtype)
+    if positions.numel() == 1 and inv_freq.dim() == 1 and abs(int(positions.item())) < 2**53:
+        return _one_position(int(positions.item()), inv_freq, f).reshape(*positions.shape, -1)
     angles = positions.to(dtype)[..., None] * f  # [..., 1] * [r] -> [..., r], the plain product
     cols = _reaching(inv_freq, _reach(positions))  # [k] column indices
     if cols and cols[-1] - cols[0] + 1 == len(cols):  # a range (decreasing f)
@@ -70,6 +72,22 @@ def position_angles(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torc
         angles[..., a:b] = _split_angles(positions, inv_freq[..., a:b], dtype)  # [..., k], in place
     elif cols:
         angles[..., cols] = _split_angles(positions, inv_freq[..., cols], dtype)  # [..., k]
+    return angles
+
+
+def _one_position(p: int, inv_freq: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+    """:func:`position_angles` of one position ``p`` (a decode step, CPU eager): the same numbers
+    from host integers (``p``, ``hi``, ``lo`` are exact as float64 scalars below 2^53; a tensor times
+    a Python float multiplies in the tensor's dtype) in a few ops instead of the general path's
+    twenty. Shapes: ``inv_freq`` ``[r]`` (any float dtype), ``f`` ``[r]`` in the angle dtype -> ``[r]``."""
+    angles = f * float(p)  # [r]: float32(p) * f, the plain product
+    cols = _reaching(inv_freq, abs(p))
+    if cols:
+        lo = p % ANGLE_SPLIT  # in [0, 4096) also for negative p, as torch.remainder
+        at = slice(cols[0], cols[-1] + 1) if cols[-1] - cols[0] + 1 == len(cols) else cols
+        f_wide = inv_freq[at].to(wide_dtype(inv_freq.device))  # [k]
+        far = torch.remainder(f_wide * float(p - lo), _TWO_PI).to(f.dtype)  # [k]: hi f mod 2 pi
+        angles[at] = far + f[at] * float(lo)  # [k]
     return angles
 
 
