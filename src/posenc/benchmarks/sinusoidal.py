@@ -87,6 +87,7 @@ def _embed_case(name: str, b: int, s: int, d: int) -> Case:
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(b, s, d, generator=gen)
     pe = posenc.SinusoidalPE(d)
+    kept = posenc.SinusoidalPE(d, precompute=s)  # rows of 0..s-1 kept from build time
     buffer = posenc.sinusoidal_table(s, d)  # [max_len, d]
     impls = [
         Impl(
@@ -95,6 +96,13 @@ def _embed_case(name: str, b: int, s: int, d: int) -> Case:
             "posenc",
             "interleaved",
             "SinusoidalPE.embed: table computed from positions each call",
+        ),
+        Impl(
+            "posenc_sinusoidal_precomputed",
+            lambda: kept.embed(x),
+            "posenc",
+            "interleaved",
+            f"SinusoidalPE(d, precompute={s}).embed: rows kept from build time, like the buffer",
         ),
         Impl(
             "classic_buffer", lambda: x + buffer[:s], "peer", "interleaved", "x + pe[:s], precomputed buffer"
