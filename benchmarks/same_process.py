@@ -10,6 +10,8 @@ three calls in one process, 11 rounds, medians printed (2 threads). Run from the
     python benchmarks/same_process.py blocks        # biased attention: blocks of 256 vs 768 queries
     python benchmarks/same_process.py blocks train  # ... forward + backward at L = 4096
     python benchmarks/same_process.py decode        # one decode step: module, tables, function
+    python benchmarks/same_process.py module bf16   # the module against the function, out of place
+    python benchmarks/same_process.py hot           # the kernel's own rate in L2, one thread
 
 Shapes as in RESULTS.md: q and k ``[4, 32, 2048, 128]``; the input layer ``[8, 2048]`` ids, d = 768.
 """
@@ -119,6 +121,50 @@ def decode() -> None:
         print(f"{name:24s} {(time.perf_counter() - t0) / 2000 * 1e6:7.1f} us")
 
 
+def module(dtype: torch.dtype) -> None:
+    """The module against the function, out of place, q and k ``[4, 32, 2048, 128]``: ``rotate``
+    with its tables built in the call, with tables passed in, the function on precomputed tables,
+    and the tables alone (glibc keeps freed memory, as ``posenc bench --allocator keep``)."""
+    from posenc.benchmarks.harness import set_allocator
+
+    set_allocator("keep")
+    gen = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(4, 32, 2048, 128, generator=gen).to(dtype) for _ in range(2))
+    rot = posenc.RotaryEmbedding(128)
+    tab = rot.rotary_tables(q, k)
+    cos, sin = tab.q_cos, tab.q_sin
+    m = _medians(
+        {
+            "module rotate": lambda: rot.rotate(q, k),
+            "rotate(tables=...)": lambda: rot.rotate(q, k, tables=tab),
+            "apply_rotary_qk": lambda: posenc.apply_rotary_qk(q, k, cos, sin, cos, sin),
+            "rotary_tables": lambda: rot.rotary_tables(q, k),
+        }
+    )
+    for name, ms in m.items():
+        print(f"{name:24s} {ms:7.2f} ms")
+    print(f"module: {m['module rotate'] / m['apply_rotary_qk'] - 1:+.1%} of the function's time")
+
+
+def hot() -> None:
+    """The kernel's own rate, one thread, in place on ``[1, 16, 96, 128]`` rows that stay in L2,
+    against ``x.mul_(1)`` of the same tensor: nanoseconds per row of 64 pairs."""
+    torch.set_num_threads(1)
+    gen = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(1, 16, 96, 128, generator=gen).to(dtype)
+        inv, _ = posenc.rope_frequencies(128)
+        cos, sin = posenc.rope_cos_sin(torch.arange(96), inv, dtype=dtype)
+        for name in ("half", "interleaved", "x.mul_(1)"):
+            args = (x, cos, sin, name)
+            for n in (100, 1000):  # warm up, then time
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    x.mul_(1) if name == "x.mul_(1)" else rope_cpu.rotate(*args, out=x)
+            per_row = (time.perf_counter() - t0) / 1000 / (16 * 96) * 1e9
+            print(f"{str(dtype)[6:]:9s} {name:12s} {per_row:6.1f} ns per row")
+
+
 def _biased(q, k, v, scheme, size: int | None, train: bool):
     """Causal attention of q/k/v: SDPA without a bias (``size`` 0), else with ``scheme``'s bias in
     blocks of ``size`` queries (None: automatic); ``train``: also the backward of its sum."""
@@ -165,7 +211,14 @@ if __name__ == "__main__":
         fresh()
     elif what == "decode":
         decode()
+    elif what == "module":
+        module({"fp32": torch.float32, "bf16": torch.bfloat16}[sys.argv[2] if len(sys.argv) > 2 else "fp32"])
+    elif what == "hot":
+        hot()
     elif what == "blocks":
         blocks(train=sys.argv[2:] == ["train"])
     else:
-        sys.exit("usage: same_process.py rope [fp32|bf16] | fresh | blocks [train] | decode")
+        sys.exit(
+            "usage: same_process.py rope [fp32|bf16] | module [fp32|bf16] | hot | fresh | blocks [train]"
+            " | decode"
+        )
