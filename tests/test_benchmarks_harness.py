@@ -88,6 +88,11 @@ def test_a_case_may_name_its_own_limit():
     case = Case("own", "", 800, impls, reference=lambda: x * 2, limit="yardstick", baselines=False)
     res = run_case(case, repeats=2, min_time=0.0).results
     assert list(res) == ["yardstick", "mine"] and res["mine"]["limit"] == "yardstick"
+    # paired with the case's own limit: the ratio of each round, between its quartiles
+    assert res["mine"]["of_limit_q1"] <= res["mine"]["of_limit"] <= res["mine"]["of_limit_q3"]
+    assert res["yardstick"]["of_limit"] == 1.0
+    one = run_case(case, repeats=1, min_time=0.0).results["mine"]  # one round: one ratio
+    assert one["of_limit_q1"] == one["of_limit"] == one["of_limit_q3"]
 
 
 def test_impl_kind_and_allocator_errors():

@@ -63,7 +63,9 @@ def position_angles(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torc
         return positions.to(dtype)[..., None] * f
     if torch.compiler.is_compiling() or positions.device.type != "cpu":
         return _split_angles(positions, inv_freq, dtype)
-    if positions.numel() == 1 and inv_freq.dim() == 1 and abs(int(positions.item())) < 2**53:
+    # one position (a decode step); not while tracing, which would keep this p as a constant
+    one = positions.numel() == 1 and inv_freq.dim() == 1 and not torch.jit.is_tracing()
+    if one and abs(int(positions.item())) < 2**53:
         return _one_position(int(positions.item()), inv_freq, f).reshape(*positions.shape, -1)
     angles = positions.to(dtype)[..., None] * f  # [..., 1] * [r] -> [..., r], the plain product
     cols = _reaching(inv_freq, _reach(positions))  # [k] column indices
@@ -85,7 +87,7 @@ def _one_position(p: int, inv_freq: torch.Tensor, f: torch.Tensor) -> torch.Tens
     if cols:
         lo = p % ANGLE_SPLIT  # in [0, 4096) also for negative p, as torch.remainder
         at = slice(cols[0], cols[-1] + 1) if cols[-1] - cols[0] + 1 == len(cols) else cols
-        f_wide = inv_freq[at].to(wide_dtype(inv_freq.device))  # [k]
+        f_wide = inv_freq[at].to(f.device, wide_dtype(f.device))  # [k], where the angles are
         far = torch.remainder(f_wide * float(p - lo), _TWO_PI).to(f.dtype)  # [k]: hi f mod 2 pi
         angles[at] = far + f[at] * float(lo)  # [k]
     return angles

@@ -44,8 +44,8 @@ def _limit(r: dict[str, Any]) -> str:
         return "" if frac is None else f"{frac * 100:.0f}% of copy"
     text = f"{r['of_limit'] * 100:.0f}% of {r['limit']}"
     q1, q3 = r.get("of_limit_q1"), r.get("of_limit_q3")
-    if q1 is None or q3 is None or q1 == q3 == 1.0:
-        return text  # the limit itself, or a run saved before pairing (a ratio of medians)
+    if q1 is None or q3 is None or q1 == q3:
+        return text  # the limit itself, one round, or a run saved before pairing (ratio of medians)
     return f"{text} ({q1 * 100:.0f}-{q3 * 100:.0f}%)"
 
 

@@ -78,8 +78,8 @@ def time_rounds(
     shuffled every round (seeded: reproducible), so that no function always follows the same
     neighbour (one that frees a lot of memory changes what the next allocation costs). A function
     ``name`` with ``limits[name]`` (another key of ``fns``) is measured right next to one more
-    measurement of its limit, the limit first in even rounds and second in odd ones. The garbage
-    collector is off while timing.
+    measurement of its limit, the limit first in even rounds and second in odd ones (with an odd
+    ``repeats`` it goes first once more). The garbage collector is off while timing.
 
     Raises:
         ValueError: ``repeats < 1``, or a limit that is not one of ``fns``.

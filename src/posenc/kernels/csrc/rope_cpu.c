@@ -202,8 +202,9 @@ GROWFN(row_bf16_intl, uint16_t, body_bf16_intl)
 /* AVX2 without AVX-512: the exact path's operations written for 8-lane vectors (GCC's own
    vectorization of it widens with cross-lane shuffles and rounds with one more operation per
    value). Every value goes through the same float operations and the same integer rounding as in
-   pairs_bf16_*, so the bits are the same for every input; only the order of lanes differs, and it
-   is undone before the store, within 128-bit lanes:
+   pairs_bf16_*, so the bits are the same for every input (a NaN stays a NaN; which of two NaN
+   operands a sum passes on is the compiler's choice in either path); only the order of lanes
+   differs, and it is undone before the store, within 128-bit lanes:
    - widening by interleaving words with zero puts words 0-3, 8-11 of 16 in one vector (lo) and
      4-7, 12-15 in the other (hi); packing lo and hi back (packus) restores the order;
    - the interleaved layout's a (even words) and b (odd words) widen in place, in natural order,
@@ -286,7 +287,7 @@ static inline void body2_bf16_intl(const char* xp, char* op, i64 xg, i64 og, i64
 /* float32, interleaved, 8 pairs at a time: x's pairs split into a = (0 1 4 5 | 2 3 6 7) and b in
    the same order with in-lane shuffles, the table block permuted once (64-bit moves) into that
    order for the g rows, the results interleaved back in natural order by unpacking. The same
-   products and sums as pairs_f32_intl, so the same bits (GCC's vectorization of that loop
+   products and sums as pairs_f32_intl, so the same bits, NaN payloads aside (GCC's vectorization of that loop
    gathers with four cross-lane permutes per 8 pairs: 78% of x.mul_(1) in place). */
 static inline void body2_f32_intl(const char* xp, char* op, i64 xg, i64 og, i64 g, const float* c,
                                   const float* s, i64 h, float sgn, int tn) {
