@@ -95,6 +95,24 @@ def test_a_case_may_name_its_own_limit():
     assert one["of_limit_q1"] == one["of_limit"] == one["of_limit_q3"]
 
 
+def test_an_implementation_may_be_timed_next_to_another():
+    x = torch.randn(100)
+    impls = [
+        Impl("function", lambda: x * 2, "posenc"),
+        Impl("module", lambda: x + x, "posenc", form="module", versus="function"),
+    ]
+    case = Case("vs", "", 800, impls, reference=lambda: x * 2)
+    res = run_case(case, repeats=3, min_time=0.0).results
+    mod = res["module"]
+    assert mod["versus"] == "function" and mod["versus_q1"] <= mod["versus_ratio"] <= mod["versus_q3"]
+    assert "versus" not in res["function"]
+    bad = Case(
+        "vs", "", 800, [Impl("module", lambda: x * 2, "posenc", versus="gone")], reference=lambda: x * 2
+    )
+    with pytest.raises(ValueError, match="'module' is compared with 'gone'"):
+        run_case(bad, repeats=1)
+
+
 def test_impl_kind_and_allocator_errors():
     with pytest.raises(ValueError, match="unknown impl kind 'mine'"):
         Impl("x", lambda: None, "mine")

@@ -49,3 +49,10 @@ def test_of_limit_shows_the_paired_quartiles_and_reads_older_runs():
     r.pop("of_limit_q1"), r.pop("of_limit_q3")  # a run saved before pairing: the ratio alone
     row = next(line for line in format_case(result).splitlines() if line.split()[0] == "mine")
     assert "95% of copy" in row and "(91" not in row
+
+
+def test_a_paired_comparison_shows_in_the_speedup_column():
+    result = _result()
+    result.results["mine"].update(versus="theirs", versus_ratio=1.04, versus_q1=1.01, versus_q3=1.06)
+    row = next(line for line in format_case(result).splitlines() if line.split()[0] == "mine")
+    assert "1.04x the time of theirs (1.01-1.06x), paired" in row

@@ -70,3 +70,36 @@ def test_ratios_follow_the_drift_a_ratio_of_medians_misses():
 def test_limits_must_name_functions():
     with pytest.raises(ValueError, match="limits pairs 'a' with 'nope'"):
         time_rounds({"a": lambda: None}, limits={"a": "nope"}, repeats=1)
+
+
+def test_versus_sits_on_the_other_side_of_the_limit(monkeypatch):
+    # fake clock: "lim" 1 s, "fn" 2 s, "mod" 3 s per call; mod's pairs say 1.5x fn and 33% of lim
+    now = [0.0]
+    cost = {"lim": 1.0, "fn": 2.0, "mod": 3.0}
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: now[0])
+    log: list[str] = []
+
+    def make(name):
+        def fn():
+            log.append(name)
+            now[0] += cost[name]
+
+        return fn
+
+    out = time_rounds(
+        {n: make(n) for n in cost},
+        limits={"mod": "lim"},
+        versus={"mod": "fn"},
+        repeats=2,
+        warmup=0,
+        min_time=0.5,
+    )
+    assert out.versus("mod") == [1.5, 1.5] and out.ratios("mod") == pytest.approx([1 / 3, 1 / 3])
+    assert out.versus("fn") == []
+    timed = log[3:]
+    first, second = timed[:5], timed[5:]
+    i, j = first.index("mod"), second.index("mod")
+    assert (first[i - 1], first[i + 1]) == ("lim", "fn")  # even round: limit before, versus after
+    assert (second[j - 1], second[j + 1]) == ("fn", "lim")  # odd round: the other way round
+    with pytest.raises(ValueError, match="versus pairs 'mod' with 'nope'"):
+        time_rounds({"mod": lambda: None}, versus={"mod": "nope"}, repeats=1)

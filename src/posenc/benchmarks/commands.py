@@ -10,7 +10,9 @@ JSON (``--json``, or ``--out FILE``)::
      "cases": [{"case", "description", "params", "bytes",
                 "results": {impl: {"kind", "layout", "note", "median_s", "q1_s", "q3_s", "gbps",
                                    "limit", "of_limit", "of_limit_q1", "of_limit_q3",
-                                   "of_limit_medians", "copy_fraction"}},
+                                   "of_limit_medians", "copy_fraction",
+                                   and for an impl timed next to another one: "versus",
+                                   "versus_ratio", "versus_q1", "versus_q3"}},
                 "copy_gbps", "clone_gbps",
                 "speedup": {posenc impl: {peer impl: peer median / posenc median}},
                 "skipped": {impl: reason}, "loadavg_before", "loadavg_after"}]}

@@ -196,7 +196,9 @@ class Impl:
     an in-place implementation gives a function that works on fresh copies). ``agrees`` is None
     for an implementation that must agree with the reference, or the reason it is not compared
     ("same work, different numbers: ..."). ``tolerance`` overrides the case's ``(atol, rtol)``
-    for this implementation.
+    for this implementation. ``versus`` names another implementation of the case that this one is
+    timed next to in every round (a module and the function it wraps): ``versus_ratio`` is the
+    median of the per-round ratios of this one's time over that one's.
     """
 
     name: str
@@ -208,6 +210,7 @@ class Impl:
     output: Callable[[], object] | None = None
     agrees: str | None = None
     tolerance: tuple[float, float] | None = None  # (atol, rtol) instead of the case's
+    versus: str | None = None  # another implementation, timed next to this one
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -366,12 +369,19 @@ def run_case(case: Case, *, repeats: int = 7, warmup: int = 1, min_time: float =
         raise ValueError(
             f"case {case.name!r}: limit {case.limit!r} is not one of its implementations {names}"
         )
+    for impl in impls:
+        if impl.versus is not None and impl.versus not in names:
+            raise ValueError(
+                f"case {case.name!r}: {impl.name!r} is compared with {impl.versus!r}, which is not one "
+                f"of its implementations {names}"
+            )
     checks = check_case(case)
     limits = {i.name: _limit_of(i.form, case.limit, names) for i in impls}
     load_before = _load()
     timings = time_rounds(
         {i.name: i.fn for i in impls},
         limits={n: lim for n, lim in limits.items() if lim is not None},
+        versus={i.name: i.versus for i in impls if i.versus is not None},
         repeats=repeats,
         warmup=warmup,
         min_time=min_time,
@@ -392,6 +402,7 @@ def run_case(case: Case, *, repeats: int = 7, warmup: int = 1, min_time: float =
             "q3_s": q3,
             "gbps": gbps(case.nbytes, med) if case.nbytes else None,
             **checks.get(impl.name, {"check": "baseline", "max_abs_err": None}),
+            **_versus(impl.versus, timings.versus(impl.name)),
         }
     _add_limits(results, limits, timings)
     return CaseResult(
@@ -404,6 +415,15 @@ def run_case(case: Case, *, repeats: int = 7, warmup: int = 1, min_time: float =
         load_before,
         load_after,
     )
+
+
+def _versus(other: str | None, ratios: list[float]) -> dict[str, Any]:
+    """``versus`` (the implementation compared with) and the median and quartiles of the per-round
+    ratios of the two times (1.1: 10% slower than ``other``); empty without one."""
+    if other is None or not ratios:
+        return {}
+    q1, q3 = _quantiles(ratios)
+    return {"versus": other, "versus_ratio": statistics.median(ratios), "versus_q1": q1, "versus_q3": q3}
 
 
 def _limit_of(form: str, case_limit: str | None, names: list[str]) -> str | None:

@@ -118,7 +118,10 @@ def _module_impls(q, k, positions, r: int, skipped: dict[str, str]) -> list[Impl
     rope = posenc.RotaryEmbedding(d, rotary_dim=r)
     pos = None if shared and int(positions[0]) == 0 else positions
     doc = "RotaryEmbedding.rotate(q, k)"
-    impls = [Impl("posenc_module", lambda: rope.rotate(q, k, pos, pos), "posenc", "half", doc, form="module")]
+    impls = [
+        Impl("posenc_module", lambda: rope.rotate(q, k, pos, pos), "posenc", "half", doc, form="module",
+             versus="posenc_half")  # timed next to the function it wraps, on tables made beforehand
+    ]  # fmt: skip
     hf, why = _optional("transformers.models.llama.modeling_llama")
     if hf is None or r < d:
         skipped["hf_module"] = (

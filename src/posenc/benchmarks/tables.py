@@ -26,7 +26,11 @@ def _fmt_time(s: float) -> str:
 
 
 def _speedup(result: CaseResult, name: str, r: dict[str, Any]) -> str:
-    """``"3.10x (posenc_impl)"``: the best posenc impl of the same form/layout against peer ``name``."""
+    """``"3.10x (posenc_impl)"``: the best posenc impl of the same form/layout against peer ``name``;
+    for an implementation timed next to another one (``versus``), its time over that one's."""
+    if r.get("versus_ratio") is not None:
+        q1, q3 = r["versus_q1"], r["versus_q3"]
+        return f"{r['versus_ratio']:.2f}x the time of {r['versus']} ({q1:.2f}-{q3:.2f}x), paired"
     if r["kind"] != "peer":
         return ""
     speed = result.speedups()
