@@ -362,6 +362,35 @@ def run_case(case: Case, *, repeats: int = 7, warmup: int = 1, min_time: float =
     from .checks import check_case
 
     impls = (_baselines(case.nbytes, case.dtype) if case.baselines else []) + list(case.impls)
+    names = _check_names(case, impls)
+    checks = check_case(case)
+    limits = {i.name: _limit_of(i.form, case.limit, names) for i in impls}
+    load_before = _load()
+    timings = time_rounds(
+        {i.name: i.fn for i in impls},
+        limits={n: lim for n, lim in limits.items() if lim is not None},
+        versus={i.name: i.versus for i in impls if i.versus is not None},
+        repeats=repeats,
+        warmup=warmup,
+        min_time=min_time,
+    )
+    load_after = _load()
+    results = {impl.name: _result(impl, case.nbytes, timings, checks) for impl in impls}
+    _add_limits(results, limits, timings)
+    return CaseResult(
+        case.name,
+        case.description,
+        case.nbytes,
+        dict(case.params),
+        results,
+        dict(case.skipped),
+        load_before,
+        load_after,
+    )
+
+
+def _check_names(case: Case, impls: list[Impl]) -> list[str]:
+    """The implementations' names, unique, with the case's limit and every ``versus`` among them."""
     names = [i.name for i in impls]
     if len(set(names)) != len(names):
         raise ValueError(f"case {case.name!r} has duplicate implementation names: {names}")
@@ -375,46 +404,26 @@ def run_case(case: Case, *, repeats: int = 7, warmup: int = 1, min_time: float =
                 f"case {case.name!r}: {impl.name!r} is compared with {impl.versus!r}, which is not one "
                 f"of its implementations {names}"
             )
-    checks = check_case(case)
-    limits = {i.name: _limit_of(i.form, case.limit, names) for i in impls}
-    load_before = _load()
-    timings = time_rounds(
-        {i.name: i.fn for i in impls},
-        limits={n: lim for n, lim in limits.items() if lim is not None},
-        versus={i.name: i.versus for i in impls if i.versus is not None},
-        repeats=repeats,
-        warmup=warmup,
-        min_time=min_time,
-    )
-    load_after = _load()
-    results: dict[str, dict[str, Any]] = {}
-    for impl in impls:
-        xs = timings.samples[impl.name]
-        med = statistics.median(xs)
-        q1, q3 = _quantiles(xs)
-        results[impl.name] = {
-            "kind": impl.kind,
-            "form": impl.form,
-            "layout": impl.layout,
-            "note": impl.note,
-            "median_s": med,
-            "q1_s": q1,
-            "q3_s": q3,
-            "gbps": gbps(case.nbytes, med) if case.nbytes else None,
-            **checks.get(impl.name, {"check": "baseline", "max_abs_err": None}),
-            **_versus(impl.versus, timings.versus(impl.name)),
-        }
-    _add_limits(results, limits, timings)
-    return CaseResult(
-        case.name,
-        case.description,
-        case.nbytes,
-        dict(case.params),
-        results,
-        dict(case.skipped),
-        load_before,
-        load_after,
-    )
+    return names
+
+
+def _result(impl: Impl, nbytes: int, timings: Timings, checks: dict[str, Any]) -> dict[str, Any]:
+    """One implementation's entry of :class:`CaseResult` (limits are added afterwards)."""
+    xs = timings.samples[impl.name]
+    med = statistics.median(xs)
+    q1, q3 = _quantiles(xs)
+    return {
+        "kind": impl.kind,
+        "form": impl.form,
+        "layout": impl.layout,
+        "note": impl.note,
+        "median_s": med,
+        "q1_s": q1,
+        "q3_s": q3,
+        "gbps": gbps(nbytes, med) if nbytes else None,
+        **checks.get(impl.name, {"check": "baseline", "max_abs_err": None}),
+        **_versus(impl.versus, timings.versus(impl.name)),
+    }
 
 
 def _versus(other: str | None, ratios: list[float]) -> dict[str, Any]:

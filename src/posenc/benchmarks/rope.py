@@ -109,6 +109,31 @@ def _inplace_impls(q, k, cos, sin, layout: str) -> list[Impl]:
     ]
 
 
+def _hf_module(q, k, positions, r: int, skipped: dict[str, str]) -> list[Impl]:
+    """HF's Llama rotary module and ``apply_rotary_pos_emb``, or nothing (with the reason in
+    ``skipped``) where transformers is missing or the rotary is partial."""
+    d = q.shape[-1]
+    hf, why = _optional("transformers.models.llama.modeling_llama")
+    if hf is None or r < d:
+        skipped["hf_module"] = (
+            why or "partial rotary: HF's module is the model's own (GPT-NeoX), not set up here"
+        )
+        return []
+    cfg = hf.LlamaConfig(  # type: ignore[attr-defined]
+        hidden_size=q.shape[1] * d, num_attention_heads=q.shape[1], head_dim=d,
+        partial_rotary_factor=r / d, max_position_embeddings=int(positions.max()) + 1,
+    )  # fmt: skip
+    hf_rope = hf.LlamaRotaryEmbedding(cfg)  # type: ignore[attr-defined]
+    ids = positions[None] if positions.dim() == 1 else positions  # [1 | b, s]
+
+    def hf_module():
+        cos, sin = hf_rope(q, ids)  # [1 | b, s, r]
+        return hf.apply_rotary_pos_emb(q, k, cos, sin)  # type: ignore[attr-defined]
+
+    doc = "LlamaRotaryEmbedding + apply_rotary_pos_emb"
+    return [Impl("hf_module", hf_module, "peer", "half", doc, form="module")]
+
+
 def _module_impls(q, k, positions, r: int, skipped: dict[str, str]) -> list[Impl]:
     """What a model calls: each library's module, its tables built inside the call."""
     import posenc
@@ -122,27 +147,7 @@ def _module_impls(q, k, positions, r: int, skipped: dict[str, str]) -> list[Impl
         Impl("posenc_module", lambda: rope.rotate(q, k, pos, pos), "posenc", "half", doc, form="module",
              versus="posenc_half")  # timed next to the function it wraps, on tables made beforehand
     ]  # fmt: skip
-    hf, why = _optional("transformers.models.llama.modeling_llama")
-    if hf is None or r < d:
-        skipped["hf_module"] = (
-            why or "partial rotary: HF's module is the model's own (GPT-NeoX), not set up here"
-        )
-    else:
-        neox, _ = _optional("transformers.models.gpt_neox.modeling_gpt_neox")
-        apply = (neox if r < d else hf).apply_rotary_pos_emb  # type: ignore[union-attr]
-        cfg = hf.LlamaConfig(  # type: ignore[attr-defined]
-            hidden_size=q.shape[1] * d, num_attention_heads=q.shape[1], head_dim=d,
-            partial_rotary_factor=r / d, max_position_embeddings=int(positions.max()) + 1,
-        )  # fmt: skip
-        hf_rope = hf.LlamaRotaryEmbedding(cfg)  # type: ignore[attr-defined]
-        ids = positions[None] if shared else positions  # [1 | b, s]
-
-        def hf_module():
-            cos, sin = hf_rope(q, ids)  # [1 | b, s, r]
-            return apply(q, k, cos, sin)
-
-        doc = "LlamaRotaryEmbedding + apply_rotary_pos_emb"
-        impls.append(Impl("hf_module", hf_module, "peer", "half", doc, form="module"))
+    impls += _hf_module(q, k, positions, r, skipped)
     ret, why = _optional("rotary_embedding_torch")
     if ret is None or not shared:
         skipped["rotary_embedding_torch_module"] = (
