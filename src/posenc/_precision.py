@@ -64,9 +64,10 @@ def position_angles(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torc
     if torch.compiler.is_compiling() or positions.device.type != "cpu":
         return _split_angles(positions, inv_freq, dtype)
     # one position (a decode step); not while tracing, which would keep this p as a constant
-    one = positions.numel() == 1 and inv_freq.dim() == 1 and not torch.jit.is_tracing()
-    if one and abs(int(positions.item())) < 2**53:
-        return _one_position(int(positions.item()), inv_freq, f).reshape(*positions.shape, -1)
+    if positions.numel() == 1 and inv_freq.dim() == 1 and not torch.jit.is_tracing():
+        p = int(positions.item())
+        if abs(p) < 2**53:  # exact as a float64 scalar
+            return _one_position(p, inv_freq, f).reshape(*positions.shape, -1)
     angles = positions.to(dtype)[..., None] * f  # [..., 1] * [r] -> [..., r], the plain product
     cols = _reaching(inv_freq, _reach(positions))  # [k] column indices
     if cols and cols[-1] - cols[0] + 1 == len(cols):  # a range (decreasing f)

@@ -57,10 +57,7 @@ def _calibrate(fn: Callable[[], object], min_time: float) -> int:
     """Calls per measurement so that one measurement takes at least ``min_time`` seconds."""
     number = 1
     while True:
-        t0 = time.perf_counter()
-        for _ in range(number):
-            fn()
-        dt = time.perf_counter() - t0
+        dt = _measure(fn, number) * number
         if dt >= min_time or number >= 1 << 20:
             return number
         number *= 2 if dt <= 0 else max(2, min(10, int(min_time / dt) + 1))
