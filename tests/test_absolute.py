@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import posenc
+from posenc._precision import position_angles
 from posenc.absolute import (
     LearnedPE,
     ScaledSinusoidalPE,
@@ -368,3 +369,22 @@ def test_precomputed_rows_build_on_meta_and_materialize():
     layer.to_empty(device="cpu")
     assert torch.equal(layer.position.rows, sinusoidal_table(16, 8))
     assert ScaledSinusoidalPE(8, precompute=4, dtype=torch.float64).rows.dtype == torch.float64
+
+
+@pytest.mark.parametrize("variant", ["vaswani", "tensor2tensor"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(7,), (2, 5), ()])
+def test_table_columns_are_sin_and_cos_of_the_angles_bit_for_bit(variant, dtype, shape):
+    """The eager table (sin/cos written contiguously, then laid out) holds exactly sin and cos of
+    position_angles in the variant's columns, cast once: the layout the compiled path stacks."""
+    positions = torch.arange(math.prod(shape) or 1).reshape(shape) * 37 - 50  # negative ones too
+    d = 12
+    adt = torch.float64 if dtype == torch.float64 else torch.float32  # the angles' dtype
+    angles = position_angles(positions, sinusoidal_frequencies(d, variant=variant, dtype=torch.float64), adt)
+    sin, cos = torch.sin(angles).to(dtype), torch.cos(angles).to(dtype)  # [..., d/2]
+    table = sinusoidal_table(positions, d, variant=variant, dtype=dtype)
+    assert table.shape == (*shape, d) and table.dtype == dtype and table.is_contiguous()
+    even, odd = (
+        (table[..., 0::2], table[..., 1::2]) if variant == "vaswani" else (table[..., :6], table[..., 6:])
+    )
+    assert torch.equal(even, sin) and torch.equal(odd, cos)

@@ -154,22 +154,16 @@ def sinusoidal_table(
     inv_freq = sinusoidal_frequencies(dim, base, variant, dtype=wide, device=positions.device)
     with autocast_off(positions.device):
         angles = position_angles(positions, inv_freq, adt)  # [...] x [d/2] -> [..., d/2], any position
-        if torch.compiler.is_compiling():  # Dynamo refuses strided out=; Inductor fuses this anyway
-            sin, cos = torch.sin(angles), torch.cos(angles)
-            if spec.interleaved:
-                return torch.stack((sin, cos), dim=-1).flatten(-2).to(dtype)  # [..., d/2, 2] -> [..., d]
-            return torch.cat((sin, cos), dim=-1).to(dtype)  # [..., d/2] ++ [..., d/2] -> [..., d]
-        # eager: sin and cos written straight into their columns (no stack/cat copy: ~20% faster)
-        table = angles.new_empty(*angles.shape[:-1], dim)  # [..., d]
-        half = angles.shape[-1]
-        sin_cols, cos_cols = (
-            (table[..., 0::2], table[..., 1::2])  # interleaved: sin at 2i, cos at 2i + 1
-            if spec.interleaved
-            else (table[..., :half], table[..., half:])  # [sin | cos]
-        )
-        torch.sin(angles, out=sin_cols)
-        torch.cos(angles, out=cos_cols)
-    return table.to(dtype)
+        # sin and cos of the contiguous angles, then one copy into the table's layout: writing
+        # them straight into strided columns (out=) ran 1.3-2.6x slower on an AVX2 host
+        sin, cos = torch.sin(angles), torch.cos(angles)  # [..., d/2] each
+        if spec.interleaved and angles.device.type == "cpu" and not torch.compiler.is_compiling():
+            # (sin, cos) as the real and imaginary parts: one vectorized pass, 3x faster than stack
+            pairs = torch.view_as_real(torch.complex(sin, cos))  # [..., d/2, 2]
+            return pairs.flatten(-2).to(dtype)  # [..., d/2, 2] -> [..., d]
+        if spec.interleaved:
+            return torch.stack((sin, cos), dim=-1).flatten(-2).to(dtype)  # [..., d/2, 2] -> [..., d]
+        return torch.cat((sin, cos), dim=-1).to(dtype)  # [..., d/2] ++ [..., d/2] -> [..., d]
 
 
 def init_table_(weight: torch.Tensor, std: float, padding_idx: int | None = None) -> None:
