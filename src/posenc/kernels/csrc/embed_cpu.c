@@ -54,9 +54,13 @@ static void prefetch_row(const spec* sp, i64 row) {
   for (i64 b = 0; b < sp->d * (i64)sizeof(float); b += 64) __builtin_prefetch(wr + b, 0, 3);
 }
 
-/* x = W[id] * scale + pe: the LayerNorm's input, rebuilt where needed (never stored); returns the
-   sum of x as sum() computes it (the same lanes and order, so the same bits), from the same pass */
+/* Row sums: each sum over a row runs in 16 independent float lanes (c = l mod 16; they vectorize,
+   and no lane needs reassociation), the lanes added in double at the end, then the last d % 16
+   values in double. Every sum below is computed this way, inside the pass that makes its terms. */
 #define LANES 16
+
+/* x = W[id] * scale + pe: the LayerNorm's input, rebuilt where needed (never stored); returns the
+   sum of x (in lanes) from the same pass */
 static double row_input(const spec* sp, i64 row, float* restrict x) {
   const float* restrict wr = sp->w + sp->ids[row] * sp->d;
   const float* restrict pr = sp->pe ? sp->pe + (row % sp->period) * sp->d : NULL;
@@ -79,33 +83,8 @@ static double row_input(const spec* sp, i64 row, float* restrict x) {
   return total;
 }
 
-/* sum of x[c] * y[c] over d values: 16 independent float lanes (they vectorize: one lane never
-   needs reassociation), summed in double at the end */
-static double dot(const float* restrict x, const float* restrict y, i64 d) {
-  float acc[LANES] = {0};
-  i64 c = 0;
-  for (; c + LANES <= d; c += LANES)
-    for (int l = 0; l < LANES; ++l) acc[l] += x[c + l] * y[c + l];
-  double total = 0.0;
-  for (int l = 0; l < LANES; ++l) total += acc[l];
-  for (; c < d; ++c) total += (double)x[c] * y[c];
-  return total;
-}
-
-/* sum of x[c] over d values, in lanes as dot */
-static double sum(const float* restrict x, i64 d) {
-  float acc[LANES] = {0};
-  i64 c = 0;
-  for (; c + LANES <= d; c += LANES)
-    for (int l = 0; l < LANES; ++l) acc[l] += x[c + l];
-  double total = 0.0;
-  for (int l = 0; l < LANES; ++l) total += acc[l];
-  for (; c < d; ++c) total += x[c];
-  return total;
-}
-
 /* mean and 1 / sqrt(var + eps) of one row from the sum of x (two passes: the mean first, then the
-   centred squares, in lanes as dot of x - m with itself: the same bits, without storing x - m) */
+   sum of the centred squares (x - m)^2, in lanes) */
 static void moments(const spec* sp, const float* restrict x, double total, float* mean, float* rstd) {
   const i64 d = sp->d;
   const float m = (float)(total / (double)d);
@@ -189,31 +168,59 @@ static void forward_rows(const spec* sp, float* out, float* mean, float* rstd, i
 #endif
 }
 
+/* One row's LayerNorm backward pieces from its input x and the gradient through dropout o: x becomes
+   x-hat, k dy = o * gamma; gamma's and beta's gradients accumulate into gg, gb; returns sum(dy) in
+   *sdy and sum(dy * x-hat) in *sdyx (in lanes). */
+static void norm_grads(const spec* sp, float* restrict x, const float* restrict o, float* restrict k, double* restrict gg,
+                       double* restrict gb, float m, float r, double* sdy, double* sdyx) {
+  const i64 d = sp->d;
+  const float* restrict gamma = sp->gamma;
+  float a1[LANES] = {0}, a2[LANES] = {0};
+  i64 c = 0;
+  for (; c + LANES <= d; c += LANES)
+    for (int l = 0; l < LANES; ++l) {
+      float xh = (x[c + l] - m) * r, dy = o[c + l] * gamma[c + l];
+      x[c + l] = xh, k[c + l] = dy;
+      gg[c + l] += (double)o[c + l] * xh;
+      gb[c + l] += o[c + l];
+      a1[l] += dy, a2[l] += dy * xh;
+    }
+  double t1 = 0.0, t2 = 0.0;
+  for (int l = 0; l < LANES; ++l) t1 += a1[l], t2 += a2[l];
+  for (; c < d; ++c) {
+    float xh = (x[c] - m) * r, dy = o[c] * gamma[c];
+    x[c] = xh, k[c] = dy;
+    gg[c] += (double)o[c] * xh;
+    gb[c] += o[c];
+    t1 += dy, t2 += (double)dy * xh;
+  }
+  *sdy = t1, *sdyx = t2;
+}
+
 /* backward of rows [lo, hi): dx = d loss / d x (times scale: the gradient of the gathered rows),
    and this thread's partial gradients of gamma and beta (accumulated into gg, gb) */
 static void backward_rows(const spec* sp, const float* gout, const float* mean, const float* rstd, float* dx,
                           double* gg, double* gb, i64 lo, i64 hi, float* x, float* k) {
-  i64 d = sp->d;
+  const i64 d = sp->d;
+  const float scale = sp->scale;  /* d x / d W[id] = scale */
   for (i64 row = lo; row < hi; ++row) {
-    const float* g = gout + row * d;
-    float* out = dx + row * d;
+    const float* restrict g = gout + row * d;
+    float* restrict out = dx + row * d;
     if (sp->gamma && row + PREFETCH < hi) prefetch_row(sp, row + PREFETCH);  /* read by row_input */
     if (sp->thr) row_mask(sp, row, k);
-    for (i64 c = 0; c < d; ++c) out[c] = sp->thr ? g[c] * k[c] : g[c];  /* through dropout */
-    if (sp->gamma) {
-      row_input(sp, row, x);
-      float m = mean[row], r = rstd[row];
-      for (i64 c = 0; c < d; ++c) {
-        float xh = (x[c] - m) * r;
-        x[c] = xh;  /* x now holds x-hat */
-        gg[c] += (double)out[c] * xh;
-        gb[c] += out[c];
-        k[c] = out[c] * sp->gamma[c];  /* k now holds dy = g * gamma */
-      }
-      float ma = (float)(sum(k, d) / (double)d), mb = (float)(dot(k, x, d) / (double)d);
-      for (i64 c = 0; c < d; ++c) out[c] = r * (k[c] - ma - x[c] * mb);
+    if (!sp->gamma) {  /* through dropout, times scale */
+      if (sp->thr) for (i64 c = 0; c < d; ++c) out[c] = g[c] * k[c] * scale;
+      else for (i64 c = 0; c < d; ++c) out[c] = g[c] * scale;
+      continue;
     }
-    for (i64 c = 0; c < d; ++c) out[c] *= sp->scale;  /* d x / d W[id] = scale */
+    if (sp->thr) for (i64 c = 0; c < d; ++c) out[c] = g[c] * k[c];  /* through dropout */
+    else memcpy(out, g, sizeof(float) * d);
+    row_input(sp, row, x);
+    const float m = mean[row], r = rstd[row];
+    double sdy, sdyx;
+    norm_grads(sp, x, out, k, gg, gb, m, r, &sdy, &sdyx);
+    const float ma = (float)(sdy / (double)d), mb = (float)(sdyx / (double)d);
+    for (i64 c = 0; c < d; ++c) out[c] = r * (k[c] - ma - x[c] * mb) * scale;
   }
 }
 
