@@ -12,6 +12,7 @@ three calls in one process, 11 rounds, medians printed (2 threads). Run from the
     python benchmarks/same_process.py decode        # one decode step: module, tables, function
     python benchmarks/same_process.py module bf16   # the module against the function, out of place
     python benchmarks/same_process.py hot           # the kernel's own rate in L2, one thread
+    python benchmarks/same_process.py tables        # laying out a sinusoidal table: strided out= vs a copy
 
 Shapes as in RESULTS.md: q and k ``[4, 32, 2048, 128]``; the input layer ``[8, 2048]`` ids, d = 768.
 """
@@ -165,6 +166,29 @@ def hot() -> None:
             print(f"{str(dtype)[6:]:9s} {name:12s} {per_row:6.1f} ns per row")
 
 
+def tables() -> None:
+    """Laying out a [2048, 768] sinusoidal table: sin written into strided columns against sin of
+    contiguous angles plus one layout copy, and the interleaving copy by stack or by a complex view."""
+    angles = torch.arange(2048.0)[:, None] * torch.rand(384)  # [s, d/2]
+    table = torch.empty(2048, 768)
+    sin, cos = angles.sin(), angles.cos()
+    m = _medians(
+        {
+            "sin into every other column": lambda: torch.sin(angles, out=table[:, 0::2]),
+            "sin into the first half": lambda: torch.sin(angles, out=table[:, :384]),
+            "sin, contiguous": lambda: torch.sin(angles),
+            "interleave: stack": lambda: torch.stack((sin, cos), -1).flatten(-2),
+            "interleave: complex view": lambda: torch.view_as_real(torch.complex(sin, cos)).flatten(-2),
+            "halves: cat": lambda: torch.cat((sin, cos), -1),
+            "sinusoidal_table": lambda: posenc.sinusoidal_table(2048, 768),
+            "sinusoidal_table t2t": lambda: posenc.sinusoidal_table(2048, 768, variant="tensor2tensor"),
+        },
+        rounds=21,
+    )
+    for name, ms in m.items():
+        print(f"{name:28s} {ms:7.3f} ms")
+
+
 def _biased(q, k, v, scheme, size: int | None, train: bool):
     """Causal attention of q/k/v: SDPA without a bias (``size`` 0), else with ``scheme``'s bias in
     blocks of ``size`` queries (None: automatic); ``train``: also the backward of its sum."""
@@ -217,8 +241,10 @@ if __name__ == "__main__":
         hot()
     elif what == "blocks":
         blocks(train=sys.argv[2:] == ["train"])
+    elif what == "tables":
+        tables()
     else:
         sys.exit(
             "usage: same_process.py rope [fp32|bf16] | module [fp32|bf16] | hot | fresh | blocks [train]"
-            " | decode"
+            " | decode | tables"
         )

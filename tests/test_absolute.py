@@ -372,12 +372,18 @@ def test_precomputed_rows_build_on_meta_and_materialize():
 
 
 @pytest.mark.parametrize("variant", ["vaswani", "tensor2tensor"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
-@pytest.mark.parametrize("shape", [(7,), (2, 5), ()])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(7,), (2, 5), (), "transposed", "far"])
 def test_table_columns_are_sin_and_cos_of_the_angles_bit_for_bit(variant, dtype, shape):
     """The eager table (sin/cos written contiguously, then laid out) holds exactly sin and cos of
-    position_angles in the variant's columns, cast once: the layout the compiled path stacks."""
-    positions = torch.arange(math.prod(shape) or 1).reshape(shape) * 37 - 50  # negative ones too
+    position_angles in the variant's columns, cast once, and is contiguous: the layout the compiled
+    path stacks. Also for transposed positions and past 4096 (the split angles)."""
+    if shape == "transposed":
+        positions, shape = torch.arange(12).reshape(3, 4).t(), (4, 3)  # [4, 3], not contiguous
+    elif shape == "far":
+        positions, shape = torch.tensor([4095, 4096, 70_000, -(2**30)]), (4,)
+    else:
+        positions = torch.arange(math.prod(shape) or 1).reshape(shape) * 37 - 50  # negative ones too
     d = 12
     adt = torch.float64 if dtype == torch.float64 else torch.float32  # the angles' dtype
     angles = position_angles(positions, sinusoidal_frequencies(d, variant=variant, dtype=torch.float64), adt)

@@ -133,3 +133,18 @@ def test_the_op_checks_ids_itself_and_dropout_one_takes_the_composition():
     layer = posenc.InputEmbedding(20, 8, "sinusoidal", dropout=0.5).train()
     layer.dropout.p = 1.0
     assert torch.equal(layer(torch.randint(0, 20, (2, 4))), torch.zeros(2, 4, 8))
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_an_output_past_the_caches_is_streamed_with_the_same_numbers(training):
+    """[4, 1024] ids at d = 256 make a 4 MiB output, where the kernel writes with streaming stores
+    (AVX, AVX-512): the same numbers as the composition, and as the cached stores of a small call."""
+    torch.manual_seed(1)
+    module = posenc.InputEmbedding(500, 256, "sinusoidal", dropout=0.25).train(training)
+    torch.nn.init.normal_(module.norm.weight)
+    ids = torch.randint(0, 500, (4, 1024))
+    torch.manual_seed(7)
+    got = module(ids)
+    torch.testing.assert_close(got, _composition(module, ids, 7), rtol=1e-5, atol=2e-6)
+    if not training:  # the first 8 positions alone: a 32 KB output, plain stores, the same bits
+        assert torch.equal(module(ids[:, :8]), got[:, :8])

@@ -159,8 +159,8 @@ def sinusoidal_table(
         sin, cos = torch.sin(angles), torch.cos(angles)  # [..., d/2] each
         if spec.interleaved and angles.device.type == "cpu" and not torch.compiler.is_compiling():
             # (sin, cos) as the real and imaginary parts: one vectorized pass, 3x faster than stack
-            pairs = torch.view_as_real(torch.complex(sin, cos))  # [..., d/2, 2]
-            return pairs.flatten(-2).to(dtype)  # [..., d/2, 2] -> [..., d]
+            pairs = torch.view_as_real(torch.complex(sin, cos))  # [..., d/2, 2], the angles' strides
+            return pairs.flatten(-2).to(dtype).contiguous()  # [..., d/2, 2] -> [..., d]
         if spec.interleaved:
             return torch.stack((sin, cos), dim=-1).flatten(-2).to(dtype)  # [..., d/2, 2] -> [..., d]
         return torch.cat((sin, cos), dim=-1).to(dtype)  # [..., d/2] ++ [..., d/2] -> [..., d]

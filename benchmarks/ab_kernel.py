@@ -1,0 +1,139 @@
+"""Two builds of one C kernel in one process, alternated: the source at a git revision against the
+working tree's, on the shapes of benchmarks/RESULTS.md, 2 threads, allocator keep.
+
+    python benchmarks/ab_kernel.py embed REV eval        # the input layer, eval forward
+    python benchmarks/ab_kernel.py embed REV train       # train forward (dropout 0.1)
+    python benchmarks/ab_kernel.py embed REV backward    # train forward + backward
+    python benchmarks/ab_kernel.py rope REV bf16 half    # RoPE in place (also: fp32, interleaved)
+
+Each round times the old build, the new one (the order alternates) and the case's limit (a copy,
+or ``x.mul_(1)`` for RoPE in place), each call warmed once; it prints the medians and the median
+of the per-round ratios new / old with their quartiles. Outputs are compared first: eval and RoPE
+must be bit-identical between the builds (a change meant to keep the numbers).
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+import posenc
+from posenc.benchmarks.harness import set_allocator
+from posenc.kernels import _cbuild, input_cpu, rope_cpu
+
+_KERNELS = {"embed": (input_cpu, "embed_cpu", input_cpu._fns), "rope": (rope_cpu, "rope_cpu", rope_cpu._fn)}
+
+
+def _builds(kind: str, rev: str) -> tuple[object, dict[str, dict]]:
+    """The kernel module and its loaded state for each source: ``{"old": ..., "new": ...}``."""
+    module, name, load = _KERNELS[kind]
+    path = f"src/posenc/kernels/csrc/{name}.c"
+    git = subprocess.run(["git", "show", f"{rev}:{path}"], capture_output=True, text=True, check=True)
+    with open(path) as f:
+        sources = {"old": git.stdout, "new": f.read()}
+    states, check = {}, getattr(module, "_self_check", None)
+    for tag, source in sources.items():
+        _cbuild._loaded.pop(name, None)
+        module._state.clear()
+        module._SOURCE = source
+        if check is not None and tag == "old":  # today's self-check may ask an old build for more
+            module._self_check = lambda: True  # (the outputs are compared below instead)
+        try:
+            loaded = load()
+        finally:
+            if check is not None:
+                module._self_check = check
+        if loaded is None:
+            raise SystemExit(f"the {tag} {name} build did not load or failed its self-check")
+        states[tag] = dict(module._state)
+    return module, states
+
+
+def _embed_case(mode: str):
+    """(timed call, limit, the output to compare between builds) for the input layer."""
+    b, s, d, v = 8, 2048, 768, 32000
+    ids = torch.randint(0, v, (b, s))
+    model = posenc.InputEmbedding(v, d, "sinusoidal", dropout=0.1, scheme_options={"precompute": s})
+    model.train(mode != "eval")
+    grad = torch.randn(b, s, d)
+
+    def call():
+        if mode == "backward":
+            out = model(ids)
+            out.backward(grad)
+            model.zero_grad(set_to_none=True)
+            return out.detach()
+        with torch.no_grad():
+            return model(ids)
+
+    def output():
+        torch.manual_seed(0)  # the same dropout seed for both builds
+        return call()
+
+    dst, src = torch.empty(b, s, d), torch.randn(b, s, d)
+    return call, (lambda: dst.copy_(src)), output
+
+
+def _rope_case(dtype: str, layout: str):
+    """(timed call in place, ``x.mul_(1)``, the out-of-place output to compare) for RoPE."""
+    x = torch.randn(4, 32, 2048, 128).to({"fp32": torch.float32, "bf16": torch.bfloat16}[dtype])
+    angles = torch.arange(2048.0)[:, None] * torch.rand(64)  # [s, r/2]
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    y = x.clone()
+    return (
+        lambda: posenc.apply_rotary(y, cos, sin, layout=layout, out=y),
+        lambda: x.mul_(1),
+        lambda: posenc.apply_rotary(x, cos, sin, layout=layout),
+    )
+
+
+def _time(call, limit, use, rounds: int) -> dict[str, list[float]]:
+    """Per-round seconds of the old build, the new one (alternating order) and the limit."""
+    times: dict[str, list[float]] = {"old": [], "new": [], "limit": []}
+    for r in range(rounds):
+        for tag, fn in [
+            *((t, call) for t in (("old", "new") if r % 2 == 0 else ("new", "old"))),
+            ("limit", limit),
+        ]:
+            if tag != "limit":
+                use(tag)
+            fn()
+            t0 = time.perf_counter()
+            fn()
+            times[tag].append(time.perf_counter() - t0)
+    return times
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) < 3 or argv[0] not in _KERNELS or (argv[0] == "rope" and len(argv) < 4):
+        raise SystemExit(__doc__)
+    torch.set_num_threads(2)
+    set_allocator("keep")
+    kind, rev, rounds = argv[0], argv[1], 15
+    module, states = _builds(kind, rev)
+    call, limit, output = _embed_case(argv[2]) if kind == "embed" else _rope_case(argv[2], argv[3])
+
+    def use(tag: str) -> None:
+        module._state.clear()
+        module._state.update(states[tag])
+
+    outs = []
+    for tag in ("old", "new"):
+        use(tag)
+        outs.append(output())
+    if not torch.equal(*outs):
+        raise SystemExit("the two builds give different outputs")
+    times = _time(call, limit, use, rounds)
+    ratios = [n / o for n, o in zip(times["new"], times["old"])]
+    q1, _, q3 = statistics.quantiles(ratios, n=4)
+    med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    print(f"{' '.join(argv)}: old {med['old']:.2f} ms, new {med['new']:.2f} ms, limit {med['limit']:.2f} ms")
+    print(f"new / old {statistics.median(ratios):.3f} ({q1:.3f}-{q3:.3f}), {rounds} rounds, same outputs")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
