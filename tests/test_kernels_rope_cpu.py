@@ -499,6 +499,15 @@ def test_every_instruction_set_branch_gives_the_reference_bits(flags, monkeypatc
                     y = x.clone()
                     posenc.apply_rotary(y, c, s, layout=layout, out=y)
                     assert torch.equal(y, want)
+            for heads, pairs, extra in ((5, 67, 3), (4, 16, 0)):  # bf16 rounded once: float32 tables
+                x = torch.randn(2, heads, 7, 2 * pairs + extra, generator=gen).bfloat16()
+                cos, sin = tables(
+                    torch.rand(7, pairs, generator=gen, dtype=torch.float64) * 80, torch.float32
+                )
+                want = reference(x.float(), cos, sin, layout).bfloat16()
+                assert torch.equal(
+                    posenc.apply_rotary(x, cos, sin, layout=layout, compute_dtype=torch.float32), want
+                )
             for per_batch in (False, True):
                 x, cos, sin = _bf16_edge_cases(gen, per_batch)
                 torch.testing.assert_close(

@@ -35,7 +35,21 @@ def _literal(node: ast.AST | None) -> Any:
 
 
 def _classes(module: str) -> dict[str, ast.ClassDef]:
-    return {n.name: n for n in _parse(module).body if isinstance(n, ast.ClassDef)}
+    """The module's own classes, and the classes it imports from its package (a scheme may
+    subclass one defined in another file): name -> class definition."""
+    tree = _parse(module)
+    out = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    package = module.split(".")[:-1]
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.level and node.module:
+            base = package[: len(package) - node.level + 1]  # "from .x" within rotary/ -> rotary.x
+            source = ".".join([*base, node.module])
+            for alias in node.names:
+                if alias.name[:1].isupper() and alias.name not in out:
+                    found = _classes(source).get(alias.name)
+                    if found is not None:
+                        out[alias.name] = found
+    return out
 
 
 def _attrs(cls: ast.ClassDef) -> dict[str, Any]:
@@ -80,7 +94,7 @@ def builtin_schemes() -> list[dict[str, Any]]:
         module = origin[cls_name]
         classes = parsed.setdefault(module, _classes(module))
         chain, cls = [], classes[cls_name]
-        while cls is not None:  # the class and its bases within the same file, nearest first
+        while cls is not None:  # the class and its bases within the package, nearest first
             chain.append(_attrs(cls))
             base = next((b.id for b in cls.bases if isinstance(b, ast.Name) and b.id in classes), None)
             cls = classes.get(base) if base else None

@@ -28,7 +28,8 @@ from .absolute_nd import Sinusoidal2D, Sinusoidal3D
 from .base import PositionalScheme
 from .bias import ALiBi, T5RelativeBias
 from .relative import ShawRelative, TransformerXLRelative
-from .rotary.modules import Rope2D, RotaryEmbedding, XPos
+from .rotary.modules import RotaryEmbedding
+from .rotary.variants import Rope2D, XPos
 
 __all__ = [
     "SCHEMES",

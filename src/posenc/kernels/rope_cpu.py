@@ -45,6 +45,8 @@ __all__ = ["available", "check_out", "rope_op", "rotate", "rotate_pair", "usable
 _SOURCE = (resources.files(__package__) / "csrc" / "rope_cpu.c").read_text(encoding="utf-8")
 
 _DTYPES = {torch.float32: 0, torch.float64: 1, torch.bfloat16: 2}
+#: the kernel's code for a bfloat16 x with float32 tables: float32 arithmetic, rounded once
+_ONCE = 3
 _LAYOUTS = {"half": 0, "interleaved": 1}
 _MAX_DIMS = 8
 #: elements per thread, as ATen's elementwise ops split their work (``at::internal::GRAIN_SIZE``):
@@ -92,13 +94,14 @@ def _load() -> None:
 
 
 def _self_check() -> bool:
-    """Run the kernel once per dtype and layout against PyTorch's ops (the reference's arithmetic)."""
+    """Run the kernel once per dtype (and bf16 rounded once) and layout against PyTorch's ops (the
+    reference's arithmetic)."""
     gen = torch.Generator().manual_seed(1234)
     with torch.no_grad():
-        for dtype in _DTYPES:
+        for dtype, table_dtype in (*((d, d) for d in _DTYPES), (torch.bfloat16, torch.float32)):
             x = torch.randn(3, 5, 2 * 67 + 3, generator=gen, dtype=torch.float64).to(dtype)
             angles = torch.rand(5, 67, generator=gen, dtype=torch.float64) * 100
-            cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+            cos, sin = angles.cos().to(table_dtype), angles.sin().to(table_dtype)
             for layout in _LAYOUTS:
                 want = x.clone()
                 first, second = (
@@ -106,9 +109,10 @@ def _self_check() -> bool:
                     if layout == "half"
                     else (slice(0, 134, 2), slice(1, 134, 2))
                 )
-                a, b, wa, wb = x[..., first], x[..., second], want[..., first], want[..., second]
-                wa.copy_(a * cos - b * sin)
-                wb.copy_(b * cos + a * sin)
+                # [3, 5, 67] each; in the tables' dtype (float32 for bf16 rounded once), cast by copy_
+                a, b = x[..., first].to(table_dtype), x[..., second].to(table_dtype)
+                want[..., first].copy_(a * cos - b * sin)
+                want[..., second].copy_(b * cos + a * sin)
                 got = _launch(x, cos, sin, torch.empty_like(x), layout, 1.0)
                 if not torch.equal(got, want):
                     return False
@@ -179,10 +183,11 @@ def _table_strides(shape: torch.Size, stride: tuple[int, ...], nd: int) -> list[
 def _args(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor, layout: str, sign: float):
     """The kernel's packed int64 arguments for rotating ``x`` into ``out`` (``array.array``: 4x
     cheaper to build than a ctypes array), and the tables it reads (kept alive by the caller)."""
-    shape, dtype = x.shape, x.dtype
+    shape, code = x.shape, _code(x, cos, sin)
+    dtype = torch.float32 if code == _ONCE else x.dtype
     nd = len(shape) - 1  # row dims [..., s]: one C row per vector of d_h values
-    # the tables in x's dtype (as the reference casts them), last dim contiguous; their row dims are
-    # walked with stride 0 where they broadcast
+    # the tables in x's dtype (as the reference casts them; float32 for a bf16 x rounded once), last
+    # dim contiguous; their row dims are walked with stride 0 where they broadcast
     c_st, s_st = cos.stride(), sin.stride()
     if cos.dtype != dtype or c_st[-1] != 1:
         cos = cos.to(dtype).contiguous()
@@ -197,9 +202,16 @@ def _args(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tens
     n = x.numel()
     nthreads = 1 if n <= _GRAIN else min(torch.get_num_threads(), -(-n // _GRAIN))
     geometry = (shape[-1], 2 * cos.shape[-1], *shape[:-1], *x_strides, *o_strides, *c_strides, *s_strides)
-    head = (_DTYPES[dtype], _LAYOUTS[layout], x.data_ptr(), out.data_ptr(), cos.data_ptr(), sin.data_ptr())
+    head = (code, _LAYOUTS[layout], x.data_ptr(), out.data_ptr(), cos.data_ptr(), sin.data_ptr())
     args = array.array("q", (*head, nd, nthreads, 1 if sign > 0 else -1, *geometry))
     return args, (cos, sin)
+
+
+def _code(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> int:
+    """The kernel's dtype code: x's, or :data:`_ONCE` for a bfloat16 x with float32 tables."""
+    if x.dtype == torch.bfloat16 and cos.dtype == torch.float32 and sin.dtype == torch.float32:
+        return _ONCE
+    return _DTYPES[x.dtype]
 
 
 def _launch(
@@ -321,8 +333,9 @@ def rotate(
 
     Args:
         x: ``[..., s, d_h]`` with ``x.stride(-1) == 1``.
-        cos, sin: ``[..., s, r/2]`` broadcastable to ``x[..., :r/2]`` (any float dtype: cast to
-            ``x.dtype`` first, as the reference does).
+        cos, sin: ``[..., s, r/2]`` broadcastable to ``x[..., :r/2]``, in ``x.dtype`` (another
+            dtype is cast to it first, as the reference does), or float32 with a bfloat16 ``x``:
+            then the products and sums are float32 and each output is rounded to bf16 once.
         layout: ``"half"`` or ``"interleaved"``.
         out: None (a new tensor with ``x``'s strides; differentiable in ``x``), ``x`` itself (in
             place), or a tensor of ``x``'s shape and dtype to write into.

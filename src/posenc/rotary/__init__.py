@@ -43,8 +43,9 @@ Legend: ``b`` batch, ``h`` query heads, ``h_kv`` key/value heads, ``s`` sequence
 from ..kernels.rope_reference import ROTARY_LAYOUTS
 from .apply import QK_LAYOUTS, apply_rotary, apply_rotary_qk
 from .hf import hf_rope_config, permute_qk_weights, rope_from_hf
-from .modules import Rope2D, RotaryEmbedding, XPos
+from .modules import RotaryEmbedding
 from .scalings import ROPE_SCALINGS, RopeScaling, document_lengths, rope_cos_sin, rope_frequencies
+from .variants import Rope2D, XPos
 
 __all__ = [
     "QK_LAYOUTS",

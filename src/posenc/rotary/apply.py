@@ -45,6 +45,7 @@ def apply_rotary(
     rotary_dim: int | None = None,
     out: torch.Tensor | None = None,
     qk_layout: str = "bhsd",
+    compute_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Rotate the first ``r`` dims of ``x`` pairwise by the angles whose cos/sin are given.
 
@@ -54,7 +55,8 @@ def apply_rotary(
         cos, sin: ``[..., s, r/2]`` half-width tables (one value per pair), broadcastable against
             ``x[..., s, :r/2]`` without growing it: ``[s, r/2]`` for shared positions,
             ``[b, 1, s, r/2]`` for per-token positions. With ``qk_layout="bshd"``: ``[s, r/2]``
-            (shared; the head axis is added) or ``[b, s, 1, r/2]``. Cast to ``x.dtype`` before use.
+            (shared; the head axis is added) or ``[b, s, 1, r/2]``. Cast to ``x.dtype`` before use
+            (to float32 with ``compute_dtype=torch.float32``).
         layout: ``"half"`` pairs dims ``(i, i + r/2)`` (HF Llama, GPT-NeoX); ``"interleaved"``
             pairs ``(2i, 2i + 1)`` (RoFormer, GPT-J, Meta). See :func:`permute_qk_weights`.
         rotary_dim: ``r``; default ``2 * cos.shape[-1]``. Dims ``r..d_h`` are returned bit-identical.
@@ -62,6 +64,12 @@ def apply_rotary(
             tensor of ``x``'s shape and dtype. Not differentiable (``ValueError`` if ``x`` requires
             grad while grad mode is on).
         qk_layout: ``"bhsd"`` (default, sequence axis ``-2``) or ``"bshd"`` (sequence axis ``-3``).
+        compute_dtype: ``None`` (default): the arithmetic in ``x``'s dtype, rounded as PyTorch's
+            ops round it (a bf16 ``x`` gets HF transformers' bits: each product and sum rounded to
+            bf16). ``torch.float32``: the tables in float32, products and sums in float32, each
+            output rounded to ``x``'s dtype once (torchtune's and Meta's reference arithmetic):
+            closer to the exact rotation, and for bf16 on CPU about 1.5x faster. A float32 or
+            float64 ``x`` is rotated in its own dtype either way. Also accepted as ``"float32"``.
 
     Returns:
         ``[..., s, d_h]``, same dtype as ``x`` (``out`` when given). Linear in ``x``, so gradients
@@ -74,14 +82,15 @@ def apply_rotary(
     """
     rotate = ROTARY_LAYOUTS[check_choice(layout, "layout", ROTARY_LAYOUTS)]
     r = _check_args(x, cos, sin, qk_layout, rotary_dim)
-    cos, sin = _fit_tables(x, cos, sin, r, qk_layout)
+    wide = _wide(x, compute_dtype)
+    cos, sin = _fit_tables(x, *_in_dtype(x, cos, sin, wide), r, qk_layout)
     if out is not None:
         _rope_cpu.check_out(x, out)
     if _rope_cpu.usable(x, cos, sin):
         return _rope_cpu.rotate(x, cos, sin, layout, out)  # one pass, same numbers as below
-    if x.is_cuda and _rope_triton.usable(x, cos, sin):
+    if x.is_cuda and not wide and _rope_triton.usable(x, cos, sin):
         return _rope_triton.rotate(x, cos, sin, layout, out)  # Triton, same numbers (self-checked)
-    y = rotate(x, cos.to(x.dtype), sin.to(x.dtype), r)  # [..., s, r]
+    y = rotate(x.float(), cos, sin, r).to(x.dtype) if wide else rotate(x, cos, sin, r)  # [..., s, r]
     if r < x.shape[-1]:
         y = torch.cat((y, x[..., r:]), dim=-1)  # [..., s, r] ++ [..., s, d_h - r] -> [..., s, d_h]
     return y if out is None else out.copy_(y)
@@ -98,6 +107,7 @@ def apply_rotary_qk(
     layout: str = "half",
     rotary_dim: int | None = None,
     qk_layout: str = "bhsd",
+    compute_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate queries and keys in one call: :func:`apply_rotary` of ``q`` by ``(cos, sin)`` and of
     ``k`` by ``(k_cos, k_sin)`` (default: the same tables), out of place.
@@ -110,7 +120,7 @@ def apply_rotary_qk(
         k: ``[b, h_kv, s_k, d_h]`` (``"bshd"``: ``[b, s_k, h_kv, d_h]``).
         cos, sin: the queries' tables ``[..., s_q, r/2]`` as for :func:`apply_rotary`.
         k_cos, k_sin: the keys' tables ``[..., s_k, r/2]``; both or neither.
-        layout, rotary_dim, qk_layout: as for :func:`apply_rotary`.
+        layout, rotary_dim, qk_layout, compute_dtype: as for :func:`apply_rotary`.
 
     Returns:
         ``(q, k)`` rotated, shapes and dtypes unchanged.
@@ -125,11 +135,12 @@ def apply_rotary_qk(
         raise ValueError(
             f"the queries' tables cover r = {rq} dims but the keys' r = {rk}: build both for one r"
         )
-    q_tables = _fit_tables(q, cos, sin, rq, qk_layout)
-    k_tables = _fit_tables(k, k_cos, k_sin, rk, qk_layout)
+    wq, wk = _wide(q, compute_dtype), _wide(k, compute_dtype)
+    q_tables = _fit_tables(q, *_in_dtype(q, cos, sin, wq), rq, qk_layout)
+    k_tables = _fit_tables(k, *_in_dtype(k, k_cos, k_sin, wk), rk, qk_layout)
     if _rope_cpu.usable(q, *q_tables) and _rope_cpu.usable(k, *k_tables):
         return _rope_cpu.rotate_pair(q, k, q_tables, k_tables, layout)  # one kernel call
-    kw = {"layout": layout, "qk_layout": qk_layout}
+    kw = {"layout": layout, "qk_layout": qk_layout, "compute_dtype": compute_dtype}
     return apply_rotary(q, *q_tables, **kw), apply_rotary(k, *k_tables, **kw)
 
 
@@ -161,6 +172,30 @@ def _check_args(x, cos, sin, qk_layout: str, rotary_dim: int | None) -> int:
             "cos/sin are half width: [..., s, r/2] with 2 <= r <= d_h"
         )
     return r
+
+
+def check_compute_dtype(compute_dtype: object) -> torch.dtype | None:
+    """``compute_dtype`` as ``None`` or ``torch.float32`` (also given as ``"float32"``, which a
+    model's JSON configuration can hold); ``TypeError``/``ValueError`` naming it otherwise."""
+    if compute_dtype is None or compute_dtype in (torch.float32, "float32"):
+        return None if compute_dtype is None else torch.float32
+    if not isinstance(compute_dtype, (torch.dtype, str)):
+        raise TypeError(f"compute_dtype must be None or torch.float32, got {type(compute_dtype).__name__}")
+    raise ValueError(
+        f'compute_dtype must be None (x\'s own dtype) or torch.float32 ("float32"), got {compute_dtype!r}'
+    )
+
+
+def _wide(x: torch.Tensor, compute_dtype: object) -> bool:
+    """Whether ``x`` is rotated in float32 and rounded once: ``compute_dtype`` float32 with a
+    narrower ``x`` (bf16, fp16); a float32 or float64 ``x`` keeps its own dtype."""
+    return check_compute_dtype(compute_dtype) is not None and x.dtype in (torch.bfloat16, torch.float16)
+
+
+def _in_dtype(x, cos, sin, wide: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tables in the dtype the rotation reads them in: float32 when ``wide``, else ``x``'s."""
+    dtype = torch.float32 if wide else x.dtype
+    return cos.to(dtype), sin.to(dtype)
 
 
 def _fit_tables(x, cos, sin, r: int, qk_layout: str) -> tuple[torch.Tensor, torch.Tensor]:

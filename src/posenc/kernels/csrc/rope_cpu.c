@@ -41,7 +41,8 @@ static inline void NAME(const T* xr, T* orow, const T* restrict c, const T* rest
    for g rows (the rows of g heads at one position) instead of streaming the table once per head.
    Rotates r dims of each row, copies dims r..d if out != x. One call per run, not per row. BODY
    rotates pairs 0..h-1 of one row; tn says the tables were checked beforehand (bf16, below). */
-#define ROWFN(NAME, T, BODY)                                                                \
+#define ROWFN(NAME, T, BODY) ROWFN2(NAME, T, T, BODY)
+#define ROWFN2(NAME, T, TT, BODY)                                                           \
 static void NAME(const char* xp, char* op, const char* cp, const char* sp, i64 n, i64 xs,  \
                  i64 os, i64 cs, i64 ss, i64 h, i64 d, i64 r, float sgn, int tn, i64 g, i64 xg,    \
                  i64 og) {                                                                  \
@@ -49,19 +50,20 @@ static void NAME(const char* xp, char* op, const char* cp, const char* sp, i64 n
   for (i64 row = 0; row < n; ++row, xp += xs, op += os, cp += cs, sp += ss)                \
     for (i64 k = 0; k < g; ++k) {                                                           \
       const T* xr = (const T*)(xp + k * xg); T* orow = (T*)(op + k * og);                   \
-      BODY((const T*)xr, orow, (const T*)cp, (const T*)sp, h, sgn, tn);                     \
+      BODY((const T*)xr, orow, (const TT*)cp, (const TT*)sp, h, sgn, tn);                   \
       if (orow != xr) for (i64 i = r; i < d; ++i) orow[i] = xr[i];                          \
     }                                                                                       \
 }
 
 /* As ROWFN, with a body that rotates the g rows of one table row together (GBODY: bf16, whose
    fast blocks widen each table block once for the g rows). */
-#define GROWFN(NAME, T, GBODY)                                                              \
+#define GROWFN(NAME, T, GBODY) GROWFN2(NAME, T, T, GBODY)
+#define GROWFN2(NAME, T, TT, GBODY)                                                         \
 static void NAME(const char* xp, char* op, const char* cp, const char* sp, i64 n, i64 xs,  \
                  i64 os, i64 cs, i64 ss, i64 h, i64 d, i64 r, float sgn, int tn, i64 g, i64 xg,    \
                  i64 og) {                                                                  \
   for (i64 row = 0; row < n; ++row, xp += xs, op += os, cp += cs, sp += ss) {              \
-    GBODY(xp, op, xg, og, g, (const T*)cp, (const T*)sp, h, sgn, tn);                       \
+    GBODY(xp, op, xg, og, g, (const TT*)cp, (const TT*)sp, h, sgn, tn);                     \
     for (i64 k = 0; k < g; ++k) {                                                           \
       const T* xr = (const T*)(xp + k * xg); T* orow = (T*)(op + k * og);                   \
       if (orow != xr) for (i64 i = r; i < d; ++i) orow[i] = xr[i];                          \
@@ -80,6 +82,22 @@ PAIRFN(pairs_f64_half, double, double, ID, ID, ID, HALF_A, HALF_B)
 PAIRFN(pairs_f64_intl, double, double, ID, ID, ID, INTL_A, INTL_B)
 PAIRFN(pairs_bf16_half, uint16_t, float, bf2f, f2bf_rounded, rbf, HALF_A, HALF_B)
 PAIRFN(pairs_bf16_intl, uint16_t, float, bf2f, f2bf_rounded, rbf, INTL_A, INTL_B)
+/* Rounded once (dtype 3): bf16 x, float32 tables, float32 products and sums, one rounding to bf16
+   at the end (NaN -> 0x7FC0, as c10's conversion): PyTorch's ``(x.float() * cos - ...).to(bf16)``. */
+static inline uint16_t f2bf_once(float f) { return f != f ? (uint16_t)0x7FC0 : f2bf_rounded(rbf(f)); }
+#define ONCEFN(NAME, IA, IB)                                                                \
+static inline void NAME(const uint16_t* xr, uint16_t* orow, const float* restrict c,         \
+                        const float* restrict s, i64 lo, i64 hi, i64 h, float sgn) {        \
+  (void)h;                                                                                  \
+  _Pragma("GCC ivdep")                                                                      \
+  for (i64 i = lo; i < hi; ++i) {                                                           \
+    float a = bf2f(xr[IA(i)]), b = bf2f(xr[IB(i)]), cc = c[i], ss_ = sgn * s[i];            \
+    orow[IA(i)] = f2bf_once(a * cc - b * ss_);                                              \
+    orow[IB(i)] = f2bf_once(b * cc + a * ss_);                                              \
+  }                                                                                         \
+}
+ONCEFN(pairs_once_half, HALF_A, HALF_B)
+ONCEFN(pairs_once_intl, INTL_A, INTL_B)
 #define BODY_F32_HALF(xr, orow, c, s, h, sgn, tn) pairs_f32_half(xr, orow, c, s, 0, h, h, sgn)
 #define BODY_F32_INTL(xr, orow, c, s, h, sgn, tn) pairs_f32_intl(xr, orow, c, s, 0, h, h, sgn)
 #define BODY_F64_HALF(xr, orow, c, s, h, sgn, tn) pairs_f64_half(xr, orow, c, s, 0, h, h, sgn)
@@ -311,13 +329,79 @@ static inline void body2_f32_intl(const char* xp, char* op, i64 xg, i64 og, i64 
   for (i64 k = 0; k < g && i < h; ++k)
     pairs_f32_intl((const float*)(xp + k * xg), (float*)(op + k * og), c, s, i, h, h, sgn);
 }
+/* Rounded once (float32 tables), 16 pairs at a time: x widened as in body2_bf16_half, each table
+   block put in the same in-lane order once for the g rows; the float32 arithmetic of pairs_once_*,
+   then rnd_add with NaN lanes set to 0x7FC0 (the scalar path's bits for every input). */
+static inline __m256i once8(__m256 f) {
+  __m256 nan = _mm256_cmp_ps(f, f, _CMP_UNORD_Q);
+  return _mm256_castps_si256(
+      _mm256_blendv_ps(_mm256_castsi256_ps(rnd_add(f)), _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000)), nan));
+}
+static inline void rot8_once(__m256 a, __m256 b, __m256 c, __m256 s, __m256i* ao, __m256i* bo) {
+  *ao = once8(_mm256_sub_ps(_mm256_mul_ps(a, c), _mm256_mul_ps(b, s)));
+  *bo = once8(_mm256_add_ps(_mm256_mul_ps(b, c), _mm256_mul_ps(a, s)));
+}
+static inline void body2_once_half(const char* xp, char* op, i64 xg, i64 og, i64 g, const float* c, const float* s,
+                                   i64 h, float sgn, int tn) {
+  (void)tn;
+  const __m256 sg = _mm256_set1_ps(sgn);
+  i64 i = 0;
+  for (; i + 16 <= h; i += 16) {
+    __m256 c0 = _mm256_loadu_ps(c + i), c1 = _mm256_loadu_ps(c + i + 8);
+    __m256 s0 = _mm256_mul_ps(sg, _mm256_loadu_ps(s + i)), s1 = _mm256_mul_ps(sg, _mm256_loadu_ps(s + i + 8));
+    /* lo16/hi16 order: pairs 0-3, 8-11 (lo) and 4-7, 12-15 (hi) */
+    __m256 cl = _mm256_permute2f128_ps(c0, c1, 0x20), ch = _mm256_permute2f128_ps(c0, c1, 0x31);
+    __m256 sl = _mm256_permute2f128_ps(s0, s1, 0x20), sh = _mm256_permute2f128_ps(s0, s1, 0x31);
+    for (i64 k = 0; k < g; ++k) {
+      const uint16_t* xr = (const uint16_t*)(xp + k * xg); uint16_t* orow = (uint16_t*)(op + k * og);
+      __m256i a = ld2(xr + i), b = ld2(xr + h + i), al, ah, bl, bh;
+      rot8_once(lo16(a), lo16(b), cl, sl, &al, &bl);
+      rot8_once(hi16(a), hi16(b), ch, sh, &ah, &bh);
+      _mm256_storeu_si256((__m256i*)(orow + i), pack_words(al, ah));
+      _mm256_storeu_si256((__m256i*)(orow + h + i), pack_words(bl, bh));
+    }
+  }
+  for (i64 k = 0; k < g && i < h; ++k)
+    pairs_once_half((const uint16_t*)(xp + k * xg), (uint16_t*)(op + k * og), c, s, i, h, h, sgn);
+}
+static inline void body2_once_intl(const char* xp, char* op, i64 xg, i64 og, i64 g, const float* c, const float* s,
+                                   i64 h, float sgn, int tn) {
+  (void)tn;
+  const __m256 sg = _mm256_set1_ps(sgn);
+  const __m256i high = _mm256_set1_epi32((int)0xFFFF0000u);
+  i64 i = 0;
+  for (; i + 16 <= h; i += 16) {
+    __m256 c0 = _mm256_loadu_ps(c + i), c1 = _mm256_loadu_ps(c + i + 8);
+    __m256 s0 = _mm256_mul_ps(sg, _mm256_loadu_ps(s + i)), s1 = _mm256_mul_ps(sg, _mm256_loadu_ps(s + i + 8));
+    for (i64 k = 0; k < g; ++k) {
+      const uint16_t* xr = (const uint16_t*)(xp + k * xg); uint16_t* orow = (uint16_t*)(op + k * og);
+      __m256i x0 = ld2(xr + 2 * i), x1 = ld2(xr + 2 * i + 16), a0, b0, a1, b1;
+      rot8_once(_mm256_castsi256_ps(_mm256_slli_epi32(x0, 16)), _mm256_castsi256_ps(_mm256_and_si256(x0, high)),
+                c0, s0, &a0, &b0);
+      rot8_once(_mm256_castsi256_ps(_mm256_slli_epi32(x1, 16)), _mm256_castsi256_ps(_mm256_and_si256(x1, high)),
+                c1, s1, &a1, &b1);
+      _mm256_storeu_si256((__m256i*)(orow + 2 * i), _mm256_blend_epi16(_mm256_srli_epi32(a0, 16), b0, 0xAA));
+      _mm256_storeu_si256((__m256i*)(orow + 2 * i + 16), _mm256_blend_epi16(_mm256_srli_epi32(a1, 16), b1, 0xAA));
+    }
+  }
+  for (i64 k = 0; k < g && i < h; ++k)
+    pairs_once_intl((const uint16_t*)(xp + k * xg), (uint16_t*)(op + k * og), c, s, i, h, h, sgn);
+}
 GROWFN(row_bf16_half, uint16_t, body2_bf16_half)
 GROWFN(row_bf16_intl, uint16_t, body2_bf16_intl)
+GROWFN2(row_once_half, uint16_t, float, body2_once_half)
+GROWFN2(row_once_intl, uint16_t, float, body2_once_intl)
 #else
 #define BODY_BF16_HALF(xr, orow, c, s, h, sgn, tn) pairs_bf16_half(xr, orow, c, s, 0, h, h, sgn)
 #define BODY_BF16_INTL(xr, orow, c, s, h, sgn, tn) pairs_bf16_intl(xr, orow, c, s, 0, h, h, sgn)
 ROWFN(row_bf16_half, uint16_t, BODY_BF16_HALF)
 ROWFN(row_bf16_intl, uint16_t, BODY_BF16_INTL)
+#endif
+#if !(defined(__AVX2__) && !defined(__AVX512F__))
+#define BODY_ONCE_HALF(xr, orow, c, s, h, sgn, tn) pairs_once_half(xr, orow, c, s, 0, h, h, sgn)
+#define BODY_ONCE_INTL(xr, orow, c, s, h, sgn, tn) pairs_once_intl(xr, orow, c, s, 0, h, h, sgn)
+ROWFN2(row_once_half, uint16_t, float, BODY_ONCE_HALF)
+ROWFN2(row_once_intl, uint16_t, float, BODY_ONCE_INTL)
 #endif
 ROWFN(row_f32_half, float, BODY_F32_HALF)
 #if defined(__AVX2__) && !defined(__AVX512F__)
@@ -331,8 +415,8 @@ ROWFN(row_f64_intl, double, BODY_F64_INTL)
 typedef void (*rowfn)(const char*, char*, const char*, const char*, i64, i64, i64, i64, i64, i64, i64, i64,
                       float, int, i64, i64, i64);
 static rowfn pick(int dtype, int interleaved) {
-  static const rowfn table[3][2] = {{row_f32_half, row_f32_intl}, {row_f64_half, row_f64_intl},
-                                     {row_bf16_half, row_bf16_intl}};
+  static const rowfn table[4][2] = {{row_f32_half, row_f32_intl}, {row_f64_half, row_f64_intl},
+                                     {row_bf16_half, row_bf16_intl}, {row_once_half, row_once_intl}};
   return table[dtype][interleaved];
 }
 
@@ -375,13 +459,14 @@ static int tables_checked(const job* j) {
 }
 
 /* a = [dtype, interleaved, x, out, cos, sin, nd, nthreads, sign (+1/-1), d, r, shape[nd], xs[nd],
-   os[nd], cs[nd], ss[nd]] (strides in elements). dtype: 0 f32, 1 f64, 2 bf16. Nonzero: rejected. */
+   os[nd], cs[nd], ss[nd]] (strides in elements). dtype: 0 f32, 1 f64, 2 bf16, 3 bf16 x with float32
+   tables, rounded once. Nonzero: rejected. */
 static int parse(const i64* a, job* j) {
-  static const i64 esize[3] = {4, 8, 2};
+  static const i64 esize[4] = {4, 8, 2, 2}, tsize[4] = {4, 8, 2, 4};
   int dtype = (int)a[0];
   i64 nd = a[6];
-  if (nd < 1 || nd > MAXD || dtype < 0 || dtype > 2) return 1;
-  i64 e = esize[dtype];
+  if (nd < 1 || nd > MAXD || dtype < 0 || dtype > 3) return 1;
+  i64 e = esize[dtype], te = tsize[dtype];
   const i64* geo = a + 9;
   j->f = pick(dtype, a[1] != 0);
   j->x = (const char*)(intptr_t)a[2]; j->out = (char*)(intptr_t)a[3];
@@ -391,7 +476,7 @@ static int parse(const i64* a, job* j) {
   for (i64 k = 0; k < nd; ++k) {
     j->shape[k] = geo[2 + k]; j->rows *= j->shape[k];
     j->xs[k] = geo[2 + nd + k] * e; j->os[k] = geo[2 + 2 * nd + k] * e;
-    j->cst[k] = geo[2 + 3 * nd + k] * e; j->sst[k] = geo[2 + 4 * nd + k] * e;
+    j->cst[k] = geo[2 + 3 * nd + k] * te; j->sst[k] = geo[2 + 4 * nd + k] * te;
   }
   j->group = group_size(j);
   j->tn = dtype == 2 && j->group && tables_checked(j);
