@@ -109,6 +109,40 @@ def _inplace_impls(q, k, cos, sin, layout: str) -> list[Impl]:
     ]
 
 
+#: the layout tag of the float32-arithmetic implementations (checked against the "half" reference)
+_F32_MATH = "half, float32 math"
+
+
+def _float32_math_impls(q, k, positions, inv_freq, r: int) -> list[Impl]:
+    """bf16 only: posenc with ``compute_dtype=torch.float32`` (float32 tables and arithmetic, one
+    rounding; not HF's bits, within the case's tolerance of them): in place, and the module timed
+    next to the exact module in every round. Their own layout tag keeps them out of the speed-ups
+    against peers, which compare the exact arithmetic."""
+    import posenc
+
+    if q.dtype != torch.bfloat16:
+        return []
+    cos, sin = posenc.rope_cos_sin(positions, inv_freq)  # float32 [s, r/2] or [b, s, r/2]
+    if positions.dim() == 2:
+        cos, sin = cos[:, None], sin[:, None]  # [b, s, r/2] -> [b, 1, s, r/2]
+    q_ip, k_ip = q.clone(), k.clone()
+
+    def run(a, b):
+        kw = {"out": a, "compute_dtype": torch.float32}
+        return posenc.apply_rotary(a, cos, sin, **kw), posenc.apply_rotary(b, cos, sin, **{**kw, "out": b})
+
+    rope = posenc.RotaryEmbedding(q.shape[-1], rotary_dim=r, compute_dtype=torch.float32)
+    pos = None if positions.dim() == 1 and int(positions[0]) == 0 else positions
+    return [
+        Impl("posenc_half_inplace_f32", lambda: run(q_ip, k_ip), "posenc", _F32_MATH,
+             "apply_rotary(x, cos32, sin32, out=x, compute_dtype=torch.float32)", form="in place",
+             output=lambda: run(q.clone(), k.clone())),
+        Impl("posenc_module_f32", lambda: rope.rotate(q, k, pos, pos), "posenc", _F32_MATH,
+             "RotaryEmbedding(compute_dtype=torch.float32).rotate(q, k)", form="module",
+             versus="posenc_module"),
+    ]  # fmt: skip
+
+
 def _hf_module(q, k, positions, r: int, skipped: dict[str, str]) -> list[Impl]:
     """HF's Llama rotary module and ``apply_rotary_pos_emb``, or nothing (with the reason in
     ``skipped``) where transformers is missing or the rotary is partial."""
@@ -229,7 +263,7 @@ def _case(
     impls += _inplace_impls(q, k, cos, sin, "half") + _inplace_impls(q, k, cos, sin, "interleaved")
     skipped: dict[str, str] = {}
     impls += _peer_impls(q, k, (hf_cos, hf_sin, freqs_4d, freqs_3d), r, d, compile_peers, skipped)
-    impls += _module_impls(q, k, positions, r, skipped)
+    impls += _module_impls(q, k, positions, r, skipped) + _float32_math_impls(q, k, positions, inv_freq, r)
     scale = float(torch.maximum(q.abs().max(), k.abs().max()))
     atol, rtol = _tolerance(dtype, 0, scale)  # one set of float32 tables for every function
     for (
@@ -246,6 +280,7 @@ def _case(
         "positions": "[b, s]" if per_token else "[s]",
     }
     refs = {layout: _reference(q, k, cos, sin, layout, r) for layout in ("half", "interleaved")}
+    refs[_F32_MATH] = refs["half"]
     return Case(
         name, description, nbytes, impls, params, skipped,
         reference=lambda: refs, atol=atol, rtol=rtol, dtype=dtype,
