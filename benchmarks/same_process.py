@@ -4,7 +4,7 @@
 three calls in one process, 11 rounds, medians printed (2 threads). Run from the repository root:
 
     python benchmarks/same_process.py rope fp32   # in place vs x.mul_(1), out= vs a copy, fresh outputs
-    python benchmarks/same_process.py rope bf16
+    python benchmarks/same_process.py rope bf16     # ... and compute_dtype=torch.float32 (one rounding)
     POSENC_HUGEPAGES=1 python benchmarks/same_process.py fresh   # fresh outputs with the huge-page hint
     POSENC_HUGEPAGES=0 python benchmarks/same_process.py fresh   # ... and without it
     python benchmarks/same_process.py blocks        # biased attention: blocks of 256 vs 768 queries
@@ -49,8 +49,16 @@ def rope(dtype: torch.dtype) -> None:
     tables = rot.rotary_tables(q, k)
     cos, sin = tables.q_cos, tables.q_sin
     dq, dk = torch.empty_like(q), torch.empty_like(k)
+    wide = posenc.RotaryEmbedding(128, compute_dtype=torch.float32)  # bf16: float32 math, one rounding
+    c32, s32 = wide.rotary_tables(q, k)[:2]
+
+    def once_in_place():
+        return rope_cpu.rotate(q, c32, s32, "half", out=q), rope_cpu.rotate(k, c32, s32, "half", out=k)
+
+    once = {"in place, float32 math": once_in_place} if dtype == torch.bfloat16 else {}
     m = _medians(
         {
+            **once,
             "floor x.mul_(1)": lambda: (q.mul_(1), k.mul_(1)),
             "in place half": lambda: (
                 rope_cpu.rotate(q, cos, sin, "half", out=q),
@@ -76,6 +84,8 @@ def rope(dtype: torch.dtype) -> None:
         f"in place: {floor / m['in place half']:.0%} / {floor / m['in place interleaved']:.0%} of the floor; "
         f"out= {copy / m['out= into buffer']:.0%}, module {copy / m['module rotate']:.0%} of the copy"
     )
+    if once:
+        print(f"float32 math: in place {floor / m['in place, float32 math']:.0%} of the floor")
 
 
 def fresh() -> None:
@@ -125,7 +135,8 @@ def decode() -> None:
 def module(dtype: torch.dtype) -> None:
     """The module against the function, out of place, q and k ``[4, 32, 2048, 128]``: ``rotate``
     with its tables built in the call, with tables passed in, the function on precomputed tables,
-    and the tables alone (glibc keeps freed memory, as ``posenc bench --allocator keep``)."""
+    and the tables alone, against a copy (glibc keeps freed memory, as ``posenc bench --allocator
+    keep``); in bf16 also the module with ``compute_dtype=torch.float32``."""
     from posenc.benchmarks.harness import set_allocator
 
     set_allocator("keep")
@@ -134,8 +145,13 @@ def module(dtype: torch.dtype) -> None:
     rot = posenc.RotaryEmbedding(128)
     tab = rot.rotary_tables(q, k)
     cos, sin = tab.q_cos, tab.q_sin
+    dq, dk = torch.empty_like(q), torch.empty_like(k)
+    wide = posenc.RotaryEmbedding(128, compute_dtype=torch.float32)  # bf16: float32 math, one rounding
+    once = {"module rotate, float32 math": lambda: wide.rotate(q, k)} if dtype == torch.bfloat16 else {}
     m = _medians(
         {
+            **once,
+            "copy into buffers": lambda: (dq.copy_(q), dk.copy_(k)),
             "module rotate": lambda: rot.rotate(q, k),
             "rotate(tables=...)": lambda: rot.rotate(q, k, tables=tab),
             "apply_rotary_qk": lambda: posenc.apply_rotary_qk(q, k, cos, sin, cos, sin),
@@ -145,6 +161,9 @@ def module(dtype: torch.dtype) -> None:
     for name, ms in m.items():
         print(f"{name:24s} {ms:7.2f} ms")
     print(f"module: {m['module rotate'] / m['apply_rotary_qk'] - 1:+.1%} of the function's time")
+    copy = m["copy into buffers"]
+    print(f"module {copy / m['module rotate']:.0%} of the copy", end="")
+    print(f", float32 math {copy / m['module rotate, float32 math']:.0%}" if once else "")
 
 
 def hot() -> None:
