@@ -48,7 +48,9 @@ def _reference(x, cos, sin, layout):
 def _c_kernel(x, cos, sin, layout):
     if rope_cpu.status() != "ok":
         pytest.skip(f"C kernel {rope_cpu.status()}")
-    return rope_cpu.rotate(x.clone(), cos, sin, layout)
+    # the tables in x's dtype: float32 tables with a bf16 x select the kernel's rounded-once
+    # arithmetic instead (compute_dtype=torch.float32, tested in test_rotary_apply.py)
+    return rope_cpu.rotate(x.clone(), cos.to(x.dtype), sin.to(x.dtype), layout)
 
 
 def _triton(x, cos, sin, layout):

@@ -10,7 +10,10 @@ writes the rotated row once, in place (``out is x``) or into ``out``.
 order, with the reference's roundings: in float32/float64 ``x1*cos - x2*sin`` is three correctly
 rounded operations (the kernel is built without FMA contraction); in bfloat16 every product and
 sum is rounded to bfloat16, exactly as PyTorch's bf16 elementwise ops round. The result is
-bit-identical to the reference path (tests check ``torch.equal``).
+bit-identical to the reference path (tests check ``torch.equal``). Float32 tables with a bfloat16
+``x`` select the rounded-once arithmetic instead (``compute_dtype=torch.float32``): float32
+products and sums, each output rounded to bf16 once, bit-identical to
+``(x.float() * cos - ...).to(torch.bfloat16)``.
 
 **Autograd.** The rotation is linear in ``x``; its gradient is the rotation by the opposite angle,
 i.e. the same kernel with ``-sin``. :class:`RotationFunction` uses that (and is itself
