@@ -177,8 +177,12 @@ def _check_args(x, cos, sin, qk_layout: str, rotary_dim: int | None) -> int:
 def check_compute_dtype(compute_dtype: object) -> torch.dtype | None:
     """``compute_dtype`` as ``None`` or ``torch.float32`` (also given as ``"float32"``, which a
     model's JSON configuration can hold); ``TypeError``/``ValueError`` naming it otherwise."""
-    if compute_dtype is None or compute_dtype in (torch.float32, "float32"):
-        return None if compute_dtype is None else torch.float32
+    if compute_dtype is None:
+        return None
+    if (
+        isinstance(compute_dtype, torch.dtype) and compute_dtype == torch.float32
+    ) or compute_dtype == "float32":
+        return torch.float32
     if not isinstance(compute_dtype, (torch.dtype, str)):
         raise TypeError(f"compute_dtype must be None or torch.float32, got {type(compute_dtype).__name__}")
     raise ValueError(
