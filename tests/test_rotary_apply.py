@@ -338,3 +338,20 @@ def test_compute_dtype_errors_name_the_argument(value, err):
         posenc.apply_rotary(x, c, c, compute_dtype=value)
     with pytest.raises(err, match="compute_dtype"):
         posenc.RotaryEmbedding(4, compute_dtype=value)
+
+
+def test_compute_dtype_float32_on_two_threads():
+    """A tensor past the kernel's one-thread grain (32768 elements) splits over the threads with
+    the same bits."""
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(2, 8, 64, 128, generator=gen).bfloat16()  # 131072 elements
+    angles = torch.rand(64, 64, generator=gen, dtype=torch.float64) * 30
+    cos, sin = angles.cos().float(), angles.sin().float()
+    want = _rounded_once(x, cos, sin, "half", 128)
+    for threads in (1, 2):
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            assert torch.equal(posenc.apply_rotary(x, cos, sin, compute_dtype=torch.float32), want)
+        finally:
+            torch.set_num_threads(before)

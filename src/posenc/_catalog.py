@@ -10,6 +10,7 @@ checks that the result equals :func:`posenc.registry.describe` for every built-i
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ _FACTORY_KEYS = ("device", "dtype")
 _BASE = {"hooks": (), "summary": "", "causal_ok": True}  # PositionalScheme's class attributes
 
 
+@functools.cache
 def _parse(module: str) -> ast.Module:
     path = _HERE.joinpath(*module.split(".")).with_suffix(".py")  # "rotary.modules" -> rotary/modules.py
     if not path.is_file():
@@ -34,9 +36,10 @@ def _literal(node: ast.AST | None) -> Any:
         return ast.unparse(node) if node is not None else None
 
 
-def _classes(module: str) -> dict[str, ast.ClassDef]:
+def _classes(module: str, _seen: tuple[str, ...] = ()) -> dict[str, ast.ClassDef]:
     """The module's own classes, and the classes it imports from its package (a scheme may
-    subclass one defined in another file): name -> class definition."""
+    subclass one defined in another file): name -> class definition. ``_seen``: the modules
+    being read further up (an import cycle stops there)."""
     tree = _parse(module)
     out = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
     package = module.split(".")[:-1]
@@ -44,11 +47,11 @@ def _classes(module: str) -> dict[str, ast.ClassDef]:
         if isinstance(node, ast.ImportFrom) and node.level and node.module:
             base = package[: len(package) - node.level + 1]  # "from .x" within rotary/ -> rotary.x
             source = ".".join([*base, node.module])
-            for alias in node.names:
-                if alias.name[:1].isupper() and alias.name not in out:
-                    found = _classes(source).get(alias.name)
-                    if found is not None:
-                        out[alias.name] = found
+            wanted = [a.name for a in node.names if a.name[:1].isupper() and not a.name.isupper()]
+            if not wanted or source in (*_seen, module):
+                continue  # no class names (constants are upper case), or a cycle
+            found = _classes(source, (*_seen, module))
+            out.update({name: found[name] for name in wanted if name in found and name not in out})
     return out
 
 

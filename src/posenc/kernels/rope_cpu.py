@@ -13,7 +13,8 @@ sum is rounded to bfloat16, exactly as PyTorch's bf16 elementwise ops round. The
 bit-identical to the reference path (tests check ``torch.equal``). Float32 tables with a bfloat16
 ``x`` select the rounded-once arithmetic instead (``compute_dtype=torch.float32``): float32
 products and sums, each output rounded to bf16 once, bit-identical to
-``(x.float() * cos - ...).to(torch.bfloat16)``.
+``(x.float() * cos - ...).to(torch.bfloat16)``. NaN encodings are not part of either contract: a
+NaN stays a NaN (here ``0x7FC0`` when rounded once, as c10's scalar conversion writes it).
 
 **Autograd.** The rotation is linear in ``x``; its gradient is the rotation by the opposite angle,
 i.e. the same kernel with ``-sin``. :class:`RotationFunction` uses that (and is itself

@@ -68,8 +68,9 @@ def apply_rotary(
             ops round it (a bf16 ``x`` gets HF transformers' bits: each product and sum rounded to
             bf16). ``torch.float32``: the tables in float32, products and sums in float32, each
             output rounded to ``x``'s dtype once (torchtune's and Meta's reference arithmetic):
-            closer to the exact rotation, and for bf16 on CPU about 1.5x faster. A float32 or
-            float64 ``x`` is rotated in its own dtype either way. Also accepted as ``"float32"``.
+            closer to the exact rotation, and for bf16 on CPU faster (1.5-1.6x in place on an AVX2
+            host). A float32 or float64 ``x`` is rotated in its own dtype either way. Also
+            accepted as ``"float32"``.
 
     Returns:
         ``[..., s, d_h]``, same dtype as ``x`` (``out`` when given). Linear in ``x``, so gradients
@@ -179,9 +180,9 @@ def check_compute_dtype(compute_dtype: object) -> torch.dtype | None:
     model's JSON configuration can hold); ``TypeError``/``ValueError`` naming it otherwise."""
     if compute_dtype is None:
         return None
-    if (
-        isinstance(compute_dtype, torch.dtype) and compute_dtype == torch.float32
-    ) or compute_dtype == "float32":
+    if isinstance(compute_dtype, torch.dtype) and compute_dtype == torch.float32:
+        return torch.float32
+    if isinstance(compute_dtype, str) and compute_dtype == "float32":
         return torch.float32
     if not isinstance(compute_dtype, (torch.dtype, str)):
         raise TypeError(f"compute_dtype must be None or torch.float32, got {type(compute_dtype).__name__}")
@@ -199,6 +200,8 @@ def _wide(x: torch.Tensor, compute_dtype: object) -> bool:
 def _in_dtype(x, cos, sin, wide: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """The tables in the dtype the rotation reads them in: float32 when ``wide``, else ``x``'s."""
     dtype = torch.float32 if wide else x.dtype
+    if cos.dtype == dtype and sin.dtype == dtype:  # the common case: no call (a decode step is ~50 us)
+        return cos, sin
     return cos.to(dtype), sin.to(dtype)
 
 

@@ -9,8 +9,9 @@ typedef int64_t i64;
 static inline float bf2f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
 /* round a float to bfloat16 precision, staying in 32-bit lanes (vectorizes to 5 integer ops). Same
    rounding as c10::BFloat16 (round to nearest even) for every finite value and infinity; a NaN stays
-   a NaN here because every NaN in this kernel has zero low 16 bits (bf16 inputs widened, or x86's
-   default NaN), so the rounding never carries into its exponent. */
+   a NaN in the bf16 paths because every NaN there has zero low 16 bits (bf16 inputs widened, or
+   x86's default NaN), so the rounding never carries into its exponent. (Float32 tables can bring
+   NaNs with any payload: the rounded-once paths set NaN lanes apart first, f2bf_once / once8.) */
 static inline float rbf(float f) {
   uint32_t u; memcpy(&u, &f, 4);
   u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
@@ -83,7 +84,8 @@ PAIRFN(pairs_f64_intl, double, double, ID, ID, ID, INTL_A, INTL_B)
 PAIRFN(pairs_bf16_half, uint16_t, float, bf2f, f2bf_rounded, rbf, HALF_A, HALF_B)
 PAIRFN(pairs_bf16_intl, uint16_t, float, bf2f, f2bf_rounded, rbf, INTL_A, INTL_B)
 /* Rounded once (dtype 3): bf16 x, float32 tables, float32 products and sums, one rounding to bf16
-   at the end (NaN -> 0x7FC0, as c10's conversion): PyTorch's ``(x.float() * cos - ...).to(bf16)``. */
+   at the end: PyTorch's ``(x.float() * cos - ...).to(bf16)``, NaN encodings aside (NaN -> 0x7FC0
+   as c10's scalar conversion; PyTorch's vectorized one writes 0xFFFF). */
 static inline uint16_t f2bf_once(float f) { return f != f ? (uint16_t)0x7FC0 : f2bf_rounded(rbf(f)); }
 #define ONCEFN(NAME, IA, IB)                                                                \
 static inline void NAME(const uint16_t* xr, uint16_t* orow, const float* restrict c,         \
@@ -331,7 +333,7 @@ static inline void body2_f32_intl(const char* xp, char* op, i64 xg, i64 og, i64 
 }
 /* Rounded once (float32 tables), 16 pairs at a time: x widened as in body2_bf16_half, each table
    block put in the same in-lane order once for the g rows; the float32 arithmetic of pairs_once_*,
-   then rnd_add with NaN lanes set to 0x7FC0 (the scalar path's bits for every input). */
+   then rnd_add with NaN lanes set to 0x7FC0 (the scalar path's bits for every input, NaNs included). */
 static inline __m256i once8(__m256 f) {
   __m256 nan = _mm256_cmp_ps(f, f, _CMP_UNORD_Q);
   return _mm256_castps_si256(
