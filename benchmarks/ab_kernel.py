@@ -31,10 +31,17 @@ _KERNELS = {"embed": (input_cpu, "embed_cpu", input_cpu._fns), "rope": (rope_cpu
 def _builds(kind: str, rev: str) -> tuple[object, dict[str, dict]]:
     """The kernel module and its loaded state for each source: ``{"old": ..., "new": ...}``."""
     module, name, load = _KERNELS[kind]
-    path = f"src/posenc/kernels/csrc/{name}.c"
-    git = subprocess.run(["git", "show", f"{rev}:{path}"], capture_output=True, text=True, check=True)
-    with open(path) as f:
-        sources = {"old": git.stdout, "new": f.read()}
+    csrc = "src/posenc/kernels/csrc"
+
+    def at_rev(filename: str) -> str:
+        return subprocess.run(["git", "show", f"{rev}:{csrc}/{filename}"], capture_output=True, text=True,
+                              check=True).stdout  # fmt: skip
+
+    def here(filename: str) -> str:
+        with open(f"{csrc}/{filename}") as f:
+            return f.read()
+
+    sources = {"old": _cbuild.source(name, at_rev), "new": _cbuild.source(name, here)}
     states, check = {}, getattr(module, "_self_check", None)
     for tag, source in sources.items():
         _cbuild._loaded.pop(name, None)

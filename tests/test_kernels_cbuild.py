@@ -61,3 +61,16 @@ def test_status_names_why_a_kernel_is_off(monkeypatch):
     monkeypatch.setenv("POSENC_C_KERNELS", "1")
     set_enabled(None)  # the variable is read once: read it again
     assert _cbuild.status("never_built_kernel") == "not built yet"
+
+
+def test_source_inlines_the_csrc_files_a_kernel_includes():
+    files = {
+        "k.c": '#include <stdint.h>\n#if X\n#include "k_simd.c"\n#endif\nint f(void);\n',
+        "k_simd.c": "int g(void);\n",
+    }
+    assert (
+        _cbuild.source("k", files.__getitem__)
+        == "#include <stdint.h>\n#if X\nint g(void);\n#endif\nint f(void);\n"
+    )
+    rope = _cbuild.source("rope_cpu")  # the shipped kernel: its per-instruction-set loops inlined
+    assert '#include "' not in rope and "body2_once_half" in rope and "body_bf16_half" in rope

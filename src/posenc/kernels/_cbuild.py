@@ -22,16 +22,19 @@ import ctypes
 import hashlib
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
 import threading
 import warnings
+from collections.abc import Callable
+from importlib import resources
 from pathlib import Path
 
 from . import _settings
 
-__all__ = ["cache_dir", "enabled", "load"]
+__all__ = ["cache_dir", "enabled", "load", "source"]
 
 # -ffp-contract=off: no fused multiply-add, every product is rounded as PyTorch rounds it.
 # -fno-tree-slp-vectorize: GCC's SLP pass recognises complex-multiply patterns and emits
@@ -47,6 +50,22 @@ _BASE_FLAGS = (
 )
 _lock = threading.Lock()
 _loaded: dict[str, ctypes.CDLL | None] = {}
+
+
+_INCLUDE = re.compile(r'^#include "([\w.]+\.c)"$', re.MULTILINE)
+
+
+def source(name: str, read: Callable[[str], str] | None = None) -> str:
+    """Kernel ``name``'s C source (``csrc/<name>.c``) as one string: each ``#include "file.c"``
+    line is replaced by that csrc file (a kernel's per-instruction-set loops live in their own
+    files; the compiler sees one translation unit, built from a temporary directory). ``read``
+    maps a csrc file name to its text (default: the installed package's files)."""
+    if read is None:
+
+        def read(filename: str) -> str:
+            return (resources.files(__package__) / "csrc" / filename).read_text(encoding="utf-8")
+
+    return _INCLUDE.sub(lambda m: read(m.group(1)).rstrip("\n"), read(f"{name}.c"))
 
 
 def enabled() -> bool:

@@ -29,7 +29,6 @@ Legend: ``n`` number of elements of ``x`` (any shape; the mask follows the conti
 from __future__ import annotations
 
 import ctypes
-from importlib import resources
 
 import torch
 
@@ -46,7 +45,7 @@ __all__ = [
 ]
 
 #: The kernel's C99 source (package data, compiled on first use by :mod:`._cbuild`).
-_SOURCE = (resources.files(__package__) / "csrc" / "dropout_cpu.c").read_text(encoding="utf-8")
+_SOURCE = _cbuild.source("dropout_cpu")
 
 _DTYPES = {torch.float32: 0, torch.float64: 1, torch.bfloat16: 2}
 _SERIAL_NUMEL = 1 << 20

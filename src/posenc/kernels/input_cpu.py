@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import array
 import ctypes
-from importlib import resources
 
 import torch
 
@@ -36,7 +35,7 @@ from . import dropout_cpu as _dropout_cpu
 
 __all__ = ["available", "input_layer", "usable"]
 
-_SOURCE = (resources.files(__package__) / "csrc" / "embed_cpu.c").read_text(encoding="utf-8")
+_SOURCE = _cbuild.source("embed_cpu")
 _P = ctypes.c_void_p
 _state: dict[str, object] = {}
 #: rows per thread below which one thread does the work (a row is d floats: ~3 KB at d = 768)

@@ -37,7 +37,6 @@ from __future__ import annotations
 import array
 import ctypes
 import warnings
-from importlib import resources
 
 import torch
 
@@ -46,7 +45,7 @@ from . import _cbuild, _memory, _settings
 __all__ = ["available", "check_out", "rope_op", "rotate", "rotate_pair", "usable"]
 
 #: The kernel's C99 source (package data, compiled on first use by :mod:`._cbuild`).
-_SOURCE = (resources.files(__package__) / "csrc" / "rope_cpu.c").read_text(encoding="utf-8")
+_SOURCE = _cbuild.source("rope_cpu")
 
 _DTYPES = {torch.float32: 0, torch.float64: 1, torch.bfloat16: 2}
 #: the kernel's code for a bfloat16 x with float32 tables: float32 arithmetic, rounded once
