@@ -5,6 +5,7 @@ working tree's, on the shapes of benchmarks/RESULTS.md, 2 threads, allocator kee
     python benchmarks/ab_kernel.py embed REV train       # train forward (dropout 0.1)
     python benchmarks/ab_kernel.py embed REV backward    # train forward + backward
     python benchmarks/ab_kernel.py rope REV bf16 half    # RoPE in place (also: fp32, interleaved)
+    python benchmarks/ab_kernel.py rope REV bf16once half  # bf16 with compute_dtype=torch.float32
 
 Each round times the old build, the new one (the order alternates) and the case's limit (a copy,
 or ``x.mul_(1)`` for RoPE in place), each call warmed once; it prints the medians and the median
@@ -87,14 +88,16 @@ def _embed_case(mode: str):
 
 def _rope_case(dtype: str, layout: str):
     """(timed call in place, ``x.mul_(1)``, the out-of-place output to compare) for RoPE."""
-    x = torch.randn(4, 32, 2048, 128).to({"fp32": torch.float32, "bf16": torch.bfloat16}[dtype])
+    x = torch.randn(4, 32, 2048, 128).to(torch.float32 if dtype == "fp32" else torch.bfloat16)
     angles = torch.arange(2048.0)[:, None] * torch.rand(64)  # [s, r/2]
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    # bf16once: float32 tables and arithmetic, one rounding
+    math = {"compute_dtype": torch.float32} if dtype == "bf16once" else {}
+    cos, sin = (t if math else t.to(x.dtype) for t in (angles.cos(), angles.sin()))
     y = x.clone()
     return (
-        lambda: posenc.apply_rotary(y, cos, sin, layout=layout, out=y),
+        lambda: posenc.apply_rotary(y, cos, sin, layout=layout, out=y, **math),
         lambda: x.mul_(1),
-        lambda: posenc.apply_rotary(x, cos, sin, layout=layout),
+        lambda: posenc.apply_rotary(x, cos, sin, layout=layout, **math),
     )
 
 
