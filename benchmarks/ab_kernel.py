@@ -6,6 +6,7 @@ working tree's, on the shapes of benchmarks/RESULTS.md, 2 threads, allocator kee
     python benchmarks/ab_kernel.py embed REV backward    # train forward + backward
     python benchmarks/ab_kernel.py rope REV bf16 half    # RoPE in place (also: fp32, interleaved)
     python benchmarks/ab_kernel.py rope REV bf16once half  # bf16 with compute_dtype=torch.float32
+    python benchmarks/ab_kernel.py rope REV bf16 half out  # out of place (a fresh output; limit: a copy)
 
 Each round times the old build, the new one (the order alternates) and the case's limit (a copy,
 or ``x.mul_(1)`` for RoPE in place), each call warmed once; it prints the medians and the median
@@ -86,14 +87,21 @@ def _embed_case(mode: str):
     return call, (lambda: dst.copy_(src)), output
 
 
-def _rope_case(dtype: str, layout: str):
-    """(timed call in place, ``x.mul_(1)``, the out-of-place output to compare) for RoPE."""
+def _rope_case(dtype: str, layout: str, out: bool):
+    """(timed call, its limit, the out-of-place output to compare) for RoPE: in place against
+    ``x.mul_(1)``, or (``out``) out of place against a copy into an existing buffer."""
     x = torch.randn(4, 32, 2048, 128).to(torch.float32 if dtype == "fp32" else torch.bfloat16)
     angles = torch.arange(2048.0)[:, None] * torch.rand(64)  # [s, r/2]
     # bf16once: float32 tables and arithmetic, one rounding
     math = {"compute_dtype": torch.float32} if dtype == "bf16once" else {}
     cos, sin = (t if math else t.to(x.dtype) for t in (angles.cos(), angles.sin()))
     y = x.clone()
+    if out:
+        return (
+            lambda: posenc.apply_rotary(x, cos, sin, layout=layout, **math),
+            lambda: y.copy_(x),
+            lambda: posenc.apply_rotary(x, cos, sin, layout=layout, **math),
+        )
     return (
         lambda: posenc.apply_rotary(y, cos, sin, layout=layout, out=y, **math),
         lambda: x.mul_(1),
@@ -125,7 +133,10 @@ def main(argv: list[str]) -> None:
     set_allocator("keep")
     kind, rev, rounds = argv[0], argv[1], 15
     module, states = _builds(kind, rev)
-    call, limit, output = _embed_case(argv[2]) if kind == "embed" else _rope_case(argv[2], argv[3])
+    if kind == "embed":
+        call, limit, output = _embed_case(argv[2])
+    else:
+        call, limit, output = _rope_case(argv[2], argv[3], argv[4:] == ["out"])
 
     def use(tag: str) -> None:
         module._state.clear()
