@@ -93,13 +93,13 @@ def test_split_columns_are_chosen_on_the_host_as_by_the_tensor_rule(reach, scale
 
 @given(st.integers(-(2**44), 2**44), st.integers(-(2**44), 2**44))
 def test_one_position_gives_the_bits_it_has_among_others(p, other):
-    """A decode step (one position, read on the host) gets the angles that position gets in a batch."""
+    """A decode step (one position, read on the host) gets the angles that position gets in a batch,
+    whatever the batch's other positions (each angle picks its own form)."""
     from posenc._precision import _reach
 
     alone = position_angles(torch.tensor([p]), INV, torch.float32)  # [1, r]
     among = position_angles(torch.tensor([other, p]), INV, torch.float32)  # [2, r]
-    if abs(other) <= abs(p):  # the same reach, so the same columns are split
-        assert torch.equal(alone[0], among[1])
+    assert torch.equal(alone[0], among[1])
     assert _reach(torch.tensor([p])) == abs(p) and _reach(torch.tensor([], dtype=torch.long)) == 0
     assert _reach(torch.tensor([other, p])) == max(abs(other), abs(p))
 
@@ -150,3 +150,29 @@ def test_split_columns_start_at_4096_rad():
 
     inv = torch.tensor([1.0, 0.5], dtype=torch.float64)
     assert _reaching(inv, 4096) == [0] and _reaching(inv, 4095) == [] and _reaching(inv, 8192) == [0, 1]
+
+
+@given(st.integers(0, 2**31), st.integers(1, 5000), st.integers(-(2**40), 2**40))
+def test_each_angle_picks_its_form_by_its_own_product(start, count, far):
+    """Angles whose plain float32 product stays below 4096 rad are that product, bit for bit, also
+    when other positions of the call (a far one, a long range) make the column split; the rest take
+    the split form. A row of a range equals the same position computed alone or among others."""
+    positions = torch.arange(start, start + count)  # [s]
+    angles = position_angles(positions, INV, torch.float32)  # [s, r]
+    with_far = position_angles(torch.cat((positions, torch.tensor([far]))), INV, torch.float32)[:-1]
+    plain = positions.float()[:, None] * INV.float()
+    small = plain.abs() < ANGLE_SPLIT
+    assert torch.equal(angles[small], plain[small]) and torch.equal(with_far, angles)
+    for i in (0, count // 2, count - 1):
+        assert torch.equal(position_angles(positions[i : i + 1], INV, torch.float32)[0], angles[i])
+    assert _wrapped_error(angles[::97], positions[::97]) < 1e-3
+
+
+def test_compiled_angles_pick_the_same_forms_as_eager():
+    """Compiled graphs compute both forms for every frequency and pick per angle as eager does."""
+    positions = torch.tensor([0, 5, 4095, 4096, 70_000, 2**24 + 1, 2**31])
+    eager = position_angles(positions, INV, torch.float32)
+    compiled = torch.compile(lambda p: position_angles(p, INV, torch.float32), fullgraph=True)(positions)
+    small = (positions.float()[:, None] * INV.float()).abs() < ANGLE_SPLIT
+    assert torch.equal(compiled[small], eager[small])
+    assert float((compiled - eager).abs().max()) < 1e-5  # the split ones: Inductor's own float64 code

@@ -19,6 +19,9 @@ def autocast_off(device: torch.device) -> contextlib.AbstractContextManager:
 #: Angles below this many radians take the plain product in the angle dtype (the common float32
 #: form, so small positions give the same bits as other libraries); larger ones are split.
 ANGLE_SPLIT = 4096
+#: Columns whose largest angle reaches this (just below ANGLE_SPLIT: float32's rounding of the
+#: plain product) are computed in both forms and chosen per angle.
+_COLUMN_SPLIT = ANGLE_SPLIT * (1 - 2.0**-20)
 _TWO_PI = 2 * math.pi
 
 
@@ -43,10 +46,13 @@ def position_angles(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torc
     reduced modulo ``2 pi``, then the small ``lo * f`` is added in ``dtype``. The angle differs from
     ``p * f`` by a multiple of ``2 pi`` (cos and sin are unchanged) and stays within about ``5e-4``
     rad of the exact angle for every position up to ``2^40`` (about ``7e-4`` at ``2^44``; past
-    that the float64 product ``hi * f`` itself rounds: ``0.01`` rad at ``2^48``). On CPU in eager
-    mode only the frequencies that need it are split (the others, and every frequency when all
-    positions lie in ``[0, 4096)``, take the plain float32 product: the same bits as other
-    libraries); GPUs (no host sync) and compiled graphs split every frequency.
+    that the float64 product ``hi * f`` itself rounds: ``0.01`` rad at ``2^48``).
+
+    Each angle is chosen by its own plain product: split where ``|fl(p) fl(f)| >= 4096``, the plain
+    product (the same bits as other libraries) elsewhere. So a position's angles do not depend on
+    the other positions of the call: a decode step, a prefill and precomputed rows give the same
+    bits. On CPU in eager mode only the frequencies that reach 4096 rad somewhere are split at
+    all; GPUs (no host sync) and compiled graphs compute both forms for every frequency.
 
     Args:
         positions: integer tensor ``[...]``.
@@ -62,7 +68,7 @@ def position_angles(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torc
     if dtype == torch.float64:  # float64 holds every position below 2^53 exactly: the plain product
         return positions.to(dtype)[..., None] * f
     if torch.compiler.is_compiling() or positions.device.type != "cpu":
-        return _split_angles(positions, inv_freq, dtype)
+        return _chosen(positions.to(dtype)[..., None] * f, _split_angles(positions, inv_freq, dtype))
     # one position (a decode step); not while tracing, which would keep this p as a constant
     if positions.numel() == 1 and inv_freq.dim() == 1 and not torch.jit.is_tracing():
         p = int(positions.item())
@@ -72,10 +78,17 @@ def position_angles(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torc
     cols = _reaching(inv_freq, _reach(positions))  # [k] column indices
     if cols and cols[-1] - cols[0] + 1 == len(cols):  # a range (decreasing f)
         a, b = cols[0], cols[-1] + 1
-        angles[..., a:b] = _split_angles(positions, inv_freq[..., a:b], dtype)  # [..., k], in place
+        split = _split_angles(positions, inv_freq[..., a:b], dtype)  # [..., k]
+        angles[..., a:b] = _chosen(angles[..., a:b], split)  # in place
     elif cols:
-        angles[..., cols] = _split_angles(positions, inv_freq[..., cols], dtype)  # [..., k]
+        angles[..., cols] = _chosen(angles[..., cols], _split_angles(positions, inv_freq[..., cols], dtype))
     return angles
+
+
+def _chosen(plain: torch.Tensor, split: torch.Tensor) -> torch.Tensor:
+    """Each angle's form (:func:`position_angles`): ``split`` where the plain product reaches
+    4096 rad, ``plain`` elsewhere. Shapes: ``[..., k]`` both -> ``[..., k]``."""
+    return torch.where(plain.abs() >= ANGLE_SPLIT, split, plain)
 
 
 def _one_position(p: int, inv_freq: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
@@ -90,17 +103,18 @@ def _one_position(p: int, inv_freq: torch.Tensor, f: torch.Tensor) -> torch.Tens
         at = slice(cols[0], cols[-1] + 1) if cols[-1] - cols[0] + 1 == len(cols) else cols
         f_wide = inv_freq[at].to(f.device, wide_dtype(f.device))  # [k], where the angles are
         far = torch.remainder(f_wide * float(p - lo), _TWO_PI).to(f.dtype)  # [k]: hi f mod 2 pi
-        angles[at] = far + f[at] * float(lo)  # [k]
+        angles[at] = _chosen(angles[at], far + f[at] * float(lo))  # [k]
     return angles
 
 
 def _reaching(inv_freq: torch.Tensor, reach: int) -> list[int]:
-    """The frequencies (last-dim indices of ``inv_freq`` ``[r]`` or ``[..., r]``) whose angles reach
-    4096 rad at position ``reach`` in some row: float32 loses them there. ``[r]`` frequencies are
-    compared on the host (one read instead of a chain of small ops; the same float64 products)."""
+    """The frequencies (last-dim indices of ``inv_freq`` ``[r]`` or ``[..., r]``) whose angles may
+    reach 4096 rad at position ``reach`` in some row (a margin below 4096 for float32's rounding of
+    the product): float32 loses them there. ``[r]`` frequencies are compared on the host (one read
+    instead of a chain of small ops; the same float64 products)."""
     if inv_freq.dim() == 1:
-        return [i for i, f in enumerate(inv_freq.tolist()) if abs(f) * reach >= ANGLE_SPLIT]
-    reaches = inv_freq.abs().double() * reach >= ANGLE_SPLIT  # [..., r]
+        return [i for i, f in enumerate(inv_freq.tolist()) if abs(f) * reach >= _COLUMN_SPLIT]
+    reaches = inv_freq.abs().double() * reach >= _COLUMN_SPLIT  # [..., r]
     return reaches.reshape(-1, reaches.shape[-1]).any(0).nonzero().flatten().tolist()  # over any row
 
 
