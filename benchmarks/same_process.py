@@ -11,6 +11,7 @@ three calls in one process, 11 rounds, medians printed (2 threads). Run from the
     python benchmarks/same_process.py blocks train  # ... forward + backward at L = 4096
     python benchmarks/same_process.py decode        # one decode step: module, tables, function
     python benchmarks/same_process.py module bf16   # the module against the function, out of place
+    python benchmarks/same_process.py module bf16 long  # ... on the long prefill [1, 32, 16384, 128]
     python benchmarks/same_process.py hot           # the kernel's own rate in L2, one thread
     python benchmarks/same_process.py tables        # laying out a sinusoidal table: strided out= vs a copy
 
@@ -132,27 +133,30 @@ def decode() -> None:
         print(f"{name:24s} {(time.perf_counter() - t0) / 2000 * 1e6:7.1f} us")
 
 
-def module(dtype: torch.dtype) -> None:
-    """The module against the function, out of place, q and k ``[4, 32, 2048, 128]``: ``rotate``
-    with its tables built in the call, with tables passed in, the function on precomputed tables,
-    and the tables alone, against a copy (glibc keeps freed memory, as ``posenc bench --allocator
-    keep``); in bf16 also the module with ``compute_dtype=torch.float32``."""
+def module(dtype: torch.dtype, shape: tuple[int, ...] = (4, 32, 2048, 128)) -> None:
+    """The module against the function, out of place, q and k ``shape``: ``rotate`` with its
+    tables built in the call, from rows precomputed at build time, with tables passed in, the
+    function on precomputed tables, and the tables alone, against a copy (glibc keeps freed memory,
+    as ``posenc bench --allocator keep``); in bf16 also the module with
+    ``compute_dtype=torch.float32``."""
     from posenc.benchmarks.harness import set_allocator
 
     set_allocator("keep")
     gen = torch.Generator().manual_seed(0)
-    q, k = (torch.randn(4, 32, 2048, 128, generator=gen).to(dtype) for _ in range(2))
+    q, k = (torch.randn(*shape, generator=gen).to(dtype) for _ in range(2))
     rot = posenc.RotaryEmbedding(128)
     tab = rot.rotary_tables(q, k)
     cos, sin = tab.q_cos, tab.q_sin
     dq, dk = torch.empty_like(q), torch.empty_like(k)
     wide = posenc.RotaryEmbedding(128, compute_dtype=torch.float32)  # bf16: float32 math, one rounding
     once = {"module rotate, float32 math": lambda: wide.rotate(q, k)} if dtype == torch.bfloat16 else {}
+    kept = posenc.RotaryEmbedding(128, precompute=shape[-2])  # rows of the default positions, made here
     m = _medians(
         {
             **once,
             "copy into buffers": lambda: (dq.copy_(q), dk.copy_(k)),
             "module rotate": lambda: rot.rotate(q, k),
+            "module, precompute=s": lambda: kept.rotate(q, k),
             "rotate(tables=...)": lambda: rot.rotate(q, k, tables=tab),
             "apply_rotary_qk": lambda: posenc.apply_rotary_qk(q, k, cos, sin, cos, sin),
             "rotary_tables": lambda: rot.rotary_tables(q, k),
@@ -160,7 +164,8 @@ def module(dtype: torch.dtype) -> None:
     )
     for name, ms in m.items():
         print(f"{name:24s} {ms:7.2f} ms")
-    print(f"module: {m['module rotate'] / m['apply_rotary_qk'] - 1:+.1%} of the function's time")
+    print(f"module: {m['module rotate'] / m['apply_rotary_qk'] - 1:+.1%} of the function's time", end="")
+    print(f", with precompute {m['module, precompute=s'] / m['apply_rotary_qk'] - 1:+.1%}")
     copy = m["copy into buffers"]
     print(f"module {copy / m['module rotate']:.0%} of the copy", end="")
     print(f", float32 math {copy / m['module rotate, float32 math']:.0%}" if once else "")
@@ -255,7 +260,8 @@ if __name__ == "__main__":
     elif what == "decode":
         decode()
     elif what == "module":
-        module({"fp32": torch.float32, "bf16": torch.bfloat16}[sys.argv[2] if len(sys.argv) > 2 else "fp32"])
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[sys.argv[2] if len(sys.argv) > 2 else "fp32"]
+        module(dtype, (1, 32, 16384, 128) if sys.argv[3:] == ["long"] else (4, 32, 2048, 128))
     elif what == "hot":
         hot()
     elif what == "blocks":
@@ -264,6 +270,6 @@ if __name__ == "__main__":
         tables()
     else:
         sys.exit(
-            "usage: same_process.py rope [fp32|bf16] | module [fp32|bf16] | hot | fresh | blocks [train]"
-            " | decode | tables"
+            "usage: same_process.py rope [fp32|bf16] | module [fp32|bf16] [long] | hot | fresh"
+            " | blocks [train] | decode | tables"
         )

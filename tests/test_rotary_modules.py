@@ -1,6 +1,6 @@
 """Tests of posenc.rotary.modules: RotaryEmbedding (position zero, incremental decoding, per-token
 positions, torch.compile, meta device, registry flags, prebuilt tables, float64 frequencies,
-compute_dtype). Its variants XPos and Rope2D: tests/test_rotary_variants.py."""
+compute_dtype, precomputed rows). Its variants XPos and Rope2D: tests/test_rotary_variants.py."""
 
 from __future__ import annotations
 
@@ -198,3 +198,70 @@ def test_compute_dtype_float32_builds_float32_tables_and_rounds_once(per_row):
     )
     assert "compute_dtype=torch.float32" in repr(rope)
     assert RotaryEmbedding(16, compute_dtype="float32").compute_dtype == torch.float32
+
+
+def _tables_equal(a, b) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a[:4], b[:4]))
+
+
+@pytest.mark.parametrize("wide", [None, torch.float32])
+def test_precomputed_rows_give_the_tables_each_call_builds(wide):
+    """precompute=n: calls at the default positions of up to n tokens read rows made at build time,
+    bit for bit the tables a call builds (also past 4096 tokens, where some angles are split, and in
+    every table dtype); explicit positions and longer inputs build their own. Forward never writes
+    the rows; they are not saved."""
+    plain = RotaryEmbedding(32, compute_dtype=wide)
+    kept = RotaryEmbedding(32, compute_dtype=wide, precompute=9000)
+    assert kept.rows.shape == (2, 9000, 16) and kept.rows.dtype == torch.float32
+    assert "rows" not in kept.state_dict() and "precompute=9000" in repr(kept)
+    for s in (1, 7, 4096, 4097, 8999, 9000, 9001):
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            q, k = torch.randn(1, 2, s, 32).to(dtype), torch.randn(1, 1, s, 32).to(dtype)
+            assert _tables_equal(kept.rotary_tables(q, k), plain.rotary_tables(q, k)), (s, dtype)
+            if s in (7, 9000):
+                for a, b in zip(kept.rotate(q, k), plain.rotate(q, k)):
+                    assert torch.equal(a, b)
+    rows = kept.rows
+    kept.rows = rows + 1  # the rows are what default positions of up to 9000 tokens read, and only those
+    q = torch.randn(1, 2, 20, 32)
+    assert not _tables_equal(kept.rotary_tables(q, q), plain.rotary_tables(q, q))
+    pos = torch.arange(20)
+    assert _tables_equal(kept.rotary_tables(q, q, pos, pos), plain.rotary_tables(q, q, pos, pos))
+    long = torch.randn(1, 2, 9001, 32)
+    assert _tables_equal(kept.rotary_tables(long, long), plain.rotary_tables(long, long))
+    kept.rows = rows
+    kept.rotate(q, q)
+    assert kept.rows is rows
+
+
+def test_precomputed_rows_follow_casts_moves_and_meta():
+    """A cast recomputes the rows at a table's precision (float32 in a bf16 module, float64 in a
+    float64 one); a meta build makes them for real on to_empty; compiled graphs read them."""
+    plain, kept = RotaryEmbedding(16), RotaryEmbedding(16, precompute=64)
+    kept.to(torch.bfloat16)
+    assert kept.rows.dtype == torch.float32
+    q = torch.randn(2, 2, 50, 16, dtype=torch.bfloat16)
+    assert all(torch.equal(a, b) for a, b in zip(kept.rotate(q, q), plain.rotate(q, q)))
+    kept.double()
+    q64 = torch.randn(2, 2, 50, 16, dtype=torch.float64)
+    assert kept.rows.dtype == torch.float64
+    assert all(torch.equal(a, b) for a, b in zip(kept.rotate(q64, q64), plain.double().rotate(q64, q64)))
+    with torch.device("meta"):
+        lazy = posenc.build("rope", head_dim=16, precompute=64)
+    assert lazy.rows.is_meta
+    lazy.to_empty(device="cpu")
+    assert torch.equal(lazy.rows, RotaryEmbedding(16, precompute=64).rows)
+    x = torch.randn(1, 2, 40, 16)
+    want = plain.rotate(x, x)[0]
+    got = torch.compile(lambda t: lazy.rotate(t, t)[0], fullgraph=True)(x)
+    assert torch.equal(got, want)
+
+
+def test_precompute_rejects_bad_values_and_length_dependent_rules():
+    with pytest.raises(ValueError, match="precompute must be >= 0"):
+        RotaryEmbedding(16, precompute=-1)
+    with pytest.raises(TypeError, match="precompute"):
+        RotaryEmbedding(16, precompute=2.5)
+    fix = r"precompute=64 needs frequencies that do not depend on the length.*pass precompute=0"
+    with pytest.raises(ValueError, match=fix):
+        RotaryEmbedding(16, scaling=scaling_for("dynamic", 16, factor=2.0, l0=32), precompute=64)

@@ -111,6 +111,9 @@ def _inplace_impls(q, k, cos, sin, layout: str) -> list[Impl]:
 
 #: the layout tag of the float32-arithmetic implementations (checked against the "half" reference)
 _F32_MATH = "half, float32 math"
+#: the layout tag of the module with precomputed rows (an option: kept out of the speed-ups against
+#: peers, which compare the module as built)
+_KEPT_ROWS = "half, precomputed rows"
 
 
 def _float32_math_impls(q, k, positions, inv_freq, r: int) -> list[Impl]:
@@ -181,6 +184,11 @@ def _module_impls(q, k, positions, r: int, skipped: dict[str, str]) -> list[Impl
         Impl("posenc_module", lambda: rope.rotate(q, k, pos, pos), "posenc", "half", doc, form="module",
              versus="posenc_half")  # timed next to the function it wraps, on tables made beforehand
     ]  # fmt: skip
+    if pos is None:  # the default positions, which rows made at build time serve
+        kept = posenc.RotaryEmbedding(d, rotary_dim=r, precompute=q.shape[-2])
+        doc_kept = "RotaryEmbedding(precompute=s).rotate(q, k)"
+        impls.append(Impl("posenc_module_precompute", lambda: kept.rotate(q, k), "posenc", _KEPT_ROWS,
+                          doc_kept, form="module", versus="posenc_half"))  # fmt: skip
     impls += _hf_module(q, k, positions, r, skipped)
     ret, why = _optional("rotary_embedding_torch")
     if ret is None or not shared:
@@ -280,7 +288,7 @@ def _case(
         "positions": "[b, s]" if per_token else "[s]",
     }
     refs = {layout: _reference(q, k, cos, sin, layout, r) for layout in ("half", "interleaved")}
-    refs[_F32_MATH] = refs["half"]
+    refs[_F32_MATH] = refs[_KEPT_ROWS] = refs["half"]
     return Case(
         name, description, nbytes, impls, params, skipped,
         reference=lambda: refs, atol=atol, rtol=rtol, dtype=dtype,

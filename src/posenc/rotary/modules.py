@@ -11,7 +11,9 @@ from typing import Any, NamedTuple
 
 import torch
 
+from .._alloc import check_allocation
 from .._validate import check_choice, check_int, check_positive_float
+from ..absolute import _angle_dtype
 from ..base import PositionalScheme
 from ..kernels.rope_reference import ROTARY_LAYOUTS
 from ..positions import resolve_positions
@@ -109,6 +111,12 @@ class RotaryEmbedding(PositionalScheme):
             transformers' bits in bf16) or ``torch.float32`` (``"float32"``): bf16/fp16 q and k
             are rotated with float32 tables in float32 arithmetic and rounded once, as torchtune
             and Meta's reference code do (see :func:`apply_rotary`).
+        precompute: ``n > 0`` computes the cos/sin rows of positions ``0..n-1`` when the module is
+            built and whenever it moves or is cast (float32; float64 in a float64 module; never
+            saved); calls at the default positions of up to ``n`` tokens read them, bit for bit the
+            tables a call would build, for ``n * r`` floats of memory. Default 0: tables are built
+            in each call (a model builds them once per forward for all its layers). Only for
+            scalings whose frequencies do not depend on the length.
 
     Shapes: ``rotate(q [b, h, s_q, d_h], k [b, h_kv, s_k, d_h], q_positions [s_q] | [b, s_q],
     k_positions [s_k] | [b, s_k]) -> (q, k)`` of the same shapes and dtypes; with ``"bshd"``
@@ -150,6 +158,7 @@ class RotaryEmbedding(PositionalScheme):
         scaling: Mapping[str, Any] | str | None = None,
         qk_layout: str = "bhsd",
         compute_dtype: torch.dtype | str | None = None,
+        precompute: int = 0,
     ) -> None:
         super().__init__()
         self.qk_layout = check_choice(qk_layout, "qk_layout", QK_LAYOUTS)
@@ -167,6 +176,14 @@ class RotaryEmbedding(PositionalScheme):
         self.register_buffer(
             "inv_freq", self._fixed_frequencies(torch.get_default_device()), persistent=False
         )
+        self.precompute = check_int(precompute, "precompute", minimum=0)
+        if self.precompute and self.needs_unrotated_cache:
+            raise ValueError(
+                f"precompute={precompute} needs frequencies that do not depend on the length, but "
+                f"scaling {self.scaling_rule!r} does; pass precompute=0"
+            )
+        rows = self._precomputed(torch.get_default_device(), torch.float32)  # [2, n, r/2] or None
+        self.register_buffer("rows", rows, persistent=False)  # read in forward, never written there
 
     def _fixed_frequencies(self, device: torch.device) -> torch.Tensor | None:
         """``inv_freq [r/2]`` of a rule that does not depend on the length (None for one that does);
@@ -179,12 +196,38 @@ class RotaryEmbedding(PositionalScheme):
         )
         return inv
 
+    def _precomputed(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor | None:
+        """cos and sin ``[2, n, r/2]`` of positions ``0..n-1`` at a table's precision for ``dtype``
+        (float32, or float64), or None."""
+        if not self.precompute:
+            return None
+        fix = "pass a smaller precompute (0 builds the tables in each call)"
+        shape = (2, self.precompute, self.rotary_dim // 2)
+        dtype = _angle_dtype(dtype)
+        check_allocation(shape, dtype, "precomputed rows", fix, device=device)
+        inv, scale = self.frequencies(device=device)
+        positions = torch.arange(self.precompute, device=device)  # [n]
+        cos, sin = rope_cos_sin(positions, inv, attention_scale=scale, dtype=dtype)  # [n, r/2] each
+        return torch.stack((cos, sin))  # 2 x [n, r/2] -> [2, n, r/2]
+
+    def _kept(self, given: torch.Tensor | None, positions: torch.Tensor, x: torch.Tensor):
+        """(cos, sin) ``[s, r/2]`` for x from the precomputed rows, or None where they do not serve:
+        explicit positions, more than n tokens, another device or precision."""
+        rows, s, dtype = self.rows, positions.shape[0], self._table_dtype(x)
+        if (given is not None or rows is None or s > rows.shape[1] or rows.device != x.device
+                or rows.dtype != _angle_dtype(dtype)):  # fmt: skip
+            return None
+        return rows[0, :s].to(dtype), rows[1, :s].to(dtype)  # [n, r/2] -> [s, r/2]
+
     def _apply(self, fn, recurse=True):  # type: ignore[override]
         """Move or cast as usual, then recompute the fixed frequencies where they now are (a cast
-        would round them to the module's dtype)."""
+        would round them to the module's dtype), and the rows at a table's precision (float32 in a
+        bf16 module, float64 in a float64 one)."""
         super()._apply(fn, recurse)
         if self.inv_freq is not None:
             self.inv_freq = self._fixed_frequencies(self.inv_freq.device)
+        if self.rows is not None:
+            self.rows = self._precomputed(self.rows.device, self.rows.dtype)
         return self
 
     def frequencies(
@@ -238,13 +281,15 @@ class RotaryEmbedding(PositionalScheme):
         qp, kp = self._positions(q, k, q_positions, k_positions, qk_layout)
         len_q, len_k = self._lengths(qp, kp)
         inv, scale = self.frequencies(len_q, device=q.device)  # [r/2], or [..., s_q, r/2] per document
-        cq, sq = rope_cos_sin(qp, inv, attention_scale=scale, dtype=self._table_dtype(q))
+        kept = self._kept(q_positions, qp, q)
+        cq, sq = kept or rope_cos_sin(qp, inv, attention_scale=scale, dtype=self._table_dtype(q))
         q_tables = _for_heads(cq, qp, qk_layout), _for_heads(sq, qp, qk_layout)
         if k.dtype == q.dtype and _same_positions(qp, kp, q_positions, k_positions):
             return q_tables, q_tables, (qp, kp)  # the same positions: one table
         if self.needs_unrotated_cache:  # the keys' own lengths
             inv, scale = self.frequencies(len_k, device=q.device)  # [..., s_k, r/2]
-        ck, sk = rope_cos_sin(kp, inv, attention_scale=scale, dtype=self._table_dtype(k))
+        kept = self._kept(k_positions, kp, k)
+        ck, sk = kept or rope_cos_sin(kp, inv, attention_scale=scale, dtype=self._table_dtype(k))
         return q_tables, (_for_heads(ck, kp, qk_layout), _for_heads(sk, kp, qk_layout)), (qp, kp)
 
     def _table_dtype(self, x: torch.Tensor) -> torch.dtype:
@@ -300,7 +345,8 @@ class RotaryEmbedding(PositionalScheme):
         scaling = "" if self.scaling_rule == "default" else f", scaling={self.scaling_rule!r}"
         qk = "" if self.qk_layout == "bhsd" else f", qk_layout={self.qk_layout!r}"
         wide = "" if self.compute_dtype is None else f", compute_dtype={self.compute_dtype}"
+        kept = f", precompute={self.precompute}" if self.precompute else ""
         return (
             f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base}, "
-            f"layout={self.layout!r}{scaling}{qk}{wide}"
+            f"layout={self.layout!r}{scaling}{qk}{wide}{kept}"
         )
