@@ -9,8 +9,9 @@
    differs, and it is undone before the store:
    - 16 words widen as their even words (shifted up: ev16) and their odd words (masked: od16), in
      place, so a table block widens the same way and no lane crosses; a result's word goes back
-     with a blend of the even result (shifted down) and the odd one (back16): 3 operations per 16
-     values on Zen 3's two shift/shuffle ports instead of 4 unpacks and 6 pack operations;
+     with a blend of the even result (shifted down) and the odd one (back16): 8 operations per 16
+     pairs, 2 of them masks that any port runs, instead of 10 unpacks, shifts and packs, which
+     only two of Zen 3's four vector ports run;
    - the rounding takes 3 operations, not 4 (rnd_add). This loop is bound by its vector operations
      (64 per 16 pairs, 78 before these two changes: about 0.94x the time in place, benchmarks/ab_kernel.py). */
 static inline __m256i ld2(const void* p) { return _mm256_loadu_si256((const __m256i*)p); }
