@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import struct
 
 import torch
 
@@ -97,13 +98,16 @@ def _one_position(p: int, inv_freq: torch.Tensor, f: torch.Tensor) -> torch.Tens
     a Python float multiplies in the tensor's dtype) in a few ops instead of the general path's
     twenty. Shapes: ``inv_freq`` ``[r]`` (any float dtype), ``f`` ``[r]`` in the angle dtype -> ``[r]``."""
     angles = f * float(p)  # [r]: float32(p) * f, the plain product
-    cols = _reaching(inv_freq, abs(p))
+    # The angles _chosen would split, decided on the host: a product of two float32 values is exact
+    # in float64, and it rounds to >= 4096 in float32 exactly when it is >= 4096 - 2^-13.
+    p32, reach = struct.unpack("f", struct.pack("f", float(p)))[0], ANGLE_SPLIT - 2.0**-13  # float32(p)
+    cols = [i for i, g in enumerate(f.tolist()) if abs(g * p32) >= reach]  # f: the float32 frequencies
     if cols:
         lo = p % ANGLE_SPLIT  # in [0, 4096) also for negative p, as torch.remainder
         at = slice(cols[0], cols[-1] + 1) if cols[-1] - cols[0] + 1 == len(cols) else cols
         f_wide = inv_freq[at].to(f.device, wide_dtype(f.device))  # [k], where the angles are
         far = torch.remainder(f_wide * float(p - lo), _TWO_PI).to(f.dtype)  # [k]: hi f mod 2 pi
-        angles[at] = _chosen(angles[at], far + f[at] * float(lo))  # [k]
+        angles[at] = far + f[at] * float(lo)  # [k]
     return angles
 
 
