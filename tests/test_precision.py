@@ -79,15 +79,16 @@ def test_only_the_frequencies_that_need_it_are_split_in_any_order():
 )
 def test_split_columns_are_chosen_on_the_host_as_by_the_tensor_rule(reach, scale, dtype):
     """[r] frequencies are compared on the host: the same columns as the float64 tensor rule
-    (|f| * reach >= 4096), and per-row [..., r] frequencies take any row's."""
-    from posenc._precision import _reaching
+    (|f| * reach >= 4096 (1 - 2^-20), a margin for float32's rounding of the product), and per-row
+    [..., r] frequencies take any row's."""
+    from posenc._precision import _COLUMN_SPLIT, _reaching
 
     inv = (INV * scale).to(dtype)
-    want = (inv.abs().double() * reach >= ANGLE_SPLIT).nonzero().flatten().tolist()
+    want = (inv.abs().double() * reach >= _COLUMN_SPLIT).nonzero().flatten().tolist()
     assert _reaching(inv, reach) == want
     assert _reaching(-inv, reach) == want  # by magnitude
     rows = torch.stack([inv, -inv.flip(0) / 3])  # [2, r]
-    want_rows = (rows.abs().double() * reach >= ANGLE_SPLIT).any(0).nonzero().flatten().tolist()
+    want_rows = (rows.abs().double() * reach >= _COLUMN_SPLIT).any(0).nonzero().flatten().tolist()
     assert _reaching(rows, reach) == want_rows
 
 
@@ -175,4 +176,42 @@ def test_compiled_angles_pick_the_same_forms_as_eager():
     compiled = torch.compile(lambda p: position_angles(p, INV, torch.float32), fullgraph=True)(positions)
     small = (positions.float()[:, None] * INV.float()).abs() < ANGLE_SPLIT
     assert torch.equal(compiled[small], eager[small])
-    assert float((compiled - eager).abs().max()) < 1e-5  # the split ones: Inductor's own float64 code
+    # the split ones: Inductor's own float64 code may move them by a few float32 ulps
+    assert _wrapped_error(compiled, positions) < 1e-3
+
+
+@pytest.mark.parametrize("sign", [1, -1])
+def test_a_product_rounding_up_to_4096_is_split_in_every_path(sign):
+    """p f = 4096 - 2^-13 exactly (p = 18631, f = 1801 * 2^-13: 2^25 - 1 = 31 * 601 * 1801) rounds
+    to 4096 in float32 (a tie, to even): the decode path's host decision, the batch path and the
+    compiled graph all split it; one float32 ulp of f less stays the plain product everywhere."""
+    f_tie = 1801 * 2.0**-13
+    for f, split in ((f_tie, True), (f_tie - 2.0**-26, False)):  # 2^-26: one float32 ulp of f
+        inv = torch.tensor([f, 1e-3], dtype=torch.float64)
+        p = sign * 18631
+        alone = position_angles(torch.tensor([p]), inv, torch.float32)[0]
+        among = position_angles(torch.tensor([3, p, 5]), inv, torch.float32)[1]
+        plain = torch.tensor([float(p)]) * inv.float()
+        assert (abs(float(plain[0])) == 4096.0) if split else (abs(float(plain[0])) < 4096.0)
+        assert torch.equal(alone, among) and torch.equal(alone[1:], plain[1:])
+        assert bool(alone[0] != plain[0]) == split  # the split form is reduced modulo 2 pi
+
+
+@pytest.mark.parametrize("freqs", ["float32", "per_row"])
+def test_each_angle_picks_its_form_with_float32_and_per_row_frequencies(freqs):
+    """float32 inv_freq and per-position [s, r] frequencies (length-dependent scalings) follow the
+    same rule: plain products below 4096 rad, bit for bit, and a row alone equals the row among others."""
+    positions = torch.tensor([0, 7, 4095, 5000, 70_000, 2**24 + 3, 2**31 + 1])
+    if freqs == "float32":
+        inv = INV.float()
+    else:
+        inv = (
+            INV[None, :] * torch.linspace(0.5, 2.0, positions.numel(), dtype=torch.float64)[:, None]
+        )  # [s, r]
+    angles = position_angles(positions, inv, torch.float32)
+    plain = positions.float()[:, None] * inv.float()
+    small = plain.abs() < ANGLE_SPLIT
+    assert torch.equal(angles[small], plain[small]) and not small.all()
+    for i in range(positions.numel()):
+        row = inv[i : i + 1] if freqs == "per_row" else inv
+        assert torch.equal(position_angles(positions[i : i + 1], row, torch.float32)[0], angles[i])

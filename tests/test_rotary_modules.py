@@ -208,8 +208,8 @@ def _tables_equal(a, b) -> bool:
 def test_precomputed_rows_give_the_tables_each_call_builds(wide):
     """precompute=n: calls at the default positions of up to n tokens read rows made at build time,
     bit for bit the tables a call builds (also past 4096 tokens, where some angles are split, and in
-    every table dtype); explicit positions and longer inputs build their own. Forward never writes
-    the rows; they are not saved."""
+    every table dtype), and so do explicit positions inside the rows; positions past them build
+    their own. Forward never writes the rows; they are not saved."""
     plain = RotaryEmbedding(32, compute_dtype=wide)
     kept = RotaryEmbedding(32, compute_dtype=wide, precompute=9000)
     assert kept.rows.shape == (2, 9000, 16) and kept.rows.dtype == torch.float32
@@ -225,13 +225,88 @@ def test_precomputed_rows_give_the_tables_each_call_builds(wide):
     kept.rows = rows + 1  # the rows are what default positions of up to 9000 tokens read, and only those
     q = torch.randn(1, 2, 20, 32)
     assert not _tables_equal(kept.rotary_tables(q, q), plain.rotary_tables(q, q))
-    pos = torch.arange(20)
-    assert _tables_equal(kept.rotary_tables(q, q, pos, pos), plain.rotary_tables(q, q, pos, pos))
+    pos = torch.arange(20) + 8980  # explicit positions inside the rows read them; past the rows, not
+    assert not _tables_equal(kept.rotary_tables(q, q, pos, pos), plain.rotary_tables(q, q, pos, pos))
+    far = pos + 1
+    assert _tables_equal(kept.rotary_tables(q, q, far, far), plain.rotary_tables(q, q, far, far))
     long = torch.randn(1, 2, 9001, 32)
     assert _tables_equal(kept.rotary_tables(long, long), plain.rotary_tables(long, long))
     kept.rows = rows
     kept.rotate(q, q)
     assert kept.rows is rows
+    kept.rotary_tables(q, q).q_cos.mul_(0)  # the tables handed out are copies, never the buffer
+    assert torch.equal(kept.rows, rows)
+
+
+@pytest.mark.parametrize(
+    "build, call",
+    [
+        ({}, {"qk_layout": "bshd"}),  # [b, s, h, d]: s is dim 1
+        ({"rotary_dim": 16}, {}),  # partial
+        ({"scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}}, {}),
+        ({"layout": "interleaved"}, {"k_dtype": torch.bfloat16}),  # k in another dtype than q
+        ({}, {"s_k": 30}),  # keys longer than queries (GQA, 4 query heads, 2 key heads)
+        ({}, {"positions": "decode"}),  # explicit one position: gathered
+        ({}, {"positions": "per_token"}),  # [b, s] positions: gathered
+        ({}, {"positions": "beyond"}),  # past the rows: built in the call
+    ],
+)
+def test_precomputed_rows_serve_every_call_shape(build, call):
+    """Kept rows against tables built in the call, bit for bit, over layouts, partial rotary, a scaling
+    with an attention scale, mixed dtypes, different lengths, and explicit positions (gathered on
+    CPU when they all lie in 0..n-1, built otherwise)."""
+    plain, kept = RotaryEmbedding(32, **build), RotaryEmbedding(32, precompute=40, **build)
+    s_q, s_k = 12, call.get("s_k", 12)
+    bshd = call.get("qk_layout") == "bshd"
+    q = torch.randn(2, s_q, 4, 32) if bshd else torch.randn(2, 4, s_q, 32)
+    k = torch.randn(2, s_k, 2, 32) if bshd else torch.randn(2, 2, s_k, 32)
+    k = k.to(call.get("k_dtype", torch.float32))
+    pos = {
+        "decode": (torch.tensor([39]), torch.tensor([39])),
+        "per_token": (torch.arange(s_q).expand(2, s_q) + torch.tensor([[0], [7]]),) * 2,
+        "beyond": (torch.arange(s_q) + 35,) * 2,
+    }.get(call.get("positions"), (None, None))
+    if call.get("positions") == "decode":
+        q, k = q[..., :1, :], k[..., :1, :]
+    kw = {"qk_layout": "bshd"} if bshd else {}
+    assert _tables_equal(kept.rotary_tables(q, k, *pos, **kw), plain.rotary_tables(q, k, *pos, **kw))
+    for a, b in zip(kept.rotate(q, k, *pos, **kw), plain.rotate(q, k, *pos, **kw)):
+        assert torch.equal(a, b)
+
+
+def test_precomputed_rows_in_a_model_and_after_inference_mode():
+    """A model's attention plan passes explicit positions: they read the rows (changing the rows
+    changes the output), the same output as without them; a module built under inference_mode
+    still trains; copies and pickles keep the option."""
+    import copy
+    import pickle
+
+    from posenc.model import ModelConfig, TransformerLM
+
+    def lm(options):
+        torch.manual_seed(0)
+        cfg = ModelConfig(vocab_size=50, d_model=32, num_layers=2, num_heads=4, position="rope",
+                          position_options=options, max_len=64)  # fmt: skip
+        return TransformerLM(cfg).eval()
+
+    ids = torch.randint(0, 50, (2, 20), generator=torch.Generator().manual_seed(1))
+    plain, kept = lm({}), lm({"precompute": 64})
+    with torch.no_grad():
+        want, got = plain(ids).logits, kept(ids).logits
+        assert torch.equal(got, want)
+        rope = next(m for m in kept.modules() if isinstance(m, RotaryEmbedding))
+        rope.rows = rope.rows + 1
+        assert not torch.equal(kept(ids).logits, want)
+    with torch.inference_mode():
+        frozen = RotaryEmbedding(16, precompute=32)
+    x = torch.randn(1, 2, 10, 16, requires_grad=True)
+    frozen.rotate(x, x)[0].sum().backward()
+    assert x.grad is not None
+    for twin in (copy.deepcopy(frozen), pickle.loads(pickle.dumps(RotaryEmbedding(16, precompute=32)))):
+        assert twin.precompute == 32 and twin.rows.shape == (2, 32, 8)
+        assert all(torch.equal(a, b) for a, b in zip(twin.rotate(x, x), RotaryEmbedding(16).rotate(x, x)))
+    with pytest.raises(TypeError):
+        XPos(16, precompute=8)  # the variants do not take it
 
 
 def test_precomputed_rows_follow_casts_moves_and_meta():

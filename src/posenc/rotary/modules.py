@@ -113,10 +113,11 @@ class RotaryEmbedding(PositionalScheme):
             and Meta's reference code do (see :func:`apply_rotary`).
         precompute: ``n > 0`` computes the cos/sin rows of positions ``0..n-1`` when the module is
             built and whenever it moves or is cast (float32; float64 in a float64 module; never
-            saved); calls at the default positions of up to ``n`` tokens read them, bit for bit the
-            tables a call would build, for ``n * r`` floats of memory. Default 0: tables are built
-            in each call (a model builds them once per forward for all its layers). Only for
-            scalings whose frequencies do not depend on the length.
+            saved); calls whose positions all lie in ``0..n-1`` read them (the default positions of
+            up to ``n`` tokens; explicit ones on CPU in eager mode, gathered), bit for bit the
+            tables eager mode builds in a call, for ``n * r`` floats of memory. Default 0: tables
+            are built in each call (a model builds them once per forward for all its layers). Only
+            for scalings whose frequencies do not depend on the length.
 
     Shapes: ``rotate(q [b, h, s_q, d_h], k [b, h_kv, s_k, d_h], q_positions [s_q] | [b, s_q],
     k_positions [s_k] | [b, s_k]) -> (q, k)`` of the same shapes and dtypes; with ``"bshd"``
@@ -211,13 +212,24 @@ class RotaryEmbedding(PositionalScheme):
         return torch.stack((cos, sin))  # 2 x [n, r/2] -> [2, n, r/2]
 
     def _kept(self, given: torch.Tensor | None, positions: torch.Tensor, x: torch.Tensor):
-        """(cos, sin) ``[s, r/2]`` for x from the precomputed rows, or None where they do not serve:
-        explicit positions, more than n tokens, another device or precision."""
-        rows, s, dtype = self.rows, positions.shape[0], self._table_dtype(x)
-        if (given is not None or rows is None or s > rows.shape[1] or rows.device != x.device
-                or rows.dtype != _angle_dtype(dtype)):  # fmt: skip
+        """(cos, sin) for x's ``positions`` ``[s]`` or ``[b, s]`` (-> ``[s, r/2]`` or
+        ``[b, s, r/2]``) from the precomputed rows, or None where they do not serve: no rows,
+        another device or precision, positions outside ``0..n-1``. Explicit positions (``given``)
+        are checked on the host: CPU eager only (no GPU sync, nothing data-dependent in a graph)."""
+        rows, dtype = self.rows, self._table_dtype(x)
+        if rows is None or rows.device != x.device or rows.dtype != _angle_dtype(dtype):
             return None
-        return rows[0, :s].to(dtype), rows[1, :s].to(dtype)  # [n, r/2] -> [s, r/2]
+        n = rows.shape[1]
+        if given is None:  # the default arange(s)
+            s = positions.shape[0]
+            # a copy: the caller's tables never share the buffer's storage
+            return None if s > n else (rows[0, :s].to(dtype, copy=True), rows[1, :s].to(dtype, copy=True))
+        if torch.compiler.is_compiling() or x.device.type != "cpu" or positions.numel() == 0:
+            return None
+        if not 0 <= int(positions.min()) <= int(positions.max()) < n:  # two host reads
+            return None
+        picked = rows[:, positions]  # [2, n, r/2] -> [2, ..., r/2], a gather (a new tensor)
+        return picked[0].to(dtype), picked[1].to(dtype)
 
     def _apply(self, fn, recurse=True):  # type: ignore[override]
         """Move or cast as usual, then recompute the fixed frequencies where they now are (a cast

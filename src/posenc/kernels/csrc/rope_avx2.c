@@ -13,7 +13,8 @@
      pairs, 2 of them masks that any port runs, instead of 10 unpacks, shifts and packs, which
      only two of Zen 3's four vector ports run;
    - the rounding takes 3 operations, not 4 (rnd_add). This loop is bound by its vector operations
-     (64 per 16 pairs, 78 before these two changes: about 0.94x the time in place, benchmarks/ab_kernel.py). */
+     (64 per 16 pairs; before these changes 78 in the half layout, 76 interleaved: about 0.95x the
+     time in place, benchmarks/ab_kernel.py). */
 static inline __m256i ld2(const void* p) { return _mm256_loadu_si256((const __m256i*)p); }
 static inline __m256 ev16(__m256i w) { return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)); }
 static inline __m256 od16(__m256i w) {
