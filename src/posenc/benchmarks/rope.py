@@ -184,11 +184,11 @@ def _module_impls(q, k, positions, r: int, skipped: dict[str, str]) -> list[Impl
         Impl("posenc_module", lambda: rope.rotate(q, k, pos, pos), "posenc", "half", doc, form="module",
              versus="posenc_half")  # timed next to the function it wraps, on tables made beforehand
     ]  # fmt: skip
-    if pos is None:  # the default positions, which rows made at build time serve
-        kept = posenc.RotaryEmbedding(d, rotary_dim=r, precompute=q.shape[-2])
-        doc_kept = "RotaryEmbedding(precompute=s).rotate(q, k)"
-        impls.append(Impl("posenc_module_precompute", lambda: kept.rotate(q, k), "posenc", _KEPT_ROWS,
-                          doc_kept, form="module", versus="posenc_half"))  # fmt: skip
+    # rows made at build time for every position of the case (a slice, or gathered for explicit ones)
+    kept = posenc.RotaryEmbedding(d, rotary_dim=r, precompute=int(positions.max()) + 1)
+    doc_kept = "RotaryEmbedding(precompute=n).rotate(q, k)"
+    impls.append(Impl("posenc_module_precompute", lambda: kept.rotate(q, k, pos, pos), "posenc", _KEPT_ROWS,
+                      doc_kept, form="module", versus="posenc_half"))  # fmt: skip
     impls += _hf_module(q, k, positions, r, skipped)
     ret, why = _optional("rotary_embedding_torch")
     if ret is None or not shared:
