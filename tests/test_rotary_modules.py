@@ -309,6 +309,27 @@ def test_precomputed_rows_in_a_model_and_after_inference_mode():
         XPos(16, precompute=8)  # the variants do not take it
 
 
+@pytest.mark.parametrize("dtype, qk_layout", [(torch.float32, "bhsd"), (torch.bfloat16, "bshd")])
+def test_precomputed_rows_generate_the_same_tokens(dtype, qk_layout):
+    """Greedy generation with a KV cache (decode steps pass explicit positions, gathered from the
+    rows while they last, built past them: 9 + 8 positions, 14 rows) gives the same tokens and the
+    same logits as without kept rows."""
+    from posenc.model import ModelConfig, TransformerLM
+
+    def lm(options):
+        torch.manual_seed(0)
+        sizes = {"vocab_size": 50, "d_model": 32, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2}
+        cfg = ModelConfig(**sizes, position="rope", position_options=options, max_len=64, qk_layout=qk_layout)
+        return TransformerLM(cfg).to(dtype).eval()
+
+    prompt = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(2))
+    plain, kept = lm({}), lm({"precompute": 14})
+    with torch.no_grad():
+        want, got = plain.generate(prompt, 8, temperature=0), kept.generate(prompt, 8, temperature=0)
+        assert torch.equal(got, want)
+        assert torch.equal(kept(got).logits, plain(got).logits)
+
+
 def test_precomputed_rows_follow_casts_moves_and_meta():
     """A cast recomputes the rows at a table's precision (float32 in a bf16 module, float64 in a
     float64 one); a meta build makes them for real on to_empty; compiled graphs read them."""

@@ -46,9 +46,10 @@ def position_angles(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torc
     ``lo = p mod 4096``: ``hi * f`` is multiplied in float64 (``hi`` is an exact integer there) and
     reduced modulo ``2 pi``, then the small ``lo * f`` is added in ``dtype``. The angle differs from
     ``p * f`` by a multiple of ``2 pi`` (cos and sin are unchanged) and, for frequencies ``|f| <= 1``
-    (RoPE's and the sinusoidal table's; a larger ``f`` makes ``lo * f`` itself large), stays within
-    about ``5e-4`` rad of the exact angle for every position up to ``2^40`` (about ``1.4e-3`` at
-    ``2^44``; past that the float64 product ``hi * f`` itself rounds: ``0.01`` rad at ``2^48``).
+    (the sinusoidal table's, and RoPE's with a base >= 1 and scaling factors >= 1; a larger ``f``
+    makes ``lo * f`` itself large), stays within about ``5e-4`` rad of the exact angle for every
+    position up to ``2^40`` (about ``1.4e-3`` at ``2^44``; past that the float64 product ``hi * f``
+    itself rounds: ``0.01-0.02`` rad at ``2^48``).
 
     Each angle is chosen by its own plain product: split where ``|fl(p) fl(f)| >= 4096``, the plain
     product (the same bits as other libraries) elsewhere. So a position's angles do not depend on

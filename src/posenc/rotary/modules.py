@@ -224,11 +224,17 @@ class RotaryEmbedding(PositionalScheme):
             s = positions.shape[0]
             # a copy: the caller's tables never share the buffer's storage
             return None if s > n else (rows[0, :s].to(dtype, copy=True), rows[1, :s].to(dtype, copy=True))
-        if torch.compiler.is_compiling() or x.device.type != "cpu" or positions.numel() == 0:
+        tracing = torch.compiler.is_compiling() or torch.jit.is_tracing()  # a host read would be baked in
+        if tracing or x.device.type != "cpu" or positions.device.type != "cpu" or positions.numel() == 0:
             return None
-        if not 0 <= int(positions.min()) <= int(positions.max()) < n:  # two host reads
+        if positions.numel() == 1:  # a decode step: one host read
+            lo = hi = int(positions.item())
+        else:
+            lo, hi = int(positions.min()), int(positions.max())  # two host reads
+        if not 0 <= lo <= hi < n:
             return None
-        picked = rows[:, positions]  # [2, n, r/2] -> [2, ..., r/2], a gather (a new tensor)
+        picked = rows.index_select(1, positions.reshape(-1))  # [2, n, r/2] -> [2, numel, r/2], a gather
+        picked = picked.reshape(2, *positions.shape, rows.shape[-1])  # -> [2, ..., r/2]
         return picked[0].to(dtype), picked[1].to(dtype)
 
     def _apply(self, fn, recurse=True):  # type: ignore[override]
