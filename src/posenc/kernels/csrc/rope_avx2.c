@@ -39,55 +39,73 @@ static inline void rot8_bf16(__m256 a, __m256 b, __m256 c, __m256 s, __m256i* ao
   *bo = rnd_add(_mm256_add_ps(rbf8(_mm256_mul_ps(b, c)), rbf8(_mm256_mul_ps(a, s))));
 }
 
-/* The g rows xp + k xg -> op + k og (k < g) of one table row, 16 pairs at a time: each table block
-   is widened once for the g rows; the last h % 16 pairs take the scalar loop. */
-static inline void body2_bf16_half(const char* xp, char* op, i64 xg, i64 og, i64 g, const uint16_t* c,
-                                   const uint16_t* s, i64 h, float sgn, int tn) {
-  (void)tn;
-  const __m256 sg = _mm256_set1_ps(sgn);
-  i64 i = 0;
-  for (; i + 16 <= h; i += 16) {
-    __m256i cc = ld2(c + i), ss = ld2(s + i), ae, ao, be, bo;
-    __m256 ce = ev16(cc), co = od16(cc), se = _mm256_mul_ps(sg, ev16(ss)), so = _mm256_mul_ps(sg, od16(ss));
-    for (i64 k = 0; k < g; ++k) {
-      const uint16_t* xr = (const uint16_t*)(xp + k * xg); uint16_t* orow = (uint16_t*)(op + k * og);
-      __m256i a = ld2(xr + i), b = ld2(xr + h + i);
-      rot8_bf16(ev16(a), ev16(b), ce, se, &ae, &be);
-      rot8_bf16(od16(a), od16(b), co, so, &ao, &bo);
-      _mm256_storeu_si256((__m256i*)(orow + i), back16(ae, ao));
-      _mm256_storeu_si256((__m256i*)(orow + h + i), back16(be, bo));
-    }
-  }
-  for (i64 k = 0; k < g && i < h; ++k)
-    pairs_bf16_half((const uint16_t*)(xp + k * xg), (uint16_t*)(op + k * og), c, s, i, h, h, sgn);
+/* The g rows xp + k xg -> op + k og (k < g) of one table row, 16 pairs at a time, half layout
+   (a = x[i], b = x[h + i]): each table block is split once for the g rows into the lanes of
+   ev16 / od16 (SPLIT), the pairs are rotated by ROT (rot8_bf16: every product and sum rounded to
+   bf16; rot8_once: float32 arithmetic, one rounding) and the last h % 16 pairs take the scalar
+   loop TAIL. */
+#define HALF16(NAME, TT, SPLIT, ROT, TAIL)                                                          \
+static inline void NAME(const char* xp, char* op, i64 xg, i64 og, i64 g, const TT* c, const TT* s,  \
+                        i64 h, float sgn, int tn) {                                                 \
+  (void)tn;                                                                                         \
+  const __m256 sg = _mm256_set1_ps(sgn);                                                            \
+  i64 i = 0;                                                                                        \
+  for (; i + 16 <= h; i += 16) {                                                                    \
+    __m256 ce, co, se, so;                                                                          \
+    SPLIT(c + i, &ce, &co);                                                                         \
+    SPLIT(s + i, &se, &so);                                                                         \
+    se = _mm256_mul_ps(sg, se);                                                                     \
+    so = _mm256_mul_ps(sg, so);                                                                     \
+    for (i64 k = 0; k < g; ++k) {                                                                   \
+      const uint16_t* xr = (const uint16_t*)(xp + k * xg); uint16_t* orow = (uint16_t*)(op + k * og); \
+      __m256i a = ld2(xr + i), b = ld2(xr + h + i), ae, ao, be, bo;                                 \
+      ROT(ev16(a), ev16(b), ce, se, &ae, &be);                                                      \
+      ROT(od16(a), od16(b), co, so, &ao, &bo);                                                      \
+      _mm256_storeu_si256((__m256i*)(orow + i), back16(ae, ao));                                    \
+      _mm256_storeu_si256((__m256i*)(orow + h + i), back16(be, bo));                                \
+    }                                                                                               \
+  }                                                                                                 \
+  for (i64 k = 0; k < g && i < h; ++k)                                                              \
+    TAIL((const uint16_t*)(xp + k * xg), (uint16_t*)(op + k * og), c, s, i, h, h, sgn);             \
 }
 
+/* As HALF16 for the interleaved layout (a = x[2i], b = x[2i + 1]: the even and odd words of x
+   itself): LOAD8 reads 8 table values in natural order. */
+#define INTL16(NAME, TT, LOAD8, ROT, TAIL)                                                          \
+static inline void NAME(const char* xp, char* op, i64 xg, i64 og, i64 g, const TT* c, const TT* s,  \
+                        i64 h, float sgn, int tn) {                                                 \
+  (void)tn;                                                                                         \
+  const __m256 sg = _mm256_set1_ps(sgn);                                                            \
+  i64 i = 0;                                                                                        \
+  for (; i + 16 <= h; i += 16) {                                                                    \
+    __m256 c0 = LOAD8(c + i), c1 = LOAD8(c + i + 8);                                                \
+    __m256 s0 = _mm256_mul_ps(sg, LOAD8(s + i)), s1 = _mm256_mul_ps(sg, LOAD8(s + i + 8));          \
+    for (i64 k = 0; k < g; ++k) {                                                                   \
+      const uint16_t* xr = (const uint16_t*)(xp + k * xg); uint16_t* orow = (uint16_t*)(op + k * og); \
+      __m256i x0 = ld2(xr + 2 * i), x1 = ld2(xr + 2 * i + 16), a0, b0, a1, b1;                      \
+      ROT(ev16(x0), od16(x0), c0, s0, &a0, &b0);                                                    \
+      ROT(ev16(x1), od16(x1), c1, s1, &a1, &b1);                                                    \
+      _mm256_storeu_si256((__m256i*)(orow + 2 * i), back16(a0, b0));                                \
+      _mm256_storeu_si256((__m256i*)(orow + 2 * i + 16), back16(a1, b1));                           \
+    }                                                                                               \
+  }                                                                                                 \
+  for (i64 k = 0; k < g && i < h; ++k)                                                              \
+    TAIL((const uint16_t*)(xp + k * xg), (uint16_t*)(op + k * og), c, s, i, h, h, sgn);             \
+}
+
+/* 16 bf16 table words as their even (e) and odd (o) values: the lanes of ev16 / od16 */
+static inline void evod16(const uint16_t* p, __m256* e, __m256* o) {
+  __m256i w = ld2(p);
+  *e = ev16(w);
+  *o = od16(w);
+}
 /* 8 natural-order table values from bf16 words */
 static inline __m256 widen8(const uint16_t* p) {
   __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
 }
-
-static inline void body2_bf16_intl(const char* xp, char* op, i64 xg, i64 og, i64 g, const uint16_t* c,
-                                   const uint16_t* s, i64 h, float sgn, int tn) {
-  (void)tn;
-  const __m256 sg = _mm256_set1_ps(sgn);
-  i64 i = 0;
-  for (; i + 16 <= h; i += 16) {
-    __m256 c0 = widen8(c + i), c1 = widen8(c + i + 8);
-    __m256 s0 = _mm256_mul_ps(sg, widen8(s + i)), s1 = _mm256_mul_ps(sg, widen8(s + i + 8));
-    for (i64 k = 0; k < g; ++k) {
-      const uint16_t* xr = (const uint16_t*)(xp + k * xg); uint16_t* orow = (uint16_t*)(op + k * og);
-      __m256i x0 = ld2(xr + 2 * i), x1 = ld2(xr + 2 * i + 16), a0, b0, a1, b1;
-      rot8_bf16(ev16(x0), od16(x0), c0, s0, &a0, &b0);
-      rot8_bf16(ev16(x1), od16(x1), c1, s1, &a1, &b1);
-      _mm256_storeu_si256((__m256i*)(orow + 2 * i), back16(a0, b0));
-      _mm256_storeu_si256((__m256i*)(orow + 2 * i + 16), back16(a1, b1));
-    }
-  }
-  for (i64 k = 0; k < g && i < h; ++k)
-    pairs_bf16_intl((const uint16_t*)(xp + k * xg), (uint16_t*)(op + k * og), c, s, i, h, h, sgn);
-}
+HALF16(body2_bf16_half, uint16_t, evod16, rot8_bf16, pairs_bf16_half)
+INTL16(body2_bf16_intl, uint16_t, widen8, rot8_bf16, pairs_bf16_intl)
 
 /* float32, interleaved, 8 pairs at a time: x's pairs split into a = (0 1 4 5 | 2 3 6 7) and b in
    the same order with in-lane shuffles, the table block permuted once (64-bit moves) into that
@@ -116,9 +134,9 @@ static inline void body2_f32_intl(const char* xp, char* op, i64 xg, i64 og, i64 
   for (i64 k = 0; k < g && i < h; ++k)
     pairs_f32_intl((const float*)(xp + k * xg), (float*)(op + k * og), c, s, i, h, h, sgn);
 }
-/* Rounded once (float32 tables), 16 pairs at a time: x widened as in body2_bf16_half, each table
-   block split into its even and odd values once for the g rows (evod8); the float32 arithmetic of pairs_once_*,
-   then rnd_add with NaN lanes set to 0x7FC0 (the scalar path's bits for every input, NaNs included). */
+/* Rounded once (float32 tables): HALF16 / INTL16 with float32 table blocks (evod8 splits one into
+   even and odd values) and the float32 arithmetic of pairs_once_*, then rnd_add with NaN lanes set
+   to 0x7FC0 (the scalar path's bits for every input, NaNs included). */
 static inline __m256i once8(__m256 f) {
   __m256 nan = _mm256_cmp_ps(f, f, _CMP_UNORD_Q);
   return _mm256_castps_si256(
@@ -135,49 +153,8 @@ static inline void evod8(const float* p, __m256* e, __m256* o) {
   *e = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(v0, v1, 0x88)), 0xD8));
   *o = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(v0, v1, 0xDD)), 0xD8));
 }
-static inline void body2_once_half(const char* xp, char* op, i64 xg, i64 og, i64 g, const float* c, const float* s,
-                                   i64 h, float sgn, int tn) {
-  (void)tn;
-  const __m256 sg = _mm256_set1_ps(sgn);
-  i64 i = 0;
-  for (; i + 16 <= h; i += 16) {
-    __m256 ce, co, se, so;
-    evod8(c + i, &ce, &co);
-    evod8(s + i, &se, &so);
-    se = _mm256_mul_ps(sg, se);
-    so = _mm256_mul_ps(sg, so);
-    for (i64 k = 0; k < g; ++k) {
-      const uint16_t* xr = (const uint16_t*)(xp + k * xg); uint16_t* orow = (uint16_t*)(op + k * og);
-      __m256i a = ld2(xr + i), b = ld2(xr + h + i), ae, ao, be, bo;
-      rot8_once(ev16(a), ev16(b), ce, se, &ae, &be);
-      rot8_once(od16(a), od16(b), co, so, &ao, &bo);
-      _mm256_storeu_si256((__m256i*)(orow + i), back16(ae, ao));
-      _mm256_storeu_si256((__m256i*)(orow + h + i), back16(be, bo));
-    }
-  }
-  for (i64 k = 0; k < g && i < h; ++k)
-    pairs_once_half((const uint16_t*)(xp + k * xg), (uint16_t*)(op + k * og), c, s, i, h, h, sgn);
-}
-static inline void body2_once_intl(const char* xp, char* op, i64 xg, i64 og, i64 g, const float* c, const float* s,
-                                   i64 h, float sgn, int tn) {
-  (void)tn;
-  const __m256 sg = _mm256_set1_ps(sgn);
-  i64 i = 0;
-  for (; i + 16 <= h; i += 16) {
-    __m256 c0 = _mm256_loadu_ps(c + i), c1 = _mm256_loadu_ps(c + i + 8);
-    __m256 s0 = _mm256_mul_ps(sg, _mm256_loadu_ps(s + i)), s1 = _mm256_mul_ps(sg, _mm256_loadu_ps(s + i + 8));
-    for (i64 k = 0; k < g; ++k) {
-      const uint16_t* xr = (const uint16_t*)(xp + k * xg); uint16_t* orow = (uint16_t*)(op + k * og);
-      __m256i x0 = ld2(xr + 2 * i), x1 = ld2(xr + 2 * i + 16), a0, b0, a1, b1;
-      rot8_once(ev16(x0), od16(x0), c0, s0, &a0, &b0);
-      rot8_once(ev16(x1), od16(x1), c1, s1, &a1, &b1);
-      _mm256_storeu_si256((__m256i*)(orow + 2 * i), back16(a0, b0));
-      _mm256_storeu_si256((__m256i*)(orow + 2 * i + 16), back16(a1, b1));
-    }
-  }
-  for (i64 k = 0; k < g && i < h; ++k)
-    pairs_once_intl((const uint16_t*)(xp + k * xg), (uint16_t*)(op + k * og), c, s, i, h, h, sgn);
-}
+HALF16(body2_once_half, float, evod8, rot8_once, pairs_once_half)
+INTL16(body2_once_intl, float, _mm256_loadu_ps, rot8_once, pairs_once_intl)
 GROWFN(row_bf16_half, uint16_t, body2_bf16_half)
 GROWFN(row_bf16_intl, uint16_t, body2_bf16_intl)
 GROWFN2(row_once_half, uint16_t, float, body2_once_half)
