@@ -360,6 +360,36 @@ def test_precomputed_rows_give_the_same_numbers_and_follow_casts(cls):
     assert torch.equal(kept.embed(x64), plain.double().embed(x64))
 
 
+@pytest.mark.parametrize("cls", [SinusoidalPE, ScaledSinusoidalPE])
+def test_precomputed_rows_serve_explicit_positions_and_models(cls):
+    """Explicit positions inside the rows gather them (changing the rows changes the output), bit
+    for bit what a call computes; positions past them compute; a model's input layer, which passes
+    its positions, reads them too and gives the same logits."""
+    from posenc.model import ModelConfig, TransformerLM
+
+    plain, kept = cls(16), cls(16, precompute=5000)
+    x = torch.randn(2, 6, 16)
+    for pos in (torch.arange(6) + 4090, torch.tensor([[0, 1, 2, 3, 4, 5], [7, 8, 9, 10, 11, 12]])):
+        assert torch.equal(kept.embed(x, pos), plain.embed(x, pos))
+    kept.rows = kept.rows + 1
+    assert not torch.equal(kept.embed(x, torch.arange(6) + 4090), plain.embed(x, torch.arange(6) + 4090))
+    assert torch.equal(kept.embed(x, torch.arange(6) + 4995), plain.embed(x, torch.arange(6) + 4995))
+
+    def lm(options):
+        torch.manual_seed(0)
+        sizes = {"vocab_size": 50, "d_model": 32, "num_layers": 1, "num_heads": 4, "max_len": 64}
+        return TransformerLM(ModelConfig(**sizes, position=cls.name, position_options=options)).eval()
+
+    ids = torch.randint(0, 50, (2, 20), generator=torch.Generator().manual_seed(1))
+    base, model = lm({}), lm({"precompute": 64})
+    with torch.no_grad():
+        want = base(ids).logits
+        assert torch.equal(model(ids).logits, want)
+        pe = next(m for m in model.modules() if isinstance(m, SinusoidalPE))
+        pe.rows = pe.rows + 1
+        assert not torch.equal(model(ids).logits, want)
+
+
 def test_precomputed_rows_build_on_meta_and_materialize():
     """Built under torch.device("meta") (no memory), the rows are made for real by to_empty."""
     with torch.device("meta"):

@@ -215,3 +215,25 @@ def test_each_angle_picks_its_form_with_float32_and_per_row_frequencies(freqs):
     for i in range(positions.numel()):
         row = inv[i : i + 1] if freqs == "per_row" else inv
         assert torch.equal(position_angles(positions[i : i + 1], row, torch.float32)[0], angles[i])
+
+
+def test_gather_kept_serves_only_what_it_can_check():
+    """Kept rows gathered for positions inside 0..n-1 (any shape, any integer dtype, along any
+    dim); None for positions outside, none at all, off the CPU, or while tracing a graph."""
+    from posenc._precision import gather_kept
+
+    rows = torch.arange(2 * 10 * 3, dtype=torch.float32).reshape(2, 10, 3)  # [2, n, r]
+    pos = torch.tensor([[4, 0], [9, 9]], dtype=torch.int32)
+    got = gather_kept(rows, pos, dim=1)
+    assert got.shape == (2, 2, 2, 3) and torch.equal(got, rows[:, pos.long()])
+    assert torch.equal(gather_kept(rows[0], torch.tensor([7])), rows[0, [7]])
+    for bad in (torch.tensor([10]), torch.tensor([-1, 3]), torch.tensor([], dtype=torch.long)):
+        assert gather_kept(rows[0], bad) is None
+    assert gather_kept(rows[0], torch.tensor([1, 2], device="meta")) is None
+
+    def kept_or_first(p):
+        picked = gather_kept(rows[0], p)
+        return rows[0, :1] if picked is None else picked
+
+    traced = torch.jit.trace(kept_or_first, torch.tensor([1, 2]))
+    assert torch.equal(traced(torch.tensor([5, 6])), rows[0, :1])  # tracing never baked in a gather

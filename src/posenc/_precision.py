@@ -38,6 +38,27 @@ def _reach(positions: torch.Tensor) -> int:
     return max(abs(int(positions.min())), abs(int(positions.max())))
 
 
+def gather_kept(rows: torch.Tensor, positions: torch.Tensor, dim: int = 0) -> torch.Tensor | None:
+    """Rows of a table kept for positions ``0..n-1`` along ``dim`` (``precompute``), gathered for
+    explicit integer ``positions`` ``[...]``: ``[..., n, ...]`` -> the positions' shape in place of
+    ``n``, a new tensor. None where the rows may not serve: a compiled or traced graph (the range
+    check reads the host and would be baked in), rows or positions off the CPU, no positions, or a
+    position outside ``0..n-1``. Since each angle depends only on its own position, the gathered
+    rows are the numbers a call computes for these positions in eager mode."""
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return None
+    if rows.device.type != "cpu" or positions.device.type != "cpu" or positions.numel() == 0:
+        return None
+    if positions.numel() == 1:  # a decode step: one host read
+        lo = hi = int(positions.item())
+    else:
+        lo, hi = int(positions.min()), int(positions.max())  # two host reads
+    if not 0 <= lo <= hi < rows.shape[dim]:
+        return None
+    picked = rows.index_select(dim, positions.reshape(-1))  # [..., n, ...] -> [..., numel, ...]
+    return picked.unflatten(dim, positions.shape)  # -> [..., *positions.shape, ...]
+
+
 def position_angles(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``positions * inv_freq`` as angles in ``dtype`` (float32 or float64), right for large positions.
 

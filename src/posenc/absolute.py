@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from ._alloc import check_allocation, factory_kwargs
-from ._precision import autocast_off, position_angles, wide_dtype
+from ._precision import autocast_off, gather_kept, position_angles, wide_dtype
 from ._validate import check_choice, check_int, check_positive_float
 from .base import PositionalScheme
 from .positions import resolve_positions
@@ -198,7 +198,8 @@ class SinusoidalPE(PositionalScheme):
         variant: ``"vaswani"`` (interleaved, the paper) or ``"tensor2tensor"`` (``[sin | cos]``).
         precompute: ``n > 0`` computes the rows of positions ``0..n-1`` when the module is built
             and whenever it moves or is cast (float32; float64 in a float64 module); inputs of up
-            to ``n`` tokens at the default positions read them: the same numbers without a
+            to ``n`` tokens at the default positions read them, and explicit positions inside
+            ``0..n-1`` (a model's) gather them on CPU in eager mode: the same numbers without a
             per-call ``sin``/``cos``, for ``n * d`` floats of memory. Default 0: nothing is kept.
 
     Shapes: ``embed(x [b, s, d], positions [s] | [b, s]) -> [b, s, d]``.
@@ -242,11 +243,12 @@ class SinusoidalPE(PositionalScheme):
         """The table ``[s, d]`` (or ``[b, s, d]`` for ``[b, s]`` positions) that ``like``
         ``[b, s, d]`` gets, at the precision of its dtype: the precomputed rows where they serve."""
         s, rows = like.shape[1], self.rows
-        fits = rows is not None and s <= rows.shape[0] and rows.device == like.device
-        if positions is None and fits and rows.dtype == _angle_dtype(like.dtype):  # the table's precision
+        usable = rows is not None and rows.device == like.device and rows.dtype == _angle_dtype(like.dtype)
+        if positions is None and usable and s <= rows.shape[0]:  # the table's precision
             return rows[:s]  # [n, d] -> [s, d], a view
         pos = resolve_positions(positions, s, like.device, batch=batch)
-        return self.table(pos, like.dtype)
+        picked = gather_kept(rows, pos) if usable and positions is not None else None  # [..., d]
+        return self.table(pos, like.dtype) if picked is None else picked
 
     def table(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The encoding ``[..., d]`` of integer positions ``[...]``, in float32 (float64 angles and

@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 import torch
 
 from .._alloc import check_allocation
+from .._precision import gather_kept
 from .._validate import check_choice, check_int, check_positive_float
 from ..absolute import _angle_dtype
 from ..base import PositionalScheme
@@ -215,7 +216,7 @@ class RotaryEmbedding(PositionalScheme):
         """(cos, sin) for x's ``positions`` ``[s]`` or ``[b, s]`` (-> ``[s, r/2]`` or
         ``[b, s, r/2]``) from the precomputed rows, or None where they do not serve: no rows,
         another device or precision, positions outside ``0..n-1``. Explicit positions (``given``)
-        are checked on the host: CPU eager only (no GPU sync, nothing data-dependent in a graph)."""
+        are gathered: CPU eager only (:func:`~posenc._precision.gather_kept`)."""
         rows, dtype = self.rows, self._table_dtype(x)
         if rows is None or rows.device != x.device or rows.dtype != _angle_dtype(dtype):
             return None
@@ -224,18 +225,8 @@ class RotaryEmbedding(PositionalScheme):
             s = positions.shape[0]
             # a copy: the caller's tables never share the buffer's storage
             return None if s > n else (rows[0, :s].to(dtype, copy=True), rows[1, :s].to(dtype, copy=True))
-        tracing = torch.compiler.is_compiling() or torch.jit.is_tracing()  # a host read would be baked in
-        if tracing or x.device.type != "cpu" or positions.device.type != "cpu" or positions.numel() == 0:
-            return None
-        if positions.numel() == 1:  # a decode step: one host read
-            lo = hi = int(positions.item())
-        else:
-            lo, hi = int(positions.min()), int(positions.max())  # two host reads
-        if not 0 <= lo <= hi < n:
-            return None
-        picked = rows.index_select(1, positions.reshape(-1))  # [2, n, r/2] -> [2, numel, r/2], a gather
-        picked = picked.reshape(2, *positions.shape, rows.shape[-1])  # -> [2, ..., r/2]
-        return picked[0].to(dtype), picked[1].to(dtype)
+        picked = gather_kept(rows, positions, dim=1)  # [2, n, r/2] -> [2, ..., r/2], or None
+        return None if picked is None else (picked[0].to(dtype), picked[1].to(dtype))
 
     def _apply(self, fn, recurse=True):  # type: ignore[override]
         """Move or cast as usual, then recompute the fixed frequencies where they now are (a cast
