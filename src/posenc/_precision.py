@@ -164,6 +164,7 @@ def _split_angles(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.
         if q1 - q0 < positions.numel():  # few blocks: a [blocks, r] table, gathered
             blocks = torch.arange(q0, q1 + 1, device=positions.device).to(wide) * ANGLE_SPLIT  # [u]
             table = torch.remainder(blocks[:, None] * f_wide, _TWO_PI).to(dtype)  # [u, r]
-            return table[q - q0] + near  # [..., r]
+            rows = table.index_select(0, (q - q0).reshape(-1))  # [numel, r]: faster than table[q - q0]
+            return rows.reshape(*q.shape, -1) + near  # [..., r]
     far = torch.remainder((q * ANGLE_SPLIT).to(wide)[..., None] * f_wide, _TWO_PI)  # [..., r]
     return far.to(dtype) + near

@@ -1,0 +1,206 @@
+"""What limits bf16 RoPE on an AVX2 CPU: the AVX2 kernel against variants of itself, alternated in
+one process on the shapes of benchmarks/RESULTS.md (q `[4, 32, 2048, 128]` bf16, half layout,
+2 threads, allocator keep), each against the floor (``x.mul_(1)`` in place, a copy out of place).
+
+    python benchmarks/rope_limits.py        # in place
+    python benchmarks/rope_limits.py out    # out of place
+
+The variants are the working tree's ``rope_avx2.c`` with one change each, made here in memory:
+
+* ``unrounded``: no rounding at all (wrong numbers): what the loop's loads, widening, products and
+  stores cost, an upper bound for any exact form;
+* ``fma``: each product rounded to bf16 with Veltkamp's split, three FMA-unit operations
+  (``t = x (c 65537)``, ``rnd(x c) = t - (t - x c)``, the inner product fused into one FMA) instead of
+  a multiply and four integer operations. Exact only while every product is 0 or a normal float
+  below 2^111 (a subnormal product rounds on another grid; an overflow or an infinity gives NaN),
+  so on its own it is a bound, not a kernel;
+* ``fma+check``: ``fma`` with the check that makes it exact for every input: per block, the table
+  words must be 0 or have exponent fields in [64, 173), and per head the 32 words of x in [64, 192)
+  (zeros included in the fallback); other blocks take the integer rounding. Its outputs are
+  compared bit for bit with the kernel's on random bit patterns (NaN, infinities, zeros,
+  subnormals) before it is timed.
+
+Prints each variant's median time, its share of the floor, and the median of its per-round time
+ratios to the kernel (quartiles in brackets). Only for x86-64 with AVX2 and FMA, without AVX-512.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])  # ab_kernel.py beside this file
+
+import ab_kernel
+
+from posenc.benchmarks.harness import set_allocator
+from posenc.kernels import _cbuild, rope_cpu
+
+_CSRC = "src/posenc/kernels/csrc"
+
+_UNROUNDED = {
+    "static inline __m256i rnd_add(__m256 f) {": (
+        "static inline __m256i rnd_add(__m256 f) { return _mm256_castps_si256(f); }\n"
+        "static inline __m256i rnd_add_unused(__m256 f) {"
+    ),
+    "static inline __m256 rbf8(__m256 f) {": (
+        "static inline __m256 rbf8(__m256 f) { return f; }\nstatic inline __m256 rbf8_unused(__m256 f) {"
+    ),
+}
+
+# The FMA body for the half layout; FMA_CHECK 0: no check (a bound), 1: exact for every input.
+_FMA_BODY = r"""
+/* rnd(x y) for bf16 x, y (yC = y 65537, exact): x y is exact in float32, t - x y is one fnmadd */
+static inline __m256 vkf(__m256 x, __m256 y, __m256 yC) {
+  __m256 t = _mm256_mul_ps(x, yC);
+  return _mm256_sub_ps(t, _mm256_fnmadd_ps(x, y, t));
+}
+static inline void rot8_fma(__m256 a, __m256 b, __m256 c, __m256 s, __m256 cC, __m256 sC, __m256i* ao,
+                            __m256i* bo) {
+  *ao = rnd_add(_mm256_sub_ps(vkf(a, c, cC), vkf(b, s, sC)));
+  *bo = rnd_add(_mm256_add_ps(vkf(b, c, cC), vkf(a, s, sC)));
+}
+/* every word of w is 0 or has its exponent field in [lo, hi) (w + w: the magnitude, shifted) */
+static inline int window16(__m256i w, int lo, int hi) {
+  __m256i m = _mm256_add_epi16(w, w), m1 = _mm256_sub_epi16(m, _mm256_set1_epi16(1));
+  __m256i bad = _mm256_or_si256(_mm256_subs_epu16(_mm256_set1_epi16((short)((lo << 8) - 1)), m1),
+                                _mm256_subs_epu16(m, _mm256_set1_epi16((short)((hi << 8) - 2))));
+  return _mm256_testz_si256(bad, bad);
+}
+/* every word of a and b has its exponent field in [64, 192): bit 14 of w + 0x2000 is set exactly
+   then (2 operations per 16 words; a zero fails and takes the fallback) */
+static inline int x_window(__m256i a, __m256i b) {
+  const __m256i k = _mm256_set1_epi16(0x2000);
+  __m256i y = _mm256_and_si256(_mm256_add_epi16(a, k), _mm256_add_epi16(b, k));
+  return _mm256_testc_si256(y, _mm256_set1_epi16(0x4000));
+}
+static inline void body2_fma_half(const char* xp, char* op, i64 xg, i64 og, i64 g, const uint16_t* c,
+                                  const uint16_t* s, i64 h, float sgn, int tn) {
+  (void)tn;
+  const __m256 sg = _mm256_set1_ps(sgn), K = _mm256_set1_ps(65537.0f);
+  i64 i = 0;
+  for (; i + 16 <= h; i += 16) {
+    __m256i cw = ld2(c + i), sw = ld2(s + i);
+    int tab = !FMA_CHECK || (window16(cw, 64, 173) && window16(sw, 64, 173));
+    __m256 ce = ev16(cw), co = od16(cw), se = _mm256_mul_ps(sg, ev16(sw)), so = _mm256_mul_ps(sg, od16(sw));
+    __m256 cCe = _mm256_mul_ps(K, ce), cCo = _mm256_mul_ps(K, co);
+    __m256 sCe = _mm256_mul_ps(K, se), sCo = _mm256_mul_ps(K, so);
+    for (i64 k = 0; k < g; ++k) {
+      const uint16_t* xr = (const uint16_t*)(xp + k * xg); uint16_t* orow = (uint16_t*)(op + k * og);
+      __m256i a = ld2(xr + i), b = ld2(xr + h + i), ae, ao, be, bo;
+      if (FMA_CHECK && !(tab && x_window(a, b))) {
+        rot8_bf16(ev16(a), ev16(b), ce, se, &ae, &be);
+        rot8_bf16(od16(a), od16(b), co, so, &ao, &bo);
+      } else {
+        rot8_fma(ev16(a), ev16(b), ce, se, cCe, sCe, &ae, &be);
+        rot8_fma(od16(a), od16(b), co, so, cCo, sCo, &ao, &bo);
+      }
+      _mm256_storeu_si256((__m256i*)(orow + i), back16(ae, ao));
+      _mm256_storeu_si256((__m256i*)(orow + h + i), back16(be, bo));
+    }
+  }
+  for (i64 k = 0; k < g && i < h; ++k)
+    pairs_bf16_half((const uint16_t*)(xp + k * xg), (uint16_t*)(op + k * og), c, s, i, h, h, sgn);
+}
+GROWFN(row_bf16_half, uint16_t, body2_fma_half)
+"""
+
+
+def _fma(check: int) -> dict[str, str]:
+    return {"GROWFN(row_bf16_half, uint16_t, body2_bf16_half)": f"#define FMA_CHECK {check}\n{_FMA_BODY}"}
+
+
+_VARIANTS = {"kernel": {}, "unrounded": _UNROUNDED, "fma": _fma(0), "fma+check": _fma(1)}
+
+
+def _source(patches: dict[str, str]) -> str:
+    """rope_cpu's source with ``patches`` (old text -> new) applied to rope_avx2.c."""
+
+    def read(filename: str) -> str:
+        with open(f"{_CSRC}/{filename}") as f:
+            text = f.read()
+        if filename != "rope_avx2.c":
+            return text
+        for old, new in patches.items():
+            if text.count(old) != 1:
+                raise SystemExit(f"rope_avx2.c changed: {old!r} is not there once; update {__file__}")
+            text = text.replace(old, new)
+        return text
+
+    return _cbuild.source("rope_cpu", read)
+
+
+def _load(patches: dict[str, str]) -> dict:
+    """The kernel built from the patched source, as rope_cpu's loaded state."""
+    _cbuild._loaded.pop("rope_cpu", None)
+    rope_cpu._state.clear()
+    rope_cpu._SOURCE = _source(patches)
+    check, rope_cpu._self_check = rope_cpu._self_check, lambda: True  # variants are compared below
+    try:
+        if rope_cpu._fn() is None:
+            raise SystemExit("the rope_cpu build did not load (this needs a C compiler)")
+    finally:
+        rope_cpu._self_check = check
+    return dict(rope_cpu._state)
+
+
+def _random_bits() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [2, 8, 64, 128] and tables [64, 64] of random bf16 bit patterns (every class of value)."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randint(-(2**15), 2**15, (2, 8, 64, 128), dtype=torch.int16, generator=gen).view(torch.bfloat16)
+    words = torch.randint(-(2**15), 2**15, (2, 64, 64), dtype=torch.int16, generator=gen)
+    cos, sin = words.view(torch.bfloat16)  # [64, 64] each
+    scale = torch.rand(64, 64, generator=gen) < 0.5  # half of the table values in [-1, 1] as usual
+    cos = torch.where(scale, torch.rand(64, 64, generator=gen).to(torch.bfloat16), cos)
+    return x, cos, sin
+
+
+def _same_bits(states: dict[str, dict], tag: str) -> bool:
+    """Whether variant ``tag`` gives the kernel's bits on random bit patterns and on zeros."""
+    x, cos, sin = _random_bits()
+    outs = []
+    for name in ("kernel", tag):
+        rope_cpu._state.clear()
+        rope_cpu._state.update(states[name])
+        inputs = (x, x * 0, x.clamp(-1, 1))  # every pattern; zeros (and NaN); mostly inside the window
+        outs.append([rope_cpu.rotate(t, cos, sin, "half").view(torch.int16) for t in inputs])
+    return all(torch.equal(a, b) for a, b in zip(*outs))
+
+
+def main(argv: list[str]) -> None:
+    out = argv[:1] == ["out"]
+    torch.set_num_threads(2)
+    set_allocator("keep")
+    states = {tag: _load(patches) for tag, patches in _VARIANTS.items()}
+    if not _same_bits(states, "fma+check"):
+        raise SystemExit("fma+check does not give the kernel's bits")
+    call, limit, _output = ab_kernel._rope_case("bf16", "half", out)
+    times: dict[str, list[float]] = {tag: [] for tag in (*states, "floor")}
+    order = [*states, "floor"]
+    for _ in range(15):
+        random.shuffle(order)
+        for tag in order:
+            if tag != "floor":
+                rope_cpu._state.clear()
+                rope_cpu._state.update(states[tag])
+            fn = limit if tag == "floor" else call
+            fn()
+            t0 = time.perf_counter()
+            fn()
+            times[tag].append(time.perf_counter() - t0)
+    floor = statistics.median(times["floor"])
+    print(f"bf16 RoPE {'out of place' if out else 'in place'}, half layout; floor {floor * 1e3:.2f} ms")
+    for tag in states:
+        ratios = [t / k for t, k in zip(times[tag], times["kernel"])]
+        q1, med, q3 = statistics.quantiles(ratios, n=4)
+        t = statistics.median(times[tag])
+        print(f"{tag:>10}: {t * 1e3:6.2f} ms, {100 * floor / t:5.1f}% of the floor, "
+              f"{med:.3f}x the kernel's time ({q1:.3f}-{q3:.3f})")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
