@@ -16,11 +16,13 @@ The variants are the working tree's ``rope_avx2.c`` with one change each, made h
   so on its own it is a bound, not a kernel;
 * ``fma+check``: ``fma`` with the check that makes it exact for every input: per block, the table
   words must be 0 or have exponent fields in [64, 173), and per head the 32 words of x in [64, 192)
-  (zeros included in the fallback); other blocks take the integer rounding. Its outputs are
-  compared bit for bit with the kernel's on random bit patterns (NaN, infinities, zeros,
-  subnormals) before it is timed.
+  (zeros included in the fallback); other blocks take the integer rounding.
 
-Prints each variant's median time, its share of the floor, and the median of its per-round time
+Before timing, the FMA variants' outputs are compared with the kernel's on four sets of inputs
+(``_cases``: random bit patterns, the same clamped to [-1, 1], values spread over the whole window,
+real queries and tables with 1% zeros): ``fma+check`` must give the same bits everywhere (else the
+script stops), and the line printed first says how many values ``fma`` alone gets wrong in each.
+Then it prints each variant's median time, its share of the floor, and the median of its per-round time
 ratios to the kernel (quartiles in brackets). Only for x86-64 with AVX2 and FMA, without AVX-512.
 """
 
@@ -148,27 +150,50 @@ def _load(patches: dict[str, str]) -> dict:
     return dict(rope_cpu._state)
 
 
-def _random_bits() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x [2, 8, 64, 128] and tables [64, 64] of random bf16 bit patterns (every class of value)."""
+def _spread(shape: tuple[int, ...], lo: int, hi: int, gen: torch.Generator) -> torch.Tensor:
+    """bf16 values of random sign and significand, magnitudes spread over [2^lo, 2^hi)."""
+    exponent = torch.randint(lo, hi, shape, generator=gen).double()
+    sign = torch.randint(0, 2, shape, generator=gen).double() * 2 - 1
+    return (sign * (1 + torch.rand(shape, generator=gen, dtype=torch.float64)) * 2**exponent).to(
+        torch.bfloat16
+    )
+
+
+def _cases() -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """(x, cos, sin) to compare a variant with the kernel on: random bit patterns (NaN, infinities,
+    subnormals, zeros: mostly the fallback), values spread over the whole window of the FMA form
+    (x 2^-62..2^64, tables 2^-62..2^44: the FMA path, ties included), and queries with real tables
+    and 1% zeros."""
     gen = torch.Generator().manual_seed(0)
-    x = torch.randint(-(2**15), 2**15, (2, 8, 64, 128), dtype=torch.int16, generator=gen).view(torch.bfloat16)
-    words = torch.randint(-(2**15), 2**15, (2, 64, 64), dtype=torch.int16, generator=gen)
-    cos, sin = words.view(torch.bfloat16)  # [64, 64] each
-    scale = torch.rand(64, 64, generator=gen) < 0.5  # half of the table values in [-1, 1] as usual
-    cos = torch.where(scale, torch.rand(64, 64, generator=gen).to(torch.bfloat16), cos)
-    return x, cos, sin
+    bits = torch.randint(-(2**15), 2**15, (2, 8, 64, 128), dtype=torch.int16, generator=gen).view(
+        torch.bfloat16
+    )
+    tables = torch.randint(-(2**15), 2**15, (2, 64, 64), dtype=torch.int16, generator=gen).view(
+        torch.bfloat16
+    )
+    angles = torch.arange(256.0)[:, None] * torch.rand(64, generator=gen)  # [256, 64]
+    real = torch.randn(4, 32, 256, 128, generator=gen)
+    real = torch.where(torch.rand(real.shape, generator=gen) < 0.01, 0.0, real).to(torch.bfloat16)
+    return [
+        (bits, *tables),
+        (bits.clamp(-1, 1), tables[0].clamp(-1, 1), tables[1]),
+        (
+            _spread((4, 32, 256, 128), -62, 64, gen),
+            _spread((256, 64), -62, 44, gen),
+            _spread((256, 64), -62, 44, gen),
+        ),
+        (real, angles.cos().to(torch.bfloat16), angles.sin().to(torch.bfloat16)),
+    ]
 
 
-def _same_bits(states: dict[str, dict], tag: str) -> bool:
-    """Whether variant ``tag`` gives the kernel's bits on random bit patterns and on zeros."""
-    x, cos, sin = _random_bits()
+def _differ(states: dict[str, dict], tag: str) -> list[int]:
+    """How many output values of variant ``tag`` differ from the kernel's, per case of :func:`_cases`."""
     outs = []
     for name in ("kernel", tag):
         rope_cpu._state.clear()
         rope_cpu._state.update(states[name])
-        inputs = (x, x * 0, x.clamp(-1, 1))  # every pattern; zeros (and NaN); mostly inside the window
-        outs.append([rope_cpu.rotate(t, cos, sin, "half").view(torch.int16) for t in inputs])
-    return all(torch.equal(a, b) for a, b in zip(*outs))
+        outs.append([rope_cpu.rotate(x, cos, sin, "half").view(torch.int16) for x, cos, sin in _cases()])
+    return [int((a != b).sum()) for a, b in zip(*outs)]
 
 
 def main(argv: list[str]) -> None:
@@ -176,8 +201,9 @@ def main(argv: list[str]) -> None:
     torch.set_num_threads(2)
     set_allocator("keep")
     states = {tag: _load(patches) for tag, patches in _VARIANTS.items()}
-    if not _same_bits(states, "fma+check"):
+    if any(_differ(states, "fma+check")):
         raise SystemExit("fma+check does not give the kernel's bits")
+    print(f"values unlike the kernel's, per case of _cases: fma {_differ(states, 'fma')}, fma+check none")
     call, limit, _output = ab_kernel._rope_case("bf16", "half", out)
     times: dict[str, list[float]] = {tag: [] for tag in (*states, "floor")}
     order = [*states, "floor"]
