@@ -30,36 +30,44 @@ from posenc.kernels import _cbuild, input_cpu, rope_cpu
 _KERNELS = {"embed": (input_cpu, "embed_cpu", input_cpu._fns), "rope": (rope_cpu, "rope_cpu", rope_cpu._fn)}
 
 
+CSRC = f"{__file__.rsplit('/', 2)[0]}/src/posenc/kernels/csrc"  # from the repository root
+
+
+def build(kind: str, read, check: bool = True) -> dict:
+    """The loaded state of ``kind``'s kernel built from the sources ``read(filename) -> text`` gives;
+    ``check=False`` skips its self-check (the caller compares outputs instead)."""
+    module, name, load = _KERNELS[kind]
+    _cbuild._loaded.pop(name, None)
+    module._state.clear()
+    module._SOURCE = _cbuild.source(name, read)
+    saved = getattr(module, "_self_check", None)
+    if saved is not None and not check:
+        module._self_check = lambda: True
+    try:
+        loaded = load()
+    finally:
+        if saved is not None:
+            module._self_check = saved
+    if loaded is None:
+        raise SystemExit(f"the {name} build did not load or failed its self-check")
+    return dict(module._state)
+
+
 def _builds(kind: str, rev: str) -> tuple[object, dict[str, dict]]:
     """The kernel module and its loaded state for each source: ``{"old": ..., "new": ...}``."""
-    module, name, load = _KERNELS[kind]
-    csrc = "src/posenc/kernels/csrc"
 
-    def at_rev(filename: str) -> str:
-        return subprocess.run(["git", "show", f"{rev}:{csrc}/{filename}"], capture_output=True, text=True,
-                              check=True).stdout  # fmt: skip
+    def at_rev(filename: str) -> str:  # a path from the top of the tree, whatever the directory
+        spec = f"{rev}:src/posenc/kernels/csrc/{filename}"
+        return subprocess.run(
+            ["git", "show", spec], capture_output=True, text=True, check=True, cwd=CSRC
+        ).stdout
 
     def here(filename: str) -> str:
-        with open(f"{csrc}/{filename}") as f:
+        with open(f"{CSRC}/{filename}") as f:
             return f.read()
 
-    sources = {"old": _cbuild.source(name, at_rev), "new": _cbuild.source(name, here)}
-    states, check = {}, getattr(module, "_self_check", None)
-    for tag, source in sources.items():
-        _cbuild._loaded.pop(name, None)
-        module._state.clear()
-        module._SOURCE = source
-        if check is not None and tag == "old":  # today's self-check may ask an old build for more
-            module._self_check = lambda: True  # (the outputs are compared below instead)
-        try:
-            loaded = load()
-        finally:
-            if check is not None:
-                module._self_check = check
-        if loaded is None:
-            raise SystemExit(f"the {tag} {name} build did not load or failed its self-check")
-        states[tag] = dict(module._state)
-    return module, states
+    # today's self-check may ask an old build for more (the outputs are compared in main instead)
+    return _KERNELS[kind][0], {"old": build(kind, at_rev, check=False), "new": build(kind, here)}
 
 
 def _embed_case(mode: str):
@@ -109,14 +117,14 @@ def _rope_case(dtype: str, layout: str, out: bool):
     )
 
 
-def _time(call, limit, use, rounds: int) -> dict[str, list[float]]:
-    """Per-round seconds of the old build, the new one (alternating order) and the limit."""
-    times: dict[str, list[float]] = {"old": [], "new": [], "limit": []}
+def _time(call, limit, use, rounds: int, tags: tuple[str, ...] = ("old", "new")) -> dict[str, list[float]]:
+    """Per-round seconds of each build in ``tags`` (the order rotating from round to round: two
+    builds alternate) and of the limit (``"limit"``); ``use(tag)`` switches to a build."""
+    times: dict[str, list[float]] = {tag: [] for tag in (*tags, "limit")}
     for r in range(rounds):
-        for tag, fn in [
-            *((t, call) for t in (("old", "new") if r % 2 == 0 else ("new", "old"))),
-            ("limit", limit),
-        ]:
+        k = r % len(tags)
+        for tag in (*tags[k:], *tags[:k], "limit"):
+            fn = limit if tag == "limit" else call
             if tag != "limit":
                 use(tag)
             fn()

@@ -29,10 +29,8 @@ AVX2 and FMA, without AVX-512.
 
 from __future__ import annotations
 
-import random
 import statistics
 import sys
-import time
 
 import torch
 
@@ -41,9 +39,7 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])  # ab_kernel.py beside this file
 import ab_kernel
 
 from posenc.benchmarks.harness import set_allocator
-from posenc.kernels import _cbuild, rope_cpu
-
-_CSRC = f"{__file__.rsplit('/', 2)[0]}/src/posenc/kernels/csrc"  # from the repository root
+from posenc.kernels import rope_cpu
 
 _UNROUNDED = {
     "static inline __m256i rnd_add(__m256 f) {": (
@@ -120,11 +116,12 @@ def _fma(check: int) -> dict[str, str]:
 _VARIANTS = {"kernel": {}, "unrounded": _UNROUNDED, "fma": _fma(0), "fma+check": _fma(1)}
 
 
-def _source(patches: dict[str, str]) -> str:
-    """rope_cpu's source with ``patches`` (old text -> new) applied to rope_avx2.c."""
+def _load(patches: dict[str, str]) -> dict:
+    """rope_cpu's loaded state, built with ``patches`` (old text -> new) applied to rope_avx2.c (its
+    self-check skipped: the variants' outputs are compared in main)."""
 
     def read(filename: str) -> str:
-        with open(f"{_CSRC}/{filename}") as f:
+        with open(f"{ab_kernel.CSRC}/{filename}") as f:
             text = f.read()
         if filename != "rope_avx2.c":
             return text
@@ -134,21 +131,7 @@ def _source(patches: dict[str, str]) -> str:
             text = text.replace(old, new)
         return text
 
-    return _cbuild.source("rope_cpu", read)
-
-
-def _load(patches: dict[str, str]) -> dict:
-    """The kernel built from the patched source, as rope_cpu's loaded state."""
-    _cbuild._loaded.pop("rope_cpu", None)
-    rope_cpu._state.clear()
-    rope_cpu._SOURCE = _source(patches)
-    check, rope_cpu._self_check = rope_cpu._self_check, lambda: True  # variants are compared below
-    try:
-        if rope_cpu._fn() is None:
-            raise SystemExit("the rope_cpu build did not load (this needs a C compiler)")
-    finally:
-        rope_cpu._self_check = check
-    return dict(rope_cpu._state)
+    return ab_kernel.build("rope", read, check=False)
 
 
 def _spread(shape: tuple[int, ...], lo: int, hi: int, gen: torch.Generator) -> torch.Tensor:
@@ -187,12 +170,17 @@ def _cases() -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     ]
 
 
+def _use(states: dict[str, dict], tag: str) -> None:
+    """Switch rope_cpu to the build ``tag``."""
+    rope_cpu._state.clear()
+    rope_cpu._state.update(states[tag])
+
+
 def _differ(states: dict[str, dict], tag: str) -> list[int]:
     """How many output values of variant ``tag`` differ from the kernel's, per case of :func:`_cases`."""
     outs = []
     for name in ("kernel", tag):
-        rope_cpu._state.clear()
-        rope_cpu._state.update(states[name])
+        _use(states, name)
         outs.append([rope_cpu.rotate(x, cos, sin, "half").view(torch.int16) for x, cos, sin in _cases()])
     return [int((a != b).sum()) for a, b in zip(*outs)]
 
@@ -206,20 +194,8 @@ def main(argv: list[str]) -> None:
         raise SystemExit("fma+check does not give the kernel's bits")
     print(f"values unlike the kernel's, per case of _cases: fma {_differ(states, 'fma')}, fma+check none")
     call, limit, _output = ab_kernel._rope_case("bf16", "half", out)
-    times: dict[str, list[float]] = {tag: [] for tag in (*states, "floor")}
-    order = [*states, "floor"]
-    for _ in range(15):
-        random.shuffle(order)
-        for tag in order:
-            if tag != "floor":
-                rope_cpu._state.clear()
-                rope_cpu._state.update(states[tag])
-            fn = limit if tag == "floor" else call
-            fn()
-            t0 = time.perf_counter()
-            fn()
-            times[tag].append(time.perf_counter() - t0)
-    floor = statistics.median(times["floor"])
+    times = ab_kernel._time(call, limit, lambda tag: _use(states, tag), 15, tuple(states))
+    floor = statistics.median(times["limit"])
     print(f"bf16 RoPE {'out of place' if out else 'in place'}, half layout; floor {floor * 1e3:.2f} ms")
     for tag in states:
         ratios = [t / k for t, k in zip(times[tag], times["kernel"])]
