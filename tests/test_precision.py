@@ -218,7 +218,7 @@ def test_each_angle_picks_its_form_with_float32_and_per_row_frequencies(freqs):
 
 
 def test_gather_kept_serves_only_what_it_can_check():
-    """Kept rows gathered for positions inside 0..n-1 (any shape, any integer dtype, along any
+    """Kept rows gathered for positions inside 0..n-1 (any shape, 0-d too, any integer dtype, along any
     dim); None for positions outside, none at all, off the CPU, or while tracing a graph."""
     from posenc._precision import gather_kept
 
@@ -227,6 +227,7 @@ def test_gather_kept_serves_only_what_it_can_check():
     got = gather_kept(rows, pos, dim=1)
     assert got.shape == (2, 2, 2, 3) and torch.equal(got, rows[:, pos.long()])
     assert torch.equal(gather_kept(rows[0], torch.tensor([7])), rows[0, [7]])
+    assert torch.equal(gather_kept(rows, torch.tensor(7), dim=-2), rows[:, 7])  # 0-d: the dim goes
     for bad in (torch.tensor([10]), torch.tensor([-1, 3]), torch.tensor([], dtype=torch.long)):
         assert gather_kept(rows[0], bad) is None
     assert gather_kept(rows[0], torch.tensor([1, 2], device="meta")) is None

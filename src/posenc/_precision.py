@@ -56,7 +56,8 @@ def gather_kept(rows: torch.Tensor, positions: torch.Tensor, dim: int = 0) -> to
     if not 0 <= lo <= hi < rows.shape[dim]:
         return None
     picked = rows.index_select(dim, positions.reshape(-1))  # [..., n, ...] -> [..., numel, ...]
-    return picked.unflatten(dim, positions.shape)  # -> [..., *positions.shape, ...]
+    dim %= rows.dim()
+    return picked.reshape(*rows.shape[:dim], *positions.shape, *rows.shape[dim + 1 :])  # numel -> positions
 
 
 def position_angles(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
