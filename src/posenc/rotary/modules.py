@@ -220,13 +220,13 @@ class RotaryEmbedding(PositionalScheme):
         rows, dtype = self.rows, self._table_dtype(x)
         if rows is None or rows.device != x.device or rows.dtype != _angle_dtype(dtype):
             return None
-        n = rows.shape[1]
         if given is None:  # the default arange(s)
             s = positions.shape[0]
             # a copy: the caller's tables never share the buffer's storage
-            return None if s > n else (rows[0, :s].to(dtype, copy=True), rows[1, :s].to(dtype, copy=True))
-        picked = gather_kept(rows, positions, dim=1)  # [2, n, r/2] -> [2, ..., r/2], or None
-        return None if picked is None else (picked[0].to(dtype), picked[1].to(dtype))
+            both = rows[:, :s].to(dtype, copy=True) if s <= rows.shape[1] else None  # [2, s, r/2]
+        else:
+            both = gather_kept(rows, positions, dim=1)  # [2, n, r/2] -> [2, ..., r/2], or None
+        return None if both is None else tuple(both.to(dtype))  # (cos, sin)
 
     def _apply(self, fn, recurse=True):  # type: ignore[override]
         """Move or cast as usual, then recompute the fixed frequencies where they now are (a cast
