@@ -44,3 +44,38 @@ def test_position_options_that_contradict_the_model_are_refused_at_config_time()
             vocab_size=V, d_model=32, num_heads=4, position="alibi", position_options={"num_heads": 2}
         )
     ModelConfig(vocab_size=V, d_model=32, num_heads=4, position="alibi", position_options={"num_heads": 4})
+
+
+@pytest.fixture
+def alarm():
+    """Fail (instead of hanging the suite) when the body runs longer than 5 s."""
+    import signal
+
+    def expire(*_):
+        raise TimeoutError("took more than 5 s")
+
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(5)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(d_model=10**12 + 1, num_heads=2), "among the divisors of 1000000000001"),
+        (dict(d_model=2**40, num_heads=2**40, num_kv_heads=3), "among the divisors of 1099511627776"),
+        (dict(d_model=10**30 + 1, num_heads=7), "among the divisors of"),
+    ],
+)
+def test_a_huge_size_from_a_file_gets_its_message_at_once(kwargs, match, alarm):
+    """A size read from a file (config.json, a model's metadata) must not make the message's divisor
+    list take time proportional to it: 10^12 + 1 ran for ever."""
+    with pytest.raises(ValueError, match=match):
+        ModelConfig(vocab_size=V, **kwargs)
+
+
+def test_the_divisors_listed_are_all_of_them():
+    with pytest.raises(ValueError, match=r"among \[1, 2, 3, 4, 6, 9, 12, 18, 36\]"):
+        ModelConfig(vocab_size=V, d_model=36, num_heads=5)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -241,8 +242,17 @@ class ModelConfig:
         return cls(**data)
 
 
-def _divisors(n: int) -> list[int]:
-    return [k for k in range(1, n + 1) if n % k == 0]
+#: The largest number whose divisors an error message lists: the search takes ``sqrt(n)`` steps, and
+#: ``n`` may come from a file, so a crafted size must not make a message take unbounded time.
+_DIVISORS_UP_TO = 1 << 24
+
+
+def _divisors(n: int) -> list[int] | str:
+    """The divisors of ``n`` (``sqrt(n)`` steps), or a description of them past :data:`_DIVISORS_UP_TO`."""
+    if n > _DIVISORS_UP_TO:
+        return f"the divisors of {n}"
+    small = [k for k in range(1, math.isqrt(n) + 1) if n % k == 0]
+    return sorted({*small, *(n // k for k in small)})
 
 
 def _causal_schemes() -> list[str]:
