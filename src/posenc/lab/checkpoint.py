@@ -19,6 +19,7 @@ from torch import nn
 
 from ..base import DEFAULTS_VERSION
 from .config import TrainConfig
+from .runs import check_owner, current_run_id
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -133,6 +134,7 @@ def save_checkpoint(
         "torch_version": torch.__version__,
         "data_id": data_id or "",
         "posenc_defaults": DEFAULTS_VERSION,
+        "run_id": current_run_id(),
     }
     _write_atomically(path, tensors, metadata)
 
@@ -158,6 +160,7 @@ def _write_atomically(path: Path, tensors: dict[str, torch.Tensor], metadata: di
     """A temporary file in the same folder, flushed to disk, renamed over ``path`` (atomic on POSIX)."""
     import safetensors.torch
 
+    check_owner(path)  # a process of a run that lost its folder writes nothing into it
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
