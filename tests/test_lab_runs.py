@@ -106,9 +106,9 @@ def test_a_lock_that_is_a_symlink_is_refused_and_its_target_kept(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
     (out / LOCK_NAME).symlink_to(target)
-    with pytest.raises(ValueError, match=r"\.posenc\.lock is a symbolic link; posenc will not write through it"):
-        with RunFolder(out, ["results.json"]):
-            pass
+    refused = r"\.posenc\.lock is a symbolic link; posenc will not write through it"
+    with pytest.raises(ValueError, match=refused), RunFolder(out, ["results.json"]):
+        pass
     assert target.read_text() == "keep me"
 
 
@@ -126,17 +126,17 @@ def test_a_process_of_an_old_run_cannot_write_into_a_newer_one(tmp_path):
     folder since (--overwrite or --resume) has another id, so the orphan's files never land."""
     from posenc.lab.runs import RunFolderLost, check_owner, writing_for
 
-    with RunFolder(tmp_path, ["results.json"]) as old:
-        with writing_for(tmp_path, old.run_id):
-            write_json(tmp_path / "cells" / "a.json", {"ok": 1})  # the holder's run writes
+    with RunFolder(tmp_path, ["results.json"]) as old, writing_for(tmp_path, old.run_id):
+        write_json(tmp_path / "cells" / "a.json", {"ok": 1})  # the holder's run writes
     assert json.loads((tmp_path / "cells" / "a.json").read_text()) == {"ok": 1}
-    with writing_for(tmp_path, old.run_id):  # the old run's folder released: nobody holds it
-        with pytest.raises(RunFolderLost, match="no process holds it"):
-            write_json(tmp_path / "cells" / "a.json", {"ok": 2})
+    # the old run's folder released: nobody holds it
+    with writing_for(tmp_path, old.run_id), pytest.raises(RunFolderLost, match="no process holds it"):
+        write_json(tmp_path / "cells" / "a.json", {"ok": 2})
     (tmp_path / "results.json").write_text("{}")
     with RunFolder(tmp_path, ["results.json"], overwrite=True) as new:
         with writing_for(tmp_path, old.run_id):
-            with pytest.raises(RunFolderLost, match=f"no longer belongs to run {old.run_id}.*another run holds"):
+            taken = f"no longer belongs to run {old.run_id}.*another run holds"
+            with pytest.raises(RunFolderLost, match=taken):
                 write_json(tmp_path / "cells" / "b.json", {"from": "old"})
             check_owner(tmp_path.parent / "elsewhere.json")  # outside the folder: not its business
         with writing_for(tmp_path, new.run_id):

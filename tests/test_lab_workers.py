@@ -57,7 +57,8 @@ def test_killing_a_two_worker_study_leaves_no_process(tmp_path, sig):
            "--layers", "1", "--heads", "2", "--seeds", "0", "--threads", "1", "--workers", "2",
            "--checkpoint-every", "1", "--no-progress", "--out", str(out)]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(SRC)}
-    main = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    pipes = dict(stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    main = subprocess.Popen(cmd, env=env, start_new_session=True, **pipes)
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and len(list((out / "checkpoints").glob("*.safetensors"))) < 2:
