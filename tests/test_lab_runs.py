@@ -162,3 +162,17 @@ def test_a_checkpoint_of_a_lost_run_is_not_written(tmp_path):
     with writing_for(tmp_path, run.run_id), pytest.raises(RunFolderLost):
         save_checkpoint(ckpt, model, opt, 2, train_config=TrainConfig(steps=2))
     assert read_checkpoint_meta(ckpt)["step"] == "1"
+
+
+def test_safetensors_own_temporaries_of_a_killed_write_are_removed_by_the_lock_holder(tmp_path):
+    """safetensors writes through ``.tmpXXXXXX`` (no pid); a kill mid-write left it (139 MB)."""
+    (tmp_path / "checkpoints").mkdir()
+    left = tmp_path / "checkpoints" / ".tmpWaSUCP"
+    left.write_bytes(b"x" * 100)
+    kept = [tmp_path / "checkpoints" / ".tmpnotsix", tmp_path / "checkpoints" / "tmpAbCdEf"]
+    for path in kept:
+        path.write_text("not a temporary of a write")
+    assert remove_stale_temporaries(tmp_path) == []  # without the lock, a writer may be alive
+    (tmp_path / "results.json").write_text("{}")
+    with RunFolder(tmp_path, ["results.json"], resume=True):
+        assert not left.exists() and all(p.exists() for p in kept)

@@ -61,12 +61,25 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def remove_stale_temporaries(folder: str | os.PathLike) -> list[Path]:
-    """Delete ``.NAME.tmp<PID>`` files under ``folder`` whose process is gone; returns them."""
+#: What ``safetensors`` itself writes a file through (``.tmp`` and 6 random characters): a write
+#: killed half-way leaves it, without a pid to tell whether its writer is alive.
+_SAFETENSORS_TEMP = re.compile(r"^\.tmp[A-Za-z0-9]{6}$")
+
+
+def remove_stale_temporaries(folder: str | os.PathLike, *, holding_lock: bool = False) -> list[Path]:
+    """Delete ``.NAME.tmp<PID>`` files under ``folder`` whose process is gone; returns them.
+
+    ``holding_lock``: the caller holds the folder's lock and nothing writes into it yet, so
+    safetensors' own temporaries (``.tmpXXXXXX``, no pid in the name) are stale too."""
     removed = []
-    for path in Path(folder).rglob(".*.tmp*"):
+    for path in Path(folder).rglob(".*tmp*"):
         match = _TEMP.match(path.name)
-        if match and path.is_file() and not _alive(int(match.group(1))):
+        ours = match is not None and not _alive(int(match.group(1)))
+        if (
+            (ours or (holding_lock and _SAFETENSORS_TEMP.match(path.name)))
+            and path.is_file()
+            and not path.is_symlink()
+        ):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
                 removed.append(path)
@@ -136,7 +149,7 @@ class RunFolder:
                         shutil.rmtree(target, ignore_errors=True)
                     else:
                         target.unlink(missing_ok=True)
-            remove_stale_temporaries(self.path)
+            remove_stale_temporaries(self.path, holding_lock=self.lock)
         except BaseException:
             self._release()
             raise
