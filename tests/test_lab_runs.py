@@ -169,7 +169,7 @@ def test_safetensors_own_temporaries_of_a_killed_write_are_removed_by_the_lock_h
     (tmp_path / "checkpoints").mkdir()
     left = tmp_path / "checkpoints" / ".tmpWaSUCP"
     left.write_bytes(b"x" * 100)
-    kept = [tmp_path / "checkpoints" / ".tmpnotsix", tmp_path / "checkpoints" / "tmpAbCdEf"]
+    kept = [tmp_path / "checkpoints" / ".tmpseven77", tmp_path / "checkpoints" / "tmpAbCdEf"]
     for path in kept:
         path.write_text("not a temporary of a write")
     assert remove_stale_temporaries(tmp_path) == []  # without the lock, a writer may be alive
