@@ -299,21 +299,32 @@ def run_cell(
 
 def full_key(config: StudyConfig, cell, data: StudyData, device: torch.device) -> dict[str, Any]:
     """What a cell's numbers depend on: the config's cell fields (:func:`cell_key`), the bytes it
-    trains on and reads, the device type and the cell's own setting."""
+    trains on and reads, the device type, the cell's own setting, and the posenc and torch
+    versions (a resume after an upgrade reruns the cells)."""
+    from .. import __version__
+
     return {
         **cell_key(config),
         "data": data.data_id,
         "eval": data.eval_id,
         "device": device.type,
         "setting": [list(kv) for kv in cell.setting],
+        "versions": {"posenc": __version__, "torch": torch.__version__},
     }
 
 
 def finished_cell(cell_file: Path | None, key: dict[str, Any]) -> dict[str, Any] | None:
     """The record in ``cell_file`` when it was run with ``key`` (marked ``reused``), else ``None``."""
+    from ..model.io import parse_json
+
     if cell_file is None or not cell_file.is_file():
         return None
-    record = json.loads(cell_file.read_text())
+    record = parse_json(cell_file.read_bytes(), f"the cell file {str(cell_file)!r}")
+    if not isinstance(record, dict) or not isinstance(record.get("runs"), list):
+        raise ValueError(
+            f"the cell file {str(cell_file)!r} is not a cell record (a JSON object with 'key' and 'runs'); "
+            "delete it and resume to run the cell again"
+        )
     return {**record, "reused": True} if record.get("key") == key else None
 
 
