@@ -104,9 +104,7 @@ def _one_call(k, q_positions, k_positions, position_ids):
             )
         k, q_positions = None, k
     if k is None and k_positions is not None:
-        raise ValueError(
-            "k_positions needs keys: pass k, or rotate one tensor alone with rope(x, positions)"
-        )
+        raise ValueError("k_positions needs keys: pass k, or rotate one tensor alone with rope(x, positions)")
     return k, q_positions, k_positions
 
 

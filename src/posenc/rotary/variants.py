@@ -54,7 +54,13 @@ class XPos(RotaryEmbedding):
         num_heads: int | None = None,
     ) -> None:
         super().__init__(
-            head_dim, base, rotary_dim, partial_rotary_factor, layout, qk_layout=qk_layout, num_heads=num_heads
+            head_dim,
+            base,
+            rotary_dim,
+            partial_rotary_factor,
+            layout,
+            qk_layout=qk_layout,
+            num_heads=num_heads,
         )
         self.scale_base = check_positive_float(scale_base, "scale_base")
 
@@ -79,7 +85,9 @@ class XPos(RotaryEmbedding):
                 f"{dtype} past |m| = {limit}; use float32/bf16 (not fp16), a larger scale_base, or rope"
             )
 
-    def _scale(self, positions: torch.Tensor, sign: float, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    def _scale(
+        self, positions: torch.Tensor, sign: float, dtype: torch.dtype = torch.float32
+    ) -> torch.Tensor:
         """``zeta^(sign * m / gamma)``: ``[..., s, r/2]`` in ``dtype`` (float32, or float64 for a
         float64 model, whose range reaches about 8x further)."""
         with autocast_off(positions.device):
@@ -173,7 +181,13 @@ class Rope2D(RotaryEmbedding):
         num_heads: int | None = None,
     ) -> None:
         super().__init__(
-            head_dim, base, rotary_dim, partial_rotary_factor, layout, qk_layout=qk_layout, num_heads=num_heads
+            head_dim,
+            base,
+            rotary_dim,
+            partial_rotary_factor,
+            layout,
+            qk_layout=qk_layout,
+            num_heads=num_heads,
         )
         if self.rotary_dim % 4:
             raise ValueError(
