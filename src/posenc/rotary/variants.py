@@ -12,8 +12,8 @@ import torch
 
 from .._precision import autocast_off
 from .._validate import check_int, check_positive_float
-from .apply import _describe, _is_integer, _seq_axis, apply_rotary
 from ..absolute import _angle_dtype
+from .apply import _describe, _is_integer, _seq_axis, apply_rotary
 from .modules import RotaryEmbedding, _check_qk, _for_heads, _one_call
 from .scalings import _default_inv_freq, rope_cos_sin
 
