@@ -264,8 +264,7 @@ def test_lm_output_is_indexable_like_hugging_face():
     out = model(ids, labels=ids)
     assert out[0] is out.loss and out[1] is out.logits and out.to_tuple() == (out.loss, out.logits)
     assert list(out) == ["loss", "logits"] and "loss" in out and dict(out.items())["logits"] is out.logits
-    loss, logits = out.to_tuple()
-    assert out[:1] == (loss,)
+    assert out[:1] == (out.loss,) and out.values() == [out.loss, out.logits]
 
 
 def test_model_answers_hugging_face_questions():

@@ -383,7 +383,7 @@ def test_one_positions_tensor_rotates_q_and_k_there():
 def test_one_positions_tensor_for_q_and_k_of_different_lengths_is_refused():
     rope = posenc.build("rope", head_dim=8)
     q, k = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 5, 8)
-    with pytest.raises(ValueError, match=r"s_q = 1 and k has s_k = 5: pass the keys' positions as k_positions"):
+    with pytest.raises(ValueError, match=r"s_q = 1 and k has s_k = 5: pass the keys' positions as k_pos"):
         rope(q, k, torch.tensor([4]))
     with pytest.raises(ValueError, match="k_positions is given without q_positions"):
         rope(q, k, k_positions=torch.arange(5))
@@ -391,7 +391,8 @@ def test_one_positions_tensor_for_q_and_k_of_different_lengths_is_refused():
         rope(q, k, torch.tensor([4]), position_ids=torch.tensor([4]))
     qr, kr = rope(q, k, torch.tensor([4]), torch.arange(5))  # a KV-cache step: both given
     full_q, full_k = rope(torch.cat((k[..., :4, :], q), 2), k)
-    torch.testing.assert_close(qr, full_q[..., 4:, :]) and torch.testing.assert_close(kr, full_k)
+    torch.testing.assert_close(qr, full_q[..., 4:, :])
+    torch.testing.assert_close(kr, full_k)
 
 
 @pytest.mark.parametrize("name", ["rope", "rope_2d"])
@@ -401,7 +402,8 @@ def test_one_tensor_rotated_alone(name):
     torch.manual_seed(1)
     rope = posenc.build(name, head_dim=8, **({"grid": (2, 3)} if name == "rope_2d" else {}))
     q, k = torch.randn(2, 4, 6, 8), torch.randn(2, 2, 6, 8)
-    p = torch.arange(6) + 3 if name == "rope" else torch.tensor([[0, 1], [1, 1], [2, 0], [3, 5], [4, 4], [7, 2]])
+    grid = torch.tensor([[0, 1], [1, 1], [2, 0], [3, 5], [4, 4], [7, 2]])  # [s, 2] (row, col)
+    p = torch.arange(6) + 3 if name == "rope" else grid
     rq, rk = rope(q, k, p)
     assert torch.equal(rope(q, p), rq) and torch.equal(rope(k, p), rk)
     assert torch.equal(rope(q, position_ids=p), rq) and torch.equal(rope.rotate_one(k, p), rk)
@@ -482,12 +484,16 @@ def test_full_width_tables_are_converted_with_a_clear_message():
         posenc.apply_rotary(x, full_cos, full_sin)
     half = posenc.half_width_tables(full_cos, full_sin)
     assert torch.equal(posenc.apply_rotary(x, *half), posenc.apply_rotary(x, cos, sin))
-    inter = posenc.half_width_tables(cos.repeat_interleave(2, -1), sin.repeat_interleave(2, -1), layout="interleaved")
+    inter = posenc.half_width_tables(
+        cos.repeat_interleave(2, -1), sin.repeat_interleave(2, -1), layout="interleaved"
+    )
     assert torch.equal(inter[0], cos) and torch.equal(inter[1], sin)
     with pytest.raises(ValueError, match="does not hold each value twice"):
         posenc.half_width_tables(torch.randn(5, 16), torch.randn(5, 16))
     llama = pytest.importorskip("transformers.models.llama.modeling_llama")
-    config = pytest.importorskip("transformers").LlamaConfig(hidden_size=32, num_attention_heads=2, head_dim=16)
+    config = pytest.importorskip("transformers").LlamaConfig(
+        hidden_size=32, num_attention_heads=2, head_dim=16
+    )
     hf_cos, hf_sin = llama.LlamaRotaryEmbedding(config)(x, torch.arange(5)[None])  # [1, 5, 16]
     hq = llama.apply_rotary_pos_emb(x, x, hf_cos, hf_sin)[0]
     ours = posenc.apply_rotary(x, *posenc.half_width_tables(hf_cos[:, None], hf_sin[:, None]))

@@ -208,7 +208,9 @@ def half_width_tables(
         if t.dim() < 1 or t.shape[-1] % 2:
             raise ValueError(f"{name} must be [..., s, r] with r even, got {tuple(t.shape)}")
     if cos.shape != sin.shape:
-        raise ValueError(f"cos and sin must have the same shape, got {tuple(cos.shape)} and {tuple(sin.shape)}")
+        raise ValueError(
+            f"cos and sin must have the same shape, got {tuple(cos.shape)} and {tuple(sin.shape)}"
+        )
     half = cos.shape[-1] // 2
     pairs = []
     for name, t in (("cos", cos), ("sin", sin)):
@@ -216,8 +218,9 @@ def half_width_tables(
         if check and not torch.equal(a, b):
             other = "interleaved" if layout == "half" else "half"
             raise ValueError(
-                f"{name} {tuple(t.shape)} does not hold each value twice in layout={layout!r}: it is not a "
-                f"full-width table in that layout (try layout={other!r}, or pass half-width tables as they are)"
+                f"{name} {tuple(t.shape)} does not hold each value twice in layout={layout!r}: it is not "
+                f"a full-width table in that layout (try layout={other!r}, or pass half-width tables as "
+                "they are)"
             )
         pairs.append(a)
     return pairs[0], pairs[1]
