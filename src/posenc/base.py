@@ -205,6 +205,10 @@ class PositionalScheme(nn.Module):
                 "model would never call it: define has_relative_values (a property or a bool class "
                 "attribute) saying when it returns value vectors"
             )
+        # A call runs the scheme's one hook with that hook's own signature (help(), IDEs, type
+        # checkers see rotate's or score_bias's arguments); a scheme may define forward itself.
+        if "forward" not in vars(cls) and len(cls.hooks) <= 1:
+            cls.forward = getattr(cls, cls.hooks[0] if cls.hooks else "embed")
 
     @property
     def has_relative_values(self) -> bool:
@@ -226,7 +230,8 @@ class PositionalScheme(nn.Module):
         return None
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        """Run the scheme's hook, so a scheme is called like any module.
+        """Run the scheme's hook, so a scheme is called like any module. A scheme with one hook (or
+        none) has that hook as its ``forward``, with its own signature:
 
         * ``embed`` schemes: ``pe(x [b, s, d], positions=None) -> [b, s, d]`` (``x`` + the encoding);
         * ``rotate`` schemes: ``rope(q, k, q_positions=None, k_positions=None, qk_layout=None)
