@@ -146,7 +146,7 @@ def export_state(
         architectures=[fam.architecture],
         vocab_size=config.vocab_size,
         tie_word_embeddings=out_config.tie == "output",
-        torch_dtype=str(dtype).removeprefix("torch."),
+        dtype=str(dtype).removeprefix("torch."),
         bos_token_id=None,
         eos_token_id=None,
         pad_token_id=None,
@@ -190,9 +190,7 @@ def to_transformers(model: TransformerLM, *, family: str | None = None) -> Any:
         ) from None
     config, tensors = export_state(model, family)
     hf_config = transformers.AutoConfig.for_model(**config)
-    hf = transformers.AutoModelForCausalLM.from_config(
-        hf_config, torch_dtype=tensors[next(iter(tensors))].dtype
-    )
+    hf = transformers.AutoModelForCausalLM.from_config(hf_config, dtype=tensors[next(iter(tensors))].dtype)
     missing, unexpected = hf.load_state_dict(tensors, strict=False)
     tied = {"lm_head.weight"} if hf_config.tie_word_embeddings else set()
     if unexpected or set(missing) - tied:

@@ -182,9 +182,12 @@ def _no_sliding_window(c: HFConfig, max_len: int) -> None:
 
 def rope_parameters_out(model_config: ModelConfig, rope: Any) -> dict[str, Any]:
     """The HF ``rope_parameters`` (and length fields) of a built posenc RoPE."""
-    params: dict[str, Any] = {"rope_type": rope.scaling_rule, "rope_theta": rope.base}
-    if rope.rotary_dim != rope.head_dim:
-        params["partial_rotary_factor"] = rope.rotary_dim / rope.head_dim
+    # written always: families default it differently (GPT-NeoX 0.25, Llama 1.0)
+    params: dict[str, Any] = {
+        "rope_type": rope.scaling_rule,
+        "rope_theta": rope.base,
+        "partial_rotary_factor": rope.rotary_dim / rope.head_dim,
+    }
     out: dict[str, Any] = {"max_position_embeddings": model_config.max_len or 2048}
     scaling = dict(rope.scaling_params)
     l0 = scaling.pop("original_max_position_embeddings", None)
@@ -199,6 +202,10 @@ def rope_parameters_out(model_config: ModelConfig, rope: Any) -> dict[str, Any]:
         params["original_max_position_embeddings"] = l0
     params.update(scaling)
     out["rope_parameters"] = params
+    # the same, in the fields transformers < 5 reads
+    out.update(rope_theta=rope.base, rotary_emb_base=rope.base, rotary_pct=params["partial_rotary_factor"])
+    if rope.scaling_rule != "default":
+        out["rope_scaling"] = dict(params)
     return out
 
 
