@@ -128,9 +128,12 @@ class Family:
 # Shared readers
 # ----------------------------------------------------------------------------------------------
 def _build(c: HFConfig, **fields: Any) -> ModelConfig:
-    """``ModelConfig(**fields)``, its errors prefixed with the config file."""
+    """``ModelConfig(**fields)``, refused before anything is allocated when its weights would not
+    fit in free memory; errors prefixed with the config file."""
     try:
-        return ModelConfig(**fields)
+        config = ModelConfig(**fields)
+        config.check_fits()
+        return config
     except (TypeError, ValueError) as err:
         raise ValueError(f"{c.source}: {err}") from None
 
