@@ -12,6 +12,7 @@ from .plan import AttentionPlan, causal_mask, plan_attention, plan_cross_attenti
 from .pretrained import Pretrained, from_pretrained, save_pretrained
 from .saving import load_model, save_model
 from .stack import MLP, Block, Decoder, Encoder, Memory
+from .surgery import with_position
 from .transformer import EncoderDecoder, LMOutput, TransformerLM, sample_next
 
 __all__ = [
@@ -42,4 +43,5 @@ __all__ = [
     "save_pretrained",
     "save_transformers",
     "to_transformers",
+    "with_position",
 ]
