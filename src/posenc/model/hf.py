@@ -95,10 +95,9 @@ def from_transformers(
         weights.drop("lm_head.weight")  # a tied output layer saved beside the embedding
         state["lm_head.weight"] = state[TOKEN_TABLE]
     weights.finish()
-    model = TransformerLM(model_config, device=device)
+    model = TransformerLM(model_config, device=device, dtype=dtype or saved)  # built in its final dtype
     model.load_state_dict(state)
-    dtype = dtype or saved
-    return (model if dtype is None else model.to(dtype)).eval()
+    return model.eval()
 
 
 def _export_family(config: ModelConfig, family: str | None) -> tuple[Family, dict[str, Any]]:
