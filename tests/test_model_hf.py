@@ -189,3 +189,50 @@ def test_save_transformers_never_overwrites_silently(tmp_path):
 def test_from_transformers_rejects_other_objects():
     with pytest.raises(TypeError, match="folder or a transformers model"):
         from_transformers(42)
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2", "bloom"])
+def test_greedy_generation_equals_transformers(name):
+    hf = hf_model(name)
+    model = from_transformers(hf)
+    prompt = _ids(b=2, s=6, seed=4)
+    with torch.no_grad():
+        want = hf.generate(prompt, do_sample=False, max_new_tokens=10, min_new_tokens=10, pad_token_id=0)
+        got = model.generate(prompt, 10, temperature=0)  # temperature 0 = greedy
+    assert torch.equal(got, want)
+
+
+def test_hostile_family_fields_are_refused(tmp_path):
+    hf = hf_model("gpt2")
+    for change, message in (
+        ({"scale_attn_by_inverse_layer_idx": True}, "scales attention logits by 1/sqrt"),
+        ({"add_cross_attention": True}, "not a decoder-only GPT-2"),
+        ({"activation_function": "gelu_fast"}, "'gelu_fast' is not an activation"),
+    ):
+        bad = type(
+            "Bad",
+            (),
+            {
+                "config": type(hf.config).from_dict({**hf.config.to_dict(), **change}),
+                "state_dict": hf.state_dict,
+            },
+        )()
+        with pytest.raises(ValueError, match=message):
+            from_transformers(bad)
+    bloom = hf_model("bloom")
+    bloom.config.apply_residual_connection_post_layernorm = True
+    with pytest.raises(ValueError, match="apply_residual_connection_post_layernorm"):
+        from_transformers(bloom)
+
+
+def test_a_short_sliding_window_warns():
+    hf = hf_model("mistral")
+    hf.config.sliding_window = 4
+    with pytest.warns(UserWarning, match="sliding_window=4 is not reproduced"):
+        from_transformers(hf)
+
+
+def test_a_posenc_folder_is_pointed_to_load_model(tmp_path):
+    _posenc().save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"posenc\.load_model"):
+        from_transformers(tmp_path)

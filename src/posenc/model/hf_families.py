@@ -681,6 +681,11 @@ def family_for(model_type: object, source: str) -> Family:
         if model_type in family.model_types:
             return family
     known = sorted(t for f in FAMILIES for t in f.model_types)
+    if model_type is None:
+        raise ValueError(
+            f"{source} has no model_type, so it is not a Hugging Face checkpoint; a folder written by "
+            "posenc's save_pretrained loads with posenc.load_model"
+        )
     raise ValueError(
         f"{source}: model_type {model_type!r} is not one posenc converts; supported: {', '.join(known)}"
     )
