@@ -164,7 +164,7 @@ def test_export_refuses_what_no_family_computes(tmp_path):
         export_state(model)
     with pytest.raises(ValueError, match="unknown family 'bert'"):
         export_state(_posenc(), family="bert")
-    with pytest.raises(ValueError, match="gpt2: position='rope'"):
+    with pytest.raises(ValueError, match="gpt2: learns one vector per position"):
         export_state(_posenc(), family="gpt2")
     with pytest.raises(ValueError, match="half layout"):
         export_state(_posenc(**LLAMA_BLOCK, position_options={"layout": "interleaved"}))

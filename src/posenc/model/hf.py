@@ -26,8 +26,10 @@ from typing import Any
 import torch
 
 from .config import ModelConfig
-from .hf_families import FAMILIES, TOKEN_TABLE, Family, expand, family_for, rope_parameters_out
+from .hf_families import FAMILIES, family_for
+from .hf_fields import positions_out
 from .hf_files import HFConfig, HFWeights, read_hf_folder, write_hf_folder
+from .hf_links import TOKEN_TABLE, Family, expand
 from .transformer import TransformerLM
 
 __all__ = ["export_state", "from_transformers", "save_transformers", "to_transformers"]
@@ -100,7 +102,7 @@ def from_transformers(
     return model.eval()
 
 
-def _export_family(config: ModelConfig, family: str | None) -> tuple[Family, dict[str, Any]]:
+def _export_family(model: TransformerLM, family: str | None) -> tuple[Family, dict[str, Any]]:
     names = [f.name for f in FAMILIES]
     if family is not None and family not in names:
         raise ValueError(f"unknown family {family!r}; valid: {', '.join(names)}")
@@ -109,7 +111,7 @@ def _export_family(config: ModelConfig, family: str | None) -> tuple[Family, dic
         if family is not None and fam.name != family:
             continue
         try:
-            return fam, fam.config_out(config)
+            return fam, {**fam.config_out(model.config), **positions_out(model, fam.name)}
         except ValueError as err:
             reasons.append(str(err))
     raise ValueError("this model fits no Hugging Face family posenc writes: " + "; ".join(reasons))
@@ -128,18 +130,11 @@ def export_state(
     if not isinstance(model, TransformerLM):
         raise TypeError(f"export takes a posenc TransformerLM, got {type(model).__name__}")
     config = model.config
-    fam, hf_config = _export_family(config, family)
+    fam, hf_config = _export_family(model, family)
     scale = model.decoder.embed.token.scale
     out_config = fam.export_config(config)
     if scale != 1.0 and config.tie == "output":
         out_config = dataclasses.replace(out_config, tie="none")
-    rope = model.decoder.scheme(0)
-    if config.position == "rope":
-        if rope.layout != "half":
-            raise ValueError(f"{fam.name}: rotates in the half layout; this model's RoPE is {rope.layout!r}")
-        if not config.share_position and config.num_layers > 1:
-            raise ValueError(f"{fam.name}: one RoPE for all layers (share_position=True)")
-        hf_config.update(rope_parameters_out(config, rope))
     dtype = model.decoder.embed.token.weight.dtype
     hf_config.update(
         architectures=[fam.architecture],

@@ -66,8 +66,13 @@ def with_position(
     )
     weight = next(model.parameters())
     new = TransformerLM(config, device=weight.device, dtype=weight.dtype)
-    state = model.state_dict()
-    target = new.state_dict()
+    _carry_weights(model, new, position)
+    return new.train(model.training)
+
+
+def _carry_weights(model: TransformerLM, new: TransformerLM, position: str) -> None:
+    """Copy every tensor of ``model`` into ``new``; they must have the same names and shapes."""
+    state, target = model.state_dict(), new.state_dict()
     if set(state) != set(target):
         added, dropped = sorted(set(target) - set(state)), sorted(set(state) - set(target))
         raise ValueError(
@@ -83,4 +88,3 @@ def with_position(
             )
     with torch.no_grad():
         new.load_state_dict(state)
-    return new.train(model.training)
