@@ -103,3 +103,28 @@ def test_errors(tmp_path, corpus):
     (tmp_path / "bad" / "config.json").write_text("{")
     with pytest.raises(ValueError, match="is not valid JSON"):
         load_pretrained(tmp_path / "bad")
+
+
+def test_the_command_prints_the_tables_or_one_line(tmp_path, corpus, capsys):
+    from posenc.lab.pretrained import main
+
+    _model().save_pretrained(tmp_path / "m")
+    args = [
+        "--model",
+        str(tmp_path / "m"),
+        "--train-len",
+        "16",
+        "--eval-lens",
+        "16,32",
+        "--corpus",
+        corpus,
+        "--eval-windows",
+        "4",
+        "--variants",
+        "yarn",
+    ]
+    assert main(args) == 0
+    assert "+yarn" in capsys.readouterr().out
+    assert main(["--model", str(tmp_path / "nothing"), "--train-len", "16"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1

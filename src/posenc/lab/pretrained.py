@@ -198,3 +198,42 @@ def format_pretrained(results: dict[str, Any]) -> str:
         cells = ["n/a" if p["bpb_window"] is None else f"{p['bpb_window']:.3f}" for p in run["eval"]]
         lines.append(run["name"].ljust(width) + "".join(f"{c:>16}" for c in cells))
     return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m posenc.lab.pretrained --model PATH --train-len L``: print the tables; a mistake
+    prints one line and returns 2."""
+    import argparse
+    import sys
+
+    p = argparse.ArgumentParser(prog="python -m posenc.lab.pretrained", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True, help="a posenc save or a Hugging Face checkpoint folder")
+    p.add_argument("--train-len", type=int, required=True, help="the length the model was trained at (L)")
+    p.add_argument("--eval-lens", default=None, help="comma list of lengths (default L, 2L, 4L, 8L)")
+    p.add_argument("--variants", default=None, help="comma list (default: every variant the scheme offers)")
+    p.add_argument("--corpus", default="stdlib", help="stdlib (default) or a path")
+    p.add_argument("--max-chars", type=int, default=None, help="use only the first ~N chars of the corpus")
+    p.add_argument("--eval-windows", type=int, default=32, help="evaluation windows (default 32)")
+    p.add_argument("--device", default="cpu")
+    args = p.parse_args(argv)
+    try:
+        lens = tuple(int(x) for x in args.eval_lens.split(",")) if args.eval_lens else None
+        results = evaluate_pretrained(
+            args.model,
+            train_len=args.train_len,
+            eval_lens=lens or tuple(args.train_len * k for k in (1, 2, 4, 8)),
+            variants=tuple(args.variants.split(",")) if args.variants else None,
+            corpus=args.corpus,
+            max_chars=args.max_chars,
+            eval_windows=args.eval_windows,
+            device=args.device,
+        )
+    except (TypeError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(format_pretrained(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
