@@ -288,8 +288,10 @@ class TransformerLM(_ModelHabits, Pretrained, nn.Module):
         self.config = config
         with placed(device, dtype):
             self.decoder = Decoder(config, cross_attention=False)
-            self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+            self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=config.output_bias)
         nn.init.normal_(self.lm_head.weight, std=config.init_std)
+        if self.lm_head.bias is not None:
+            nn.init.zeros_(self.lm_head.bias)
         self.tie_weights()
         if dtype is not None:
             self.to(dtype)
