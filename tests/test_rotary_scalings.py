@@ -169,3 +169,15 @@ def test_length_dependent_rules_treat_each_document_and_row_alone(rule):
     aq, ak = rope.rotate(q[:1, :, 3:], k[:1, :, 3:])  # the short row alone
     torch.testing.assert_close(rq[:1, :, 3:], aq, rtol=0, atol=1e-6)
     torch.testing.assert_close(rk[:1, :, 3:], ak, rtol=0, atol=1e-6)
+
+
+def test_proportional_validates_its_fraction():
+    """The fraction of turning pairs is required (without it the rule is `linear`) and in (0, 1]."""
+    needs = r"RoPE scaling 'proportional' needs key\(s\) \['partial_rotary_factor'\]"
+    with pytest.raises(ValueError, match=needs):
+        posenc.rope_frequencies(64, scaling={"rope_type": "proportional"})
+    with pytest.raises(ValueError, match=r"partial_rotary_factor'\] must be in \(0, 1\]"):
+        posenc.rope_frequencies(64, scaling={"rope_type": "proportional", "partial_rotary_factor": 1.5})
+    with pytest.raises(ValueError, match="must be a finite number > 0"):
+        posenc.rope_frequencies(64, scaling={"rope_type": "proportional", "partial_rotary_factor": 0})
+    assert "proportional" not in posenc.RotaryEmbedding.eval_variants  # needs a fraction, not just a factor
