@@ -192,3 +192,15 @@ def test_yarn_mscale_and_mscale_all_dim_give_deepseeks_attention_factor():
     hf_inv, hf_scale = ROPE_INIT_FUNCTIONS["yarn"](cfg, None)
     assert rope.frequencies()[1] == pytest.approx(hf_scale, rel=1e-12)
     torch.testing.assert_close(rope.frequencies()[0].float(), hf_inv, rtol=4 * 2.0**-23, atol=0)
+
+
+def test_proportional_validates_its_fraction():
+    """The fraction of turning pairs is required (without it the rule is `linear`) and in (0, 1]."""
+    needs = r"RoPE scaling 'proportional' needs key\(s\) \['partial_rotary_factor'\]"
+    with pytest.raises(ValueError, match=needs):
+        posenc.rope_frequencies(64, scaling={"rope_type": "proportional"})
+    with pytest.raises(ValueError, match=r"partial_rotary_factor'\] must be in \(0, 1\]"):
+        posenc.rope_frequencies(64, scaling={"rope_type": "proportional", "partial_rotary_factor": 1.5})
+    with pytest.raises(ValueError, match="must be a finite number > 0"):
+        posenc.rope_frequencies(64, scaling={"rope_type": "proportional", "partial_rotary_factor": 0})
+    assert "proportional" not in posenc.RotaryEmbedding.eval_variants  # needs a fraction, not just a factor

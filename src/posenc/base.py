@@ -64,10 +64,17 @@ class PositionalScheme(nn.Module):
         summary: one line for ``posenc list``.
         max_len: the longest input it can encode, or ``None`` when positions are unbounded.
         causal_ok: whether the scheme can run in a causal decoder (with a KV cache).
+        bidirectional_ok: whether the scheme can run in a bidirectional encoder (CoPE counts the keys
+            between a key and its query, so it cannot).
         needs_unrotated_cache: the model must cache un-rotated keys (see the contract above).
         score_bias_uses_query: ``score_bias`` reads ``q`` (Shaw, Transformer-XL). When False the bias
             depends on positions only, so a model computes it once per forward for all layers
             that share the scheme.
+        score_bias_uses_keys: ``score_bias`` also reads the keys (CoPE's gates): it takes the keyword
+            arguments ``k`` (every key attention uses, ``[b, h_kv, s_k, d_h]``, the KV cache's
+            included) and ``keep`` (``[b | 1, 1 | h, s_q, s_k]`` bool, True where attention may look:
+            the causal, padding and packing mask; ``None`` when nothing is masked), and a model
+            computes the bias after the cache is updated, never one query block at a time.
         position_dims: coordinates per position: 1 for token sequences, 2 for image grids, 3 for
             volumes (whose positions are ``[..., s, 2]`` / grid coordinates). Sequence models take 1.
         legacy_defaults: constructor defaults that changed in defaults version 2, with their old
@@ -86,8 +93,10 @@ class PositionalScheme(nn.Module):
     hooks: ClassVar[tuple[str, ...]] = ()
     summary: ClassVar[str] = ""
     causal_ok: ClassVar[bool] = True
+    bidirectional_ok: ClassVar[bool] = True
     needs_unrotated_cache: bool = False  # an instance may set it (a RoPE whose scaling depends on length)
     score_bias_uses_query: ClassVar[bool] = False
+    score_bias_uses_keys: ClassVar[bool] = False
     position_dims: ClassVar[int] = 1
     eval_variants: ClassVar[tuple[str, ...]] = ()
     legacy_defaults: ClassVar[dict[str, Any]] = {}

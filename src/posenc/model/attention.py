@@ -245,10 +245,13 @@ class MultiHeadAttention(nn.Module):
         (:meth:`AttentionPlan.bias_blocks`) where the plan allows it.
         """
         bias = rel = None
+        # a bias that reads the keys (CoPE) needs them all, the cache's included: computed at the end
+        keyed = scheme is not None and "score_bias" in scheme.hooks and scheme.score_bias_uses_keys
+        q_raw = self._heads_first(q) if keyed else None  # q before rotate
         if scheme is not None:
             if scheme.has_relative_values:  # Shaw et al. with values: the explicit-softmax path
                 rel = _relative_values(scheme, plan.q_positions, plan.k_positions)
-            if "score_bias" in scheme.hooks:  # q before rotate
+            if "score_bias" in scheme.hooks and not keyed:  # q before rotate
                 qh = self._heads_first(q)
                 if blocked and rel is None:
                     bias = plan.bias_blocks(scheme, qh)
@@ -269,6 +272,8 @@ class MultiHeadAttention(nn.Module):
             q, k = self._heads_first(q), self._heads_first(k)
             if cache is not None:
                 k, v = cache.update(layer, k, v)
+        if keyed:
+            bias = plan.score_bias(scheme, q_raw, k)
         return q, k, v, bias, rel
 
     @torch.no_grad()

@@ -21,7 +21,7 @@ from torch import nn
 from .._alloc import factory_kwargs
 from ..base import PositionalScheme
 from ..embedding import InputEmbedding
-from ..registry import build_with_context
+from ..registry import build_with_context, scheme_class
 from .attention import MultiHeadAttention
 from .cache import KVCache
 from .classes import register_model
@@ -154,6 +154,11 @@ class _Stack(nn.Module):
         super().__init__()
         if causal:
             config.check_causal()
+        elif not scheme_class(config.position).bidirectional_ok:
+            raise ValueError(
+                f"position={config.position!r} is defined for causal attention only, so it cannot run in an "
+                "encoder; use it in a decoder (TransformerLM), or pick another scheme for the encoder"
+            )
         self.config, self.causal = config, causal
         first = self._build_scheme()
         if first.position_dims != 1:
