@@ -35,39 +35,41 @@ def _groups() -> dict[tuple[str, str], list[dict]]:
     return out
 
 
-def _shown(data: list[dict], visible: list[bool]) -> set[str]:
-    assert len(visible) == len(data)
-    return {t["name"] for t, v in zip(data, visible) if v}
-
-
 def _group(m: str, s: str) -> set[str]:
     return {t["name"] for t in _groups()[(m, s)]}
 
 
-def test_selector_figure_shows_one_group_at_a_time():
-    fig = selector_figure(_groups(), ("menu", ["a", "b"]), ("slider", ["1", "2", "3"]), {}, start=("b", "2"))
+def _shown_at(fig: dict, m: int, s: int) -> set[str]:
+    """What the page's loader shows for menu index m and slider index s (its rule, in Python)."""
+    owner = fig["layout"]["meta"]["selector"]["owner"]
+    return {t["name"] for t, o in zip(fig["data"], owner) if o is None or o == [m, s]}
+
+
+def test_selector_figure_shows_one_group_at_a_time_and_keeps_the_other_choice():
+    fig = selector_figure(
+        _groups(),
+        ("menu", ["a", "b"]),
+        ("slider", ["1", "2", "3"]),
+        {},
+        start=("b", "2"),
+        reference=[{"type": "scatter", "name": "ref", "y": [0]}],
+    )
     data, layout = fig["data"], fig["layout"]
-    assert len(data) == 7  # every group's traces, once
-    assert {t["name"] for t in data if t["visible"]} == _group("b", "2")
+    assert len(data) == 8  # every group's traces, once, and the reference
+    assert {t["name"] for t in data if t["visible"]} == _group("b", "2") | {"ref"}
     assert all(isinstance(t["visible"], bool) for t in data)
-    # the slider of the starting menu value: each step shows exactly its own group
+    assert layout["meta"]["selector"]["menu"] == 1 and layout["meta"]["selector"]["slider"] == 1
     (slider,) = layout["sliders"]
     assert slider["active"] == 1 and slider["currentvalue"]["prefix"] == "slider = "
     assert [s["label"] for s in slider["steps"]] == ["1", "2", "3"]
-    for step in slider["steps"]:
-        assert step["method"] == "restyle"
-        assert _shown(data, step["args"][0]["visible"]) == _group("b", step["label"])
-    # each menu button shows its value's first group and rebuilds the slider for that value
     (menu,) = layout["updatemenus"]
     assert menu["active"] == 1 and [b["label"] for b in menu["buttons"]] == ["menu: a", "menu: b"]
-    for button, m in zip(menu["buttons"], ("a", "b")):
-        assert button["method"] == "update"
-        visible, relayout = button["args"]
-        assert _shown(data, visible["visible"]) == _group(m, "1")
-        (rebuilt,) = relayout["sliders"]
-        assert rebuilt["active"] == 0
-        for step in rebuilt["steps"]:
-            assert _shown(data, step["args"][0]["visible"]) == _group(m, step["label"])
+    # the buttons and steps only report the choice; the loader shows the group of (menu, slider),
+    # so a menu change keeps the slider's value and the reverse
+    assert {b["method"] for b in menu["buttons"]} == {s["method"] for s in slider["steps"]} == {"skip"}
+    for mi, m in enumerate(("a", "b")):
+        for si, v in enumerate(("1", "2", "3")):
+            assert _shown_at(fig, mi, si) == _group(m, v) | {"ref"}
     assert layout["margin"] == {"t": 70}  # room for the menu
 
 
@@ -85,8 +87,7 @@ def test_selector_figure_without_a_menu():
     fig = selector_figure(traces, None, ("v", ["x", "y"]), {}, start=("", "y"))
     assert [t["visible"] for t in fig["data"]] == [False, True]
     assert "updatemenus" not in fig["layout"] and "margin" not in fig["layout"]
-    steps = fig["layout"]["sliders"][0]["steps"]
-    assert [s["args"][0]["visible"] for s in steps] == [[True, False], [False, True]]
+    assert [_shown_at(fig, 0, si) for si in (0, 1)] == [{"x"}, {"y"}]
 
 
 # ---------------------------------------------------------------------------------------------- profile

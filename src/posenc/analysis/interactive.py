@@ -116,35 +116,45 @@ def selector_figure(
     layout: dict[str, Any],
     *,
     start: tuple[str, str] | None = None,
+    reference: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
     """A figure that shows one group of traces at a time, chosen by a drop-down ``menu`` (label,
     values) and a ``slider`` (label, values); ``traces[(menu value, slider value)]`` are the group's
-    Plotly traces. Choosing a menu value also rebuilds the slider for that value."""
+    Plotly traces, and ``reference`` traces are always shown.
+
+    The menu and the slider are independent: changing one keeps the other's value. The page's
+    loader (:func:`~posenc.analysis.page.plotly_script`) does the switching from
+    ``layout.meta.selector`` (which group owns each trace); the buttons and steps themselves only
+    report what was chosen (Plotly's ``"skip"`` method).
+    """
     menu_values = list(menu[1]) if menu else [""]
-    keys = [(m, s) for m in menu_values for s in slider[1]]
-    data, owner = [], []
+    slider_values = list(slider[1])
+    keys = [(m, s) for m in menu_values for s in slider_values]
+    data: list[dict[str, Any]] = []
+    owner: list[list[int] | None] = []
     for key in keys:
         for t in traces[key]:
             data.append(t)
-            owner.append(key)
+            owner.append([menu_values.index(key[0]), slider_values.index(key[1])])
+    for t in reference:
+        data.append(t)
+        owner.append(None)
     m0, s0 = start or keys[0]
-
-    def visible(key: tuple[str, str]) -> list[bool]:
-        return [o == key for o in owner]
-
-    def make_slider(m: str, active: int) -> dict[str, Any]:
-        return {
-            "active": active,
-            "currentvalue": {"prefix": f"{slider[0]} = "},
-            "pad": {"t": 40},
-            "steps": [
-                {"label": s, "method": "restyle", "args": [{"visible": visible((m, s))}]} for s in slider[1]
-            ],
-        }
-
+    mi, si = menu_values.index(m0), slider_values.index(s0)
     for t, o in zip(data, owner):
-        t["visible"] = o == (m0, s0)
-    out_layout = {**layout, "sliders": [make_slider(m0, list(slider[1]).index(s0))]}
+        t["visible"] = o is None or o == [mi, si]
+    out_layout = {
+        **layout,
+        "meta": {"selector": {"owner": owner, "menu": mi, "slider": si}},
+        "sliders": [
+            {
+                "active": si,
+                "currentvalue": {"prefix": f"{slider[0]} = "},
+                "pad": {"t": 40},
+                "steps": [{"label": v, "method": "skip", "args": []} for v in slider_values],
+            }
+        ],
+    }
     if menu:
         out_layout["updatemenus"] = [
             {
@@ -152,15 +162,8 @@ def selector_figure(
                 "x": 0.0,
                 "y": 1.18,
                 "xanchor": "left",
-                "active": menu_values.index(m0),
-                "buttons": [
-                    {
-                        "label": f"{menu[0]}: {m}",
-                        "method": "update",
-                        "args": [{"visible": visible((m, slider[1][0]))}, {"sliders": [make_slider(m, 0)]}],
-                    }
-                    for m in menu_values
-                ],
+                "active": mi,
+                "buttons": [{"label": f"{menu[0]}: {m}", "method": "skip", "args": []} for m in menu_values],
             }
         ]
         out_layout.setdefault("margin", {"t": 70})
