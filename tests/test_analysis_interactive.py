@@ -178,9 +178,13 @@ def test_trained_figure_heatmaps_are_the_kernels_of_head_0():
         assert z.shape == (n, n)
         # z went through float32: every value within float32 rounding of the float64 kernel
         assert bool(((z - expected).abs() <= expected.abs() * 2.0**-24).all())
-    # one colour scale for both panels, symmetric, to the larger |K| of the two
-    top = max(float(torch.tensor(t["z"]).abs().max()) for t in heat)
-    assert all(t["zmax"] == top and t["zmin"] == -top for t in heat)
+    # each panel on its own symmetric colour scale, to its own largest |K| (the initial noise is
+    # visible, not a uniform square on the trained panel's scale), its range in its title
+    for t in heat:
+        top = float(torch.tensor(t["z"]).abs().max())
+        assert t["zmax"] == top and t["zmin"] == -top and "colorbar" in t
+    titles = [a["text"] for a in fig["layout"]["annotations"]]
+    assert any(f"(±{heat[0]['zmax']:.2g})" in text for text in titles)
     assert heat[0]["xaxis"] == "x" and heat[1]["xaxis"] == "x2"
     assert not torch.equal(torch.tensor(heat[0]["z"]), torch.tensor(heat[1]["z"]))
     # one curve per trained head on the third panel, then the initial mean dotted

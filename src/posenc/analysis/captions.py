@@ -21,7 +21,7 @@ from .kernel import Probe, display_kernel, encodings, kernel_curve, make_probe
 from .page import esc
 from .spectrum import scheme_frequencies
 
-__all__ = ["CAPTIONS", "figure_caption"]
+__all__ = ["CAPTIONS", "figure_caption", "trained_kernel_note", "trained_table_note"]
 
 
 def _n(probe: Probe, cap: int) -> int:
@@ -44,11 +44,27 @@ def _wavelengths(probe: Probe) -> torch.Tensor | None:
     return None if theta.numel() == 0 else 2 * math.pi / theta
 
 
+def _neighbours(probe: Probe, n: int) -> float:
+    """Mean cosine between the vectors of neighbouring positions ``p, p + 1`` for ``p < n - 1``."""
+    enc = encodings(probe, n).double()  # [s, d]
+    unit = enc / enc.norm(dim=-1, keepdim=True).clamp_min(1e-30)
+    return float((unit[1:] * unit[:-1]).sum(-1).mean())
+
+
+def trained_table_note(initial: Probe, trained: Probe, train_len: int) -> str:
+    """How alike neighbouring positions' vectors are before and after training (from the tables)."""
+    before, after = _neighbours(initial, train_len), _neighbours(trained, train_len)
+    change = "more alike" if after > before else "no more alike"
+    return (
+        f"<i>{esc(trained.name)}</i>: the mean cosine between neighbouring positions' vectors goes from "
+        f"{before:.2f} at initialisation to {after:.2f} after training: neighbours end up {change}."
+    )
+
+
 def _heatmap(probe: Probe) -> str:
     n = _n(probe, 128)
     enc = encodings(probe, n).double()  # [s, d]
-    unit = enc / enc.norm(dim=-1, keepdim=True).clamp_min(1e-30)
-    neighbours = float((unit[1:] * unit[:-1]).sum(-1).mean())  # mean cos(e(p), e(p+1))
+    neighbours = _neighbours(probe, n)
     what = "PE(p)" if "embed" in probe.hooks else "R_p·u"
     head = f"Rows are positions 0 to {n - 1} (0 at the bottom), columns the dimensions of {what}. "
     lam = _wavelengths(probe)
@@ -218,3 +234,27 @@ def figure_caption(probe: Probe, kind: str) -> str:
     (beginning with the scheme's name: two schemes with the same numbers share a sentence, not a
     caption)."""
     return f"<i>{esc(probe.name)}</i>: {CAPTIONS[kind](probe)}" if kind in CAPTIONS else ""
+
+
+def trained_kernel_note(initial: Probe, trained: Probe, train_len: int) -> str:
+    """What training did to a scheme's kernel, from its numbers: the head-mean kernel at distance
+    0 and at the far end of the trained window, before and after, and whether it now falls with
+    distance (recency)."""
+    out = []
+    for probe in (initial, trained):
+        kern, _ = display_kernel(probe, train_len)  # [h, L, L]
+        r, curve = kernel_curve(kern)  # [2L-1], [h, 2L-1]
+        mean = curve.mean(0)
+        near = float(mean[(r >= 0) & (r <= 2)].mean())  # the key itself and its two predecessors
+        far = float(mean[r >= train_len // 2].mean())  # the far half of the window
+        out.append((near, far, float(curve.std(0).mean()) if curve.shape[0] > 1 else None))
+    (n0, f0, _), (n1, f1, spread) = out
+    trend = (
+        "falls with distance: near keys are preferred (recency)" if n1 > f1 else "does not fall with distance"
+    )
+    heads = "" if spread is None else f" Heads differ by {spread:.3g} logit units on average."
+    return (
+        f"<i>{esc(trained.name)}</i>: head-mean K at distances 0-2 against the far half of the window: "
+        f"{n0:.3g} against {f0:.3g} at initialisation, {n1:.3g} against {f1:.3g} after training; the "
+        f"trained kernel {trend}.{heads}"
+    )

@@ -193,23 +193,17 @@ def _heat(
 
 
 def trained_figure(initial: Probe, trained: Probe, train_len: int) -> dict[str, Any]:
-    """Initial and trained kernel ``K(m, n)`` side by side (head 0; one colour scale for both), and the
-    kernel against distance per head, trained (solid) and initial (dotted, head mean)."""
+    """Initial and trained kernel ``K(m, n)`` side by side (head 0, each on its own colour scale: the
+    initial values are often 100x smaller, and would read as a uniform square on the trained
+    scale), and the kernel against distance per head, trained (solid) and initial (dotted, head
+    mean)."""
     n = train_len
     k_init, _ = display_kernel(initial, n)  # [h, n, n]
     k_trained, _ = display_kernel(trained, n)  # [h, n, n]
-    vmax = float(torch.cat([k_init[0], k_trained[0]]).abs().max())  # one colour scale for both panels
+    bar = {"len": 0.9, "thickness": 10, "xanchor": "left", "tickfont": {"size": 11}}
     data = [
-        _heat(k_init[0], name="initial", x="key n", y="query m", axis=0, vmax=vmax, showscale=False),
-        _heat(
-            k_trained[0],
-            name="trained",
-            x="key n",
-            y="query m",
-            axis=1,
-            vmax=vmax,
-            colorbar={"x": 0.575, "xanchor": "left", "len": 0.9, "thickness": 12},
-        ),
+        _heat(k_init[0], name="initial", x="key n", y="query m", axis=0, colorbar={**bar, "x": 0.265}),
+        _heat(k_trained[0], name="trained", x="key n", y="query m", axis=1, colorbar={**bar, "x": 0.575}),
     ]
     r, curve = kernel_curve(k_trained)  # [2n-1], [h, 2n-1]
     keep = r >= 0  # keys at or before the query: what a causal model attends to
@@ -226,11 +220,11 @@ def trained_figure(initial: Probe, trained: Probe, train_len: int) -> dict[str, 
         "xaxis3": {"title": {"text": "distance m − n"}, "domain": [0.72, 1.0]},
         "yaxis3": {"title": {"text": "K (logit units)"}},
         "annotations": [
-            _panel_title("initial K(m, n), head 0", 0),
-            _panel_title("trained K(m, n), head 0", 1),
+            _panel_title(f"initial K(m, n), head 0 (±{float(k_init[0].abs().max()):.2g})", 0),
+            _panel_title(f"trained K(m, n), head 0 (±{float(k_trained[0].abs().max()):.2g})", 1),
             _panel_title("K against distance", 2),
         ],
-        "legend": {"x": 1.02, "y": 1, "font": {"size": 11}},
+        "legend": {"x": 1.02, "y": 1, "font": {"size": 12}},
         "height": 360,
     }
     return {"data": data, "layout": layout}

@@ -7,9 +7,11 @@ sections in order; figures come from :mod:`~posenc.analysis.interactive` (intera
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
+from .captions import trained_kernel_note, trained_table_note
 from .claims import Claim
 from .interactive import encodings_figure, study_figure, trained_figure
 from .page import esc, interactive, num, table
@@ -122,18 +124,18 @@ def trained_section(trained: Sequence[Any], fast: bool, note: str) -> str:
         )
         caption = (
             f"Left and middle: K(m, n) of head 0 at initialisation and after {t.steps} steps at L = "
-            f"{t.train_len} (final training loss {t.final_loss:.2f} nats/byte), on one colour scale. "
+            f"{t.train_len} (final training loss {t.final_loss / math.log(2):.2f} bits/byte), each on "
+            "its own colour scale (its range in its title: the initial values are far smaller). "
             "Right: K against distance per head, trained (solid) and at initialisation (dotted). "
-            "Training turns noise into structure: watch for a kernel that falls with distance "
-            "(recency) and heads that differ."
+            + trained_kernel_note(t.initial, t.trained, t.train_len)
         )
         parts.append(
             interactive(f"trained-{t.name}", trained_figure(t.initial, t.trained, t.train_len), caption)
         )
         if "embed" in t.trained.hooks:
             caption = (
-                "The position vectors themselves, initial and trained, for the trained positions. A trained "
-                "table keeps no fixed frequencies, but neighbouring rows end up alike."
+                "The position vectors themselves, initial and trained, for the trained positions. "
+                + trained_table_note(t.initial, t.trained, t.train_len)
             )
             parts.append(
                 interactive(
