@@ -21,13 +21,14 @@ SPEC = re.compile(r'<script type="application/json" id="input-layer-spec">(.*?)<
 
 
 @pytest.fixture(scope="module")
-def section():
-    """The section for sinusoidal and rope, and the tokenizer it used (trained once, a few s)."""
-    tok, how = input_layer._tokenizer()
+def section(tmp_path_factory):
+    """The section for sinusoidal and rope, and the tokenizer it used (trained once, a few s, and
+    kept in a cache folder of this test's own)."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(input_layer, "_tokenizer", lambda: (tok, how))
+        mp.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+        tok, _ = input_layer._tokenizer()
         page = input_layer_section(SCHEMES, d_model=D, dropout=0.1)
-    return page, tok
+        yield page, tok
 
 
 @pytest.fixture(scope="module")
@@ -82,14 +83,16 @@ def test_token_table_matches_the_tokenizer(section):
 
 
 def test_the_section_shows_what_posenc_encode_prints(section, capsys):
-    """The section's tokens and ids are `posenc encode`'s for the same sentence (its default
-    tokenizer, trained the same way)."""
+    """The section's tokens and ids are `posenc encode`'s for the same sentence: its default
+    tokenizer, trained once and read back from the cache (the section's fixture points the cache
+    at a folder of its own)."""
     from posenc.cli import main
 
     page, _ = section
     rows = _table_rows(re.search(r"<table>.*?</table>", page, re.S).group(0))
-    assert main(["encode", EXAMPLE, "--rows", "1"]) == 0
+    assert main(["encode", EXAMPLE, "--all"]) == 0
     out = capsys.readouterr().out
+    assert "wordpiece read from the cache (trained once)" in out
     tokens = re.search(r"1\. tokens \(\d+\): (.*)", out).group(1).split(" ")
     ids = re.search(r"2\. ids \[s=\d+\]: \[(.*?)\]", out).group(1).split(", ")
     assert [html.escape(t) for t in tokens] == rows["token"] and ids == rows["id"]

@@ -142,7 +142,11 @@ def test_overview_figure_one_panel_per_scheme_on_a_shared_grid():
     data, layout = fig["data"], fig["layout"]
     rows = math.ceil(len(panels) / 2)
     assert layout["grid"]["rows"] == rows == 3 and layout["grid"]["columns"] == 2
-    assert layout["height"] == 170 * rows + 90
+    assert layout["height"] == 190 * rows + 110
+    # axis titles: distance under the last panel of each column, K on the first of each row
+    x_titled = [i for i, sfx in enumerate(["", "2", "3", "4", "5"]) if layout[f"xaxis{sfx}"]["title"]["text"]]
+    y_titled = [i for i, sfx in enumerate(["", "2", "3", "4", "5"]) if layout[f"yaxis{sfx}"]["title"]["text"]]
+    assert x_titled == [3, 4] and y_titled == [0, 2, 4]
     assert [a["text"] for a in layout["annotations"]] == [f"<b>s{i}</b>" for i in range(5)]
     suffixes = ["", "2", "3", "4", "5"]
     for i, (ann, sfx) in enumerate(zip(layout["annotations"], suffixes)):
@@ -152,7 +156,7 @@ def test_overview_figure_one_panel_per_scheme_on_a_shared_grid():
         assert layout[f"xaxis{sfx}"]["matches"] == (None if i == 0 else "x")
         assert layout[f"yaxis{sfx}"]["matches"] == (None if i == 0 else "y")
         assert layout[f"yaxis{sfx}"]["range"] == [-1.1, 1.1]
-        assert layout[f"xaxis{sfx}"]["showticklabels"] == (i // 2 == rows - 1)
+        assert layout[f"xaxis{sfx}"]["showticklabels"] == (i in x_titled)  # ticks where nothing is below
     assert len(data) == 6  # one kernel per panel and one extra
     by_name = {t["name"]: t for t in data}
     kernel, extra = by_name["s1: kernel"], by_name["s1: trained"]

@@ -171,6 +171,12 @@ def _kernel(probe: Probe) -> str:
     head = (
         f"K(m, n){random_q} as an image, query m up the side and key n along the bottom, position 0 at "
         "the bottom left, each head on its own colour scale. "
+        + (
+            "Above the diagonal are keys after the query, which a causal decoder masks: drawn so the "
+            "whole function shows, never seen by the model. "
+            if probe.causal
+            else ""
+        )
     )
     if drift < 1e-5:
         return head + (

@@ -83,9 +83,19 @@ def overview_figure(panels: Sequence[dict[str, Any]], columns: int = 4) -> dict[
                     "<extra></extra>",
                 }
             )
-        row = i // columns
-        layout[f"xaxis{ax}"] = {"matches": "x" if i else None, "showticklabels": row == rows - 1}
-        layout[f"yaxis{ax}"] = {"matches": "y" if i else None, "range": [-1.1, 1.1], "zeroline": True}
+        row, col = divmod(i, columns)
+        bottom = row == rows - 1 or i + columns >= len(panels)  # no panel below this one
+        layout[f"xaxis{ax}"] = {
+            "matches": "x" if i else None,
+            "showticklabels": bottom,
+            "title": {"text": "distance m − n (tokens)" if bottom else "", "font": {"size": 12}},
+        }
+        layout[f"yaxis{ax}"] = {
+            "matches": "y" if i else None,
+            "range": [-1.1, 1.1],
+            "zeroline": True,
+            "title": {"text": "K / max |K|" if col == 0 else "", "font": {"size": 12}},
+        }
         annotations.append(
             {
                 "text": f"<b>{panel['title']}</b>",
@@ -100,10 +110,10 @@ def overview_figure(panels: Sequence[dict[str, Any]], columns: int = 4) -> dict[
         )
     layout.update(
         {
-            "grid": {"rows": rows, "columns": columns, "pattern": "independent", "ygap": 0.35},
+            "grid": {"rows": rows, "columns": columns, "pattern": "independent", "ygap": 0.45},
             "annotations": annotations,
-            "height": 170 * rows + 90,
-            "margin": {"l": 50, "r": 10, "t": 30, "b": 50},
+            "height": 190 * rows + 110,
+            "margin": {"l": 60, "r": 10, "t": 60, "b": 60},  # the toolbar sits above the first titles
         }
     )
     return {"data": data, "layout": layout}

@@ -154,7 +154,7 @@ def _scheme_part(
         else "keeps every property it promises"
     )
     trained_link = (
-        f" Its trained version: <a href='#trained-{esc(name)}'>above</a>." if probe.trainable else ""
+        f" Its trained version: <a href='#trained-{esc(name)}'>below</a>." if probe.trainable else ""
     )
     section = (
         f"<h3 id='{esc(name)}'>{esc(name)}</h3>"

@@ -7,10 +7,21 @@ and ``posenc list`` never load ``tokenizers``.
 from __future__ import annotations
 
 import argparse
+import os
+import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["DEFAULT_TRAIN_CHARS", "DEFAULT_VOCAB", "encode_args", "encode_run", "resolve_tokenizer"]
+from .. import __version__
+
+__all__ = [
+    "DEFAULT_TRAIN_CHARS",
+    "DEFAULT_VOCAB",
+    "encode_args",
+    "encode_run",
+    "resolve_tokenizer",
+    "tokenizer_cache_dir",
+]
 
 #: ``posenc encode`` trains its WordPiece/BPE on this many characters of the standard library's
 #: documentation strings (English prose; the first files in sorted order) into a vocabulary of
@@ -18,6 +29,33 @@ __all__ = ["DEFAULT_TRAIN_CHARS", "DEFAULT_VOCAB", "encode_args", "encode_run", 
 #: dog sat on the log." has no word split at Python 3.11).
 DEFAULT_TRAIN_CHARS = 1_000_000
 DEFAULT_VOCAB = 8000
+
+
+def tokenizer_cache_dir() -> Path:
+    """Where trained default tokenizers are kept: ``$XDG_CACHE_HOME/posenc/tokenizers``
+    (``~/.cache/posenc/tokenizers`` when unset).
+
+    WordPiece training breaks ties in an order that changes from process to process, so two
+    trainings on the same text can number a token differently; keeping the first one makes
+    ``posenc encode`` and ``posenc report`` print the same ids on a machine.
+    """
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "posenc" / "tokenizers"
+
+
+def _save_atomic(tok, path: Path) -> None:
+    """Save ``tok`` to ``path`` through a temporary file and a rename (a reader never sees half a
+    file; two writers leave one whole file). A cache that cannot be written is skipped."""
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+        tok.hf.save(tmp)
+        os.replace(tmp, path)
+    except OSError:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
 
 
 def resolve_tokenizer(spec: str, vocab_size: int = DEFAULT_VOCAB, train_chars: int = DEFAULT_TRAIN_CHARS):
@@ -34,13 +72,17 @@ def resolve_tokenizer(spec: str, vocab_size: int = DEFAULT_VOCAB, train_chars: i
     if spec in TOKENIZER_KINDS:
         t0 = time.perf_counter()
         corpus = load_corpus("stdlib-docs", max_chars=train_chars, val_fraction=0.0)
-        tok = build_tokenizer(spec, corpus.texts, vocab_size=vocab_size)
-        took = time.perf_counter() - t0
         info = corpus.info
+        cached = tokenizer_cache_dir() / f"{spec}-V{vocab_size}-{info.sha256[:16]}-{__version__}.json"
+        if cached.is_file():
+            tok, how = load_tokenizer(cached), "read from the cache (trained once)"
+        else:
+            tok = build_tokenizer(spec, corpus.texts, vocab_size=vocab_size)
+            _save_atomic(tok, cached)
+            how = f"trained in {time.perf_counter() - t0:.2f} s"
         return tok, (
-            f"{spec} trained in {took:.2f} s on {info.n_chars:,} chars of the Python "
-            f"{info.python_version} standard library's docstrings (sha256 {info.sha256[:12]}), "
-            f"V={tok.vocab_size}"
+            f"{spec} {how} on {info.n_chars:,} chars of the Python {info.python_version} standard "
+            f"library's docstrings (sha256 {info.sha256[:12]}), V={tok.vocab_size}"
         )
     path = Path(spec)
     if not path.exists():
