@@ -113,6 +113,7 @@ EXPORTS = {
         "Qwen3ForCausalLM",
     ),
     "qwen2": (dict(**LLAMA_BLOCK, qkv_bias=True, embed_scale=None), "Qwen2ForCausalLM"),
+    "llama_d_head_24": (dict(**LLAMA_BLOCK, d_head=24, num_kv_heads=2), "LlamaForCausalLM"),
     "posenc_default": (dict(), "GPTNeoXForCausalLM"),
     "neox_parallel_partial": (
         dict(residual="parallel", bias=True, position_options={"partial_rotary_factor": 0.25}),

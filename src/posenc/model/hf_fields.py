@@ -62,14 +62,10 @@ def read_activation(c: HFConfig, *names: str, default: str) -> str:
     return ACTIVATIONS_IN[value]
 
 
-def check_heads(c: HFConfig, d: int, h: int, head_dim: int | None = None) -> None:
+def check_heads(c: HFConfig, d: int, h: int) -> None:
+    """``num_attention_heads`` must divide ``hidden_size``."""
     if d % h:
         raise ValueError(f"{c.source}: num_attention_heads={h} does not divide hidden_size={d}")
-    if head_dim is not None and head_dim != d // h:
-        raise ValueError(
-            f"{c.source}: field 'head_dim' = {head_dim} differs from hidden_size / num_attention_heads = "
-            f"{d // h}; posenc's attention takes d_h = d_model / num_heads"
-        )
 
 
 def rope_options(c: HFConfig, head_dim: int, **extra: Any) -> dict[str, Any]:
