@@ -100,7 +100,9 @@ def test_a_config_saved_before_the_block_fields_loads_with_the_classic_block():
         "residual",
         "qk_norm",
         "output_bias",
+        "d_head",
     ):
         old.pop(name)
     config = ModelConfig.from_dict(old)
     assert (config.norm_type, config.activation, config.residual) == ("layernorm", "gelu", "sequential")
+    assert config == ModelConfig(vocab_size=5, d_model=8, num_heads=2)
