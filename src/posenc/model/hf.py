@@ -78,7 +78,7 @@ def from_transformers(
 
     Raises:
         ValueError: naming the file and the field or tensor, for a config posenc cannot reproduce
-            (an unknown ``model_type`` or activation, ``head_dim != hidden_size / heads``) or
+            (an unknown ``model_type`` or activation, a GPT-2 attention scaling posenc lacks) or
             weights that do not match the config (missing, extra, or of the wrong shape).
         TypeError: ``source`` is neither a folder nor a model.
     """
