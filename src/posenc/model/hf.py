@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from ..rotary.hf import permute_qk_weights
 from .config import ModelConfig
 from .hf_families import FAMILIES, family_for
 from .hf_fields import positions_out
@@ -148,6 +149,8 @@ def export_state(
     state = dict(model.state_dict())
     if scale != 1.0:
         state[TOKEN_TABLE] = state[TOKEN_TABLE] * scale
+    if hf_config.pop("layout", "half") == "interleaved":  # HF rotates halves: permute q/k rows to match
+        _to_half_layout(state, config, model.decoder.scheme(0).rotary_dim)
     shapes = _shapes(out_config)
     tensors = {}
     for link in expand(fam.links(out_config), config.num_layers):
@@ -159,6 +162,22 @@ def export_state(
                 parts.append(state[name])
         tensors[link.hf] = link.to_hf(parts)
     return hf_config, tensors
+
+
+def _to_half_layout(state: dict[str, torch.Tensor], config: ModelConfig, rotary_dim: int) -> None:
+    """Permute each head's query/key rows (and q/k norm weights) from the interleaved RoPE pairing
+    to the half one (:func:`posenc.rotary.permute_qk_weights`): half-layout RoPE on the permuted
+    weights gives the same attention logits, so the same model."""
+    heads = {
+        "attn.q_proj": config.num_heads,
+        "attn.k_proj": config.kv_heads,
+        "attn.q_norm": 1,
+        "attn.k_norm": 1,
+    }
+    for name in list(state):
+        module = ".".join(name.split(".")[-3:-1])  # decoder.blocks.0.attn.q_proj.weight -> attn.q_proj
+        if module in heads:  # a norm weight is one head's d_h
+            state[name] = permute_qk_weights(state[name], heads[module], to="half", rotary_dim=rotary_dim)
 
 
 def save_transformers(

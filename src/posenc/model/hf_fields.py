@@ -111,8 +111,8 @@ def _is_position_table(scheme: Any, config: ModelConfig) -> bool:
 
 def positions_out(model: Any, family: str) -> dict[str, Any]:
     """The positional config fields ``family`` writes for ``model``: RoPE's fields for a rotary
-    family, none for GPT-2 (its table is a weight); ``ValueError`` when the model's positions are
-    not the family's."""
+    family (with posenc's ``layout``, which the caller removes), none for GPT-2 (its table is a
+    weight); ``ValueError`` when the model's positions are not the family's."""
     config = model.config
     attention, embedded = model.decoder.scheme(0), model.decoder.embed.position
     if family == "gpt2":
@@ -124,7 +124,6 @@ def positions_out(model: Any, family: str) -> dict[str, Any]:
         return {}
     rope = hf_rope_fields(attention, config.max_len)
     need(rope is not None and embedded is None, family, "rotates queries and keys (position='rope')")
-    need(rope.pop("layout") == "half", family, "rotates in the half layout (position_options layout='half')")
     need(config.share_position or config.num_layers == 1, family, "has one RoPE for all layers")
     return rope
 
