@@ -126,7 +126,12 @@ def export_state(
 
     Exact rewrites the export makes: absent biases of a family that always has them are written as
     zeros; a token embedding scale (``embed_scale``) is folded into the input embedding, and a tied
-    output layer is then written untied (the output layer keeps the unscaled table).
+    output layer is then written untied (the output layer keeps the unscaled table); an interleaved
+    RoPE's query/key rows are permuted to the half layout HF rotates in.
+
+    Returns:
+        ``(config, tensors)``: the ``config.json`` dict and ``{HF name: tensor}`` (e.g.
+        ``model.layers.0.self_attn.q_proj.weight [h * d_h, d]``), on the model's device and dtype.
     """
     if not isinstance(model, TransformerLM):
         raise TypeError(f"export takes a posenc TransformerLM, got {type(model).__name__}")
