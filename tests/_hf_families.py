@@ -82,6 +82,7 @@ FAMILY_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "qwen2": ("Qwen2Config", {**SMALL, "num_key_value_heads": 1}),
     "qwen3": ("Qwen3Config", {**SMALL, "num_key_value_heads": 2, "head_dim": 16}),
+    "qwen3_wide_heads": ("Qwen3Config", {**SMALL, "num_key_value_heads": 2, "head_dim": 32}),
     "phi3": (
         "Phi3Config",
         {

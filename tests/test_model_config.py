@@ -95,6 +95,8 @@ def test_the_divisors_listed_are_all_of_them():
         ({"qk_norm": "yes"}, TypeError, "qk_norm must be a bool"),
         ({"qkv_bias": 0}, TypeError, r"qkv_bias must be a bool or None \(= bias\)"),
         ({"residual": "parallel", "norm": "post"}, ValueError, "needs norm='pre'"),
+        ({"d_head": 0}, ValueError, "d_head must be >= 1"),
+        ({"d_head": 8.0}, TypeError, "d_head must be an int"),
     ],
 )
 def test_block_fields_are_checked(kw, error, message):
@@ -107,6 +109,11 @@ def test_projection_bias_falls_back_to_bias():
     assert [config.projection_bias(p) for p in ("qkv", "out", "mlp")] == [True, False, True]
     qwen2 = ModelConfig(vocab_size=5, d_model=8, num_heads=2, qkv_bias=True)
     assert [qwen2.projection_bias(p) for p in ("qkv", "out", "mlp")] == [True, False, False]
+
+
+def test_d_head_sets_the_head_width():
+    config = ModelConfig(vocab_size=5, d_model=8, num_heads=2, d_head=16)
+    assert config.head_dim == 16 and ModelConfig(vocab_size=5, d_model=8, num_heads=2).head_dim == 4
 
 
 def test_a_gated_mlp_counts_its_third_matrix():
@@ -128,7 +135,9 @@ def test_a_config_saved_before_the_block_fields_loads_with_the_classic_block():
         "residual",
         "qk_norm",
         "output_bias",
+        "d_head",
     ):
         old.pop(name)
     config = ModelConfig.from_dict(old)
     assert (config.norm_type, config.activation, config.residual) == ("layernorm", "gelu", "sequential")
+    assert config == ModelConfig(vocab_size=5, d_model=8, num_heads=2)

@@ -113,6 +113,15 @@ EXPORTS = {
         "Qwen3ForCausalLM",
     ),
     "qwen2": (dict(**LLAMA_BLOCK, qkv_bias=True, embed_scale=None), "Qwen2ForCausalLM"),
+    "llama_d_head_24": (dict(**LLAMA_BLOCK, d_head=24, num_kv_heads=2), "LlamaForCausalLM"),
+    "qwen3_interleaved": (
+        dict(**LLAMA_BLOCK, qk_norm=True, num_kv_heads=2, position_options={"layout": "interleaved"}),
+        "Qwen3ForCausalLM",
+    ),
+    "neox_interleaved_partial": (
+        dict(position_options={"layout": "interleaved", "partial_rotary_factor": 0.5}),
+        "GPTNeoXForCausalLM",
+    ),
     "posenc_default": (dict(), "GPTNeoXForCausalLM"),
     "neox_parallel_partial": (
         dict(residual="parallel", bias=True, position_options={"partial_rotary_factor": 0.25}),
@@ -166,8 +175,6 @@ def test_export_refuses_what_no_family_computes(tmp_path):
         export_state(_posenc(), family="bert")
     with pytest.raises(ValueError, match="gpt2: learns one vector per position"):
         export_state(_posenc(), family="gpt2")
-    with pytest.raises(ValueError, match="half layout"):
-        export_state(_posenc(**LLAMA_BLOCK, position_options={"layout": "interleaved"}))
     with pytest.raises(TypeError, match="TransformerLM"):
         export_state(torch.nn.Linear(2, 2))
 

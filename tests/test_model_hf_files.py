@@ -70,7 +70,7 @@ def test_a_handwritten_folder_loads(tmp_path):
         ({"model_type": "bert"}, r"model_type 'bert' is not one posenc converts"),
         ({"num_attention_heads": 3}, r"num_attention_heads=3 does not divide hidden_size=8"),
         ({"num_key_value_heads": 3}, r"num_kv_heads=3 does not divide num_heads=2"),
-        ({"head_dim": 8}, r"field 'head_dim' = 8 differs from hidden_size / num_attention_heads = 4"),
+        ({"head_dim": "8"}, r"field 'head_dim' must be an int"),
         ({"rope_parameters": {"rope_type": "magic"}}, r"unsupported HF rope_type 'magic'"),
         ({"vocab_size": None}, r"lacks the field 'vocab_size'"),
     ],
@@ -80,6 +80,11 @@ def test_bad_config_fields_name_the_file_and_field(tmp_path, change, message):
     with pytest.raises(ValueError, match=message) as err:
         from_transformers(_folder(tmp_path, config))
     assert "config.json" in str(err.value)
+
+
+def test_a_head_dim_the_weights_do_not_have_is_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"q_proj.weight' has shape \[8, 8\], the config implies \[16, 8\]"):
+        from_transformers(_folder(tmp_path, {**LLAMA, "head_dim": 8}))
 
 
 def test_huge_sizes_are_refused_before_allocating(tmp_path):

@@ -212,3 +212,24 @@ def test_the_modern_block_decodes_with_a_cache_as_a_full_forward():
         ]
     torch.testing.assert_close(torch.cat(steps, 1), full, rtol=0, atol=1e-5)
     assert model.lm_head.bias is not None and torch.count_nonzero(model.lm_head.bias) == 0
+
+
+@pytest.mark.slow  # compiling takes ~30-90 s on 2 shared cores
+def test_the_modern_block_compiles_with_the_same_numbers():
+    torch.manual_seed(0)
+    model = TransformerLM(
+        config(
+            "rope",
+            norm_type="rmsnorm",
+            activation="silu",
+            gated_mlp=True,
+            qk_norm=True,
+            residual="parallel_shared_norm",
+            d_head=16,
+            num_layers=1,
+        )
+    ).eval()
+    ids = ids_(2, 8)
+    compiled = torch.compile(model, fullgraph=True, dynamic=False)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(ids).logits, model(ids).logits)

@@ -160,12 +160,12 @@ class MultiHeadAttention(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.kv_heads, config.head_dim
-        d, d_kv = config.d_model, config.kv_heads * config.head_dim
+        d, d_q, d_kv = config.d_model, config.num_heads * config.head_dim, config.kv_heads * config.head_dim
         qkv_bias = config.projection_bias("qkv")
-        self.q_proj = nn.Linear(d, d, bias=qkv_bias)
+        self.q_proj = nn.Linear(d, d_q, bias=qkv_bias)
         self.k_proj = nn.Linear(d, d_kv, bias=qkv_bias)
         self.v_proj = nn.Linear(d, d_kv, bias=qkv_bias)
-        self.o_proj = nn.Linear(d, d, bias=config.projection_bias("out"))
+        self.o_proj = nn.Linear(d_q, d, bias=config.projection_bias("out"))
         if config.qk_norm:
             self.q_norm = RMSNorm(config.head_dim, config.norm_eps)
             self.k_norm = RMSNorm(config.head_dim, config.norm_eps)
@@ -224,7 +224,7 @@ class MultiHeadAttention(nn.Module):
             cache: a :class:`KVCache`; this layer's keys/values are appended to it.
             layer: this layer's index in the cache.
         """
-        b, s, d = x.shape
+        b, s = x.shape[:2]
         q, k, v = self.project(x, kv)
         q, k, v, bias, rel = self.apply_scheme(q, k, v, plan, scheme, cache, layer, blocked=True)
         dropout_p = self.dropout if self.training else 0.0
@@ -234,8 +234,8 @@ class MultiHeadAttention(nn.Module):
             out = attend(q, k, v, plan=plan, bias=bias, relative_values=rel, dropout_p=dropout_p)
         # out: [b, h, s, d_h]
         return self.o_proj(
-            out.transpose(1, 2).reshape(b, s, d)
-        )  # [b, h, s, d_h] -> [b, s, h, d_h] -> [b, s, d]
+            out.transpose(1, 2).reshape(b, s, self.num_heads * self.head_dim)
+        )  # [b, h, s, d_h] -> [b, s, h, d_h] -> [b, s, h * d_h] -> [b, s, d]
 
     def apply_scheme(self, q, k, v, plan, scheme, cache, layer, blocked=False):
         """Run the scheme's hooks on the projections and fill the cache (see the module docstring).

@@ -105,6 +105,9 @@ class ModelConfig:
         qk_norm: RMSNorm over each head's ``d_h`` dims of queries and keys, before the positional
             scheme (Qwen3, Gemma 3).
         output_bias: a bias on the output layer (GPT-J).
+        d_head: ``d_h`` when it is not ``d_model / num_heads`` (Qwen3-0.6B: 1024 wide, 16 heads of
+            128): queries, keys and values are ``num_heads * d_head`` wide and the output projection
+            maps that back to ``d_model``. ``None`` = ``d_model / num_heads``.
     """
 
     vocab_size: int
@@ -139,6 +142,7 @@ class ModelConfig:
     residual: str = "sequential"
     qk_norm: bool = False
     output_bias: bool = False
+    d_head: int | None = None
 
     def __post_init__(self) -> None:
         check_int(self.vocab_size, "vocab_size")
@@ -218,6 +222,8 @@ class ModelConfig:
         check_positive_float(self.norm_eps, "norm_eps")
         check_choice(self.activation, "activation", ACTIVATION_NAMES)
         check_choice(self.residual, "residual", RESIDUALS)
+        if self.d_head is not None:
+            check_int(self.d_head, "d_head")
         for name in ("gated_mlp", "qk_norm", "output_bias"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
@@ -233,8 +239,8 @@ class ModelConfig:
     # ------------------------------------------------------------------------------------------
     @property
     def head_dim(self) -> int:
-        """``d_h = d_model / num_heads``."""
-        return self.d_model // self.num_heads
+        """``d_h``: ``d_head``, or ``d_model / num_heads`` when it is None."""
+        return self.d_model // self.num_heads if self.d_head is None else self.d_head
 
     @property
     def kv_heads(self) -> int:

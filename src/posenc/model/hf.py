@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from ..rotary.hf import permute_qk_weights
 from .config import ModelConfig
 from .hf_families import FAMILIES, family_for
 from .hf_fields import positions_out
@@ -78,7 +79,7 @@ def from_transformers(
 
     Raises:
         ValueError: naming the file and the field or tensor, for a config posenc cannot reproduce
-            (an unknown ``model_type`` or activation, ``head_dim != hidden_size / heads``) or
+            (an unknown ``model_type`` or activation, a GPT-2 attention scaling posenc lacks) or
             weights that do not match the config (missing, extra, or of the wrong shape).
         TypeError: ``source`` is neither a folder nor a model.
     """
@@ -125,7 +126,12 @@ def export_state(
 
     Exact rewrites the export makes: absent biases of a family that always has them are written as
     zeros; a token embedding scale (``embed_scale``) is folded into the input embedding, and a tied
-    output layer is then written untied (the output layer keeps the unscaled table).
+    output layer is then written untied (the output layer keeps the unscaled table); an interleaved
+    RoPE's query/key rows are permuted to the half layout HF rotates in.
+
+    Returns:
+        ``(config, tensors)``: the ``config.json`` dict and ``{HF name: tensor}`` (e.g.
+        ``model.layers.0.self_attn.q_proj.weight [h * d_h, d]``), on the model's device and dtype.
     """
     if not isinstance(model, TransformerLM):
         raise TypeError(f"export takes a posenc TransformerLM, got {type(model).__name__}")
@@ -148,6 +154,8 @@ def export_state(
     state = dict(model.state_dict())
     if scale != 1.0:
         state[TOKEN_TABLE] = state[TOKEN_TABLE] * scale
+    if hf_config.pop("layout", "half") == "interleaved":  # HF rotates halves: permute q/k rows to match
+        _to_half_layout(state, config, model.decoder.scheme(0).rotary_dim)
     shapes = _shapes(out_config)
     tensors = {}
     for link in expand(fam.links(out_config), config.num_layers):
@@ -159,6 +167,22 @@ def export_state(
                 parts.append(state[name])
         tensors[link.hf] = link.to_hf(parts)
     return hf_config, tensors
+
+
+def _to_half_layout(state: dict[str, torch.Tensor], config: ModelConfig, rotary_dim: int) -> None:
+    """Permute each head's query/key rows (and q/k norm weights) from the interleaved RoPE pairing
+    to the half one (:func:`posenc.rotary.permute_qk_weights`): half-layout RoPE on the permuted
+    weights gives the same attention logits, so the same model."""
+    heads = {
+        "attn.q_proj": config.num_heads,
+        "attn.k_proj": config.kv_heads,
+        "attn.q_norm": 1,
+        "attn.k_norm": 1,
+    }
+    for name in list(state):
+        module = ".".join(name.split(".")[-3:-1])  # decoder.blocks.0.attn.q_proj.weight -> attn.q_proj
+        if module in heads:  # a norm weight is one head's d_h
+            state[name] = permute_qk_weights(state[name], heads[module], to="half", rotary_dim=rotary_dim)
 
 
 def save_transformers(

@@ -62,14 +62,10 @@ def read_activation(c: HFConfig, *names: str, default: str) -> str:
     return ACTIVATIONS_IN[value]
 
 
-def check_heads(c: HFConfig, d: int, h: int, head_dim: int | None = None) -> None:
+def check_heads(c: HFConfig, d: int, h: int) -> None:
+    """``num_attention_heads`` must divide ``hidden_size``."""
     if d % h:
         raise ValueError(f"{c.source}: num_attention_heads={h} does not divide hidden_size={d}")
-    if head_dim is not None and head_dim != d // h:
-        raise ValueError(
-            f"{c.source}: field 'head_dim' = {head_dim} differs from hidden_size / num_attention_heads = "
-            f"{d // h}; posenc's attention takes d_h = d_model / num_heads"
-        )
 
 
 def rope_options(c: HFConfig, head_dim: int, **extra: Any) -> dict[str, Any]:
@@ -115,8 +111,8 @@ def _is_position_table(scheme: Any, config: ModelConfig) -> bool:
 
 def positions_out(model: Any, family: str) -> dict[str, Any]:
     """The positional config fields ``family`` writes for ``model``: RoPE's fields for a rotary
-    family, none for GPT-2 (its table is a weight); ``ValueError`` when the model's positions are
-    not the family's."""
+    family (with posenc's ``layout``, which the caller removes), none for GPT-2 (its table is a
+    weight); ``ValueError`` when the model's positions are not the family's."""
     config = model.config
     attention, embedded = model.decoder.scheme(0), model.decoder.embed.position
     if family == "gpt2":
@@ -128,7 +124,6 @@ def positions_out(model: Any, family: str) -> dict[str, Any]:
         return {}
     rope = hf_rope_fields(attention, config.max_len)
     need(rope is not None and embedded is None, family, "rotates queries and keys (position='rope')")
-    need(rope.pop("layout") == "half", family, "rotates in the half layout (position_options layout='half')")
     need(config.share_position or config.num_layers == 1, family, "has one RoPE for all layers")
     return rope
 

@@ -85,6 +85,7 @@ def _neox_links(cfg: ModelConfig) -> list[Link]:
 
 def _neox_out(cfg: ModelConfig) -> dict[str, Any]:
     name = "gpt_neox"
+    need(cfg.d_head is None, name, "has heads of d_model / num_heads dims (d_head=None)")
     need(cfg.norm_type == "layernorm" and cfg.norm == "pre", name, "needs norm_type='layernorm', norm='pre'")
     need(not cfg.gated_mlp and cfg.residual != "parallel_shared_norm", name, "has a plain MLP and two norms")
     need(cfg.kv_heads == cfg.num_heads, name, "has no grouped-query attention")
@@ -162,6 +163,7 @@ def _gpt2_links(cfg: ModelConfig) -> list[Link]:
 
 def _gpt2_out(cfg: ModelConfig) -> dict[str, Any]:
     name = "gpt2"
+    need(cfg.d_head is None, name, "has heads of d_model / num_heads dims (d_head=None)")
     need(cfg.norm_type == "layernorm" and cfg.norm == "pre", name, "needs norm_type='layernorm', norm='pre'")
     need(not cfg.gated_mlp and cfg.residual == "sequential", name, "has a plain MLP and a sequential block")
     need(cfg.kv_heads == cfg.num_heads, name, "has no grouped-query attention")

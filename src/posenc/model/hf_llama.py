@@ -27,7 +27,8 @@ __all__ = ["LLAMA", "PHI3"]
 def _llama_in(c: HFConfig, w: HFWeights) -> ModelConfig:
     fused = c.get("model_type") == "phi3"
     d, h = c.int("hidden_size"), c.int("num_attention_heads")
-    check_heads(c, d, h, c.get("head_dim") and c.int("head_dim"))
+    check_heads(c, d, h)
+    head_dim = c.int("head_dim", default=d // h)  # Qwen3-0.6B: 16 heads of 128 in a width of 1024
     max_len = c.int("max_position_embeddings", default=2048)
     warn_sliding_window(c, max_len)
     q = "self_attn.qkv_proj" if fused else "self_attn.q_proj"
@@ -40,7 +41,8 @@ def _llama_in(c: HFConfig, w: HFWeights) -> ModelConfig:
         num_kv_heads=c.int("num_key_value_heads", default=h),
         d_ff=c.int("intermediate_size"),
         position="rope",
-        position_options=rope_options(c, d // h),
+        position_options=rope_options(c, head_dim),
+        d_head=None if head_dim == d // h else head_dim,
         max_len=max_len,
         norm_type="rmsnorm",
         norm_eps=c.float("rms_norm_eps", default=1e-6),
