@@ -91,6 +91,9 @@ def ref_inv_freq(r: int, base: float, rule: str = "default", p: dict | None = No
         lam = p["long_factor"] if seq_len and seq_len > l0 else p["short_factor"]
         f = p.get("factor") or p["max_position_embeddings"] / l0
         return theta / torch.tensor(lam, dtype=F64), math.sqrt(1 + math.log(f) / math.log(l0))
+    if rule == "proportional":  # Gemma 4: the first floor(p r / 2) pairs turn at theta_i, the rest stay
+        turning = math.floor(p["partial_rotary_factor"] * r / 2)
+        return torch.where(i < turning, theta, torch.zeros_like(theta)) / p.get("factor", 1.0), 1.0
     raise AssertionError(rule)
 
 
@@ -122,6 +125,7 @@ def scaling_for(rule: str, r: int, factor: float = 4.0, l0: int = 1024) -> dict 
             "short_factor": [1.0 + 0.02 * j for j in range(r // 2)],
             "long_factor": [1.0 + factor * j / (r // 2) for j in range(r // 2)],
         },
+        "proportional": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "factor": factor},
     }[rule]
 
 

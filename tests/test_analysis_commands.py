@@ -44,7 +44,7 @@ def test_report_command(tmp_path, capsys):
     out = tmp_path / "rep"
     assert main(["report", "-o", str(out), "sinusoidal", "learned", "nope", "--fast", "--max-len", "64"]) == 0
     page = (out / "index.html").read_text(encoding="utf-8")
-    assert "wrote" in capsys.readouterr().out and "max_len=64" in page
+    assert "wrote" in capsys.readouterr().out and "L = 64, causal" in page  # the library's default
     assert page.count('<img src="data:image/png;base64,') == 4  # sinusoidal 2, learned 2 (nope none)
     assert "Built without training (fast mode)" in page
 
@@ -58,10 +58,15 @@ def test_report_command(tmp_path, capsys):
         (["--fast", "--study", "x"], "not allowed with argument"),
         (["--study", "{tmp}"], "holds no results.json"),
         (["--cache-dir", "{tmp}/afile"], "--cache-dir '"),
+        (["-o", "-"], "-o '-': the report is a folder holding index.html, not a stream"),
+        (["--study", "{tmp}/bad"], "results.json: field 'config' is missing"),
+        (["--causal", "--bidirectional"], "not allowed with argument"),
     ],
 )
 def test_report_command_errors(tmp_path, capsys, argv, match):
     (tmp_path / "afile").write_text("x")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "results.json").write_text('{"summary": []}')
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     with contextlib.suppress(SystemExit):  # argparse's own errors exit 2 as well
         assert main(["report", "-o", str(tmp_path / "rep"), "nope", *argv]) == 2

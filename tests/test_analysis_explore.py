@@ -126,19 +126,25 @@ def _curve(trace: dict) -> dict[int, float]:
     return dict(zip(trace["x"], trace["y"]))
 
 
-def test_scalings_factor_1_is_plain_rope_and_linear_interpolation_stretches():
+def test_scalings_offer_every_rule_with_plain_rope_as_reference_on_a_fixed_axis():
+    from posenc.rotary.scalings import ROPE_SCALINGS
+
     ctx = {**SMALL, "max_len": 32}
     fig = SCALINGS.build("rope", ctx)
     traces = _by_key(fig)
     n, d_h = 4 * 32, SMALL["head_dim"]
-    assert len(traces) == 4 * 4
-    plain = traces["none, factor 1"]
+    rules = [b["label"].removeprefix("scaling: ") for b in fig["layout"]["updatemenus"][0]["buttons"]]
+    assert sorted(rules) == sorted(set(ROPE_SCALINGS) - {"default"})  # every rule posenc's RoPE takes
+    assert len(traces) == len(rules) * 4 + 1
+    plain = traces["none (plain RoPE)"]
+    owner = fig["layout"]["meta"]["selector"]["owner"]
+    assert owner[fig["data"].index(plain)] is None and plain["visible"]  # the reference is always shown
     assert sorted(plain["x"]) == list(range(n))
-    for label in ("none", "linear", "ntk", "yarn"):  # factor 1: every scaling is plain RoPE
+    for label in rules:  # factor 1: every scaling is plain RoPE
         t = traces[f"{label}, factor 1"]
         assert t["x"] == plain["x"] and t["y"] == plain["y"]
-    for f in ("2", "4", "8"):  # no scaling: every factor the same
-        assert traces[f"none, factor {f}"]["y"] == plain["y"]
+    for label in rules:  # a factor above 1 changes the kernel under every rule
+        assert traces[f"{label}, factor 4"]["y"] != plain["y"], label
     one = _curve(plain)
     # RoFormer, mean content: K(r) = 2 sum_i cos(r theta_i) / sqrt(d_h), theta_i = 10000^(-2i/d_h)
     expected = [2 * _cos_sum(r, d_h) / math.sqrt(d_h) for r in range(n)]
@@ -153,6 +159,9 @@ def test_scalings_factor_1_is_plain_rope_and_linear_interpolation_stretches():
     ntk = _curve(traces["ntk, factor 4"])
     assert ntk != one  # NTK changes the kernel, but not at r = 0 (the norm)
     assert math.isclose(ntk[0], math.sqrt(d_h), rel_tol=1e-6)
+    # one y-axis for every view: it holds every curve
+    lo, hi = fig["layout"]["yaxis"]["range"]
+    assert all(lo <= y <= hi for t in fig["data"] for y in t["y"])
 
 
 def test_bases_explorer_sets_the_rotary_frequencies():

@@ -21,13 +21,14 @@ SPEC = re.compile(r'<script type="application/json" id="input-layer-spec">(.*?)<
 
 
 @pytest.fixture(scope="module")
-def section():
-    """The section for sinusoidal and rope, and the tokenizer it used (trained once, ~2 s)."""
-    tok = input_layer._tokenizer()
+def section(tmp_path_factory):
+    """The section for sinusoidal and rope, and the tokenizer it used (trained once, a few s, and
+    kept in a cache folder of this test's own)."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(input_layer, "_tokenizer", lambda: tok)
+        mp.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+        tok, _ = input_layer._tokenizer()
         page = input_layer_section(SCHEMES, d_model=D, dropout=0.1)
-    return page, tok
+        yield page, tok
 
 
 @pytest.fixture(scope="module")
@@ -40,13 +41,14 @@ def steps(section):
     out, seen = {}, set()
     (menu,) = spec["layout"]["updatemenus"]
     assert [b["label"] for b in menu["buttons"]] == [f"scheme: {s}" for s in SCHEMES]
-    for scheme, button in zip(SCHEMES, menu["buttons"]):
-        (slider,) = button["args"][1]["sliders"]
-        assert [s["label"] for s in slider["steps"]] == [label for _, label in STEPS]
-        for step in slider["steps"]:
-            (index,) = [i for i, v in enumerate(step["args"][0]["visible"]) if v]  # one trace per step
+    (slider,) = spec["layout"]["sliders"]
+    assert [s["label"] for s in slider["steps"]] == [label for _, label in STEPS]
+    owner = spec["layout"]["meta"]["selector"]["owner"]  # which (menu, slider) view shows each trace
+    for mi, scheme in enumerate(SCHEMES):
+        for si, (_, label) in enumerate(STEPS):
+            (index,) = [i for i, o in enumerate(owner) if o == [mi, si]]  # one trace per step
             seen.add(index)
-            out[(scheme, step["label"])] = torch.tensor(data[index]["z"], dtype=torch.float64)
+            out[(scheme, label)] = torch.tensor(data[index]["z"], dtype=torch.float64)
     assert len(seen) == len(data)  # every trace belongs to exactly one (scheme, step)
     return out
 
@@ -72,9 +74,28 @@ def test_token_table_matches_the_tokenizer(section):
     rows = _table_rows(first_table)
     assert rows["id"] == [str(i) for i in enc.ids]
     assert rows["token"] == [html.escape(repr(t)[1:-1]) for t in enc.tokens]
-    assert f"becomes {len(enc.ids)} ids" in page and f"({tok.vocab_size} tokens)" in page
+    assert f"becomes {len(enc.ids)} ids" in page and f"a WordPiece of {tok.vocab_size} tokens" in page
     assert f"<th>{len(enc.ids) - 1}</th></tr>" in first_table  # one position column per token
     assert f"<code>{html.escape(EXAMPLE)}</code>" in page
+    # words, not bytes: cat and mat are whole tokens, and the special tokens are explained
+    assert {"cat", "mat", "dog", "sat"} <= set(rows["token"]) and "[CLS]" in rows["token"]
+    assert "[CLS] opens every input" in page
+
+
+def test_the_section_shows_what_posenc_encode_prints(section, capsys):
+    """The section's tokens and ids are `posenc encode`'s for the same sentence: its default
+    tokenizer, trained once and read back from the cache (the section's fixture points the cache
+    at a folder of its own)."""
+    from posenc.cli import main
+
+    page, _ = section
+    rows = _table_rows(re.search(r"<table>.*?</table>", page, re.S).group(0))
+    assert main(["encode", EXAMPLE, "--all"]) == 0
+    out = capsys.readouterr().out
+    assert "wordpiece read from the cache (trained once)" in out
+    tokens = re.search(r"1\. tokens \(\d+\): (.*)", out).group(1).split(" ")
+    ids = re.search(r"2\. ids \[s=\d+\]: \[(.*?)\]", out).group(1).split(", ")
+    assert [html.escape(t) for t in tokens] == rows["token"] and ids == rows["id"]
 
 
 def test_the_figure_has_one_trace_per_step_and_scheme(section, steps):

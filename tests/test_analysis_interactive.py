@@ -35,39 +35,41 @@ def _groups() -> dict[tuple[str, str], list[dict]]:
     return out
 
 
-def _shown(data: list[dict], visible: list[bool]) -> set[str]:
-    assert len(visible) == len(data)
-    return {t["name"] for t, v in zip(data, visible) if v}
-
-
 def _group(m: str, s: str) -> set[str]:
     return {t["name"] for t in _groups()[(m, s)]}
 
 
-def test_selector_figure_shows_one_group_at_a_time():
-    fig = selector_figure(_groups(), ("menu", ["a", "b"]), ("slider", ["1", "2", "3"]), {}, start=("b", "2"))
+def _shown_at(fig: dict, m: int, s: int) -> set[str]:
+    """What the page's loader shows for menu index m and slider index s (its rule, in Python)."""
+    owner = fig["layout"]["meta"]["selector"]["owner"]
+    return {t["name"] for t, o in zip(fig["data"], owner) if o is None or o == [m, s]}
+
+
+def test_selector_figure_shows_one_group_at_a_time_and_keeps_the_other_choice():
+    fig = selector_figure(
+        _groups(),
+        ("menu", ["a", "b"]),
+        ("slider", ["1", "2", "3"]),
+        {},
+        start=("b", "2"),
+        reference=[{"type": "scatter", "name": "ref", "y": [0]}],
+    )
     data, layout = fig["data"], fig["layout"]
-    assert len(data) == 7  # every group's traces, once
-    assert {t["name"] for t in data if t["visible"]} == _group("b", "2")
+    assert len(data) == 8  # every group's traces, once, and the reference
+    assert {t["name"] for t in data if t["visible"]} == _group("b", "2") | {"ref"}
     assert all(isinstance(t["visible"], bool) for t in data)
-    # the slider of the starting menu value: each step shows exactly its own group
+    assert layout["meta"]["selector"]["menu"] == 1 and layout["meta"]["selector"]["slider"] == 1
     (slider,) = layout["sliders"]
     assert slider["active"] == 1 and slider["currentvalue"]["prefix"] == "slider = "
     assert [s["label"] for s in slider["steps"]] == ["1", "2", "3"]
-    for step in slider["steps"]:
-        assert step["method"] == "restyle"
-        assert _shown(data, step["args"][0]["visible"]) == _group("b", step["label"])
-    # each menu button shows its value's first group and rebuilds the slider for that value
     (menu,) = layout["updatemenus"]
     assert menu["active"] == 1 and [b["label"] for b in menu["buttons"]] == ["menu: a", "menu: b"]
-    for button, m in zip(menu["buttons"], ("a", "b")):
-        assert button["method"] == "update"
-        visible, relayout = button["args"]
-        assert _shown(data, visible["visible"]) == _group(m, "1")
-        (rebuilt,) = relayout["sliders"]
-        assert rebuilt["active"] == 0
-        for step in rebuilt["steps"]:
-            assert _shown(data, step["args"][0]["visible"]) == _group(m, step["label"])
+    # the buttons and steps only report the choice; the loader shows the group of (menu, slider),
+    # so a menu change keeps the slider's value and the reverse
+    assert {b["method"] for b in menu["buttons"]} == {s["method"] for s in slider["steps"]} == {"skip"}
+    for mi, m in enumerate(("a", "b")):
+        for si, v in enumerate(("1", "2", "3")):
+            assert _shown_at(fig, mi, si) == _group(m, v) | {"ref"}
     assert layout["margin"] == {"t": 70}  # room for the menu
 
 
@@ -85,8 +87,7 @@ def test_selector_figure_without_a_menu():
     fig = selector_figure(traces, None, ("v", ["x", "y"]), {}, start=("", "y"))
     assert [t["visible"] for t in fig["data"]] == [False, True]
     assert "updatemenus" not in fig["layout"] and "margin" not in fig["layout"]
-    steps = fig["layout"]["sliders"][0]["steps"]
-    assert [s["args"][0]["visible"] for s in steps] == [[True, False], [False, True]]
+    assert [_shown_at(fig, 0, si) for si in (0, 1)] == [{"x"}, {"y"}]
 
 
 # ---------------------------------------------------------------------------------------------- profile
@@ -141,7 +142,11 @@ def test_overview_figure_one_panel_per_scheme_on_a_shared_grid():
     data, layout = fig["data"], fig["layout"]
     rows = math.ceil(len(panels) / 2)
     assert layout["grid"]["rows"] == rows == 3 and layout["grid"]["columns"] == 2
-    assert layout["height"] == 170 * rows + 90
+    assert layout["height"] == 190 * rows + 110
+    # axis titles: distance under the last panel of each column, K on the first of each row
+    x_titled = [i for i, sfx in enumerate(["", "2", "3", "4", "5"]) if layout[f"xaxis{sfx}"]["title"]["text"]]
+    y_titled = [i for i, sfx in enumerate(["", "2", "3", "4", "5"]) if layout[f"yaxis{sfx}"]["title"]["text"]]
+    assert x_titled == [3, 4] and y_titled == [0, 2, 4]
     assert [a["text"] for a in layout["annotations"]] == [f"<b>s{i}</b>" for i in range(5)]
     suffixes = ["", "2", "3", "4", "5"]
     for i, (ann, sfx) in enumerate(zip(layout["annotations"], suffixes)):
@@ -151,7 +156,7 @@ def test_overview_figure_one_panel_per_scheme_on_a_shared_grid():
         assert layout[f"xaxis{sfx}"]["matches"] == (None if i == 0 else "x")
         assert layout[f"yaxis{sfx}"]["matches"] == (None if i == 0 else "y")
         assert layout[f"yaxis{sfx}"]["range"] == [-1.1, 1.1]
-        assert layout[f"xaxis{sfx}"]["showticklabels"] == (i // 2 == rows - 1)
+        assert layout[f"xaxis{sfx}"]["showticklabels"] == (i in x_titled)  # ticks where nothing is below
     assert len(data) == 6  # one kernel per panel and one extra
     by_name = {t["name"]: t for t in data}
     kernel, extra = by_name["s1: kernel"], by_name["s1: trained"]
@@ -177,9 +182,13 @@ def test_trained_figure_heatmaps_are_the_kernels_of_head_0():
         assert z.shape == (n, n)
         # z went through float32: every value within float32 rounding of the float64 kernel
         assert bool(((z - expected).abs() <= expected.abs() * 2.0**-24).all())
-    # one colour scale for both panels, symmetric, to the larger |K| of the two
-    top = max(float(torch.tensor(t["z"]).abs().max()) for t in heat)
-    assert all(t["zmax"] == top and t["zmin"] == -top for t in heat)
+    # each panel on its own symmetric colour scale, to its own largest |K| (the initial noise is
+    # visible, not a uniform square on the trained panel's scale), its range in its title
+    for t in heat:
+        top = float(torch.tensor(t["z"]).abs().max())
+        assert t["zmax"] == top and t["zmin"] == -top and "colorbar" in t
+    titles = [a["text"] for a in fig["layout"]["annotations"]]
+    assert any(f"(±{heat[0]['zmax']:.2g})" in text for text in titles)
     assert heat[0]["xaxis"] == "x" and heat[1]["xaxis"] == "x2"
     assert not torch.equal(torch.tensor(heat[0]["z"]), torch.tensor(heat[1]["z"]))
     # one curve per trained head on the third panel, then the initial mean dotted

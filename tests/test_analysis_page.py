@@ -162,3 +162,44 @@ def test_figure_data_uri_is_a_png_of_the_figure_size():
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and png[12:16] == b"IHDR"
     assert struct.unpack(">II", png[16:24]) == (2.0 * 40, 1.5 * 40)  # width, height in pixels
     assert not plt.fignum_exists(fig.number)  # closed
+
+
+# ---------------------------------------------------------------------------------------------- hostile text
+def test_esc_and_num_show_text_from_a_file_as_text():
+    from posenc.analysis.page import esc, num
+
+    assert esc("<script>alert('x')</script> & \"q\"") == (
+        "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt; &amp; &quot;q&quot;"
+    )
+    assert esc(3) == "3" and esc(None) == "None"
+    assert num(0.12345, "+.3f") == "+0.123" and num(7, "d") == "7"
+    assert num("<script>", "+.3f") == "&lt;script&gt;" and num(None) == "–" and num(True) == "True"
+
+
+def test_json_for_script_cannot_end_the_element_or_open_a_comment():
+    from posenc.analysis.page import json_for_script
+
+    value = {"name": "</script><script>alert(1)</script>", "c": "<!-- x -->", "a": "&amp;"}
+    text = json_for_script(value)
+    assert "<" not in text and ">" not in text and "&" not in text
+    assert json.loads(text) == value  # the escapes mean the same characters
+
+
+def test_write_atomic_replaces_the_file_and_leaves_no_temporary(tmp_path, monkeypatch):
+    from posenc.analysis import page
+
+    target = tmp_path / "index.html"
+    target.write_text("old", encoding="utf-8")
+    page.write_atomic(target, "new é")
+    assert target.read_text(encoding="utf-8") == "new é" and [p.name for p in tmp_path.iterdir()] == [
+        "index.html"
+    ]
+
+    def broken(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(page.os, "replace", broken)
+    with pytest.raises(OSError, match="disk full"):
+        page.write_atomic(target, "half")
+    assert target.read_text(encoding="utf-8") == "new é"  # the old page stays whole
+    assert [p.name for p in tmp_path.iterdir()] == ["index.html"]

@@ -93,6 +93,52 @@ def test_page_order_labels_and_plain_words(report):
         assert "No scheme breaks a property it promises." in html
 
 
+def _sections(html: str) -> dict[str, str]:
+    """Each scheme's section of the page (from its h3 to the next h3 or h2)."""
+    part = html[html.index("<h2 id='schemes'>") : html.index("<h2 id='trained'>")]
+    found = re.findall(r"<h3 id='([^']+)'>.*?(?=<h3|$)", part, re.S)
+    return {
+        name: re.search(rf"<h3 id='{re.escape(name)}'>.*?(?=<h3|$)", part, re.S).group(0) for name in found
+    }
+
+
+def test_every_scheme_is_taught_with_maths_a_worked_example_and_its_own_captions(report):
+    path, names, _ = report
+    html = path.read_text(encoding="utf-8")
+    sections = _sections(html)
+    assert set(names) <= set(sections)
+    owner: dict[str, str] = {}
+    for name, section in sections.items():
+        assert "<img class='math' src='data:image/svg+xml;base64," in section, name
+        assert "<b>Worked example</b>" in section and "<b>The problem.</b>" in section, name
+        for caption in re.findall(r"<figcaption>(.*?)</figcaption>", section, re.S):
+            assert owner.setdefault(caption, name) == name, f"{name} and {owner[caption]} share: {caption}"
+    # the page reads as a course: the input layer, then the schemes (no position, added, rotated,
+    # biased), then the comparisons
+    order = [
+        "The input layer, end to end",
+        "The problem: no positional signal",
+        "Added to the input",
+        "Rotating queries and keys",
+        "Biasing the attention logits",
+        "Side by side",
+        "Which scheme?",
+    ]
+    assert [html.index(t) for t in order] == sorted(html.index(t) for t in order)
+
+
+def test_a_default_build_answers_which_scheme_and_shows_no_local_path(report):
+    path, _, _ = report
+    html = path.read_text(encoding="utf-8")
+    which = html[html.index("<h2 id='which'>") : html.index("<h2 id='properties'>")]
+    assert "posenc ships the summary of one real study" in which and which.count("<table>") == 2
+    text = re.sub(r"<script.*?</script>|data:[^'\"]+", "", html, flags=re.S)  # the words a reader sees
+    assert not re.search(r"(/home/|/root/|/tmp/|/Users/|/private/|[A-Z]:\\\\)", text), re.search(
+        r".{60}(/home/|/root/|/tmp/|/Users/).{60}", text
+    )
+    assert "nats" not in text and "causal" in html[: html.index("<nav>")]
+
+
 def test_scheme_groups_follow_the_hooks():
     groups = {n: scheme_group(make_probe(n, SMALL)) for n in ("sinusoidal", "rope", "alibi", "nope")}
     assert groups == {"sinusoidal": "embed", "rope": "rotate", "alibi": "score_bias", "nope": "none"}
@@ -103,8 +149,17 @@ def test_scheme_groups_follow_the_hooks():
 def test_trained_report_trains_once_then_reuses(tmp_path):
     (tmp_path / "corpus").mkdir()
     corpus = write_corpus(tmp_path / "corpus")
-    training = {"steps": 3, "batch_size": 4, "d_model": 16, "num_layers": 1, "num_heads": 2,
-                "train_len": 8, "eval_lens": (8,), "corpus": str(corpus), "eval_windows": 2}  # fmt: skip
+    training = {
+        "steps": 3,
+        "batch_size": 4,
+        "d_model": 16,
+        "num_layers": 1,
+        "num_heads": 2,
+        "train_len": 8,
+        "eval_lens": (8,),
+        "corpus": str(corpus),
+        "eval_windows": 2,
+    }
     lines: list[str] = []
     kwargs = dict(context=SMALL, cache_dir=tmp_path / "cache", training=training, workers=1, log=lines.append)
     path = build_report(tmp_path / "rep", ["learned", "t5", "rope"], **kwargs)
@@ -114,6 +169,11 @@ def test_trained_report_trains_once_then_reuses(tmp_path):
     specs = dict(SPEC.findall(html))
     assert {"trained-learned", "trained-learned-pe", "trained-t5"} <= set(specs)
     assert "after 3 steps at L = 8" in html
+    for name in ("learned", "t5"):  # each initial panel has its own visible range
+        initial = json.loads(specs[f"trained-{name}"])["data"][0]
+        assert initial["name"] == "initial"
+        values = [v for row in initial["z"] for v in row if v is not None]
+        assert (max(values) - min(values)) > 0.1 * (initial["zmax"] - initial["zmin"]), name
     assert sum("3 steps in" in line for line in lines) == 2
     lines.clear()
     build_report(tmp_path / "rep2", ["learned", "t5"], **kwargs)
@@ -176,14 +236,67 @@ window.addEventListener("load", () => {
 </script></body>"""
 
 
+#: Drives the rotary scalings explorer as a reader would (Plotly's own events) and writes what is
+#: shown into the DOM.
+SELECTOR_CHECK = """<script>
+window.addEventListener("load", () => {
+  const find = () => [...document.querySelectorAll("div.plot")].find(
+    (d) => d.data && d.layout.updatemenus && d.layout.updatemenus[0].buttons[0].label.startsWith("scaling"));
+  const shown = (div) => div.data.filter((t) => t.visible === true).map((t) => t.name).join(" + ");
+  const run = () => {
+    const div = find();
+    if (!div || div.dataset.rendered !== "1") { setTimeout(run, 250); return; }
+    const ntk = div.layout.updatemenus[0].buttons.findIndex((b) => b.label === "scaling: ntk");
+    div.emit("plotly_buttonclicked", {menu: div.layout.updatemenus[0], active: ntk});
+    setTimeout(() => {
+      const menu = shown(div);
+      const slider = div._fullLayout.sliders[0];
+      slider.active = slider.steps.findIndex((st) => st.label === "8");
+      div.emit("plotly_sliderchange", {slider: slider, step: slider.steps[slider.active]});
+      setTimeout(() => {
+        const out = document.createElement("div");
+        out.id = "selector-check";
+        out.textContent = `after menu: ${menu}; after slider: ${shown(div)}`
+          .replaceAll("none (plain RoPE)", "reference");
+        document.body.appendChild(out);
+      }, 500);
+    }, 500);
+  };
+  run();
+});
+</script></body>"""
+
+
+def _with_script(page, script: str):
+    """A copy of ``page`` with ``script`` before ``</body>``."""
+    copy = page.with_name(f"check-{abs(hash(script))}.html")
+    copy.write_text(page.read_text(encoding="utf-8").replace("</body>", script), encoding="utf-8")
+    return copy
+
+
 def _chromium(*args: str) -> subprocess.CompletedProcess:
     with tempfile.TemporaryDirectory() as profile:
         return subprocess.run(
-            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-             "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
-             "--enable-logging=stderr", "--v=0", "--virtual-time-budget=30000", "--hide-scrollbars", *args],
-            capture_output=True, text=True, timeout=180,
-        )  # fmt: skip
+            [
+                CHROMIUM,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+                f"--user-data-dir={profile}",
+                "--enable-logging=stderr",
+                "--v=0",
+                "--virtual-time-budget=30000",
+                "--hide-scrollbars",
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
@@ -201,9 +314,15 @@ def test_report_in_headless_chromium(report, tmp_path):
     checked = _chromium("--dump-dom", probe.resolve().as_uri())
     found = re.search(r'<div id="page-check">(.*?)</div>', checked.stdout)
     assert found, checked.stdout[-500:]
+    images = expected + html.count("<img class='math'")  # the figures and the typeset formulas
     assert found.group(1) == (
-        f"plots drawn {n_plots}/{n_plots}; images loaded {expected}/{expected}; sliders 5; errors []"
+        f"plots drawn {n_plots}/{n_plots}; images loaded {images}/{images}; sliders 5; errors []"
     )
+    # the scalings explorer: a new scaling keeps the chosen factor, a new factor keeps the scaling
+    selector = _chromium("--dump-dom", _with_script(path, SELECTOR_CHECK).resolve().as_uri())
+    found = re.search(r'<div id="selector-check">(.*?)</div>', selector.stdout)
+    assert found, selector.stdout[-500:]
+    assert found.group(1) == "after menu: ntk, factor 4 + reference; after slider: ntk, factor 8 + reference"
     # 3. screenshots, kept under pytest's tmp_path: the top of the page, and the explore section
     # alone (a copy without what comes before it: a headless screenshot starts at the top)
     explore = path.with_name("explore.html")
@@ -216,3 +335,66 @@ def test_report_in_headless_chromium(report, tmp_path):
         shot = tmp_path / f"report-{name}.png"
         done = _chromium("--window-size=1280,1400", f"--screenshot={shot}", page.resolve().as_uri())
         assert done.returncode == 0 and shot.stat().st_size > 50_000, done.stderr[-1000:]
+
+
+#: Injected into every string and number field of a study's results.json: it must show as text.
+PAYLOAD = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 1"><!--'
+
+#: Reports whether any injected script ran, once the page has loaded.
+PWNED_CHECK = """<script>
+window.addEventListener("load", () => setTimeout(() => {
+  const out = document.createElement("div");
+  out.id = "pwned-check";
+  out.textContent = `pwned ${window.__pwned === 1}`;
+  document.body.appendChild(out);
+}, 3000));
+</script></body>"""
+
+
+def _hostile_study(folder):
+    cell = {"mean": PAYLOAD, "low": PAYLOAD, "high": PAYLOAD, "n": PAYLOAD}
+    row = {
+        "name": PAYLOAD,
+        "scheme": PAYLOAD,
+        "variant": PAYLOAD,
+        "length": PAYLOAD,
+        "seeds": [PAYLOAD],
+        "delta": cell,
+        "bpb_window": cell,
+        "note": PAYLOAD,
+    }
+    results = {
+        "config": {
+            "mode": "lm",
+            "schemes": [PAYLOAD],
+            "seeds": [PAYLOAD],
+            "train_len": PAYLOAD,
+            "eval_lens": [PAYLOAD, PAYLOAD + "2"],
+            "steps": PAYLOAD,
+            "d_model": PAYLOAD,
+            "num_layers": PAYLOAD,
+            "num_heads": PAYLOAD,
+            "corpus": PAYLOAD,
+        },
+        "summary": [row, {**row, "length": PAYLOAD + "2"}],
+        "cells": [{"cell": PAYLOAD, "train": {"steps": PAYLOAD, "final_loss_nats": PAYLOAD}}],
+    }
+    folder.mkdir()
+    (folder / "results.json").write_text(json.dumps(results), encoding="utf-8")
+    return folder
+
+
+def test_a_study_with_script_in_every_field_shows_it_as_text(tmp_path):
+    path = build_report(
+        tmp_path / "rep", ["alibi", "nope"], context=SMALL, study=_hostile_study(tmp_path / "s")
+    )
+    html = path.read_text(encoding="utf-8")
+    # no element comes from the file: the only scripts are plotly.js, the loader and the figures' data
+    assert html.count("<script") == len(SPEC.findall(html)) + 2
+    assert PAYLOAD not in html and "<img src=x" not in html  # never written as markup
+    assert "&lt;script&gt;window.__pwned = 1&lt;/script&gt;" in html  # shown, as text
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (apt-get install chromium): the page was checked as text only")
+    done = _chromium("--dump-dom", _with_script(path, PWNED_CHECK).resolve().as_uri())
+    found = re.search(r'<div id="pwned-check">(.*?)</div>', done.stdout)
+    assert found and found.group(1) == "pwned false", done.stdout[-500:]

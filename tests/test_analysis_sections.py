@@ -70,7 +70,10 @@ def test_trained_section_draws_each_trained_scheme():
     assert out.startswith("<p>Trained <b>here</b>.</p>")
     for name in ("learned", "t5"):
         assert f"<h3 id='trained-{name}'>{name}<span class='tag trained'>trained</span></h3>" in out
-    assert out.count("after 3 steps at L = 8 (final training loss 2.50 nats/byte)") == 2
+    # 2.5 nats = 2.5 / ln 2 = 3.61 bits: the page speaks bits/byte everywhere
+    assert out.count("after 3 steps at L = 8 (final training loss 3.61 bits/byte)") == 2 and "nats" not in out
+    assert "<i>learned</i>: head-mean K at distances 0-2" in out and "<i>t5</i>: head-mean K" in out
+    assert "<i>learned</i>: the mean cosine between neighbouring positions' vectors" in out
     specs = dict(SPEC.findall(out))
     assert set(specs) == {"trained-learned", "trained-learned-pe", "trained-t5"}  # vectors only for embed
     pe = json.loads(specs["trained-learned-pe"])
@@ -107,8 +110,8 @@ def test_study_section_without_a_study_says_how_to_run_one():
 
 def test_study_section_shows_intervals_over_seeds():
     out = study_section(_results(), "runs/<mine>")
-    assert "From the study in <code>runs/&lt;mine&gt;</code>: 40 steps per model, L = 8, seeds 0, 1" in out
-    assert "d = 16, 2 layers" in out and out.count("over 2 seeds") == 2  # the text and the caption
+    assert "From the study <code>runs/&lt;mine&gt;</code>: 40 steps per model, L = 8, seeds 0, 1" in out
+    assert "d = 16, 2 layers" in out and out.count("over 2 seeds") == 3  # both tables' text, the caption
     table = re.search(r"<table>.*?</table>", out, re.S).group(0)
     assert "<th>run</th><th>E = 16</th><th>E = 32</th>" in table and "E = 8<" not in table
     # mean and the 95% half-width (high - low) / 2, signed; one seed: no interval; not run: a dash
@@ -118,6 +121,28 @@ def test_study_section_shows_intervals_over_seeds():
     ]
     specs = dict(SPEC.findall(out))
     assert set(specs) == {"study"} and len(json.loads(specs["study"])["data"]) == 4
+
+
+def test_study_section_shows_the_shipped_study_with_its_command():
+    from posenc.analysis.default_study import load_default_study
+
+    study = load_default_study()
+    out = study_section(study, None)
+    prov = study["provenance"]
+    assert f"<code>{prov['command']}</code>, run on {prov['date']} with posenc {prov['posenc']}" in out
+    assert "posenc ships the summary of one real study" in out and out.count("<table>") == 2
+    assert "over 3 seeds" in out and "study" in dict(SPEC.findall(out))
+
+
+def test_study_section_shows_hostile_values_as_text():
+    bad = "<script>alert(1)</script>"
+    results = _results()
+    results["config"].update(steps=bad, d_model=bad, num_layers=bad)
+    results["summary"][0]["name"] = bad
+    results["summary"][0]["delta"] = {"mean": bad, "low": bad, "high": 1.0}
+    out = study_section(results, bad)
+    assert "<script>" not in out.replace('<script type="application/json" id="study-spec">', "")
+    assert "&lt;script&gt;alert(1)&lt;/script&gt; steps per model" in out
 
 
 def test_study_section_of_one_seed_and_of_a_task_study():

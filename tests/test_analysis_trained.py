@@ -170,3 +170,46 @@ def test_train_for_report_trains_once_then_reuses(corpus, tmp_path, monkeypatch)
         {Path(first.source).name, Path(other.source).name}
     )
     assert train_for_report([], cache) == []
+
+
+_TRAIN_IN_A_PROCESS = """
+import sys
+sys.path.insert(0, {tests!r})
+from posenc.analysis.trained import train_for_report
+(t,) = train_for_report(["t5"], {cache!r}, log=print, workers=1, overrides={overrides!r})
+print("trained", t.steps)
+"""
+
+
+def test_two_reports_sharing_a_cache_both_succeed(corpus, tmp_path):
+    """The second waits for the first's training, then reuses it: both exit 0, one trains."""
+    import subprocess
+    import sys
+
+    overrides = dict(
+        steps=3,
+        batch_size=4,
+        d_model=16,
+        num_layers=1,
+        num_heads=2,
+        train_len=8,
+        eval_lens=(8,),
+        corpus=str(corpus),
+        eval_windows=2,
+        warmup_steps=1,
+    )
+    code = _TRAIN_IN_A_PROCESS.format(
+        tests=str(Path(__file__).parent), cache=str(tmp_path / "cache"), overrides=overrides
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-2000:]
+        assert "trained 3" in out and "--out" not in out + err  # no flag the user did not pass
+    logs = "".join(out for out, _ in outs)
+    assert logs.count("3 steps in") == 1 and logs.count("reused") == 1

@@ -73,7 +73,8 @@ def test_slopes_match_hf_bloom():
 
 # ---------------------------------------------------------------------------------------------- ALiBi bias
 def _alibi_reference(slopes, qp, kp, causal):
-    """Plain loops from the paper: bias[b, h, i, j] = -m_h (i - j) (or -m_h |i - j|), float64."""
+    """Plain loops from the paper: bias[b, h, i, j] = -m_h (i - j) for a key at or before the query,
+    -m_h |i - j| after it (both forms; the causal one never favours a future key), float64."""
     qp = qp if qp.dim() == 2 else qp[None]
     kp = kp if kp.dim() == 2 else kp[None]
     b = max(qp.shape[0], kp.shape[0])
@@ -83,7 +84,7 @@ def _alibi_reference(slopes, qp, kp, causal):
             for i in range(qp.shape[1]):
                 for j in range(kp.shape[1]):
                     pi, pj = int(qp[bb % qp.shape[0], i]), int(kp[bb % kp.shape[0], j])
-                    out[bb, h, i, j] = -m * ((pi - pj) if causal else abs(pi - pj))
+                    out[bb, h, i, j] = -m * ((pi - pj) if causal and pj <= pi else abs(pi - pj))
     return out
 
 
@@ -104,13 +105,64 @@ def test_alibi_matches_reference_arbitrary_batched_positions(causal):
 
 
 def test_alibi_causal_equals_bloom_up_to_row_constant():
-    """Bloom adds m_h * j (softmax is shift invariant per row); the paper's form is m_h * (j - i)."""
+    """Bloom adds m_h * j (softmax is shift invariant per row); the paper's form is m_h * (j - i),
+    which posenc's bias is on every key Bloom's causal mask keeps (j <= i)."""
     bloom = pytest.importorskip("transformers.models.bloom.modeling_bloom")
     s, h = 9, 12
     hf = bloom.build_alibi_tensor(torch.ones(1, s, dtype=torch.long), h, torch.float32)  # [h, 1, s]
     ours = ALiBi(h).score_bias(torch.arange(s), torch.arange(s))[0]  # [h, s, s]
     row_const = alibi_slopes(h)[:, None, None] * torch.arange(s)[None, :, None]  # m_h * i
-    torch.testing.assert_close(ours + row_const, hf.expand(h, s, s))
+    kept = torch.ones(s, s, dtype=torch.bool).tril()  # [s, s]: j <= i
+    torch.testing.assert_close((ours + row_const)[:, kept], hf.expand(h, s, s)[:, kept])
+
+
+@pytest.mark.parametrize("build", [lambda: ALiBi(8), lambda: ALiBi(5, causal=False),
+                                   lambda: T5RelativeBias(4, bidirectional=False),
+                                   lambda: posenc.build("alibi", num_heads=8)])  # fmt: skip
+def test_no_bias_favours_a_future_key(build):
+    """A causal bias is never larger for a key after the query than for the query itself, so an
+    encoder built from the plain ALiBi line without a causal mask does not favour far-future tokens
+    (ALiBi's causal default used to give +0.5, +1.0, ... to them; T5's causal buckets clip them to
+    distance 0)."""
+    scheme = build()
+    pos = torch.arange(12)
+    with torch.no_grad():
+        bias = scheme.score_bias(pos, pos)[0]  # [h, s, s]
+    present = bias.diagonal(dim1=-2, dim2=-1)[..., None]  # [h, s, 1]
+    future = torch.ones(12, 12, dtype=torch.bool).triu(1)  # [s, s]: j > i
+    assert bool((bias <= present)[:, future].all()), bias[0, 0]
+    assert bool((bias[:, future] <= 0).all() if isinstance(scheme, ALiBi) else True)
+
+
+def test_causal_alibi_leaves_a_masked_model_unchanged_bit_for_bit():
+    """The paper's form -m (i - j) and posenc's -m |i - j| differ only on future keys, which a causal
+    model masks: its logits are the same bits (blocked path, full table path and a KV cache)."""
+    from posenc.model import ModelConfig, TransformerLM
+
+    torch.manual_seed(0)
+    lm = TransformerLM(
+        ModelConfig(vocab_size=40, d_model=32, num_layers=2, num_heads=4, position="alibi")
+    ).eval()
+    ids = torch.randint(0, 40, (2, 9))
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[1, :3] = 0  # left padding: the full-table path
+    with torch.no_grad():
+        ours = lm(ids).logits, lm(ids, attention_mask=mask).logits
+        scheme = lm.decoder.scheme(0)
+        paper = type(scheme)
+
+        class PaperALiBi(paper):  # -m (i - j) everywhere: positive on future keys
+            def score_bias(self, q_positions, k_positions, q=None):
+                rel = relative_positions(q_positions, k_positions)
+                return rel[:, None].float() * self.slopes(rel.device)[None, :, None, None]
+
+            def distance_bias(self, distance):
+                return distance[None].float() * self.slopes(distance.device)[:, None]
+
+        scheme.__class__ = PaperALiBi
+        theirs = lm(ids).logits, lm(ids, attention_mask=mask).logits
+        scheme.__class__ = paper
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
 
 
 @FAST
@@ -125,7 +177,7 @@ def test_alibi_properties(h, pos, shift):
     assert torch.equal(sym, sym.transpose(-1, -2))  # symmetric form is symmetric
     assert bool((sym <= 0).all())
     causal = ALiBi(h, causal=True).score_bias(p, p)[0]
-    assert torch.equal(causal, -causal.transpose(-1, -2))  # m (j - i) is antisymmetric
+    assert torch.equal(causal, sym)  # the same values: -m |i - j| (the paper's -m (i - j) for j <= i)
     # Translation invariance: only differences matter (exact: integer differences).
     for scheme in (ALiBi(h, causal=False), ALiBi(h, causal=True)):
         assert torch.equal(scheme.score_bias(p, p), scheme.score_bias(p + shift, p + shift))

@@ -316,3 +316,30 @@ def test_verify_prints_a_compact_matrix_and_details_with_verbose(capsys):
     assert main(["verify", "alibi", "--verbose"]) == 0
     rows = capsys.readouterr().out.splitlines()
     assert sum(r.rstrip().endswith('"') for r in rows) >= 3  # a reason repeated for one scheme: once
+
+
+@pytest.mark.parametrize(
+    ("raise_it", "code", "line"),
+    [
+        (lambda: (_ for _ in ()).throw(KeyboardInterrupt), 130, "posenc list: interrupted; "),
+        (lambda: __import__("os").kill(__import__("os").getpid(), __import__("signal").SIGTERM), 143,
+         "posenc list: terminated (SIGTERM); "),
+    ],
+)  # fmt: skip
+def test_ctrl_c_and_sigterm_end_a_command_with_one_line(raise_it, code, line, monkeypatch, capsys):
+    import signal
+    import time
+
+    import posenc.cli as cli
+
+    def run(args):
+        raise_it()
+        time.sleep(5)  # SIGTERM arrives here (the handler runs between bytecodes)
+        return 0
+
+    monkeypatch.setitem(cli.COMMANDS, "list", (*cli.COMMANDS["list"][:2], run))
+    before = signal.getsignal(signal.SIGTERM)
+    assert main(["list"]) == code
+    err = capsys.readouterr().err
+    assert err.startswith(line) and err.count("\n") == 1 and "Traceback" not in err
+    assert signal.getsignal(signal.SIGTERM) is before  # the command's handler is gone again

@@ -128,7 +128,7 @@ def test_tying_errors():
 
 def test_input_embedding_is_the_seed_pipeline():
     """ids -> E[ids] * sqrt(d) -> + PE -> LayerNorm -> dropout (eval: identity)."""
-    layer = InputEmbedding(100, 16, "sinusoidal", dropout=0.1).eval()
+    layer = InputEmbedding(100, 16, "sinusoidal", layer_norm=True, dropout=0.1).eval()
     ids = torch.randint(0, 100, (2, 6))
     expected = layer.token.weight[ids] * 4.0 + sinusoidal_table(6, 16)
     expected = nn.functional.layer_norm(expected, (16,), layer.norm.weight, layer.norm.bias)
@@ -236,7 +236,7 @@ def _reference(layer, ids, keep=None):
 @needs_kernel
 @pytest.mark.usefixtures("composed")
 def test_fast_train_forward_equals_reference_for_its_mask():
-    layer = InputEmbedding(100, 48, "sinusoidal", dropout=0.2).train()
+    layer = InputEmbedding(100, 48, "sinusoidal", layer_norm=True, dropout=0.2).train()
     ids = torch.randint(0, 100, (3, 11))
     torch.manual_seed(42)
     out = layer(ids)
@@ -249,7 +249,7 @@ def test_fast_train_forward_equals_reference_for_its_mask():
 @needs_kernel
 @pytest.mark.usefixtures("composed")
 def test_fast_train_gradients_equal_reference():
-    layer = InputEmbedding(50, 16, "sinusoidal", dropout=0.3).train()
+    layer = InputEmbedding(50, 16, "sinusoidal", layer_norm=True, dropout=0.3).train()
     ids = torch.randint(0, 50, (2, 9))
     g = torch.randn(2, 9, 16)
     torch.manual_seed(1)
@@ -265,7 +265,7 @@ def test_fast_train_gradients_equal_reference():
 
 @pytest.mark.usefixtures("composed")
 def test_eval_mode_is_exactly_the_reference():
-    layer = InputEmbedding(100, 32, "sinusoidal", dropout=0.5).eval()
+    layer = InputEmbedding(100, 32, "sinusoidal", layer_norm=True, dropout=0.5).eval()
     ids = torch.randint(0, 100, (2, 7))
     assert torch.equal(layer(ids), _reference(layer, ids))
 
@@ -273,7 +273,7 @@ def test_eval_mode_is_exactly_the_reference():
 @pytest.mark.usefixtures("composed")
 def test_train_mode_without_the_kernel_draws_the_kernels_mask(monkeypatch):
     """A machine without a compiler (or POSENC_C_KERNELS=0) gives the same dropout for a seed."""
-    layer = InputEmbedding(100, 64, dropout=0.5).train()
+    layer = InputEmbedding(100, 64, layer_norm=True, dropout=0.5).train()
     ids = torch.randint(0, 100, (4, 32))
     torch.manual_seed(3)
     with_kernel = layer(ids)
@@ -286,7 +286,7 @@ def test_train_mode_without_the_kernel_draws_the_kernels_mask(monkeypatch):
 
 
 def test_train_mode_compiles():
-    layer = InputEmbedding(64, 16, "sinusoidal", dropout=0.25).train()
+    layer = InputEmbedding(64, 16, "sinusoidal", layer_norm=True, dropout=0.25).train()
     out = torch.compile(layer, fullgraph=True)(torch.randint(0, 64, (2, 8)))
     assert out.shape == (2, 8, 16) and 0 < (out == 0).sum() < out.numel()
 
@@ -379,3 +379,40 @@ def test_input_embedding_asks_additive_rows_only_of_the_class_that_defines_embed
         layer = InputEmbedding(50, 8, scheme, layer_norm=False, dropout=0.0)
         want = layer.token(ids) + 2 * sinusoidal_table(6, 8)
         torch.testing.assert_close(layer(ids), want, rtol=0, atol=1e-6)
+
+
+def test_input_layer_defaults_are_the_models():
+    """InputEmbedding built alone used LayerNorm and dropout 0.1 while ModelConfig's input layer has
+    neither: one set of defaults now (sqrt(d) scale, 1/sqrt(d) init, no LayerNorm, no dropout)."""
+    from posenc.model import ModelConfig, TransformerLM
+
+    alone = InputEmbedding(64, 32, "sinusoidal")
+    model = TransformerLM(
+        ModelConfig(vocab_size=64, d_model=32, num_layers=1, num_heads=2, position="sinusoidal")
+    )
+    inside = model.decoder.embed
+    assert isinstance(alone.norm, torch.nn.Identity) and isinstance(inside.norm, torch.nn.Identity)
+    assert alone.dropout.p == inside.dropout.p == 0.0
+    assert alone.token.scale == inside.token.scale == 32**0.5
+    assert alone.token.init_std == inside.token.init_std == pytest.approx(32**-0.5)
+    ids = torch.randint(0, 64, (2, 7))
+    inside.token.weight.data.copy_(alone.token.weight)
+    assert torch.equal(alone.train()(ids), inside.train()(ids))  # the same layer, in training too
+
+
+def test_input_embedding_takes_a_token_embedding():
+    """A pretrained TokenEmbedding goes into the input layer as it is (not copied, still frozen)."""
+    weights = torch.randn(20, 8, dtype=torch.float64)
+    token = TokenEmbedding.from_pretrained(weights, freeze=True, padding_idx=0)
+    layer = InputEmbedding.from_token_embedding(
+        token, "learned", layer_norm=True, scheme_options={"max_len": 6}
+    )
+    assert layer.token is token and not layer.token.weight.requires_grad
+    assert layer.norm.weight.dtype == torch.float64 and layer.position.weight.dtype == torch.float64
+    ids = torch.tensor([[0, 3, 19]])
+    with torch.no_grad():
+        want = layer.norm(layer.position.embed(weights[ids]))
+    torch.testing.assert_close(layer.eval()(ids), want)
+    assert {n for n, _ in layer.named_parameters()} >= {"token.weight", "position.weight", "norm.weight"}
+    with pytest.raises(TypeError, match="TokenEmbedding.from_pretrained"):
+        InputEmbedding.from_token_embedding(weights)

@@ -161,3 +161,30 @@ def test_an_evaluation_that_cannot_fit_is_refused_before_training(corpus_dir, mo
     config = tiny_study(corpus_dir, eval_lens=(8, 32))
     with pytest.raises(ValueError, match=r"evaluation at length 32 \(one window\) would not fit"):
         run_cell(config, Cell("alibi", 0))
+
+
+@pytest.mark.parametrize("content", ["[1, 2]", '{"key": {}}', "[" * 100_000 + "]" * 100_000, "{nope"])
+def test_a_crafted_cell_file_is_a_one_line_error_on_resume(tmp_path, content):
+    """A cell file holding a list ended in AttributeError on --resume."""
+    cell_file = tmp_path / "alibi-seed0.json"
+    cell_file.write_text(content)
+    with pytest.raises(ValueError, match=f"the cell file '{cell_file}'") as err:
+        cells_mod.finished_cell(cell_file, {"any": "key"})
+    assert "\n" not in str(err.value)
+
+
+def test_a_cell_of_another_posenc_or_torch_version_is_run_again(corpus_dir, tmp_path, monkeypatch):
+    import posenc
+
+    config = tiny_study(corpus_dir)
+    cell, data, cpu = Cell("alibi", 0), study_data(config), torch.device("cpu")
+    key = cells_mod.full_key(config, cell, data, cpu)
+    assert key["versions"] == {"posenc": posenc.__version__, "torch": torch.__version__}
+    cell_file = tmp_path / "alibi-seed0.json"
+    cell_file.write_text(json.dumps({"key": key, "runs": []}))
+    assert cells_mod.finished_cell(cell_file, cells_mod.full_key(config, cell, data, cpu))["reused"]
+    monkeypatch.setattr(torch, "__version__", "9.9.9")
+    assert cells_mod.finished_cell(cell_file, cells_mod.full_key(config, cell, data, cpu)) is None
+    monkeypatch.undo()
+    monkeypatch.setattr(posenc, "__version__", "0.0.0")
+    assert cells_mod.finished_cell(cell_file, cells_mod.full_key(config, cell, data, cpu)) is None

@@ -136,3 +136,65 @@ def test_load_trained_model_from_checkpoint_and_model_file(tmp_path):
     (tmp_path / "junk.safetensors").write_bytes(b"not a tensor file")
     with pytest.raises(ValueError, match="is not a readable safetensors file"):
         load_trained_model(tmp_path / "junk.safetensors")
+
+
+def _crafted(tmp_path, meta_change=None, tensor_change=None) -> Path:
+    """A real checkpoint, rewritten with ``meta_change(meta)`` / ``tensor_change(tensors)`` applied."""
+    cfg = TrainConfig(steps=2)
+    model = TransformerLM(tiny_config())
+    opt = make_optimizer(model, cfg)
+    model(batch_at(tiny_data(), 0, 2, 16)[0]).logits.sum().backward()
+    opt.step()
+    path = tmp_path / "c.safetensors"
+    save_checkpoint(path, model, opt, 1, train_config=cfg, losses=[1.0])
+    tensors = safetensors.torch.load_file(str(path))
+    with safetensors.safe_open(str(path), framework="pt") as f:
+        meta = f.metadata()
+    if meta_change is not None:
+        meta_change(meta)
+    if tensor_change is not None:
+        tensor_change(tensors)
+    safetensors.torch.save_file(tensors, str(path), metadata=meta)
+    return path
+
+
+_DEEP = "[" * 100_000 + "]" * 100_000
+
+
+@pytest.mark.parametrize(
+    ("meta_change", "tensor_change", "match"),
+    [
+        (lambda m: m.update(aliases="[]"), None, "field 'aliases' is not a JSON object of parameter names"),
+        (lambda m: m.update(rng="{}"), None, "field 'rng' is not the NumPy and Python random states"),
+        (lambda m: m.update(rng=_DEEP), None, "field 'rng' nests lists/objects more than 32 deep"),
+        (lambda m: m.update(model_config=_DEEP), None, "field 'model_config' nests"),
+        (lambda m: m.update(optimizer_groups='{"a": 1}'), None, "field 'optimizer_groups' is not a list"),
+        (lambda m: m.update(optimizer_scalars='{"x": 1}'), None, "field 'optimizer_scalars' is not"),
+        (lambda m: m.update(train_config="7"), None, "field 'train_config' is not a JSON object"),
+        (lambda m: m.update(step="-3"), None, "field 'step' is not an integer >= 0"),
+        (lambda m: m.update(step="9" * 400), None, "field 'step' is not an integer >= 0"),
+        (lambda m: m.update(elapsed_s="nan"), None, "field 'elapsed_s' is not a number of seconds"),
+        (lambda m: m.update(train_config="{"), None, "field 'train_config' is not valid JSON"),
+        (None, lambda t: t.pop("history.loss"), "'history.loss' must be a 1-D torch.float64, got missing"),
+        (None, lambda t: t.update({"rng.torch": t["rng.torch"][:9]}), "'rng.torch' must be a 1-D torch.uint"),
+        (None, lambda t: t.update({"rng.numpy": t["rng.numpy"].float()}), "tensor 'rng.numpy' must be a 1-D"),
+        (None, lambda t: t.update({"optimizer.x.y": torch.zeros(1)}), "holds a tensor 'optimizer.x.y'"),
+    ],
+)  # fmt: skip
+def test_a_crafted_checkpoint_is_a_one_line_error_naming_the_file_and_field(
+    tmp_path, meta_change, tensor_change, match
+):
+    """Each used to end in AttributeError, KeyError, RecursionError or RuntimeError on --resume."""
+    path = _crafted(tmp_path, meta_change, tensor_change)
+    model = TransformerLM(tiny_config())
+    with pytest.raises(ValueError, match=match) as err:
+        load_checkpoint(path, model, make_optimizer(model, TrainConfig(steps=2)))
+    assert str(path) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_checkpoint_naming_a_class_outside_the_model_classes_is_refused(tmp_path):
+    from posenc.lab import load_trained_model
+
+    path = _crafted(tmp_path, lambda m: m.update(model_class="load_model"))
+    with pytest.raises(ValueError, match="does not record a posenc model class"):
+        load_trained_model(path)

@@ -229,6 +229,22 @@ def test_resume_refuses_a_changed_config(tmp_path):
         )
 
 
+def test_resume_refuses_another_split_of_the_same_corpus(tmp_path):
+    """A data id is the corpus sha256 and the split: two splits of one corpus share the first 64+
+    characters, so a check of a prefix would let a resume train on the other split's bytes."""
+    data, ckpt = tiny_data(), tmp_path / "c.safetensors"
+    cfg = TrainConfig(steps=4, batch_size=4, seq_len=16)
+    sha = "9f" * 32
+    train(TransformerLM(tiny_config()), data, cfg, checkpoint=ckpt, progress=False, stop_at=2,
+          data_id=f"{sha}:split0")  # fmt: skip
+    with pytest.raises(ValueError, match="trained on other data"):
+        train(TransformerLM(tiny_config()), data, cfg, checkpoint=ckpt, resume=True, progress=False,
+              data_id=f"{sha}:split1")  # fmt: skip
+    result = train(TransformerLM(tiny_config()), data, cfg, checkpoint=ckpt, resume=True, progress=False,
+                   data_id=f"{sha}:split0")  # fmt: skip
+    assert result.completed  # the same split resumes
+
+
 def test_resume_refuses_another_model_before_loading_it(tmp_path):
     """Schemes without positional parameters share every shape: only the config tells them apart."""
     data, ckpt = tiny_data(), tmp_path / "c.safetensors"

@@ -122,3 +122,21 @@ def test_incremental_decoding_with_gradients_on_equals_full_forward(position):
     for a, b in zip(grads, want):
         if a is not None or b is not None:
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("position", ["rope", "sinusoidal", "alibi"])
+def test_offset_after_a_prefill_at_explicit_positions(position):
+    """A prefill at positions 100..104 leaves offset() at 105 (one past the last cached position, not
+    the number of cached tokens), so a decode step without positions runs at 105 and gives the
+    logits the whole sequence gets at 100..105."""
+    torch.manual_seed(0)
+    model = TransformerLM(config(position)).eval()
+    ids = ids_(2, 6)
+    with torch.no_grad():
+        full = model(ids, positions=torch.arange(100, 106)).logits  # [2, 6, V]
+        cache = model.new_cache()
+        model(ids[:, :5], positions=torch.arange(100, 105), cache=cache)
+        assert cache.offset() == 105 and len(cache) == 5
+        step = model(ids[:, 5:], cache=cache).logits  # default positions: continue after the cache
+    assert cache.positions[..., -1].item() == 105
+    torch.testing.assert_close(step, full[:, 5:], rtol=1e-5, atol=1e-5)

@@ -44,3 +44,91 @@ def test_position_options_that_contradict_the_model_are_refused_at_config_time()
             vocab_size=V, d_model=32, num_heads=4, position="alibi", position_options={"num_heads": 2}
         )
     ModelConfig(vocab_size=V, d_model=32, num_heads=4, position="alibi", position_options={"num_heads": 4})
+
+
+@pytest.fixture
+def alarm():
+    """Fail (instead of hanging the suite) when the body runs longer than 5 s."""
+    import signal
+
+    def expire(*_):
+        raise TimeoutError("took more than 5 s")
+
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(5)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(d_model=10**12 + 1, num_heads=2), "among the divisors of 1000000000001"),
+        (dict(d_model=2**40, num_heads=2**40, num_kv_heads=3), "among the divisors of 1099511627776"),
+        (dict(d_model=10**30 + 1, num_heads=7), "among the divisors of"),
+    ],
+)
+def test_a_huge_size_from_a_file_gets_its_message_at_once(kwargs, match, alarm):
+    """A size read from a file (config.json, a model's metadata) must not make the message's divisor
+    list take time proportional to it: 10^12 + 1 ran for ever."""
+    with pytest.raises(ValueError, match=match):
+        ModelConfig(vocab_size=V, **kwargs)
+
+
+def test_the_divisors_listed_are_all_of_them():
+    with pytest.raises(ValueError, match=r"among \[1, 2, 3, 4, 6, 9, 12, 18, 36\]"):
+        ModelConfig(vocab_size=V, d_model=36, num_heads=5)
+
+
+# ----------------------------------------------------------------------------------------------
+# The block's fields
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("kw", "error", "message"),
+    [
+        ({"norm_type": "batchnorm"}, ValueError, "unknown norm_type 'batchnorm'"),
+        ({"norm_eps": 0.0}, ValueError, "norm_eps must be a finite number > 0"),
+        ({"activation": "swish"}, ValueError, "unknown activation 'swish'"),
+        ({"residual": "paralel"}, ValueError, "did you mean 'parallel'"),
+        ({"gated_mlp": 1}, TypeError, "gated_mlp must be a bool"),
+        ({"qk_norm": "yes"}, TypeError, "qk_norm must be a bool"),
+        ({"qkv_bias": 0}, TypeError, r"qkv_bias must be a bool or None \(= bias\)"),
+        ({"residual": "parallel", "norm": "post"}, ValueError, "needs norm='pre'"),
+    ],
+)
+def test_block_fields_are_checked(kw, error, message):
+    with pytest.raises(error, match=message):
+        ModelConfig(vocab_size=5, d_model=8, num_heads=2, **kw)
+
+
+def test_projection_bias_falls_back_to_bias():
+    config = ModelConfig(vocab_size=5, d_model=8, num_heads=2, bias=True, out_bias=False)
+    assert [config.projection_bias(p) for p in ("qkv", "out", "mlp")] == [True, False, True]
+    qwen2 = ModelConfig(vocab_size=5, d_model=8, num_heads=2, qkv_bias=True)
+    assert [qwen2.projection_bias(p) for p in ("qkv", "out", "mlp")] == [True, False, False]
+
+
+def test_a_gated_mlp_counts_its_third_matrix():
+    plain = ModelConfig(vocab_size=5, d_model=8, num_heads=2, d_ff=16)
+    gated = ModelConfig(vocab_size=5, d_model=8, num_heads=2, d_ff=16, gated_mlp=True)
+    assert gated.approx_num_params() - plain.approx_num_params() == plain.num_layers * 8 * 16
+
+
+def test_a_config_saved_before_the_block_fields_loads_with_the_classic_block():
+    old = ModelConfig(vocab_size=5, d_model=8, num_heads=2).to_dict()
+    for name in (
+        "norm_type",
+        "norm_eps",
+        "activation",
+        "gated_mlp",
+        "qkv_bias",
+        "out_bias",
+        "mlp_bias",
+        "residual",
+        "qk_norm",
+        "output_bias",
+    ):
+        old.pop(name)
+    config = ModelConfig.from_dict(old)
+    assert (config.norm_type, config.activation, config.residual) == ("layernorm", "gelu", "sequential")

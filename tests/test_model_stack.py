@@ -141,3 +141,74 @@ def test_embedding_scale_and_initialisations_come_from_the_config():
     torch.manual_seed(0)
     unscaled = TransformerLM(ModelConfig(**base, embed_scale=None)).decoder.embed.token
     assert float(unscaled.weight.detach().std()) == pytest.approx(d**-0.5, rel=0.1)
+
+
+# ----------------------------------------------------------------------------------------------
+# The block's forms
+# ----------------------------------------------------------------------------------------------
+def _block_input(model: TransformerLM, ids: torch.Tensor) -> torch.Tensor:
+    return model.decoder.embed(ids)
+
+
+@pytest.mark.parametrize("residual", ["parallel", "parallel_shared_norm"])
+def test_parallel_residual_adds_both_branches_to_the_input(residual):
+    """x + Attn(N1(x)) + MLP(N2(x)), with N2 = N1 for the shared form, written out by hand."""
+    torch.manual_seed(0)
+    model = TransformerLM(config("rope", num_layers=1, residual=residual, norm_type="rmsnorm")).eval()
+    block = model.decoder.blocks[0]
+    assert (block.norm2 is None) == (residual == "parallel_shared_norm")
+    ids = ids_(2, 7)
+    x = _block_input(model, ids)
+    plan = posenc.model.plan_attention(2, 7, x.device, causal=True)
+    with torch.no_grad():
+        norm2 = block.norm1 if block.norm2 is None else block.norm2
+        want = x + block.attn(block.norm1(x), plan, model.decoder.scheme(0)) + block.mlp(norm2(x))
+        torch.testing.assert_close(block(x, plan, model.decoder.scheme(0)), want, rtol=0, atol=1e-6)
+        # a parallel block is not the sequential one: the MLP reads x, not x + Attn
+        seq = x + block.attn(block.norm1(x), plan, model.decoder.scheme(0))
+        assert not torch.allclose(block(x, plan, model.decoder.scheme(0)), seq + block.mlp(norm2(seq)))
+
+
+def test_parallel_residual_refuses_cross_attention():
+    with pytest.raises(ValueError, match="decoder-only block"):
+        EncoderDecoder(config("rope", residual="parallel"))
+
+
+def test_qk_norm_normalises_each_head_before_the_scheme():
+    torch.manual_seed(0)
+    model = TransformerLM(config("rope", qk_norm=True, norm_eps=1e-6)).eval()
+    attn = model.decoder.blocks[0].attn
+    assert attn.q_norm.weight.shape == (attn.head_dim,) and attn.k_norm.dim == attn.head_dim
+    x = torch.randn(2, 5, 32)
+    with torch.no_grad():
+        attn.q_norm.weight.uniform_(0.5, 1.5)
+        q, k, _ = attn.project(x)  # [b, h, s, d_h], normalised per head over d_h
+        for got, proj, heads, norm in ((q, attn.q_proj, 4, attn.q_norm), (k, attn.k_proj, 2, attn.k_norm)):
+            raw = proj(x).view(2, 5, heads, attn.head_dim).transpose(1, 2)
+            want = raw / torch.sqrt(raw.pow(2).mean(-1, keepdim=True) + 1e-6) * norm.weight
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_the_modern_block_decodes_with_a_cache_as_a_full_forward():
+    torch.manual_seed(0)
+    model = TransformerLM(
+        config(
+            "rope",
+            norm_type="rmsnorm",
+            activation="silu",
+            gated_mlp=True,
+            qk_norm=True,
+            residual="parallel",
+            qkv_bias=True,
+            output_bias=True,
+        )
+    ).eval()
+    ids = ids_(2, 9)
+    with torch.no_grad():
+        full = model(ids).logits
+        cache = model.new_cache()
+        steps = [model(ids[:, :4], cache=cache).logits] + [
+            model(ids[:, t : t + 1], cache=cache).logits for t in range(4, 9)
+        ]
+    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=0, atol=1e-5)
+    assert model.lm_head.bias is not None and torch.count_nonzero(model.lm_head.bias) == 0

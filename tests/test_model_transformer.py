@@ -185,12 +185,120 @@ def test_greedy_generation_matches_argmax_of_full_forwards():
 def test_sampling_is_reproducible_and_top_k_restricts():
     model = lm_or_skip("toy_rotate")
     ids = ids_(2, 3)
-    a = model.generate(ids, 6, temperature=1.0, generator=torch.Generator().manual_seed(7))
-    b = model.generate(ids, 6, temperature=1.0, generator=torch.Generator().manual_seed(7))
+    a = model.generate(ids, 6, do_sample=True, generator=torch.Generator().manual_seed(7))
+    b = model.generate(ids, 6, do_sample=True, temperature=1.0, generator=torch.Generator().manual_seed(7))
     assert torch.equal(a, b) and a.shape == (2, 9)
     greedy = model.generate(ids, 6, temperature=0)
-    top1 = model.generate(ids, 6, temperature=1.0, top_k=1, generator=torch.Generator().manual_seed(3))
+    top1 = model.generate(ids, 6, do_sample=True, top_k=1, generator=torch.Generator().manual_seed(3))
     assert torch.equal(top1, greedy)  # top-1 sampling is greedy
+    tiny_p = model.generate(ids, 6, do_sample=True, top_p=1e-6, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(tiny_p, greedy)  # the nucleus of a tiny top_p is the most likely token
+
+
+def test_generate_is_greedy_by_default_as_hugging_face():
+    """generate(ids, n) used to sample at temperature 1.0; Hugging Face's is greedy unless
+    do_sample=True, and a sampling option without it is refused rather than ignored."""
+    model = lm_or_skip("toy_rotate")
+    ids = ids_(2, 3)
+    default = model.generate(ids, 6)
+    assert torch.equal(default, model.generate(ids, 6, temperature=0))
+    assert torch.equal(model.generate(ids), model.generate(ids, max_new_tokens=20))
+    assert model.generate(ids).shape == (2, 23)  # max_new_tokens defaults to 20
+    for bad in ({"temperature": 0.8}, {"top_k": 5}, {"top_p": 0.9}):
+        with pytest.raises(ValueError, match="do_sample=True"):
+            model.generate(ids, 2, **bad)
+    for bad, match in (
+        ({"temperature": float("nan")}, "finite"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"temperature": 0}, "temperature=0 with do_sample"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            model.generate(ids, 2, do_sample=True, **bad)  # fmt: skip
+    with pytest.raises(TypeError, match="do_sample must be a bool"):
+        model.generate(ids, 2, do_sample="yes")
+    with pytest.raises(ValueError, match="eos_token_id"):
+        model.generate(ids, 2, eos_token_id=V)
+
+
+def test_generate_stops_at_eos_and_pads_finished_rows():
+    model = lm_or_skip("toy_rotate")
+    ids = ids_(2, 3)
+    greedy = model.generate(ids, 8)
+    eos = int(greedy[0, 4])  # row 0's second new token: it ends there
+    out = model.generate(ids, 8, eos_token_id=eos, pad_token_id=0)
+    row0 = (greedy[0, 3:] == eos).nonzero()[0, 0].item() + 3  # where row 0 first emits eos
+    assert torch.equal(out[0, : row0 + 1], greedy[0, : row0 + 1]) and bool((out[0, row0 + 1 :] == 0).all())
+    ends = [(r[3:] == eos).nonzero() for r in greedy]
+    if all(len(e) for e in ends):  # every row ended: the output stops at the last end
+        assert out.shape[1] == 3 + max(int(e[0, 0]) for e in ends) + 1
+    assert torch.equal(
+        model.generate(ids, 8, eos_token_id=[V - 1, eos])[0, : row0 + 1], greedy[0, : row0 + 1]
+    )
+
+
+def test_top_p_matches_hugging_face_nucleus():
+    """The tokens sample_next keeps under top_p are those transformers' TopPLogitsWarper keeps."""
+    from posenc.model import sample_next
+
+    warpers = pytest.importorskip("transformers.generation.logits_process")
+    logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(0)) * 3
+    for top_p in (0.05, 0.3, 0.9, 0.999):
+        keep_hf = torch.isfinite(warpers.TopPLogitsWarper(top_p)(None, logits.clone()))
+        draws = torch.cat(
+            [sample_next(logits, 1.0, None, torch.Generator().manual_seed(i), top_p) for i in range(400)], 1
+        )
+        kept = torch.zeros_like(keep_hf).scatter(1, draws, True)
+        assert bool((kept <= keep_hf).all())  # never outside HF's nucleus
+        if top_p <= 0.3:
+            assert torch.equal(kept, keep_hf)  # small nuclei: every kept token drawn in 400 tries
+
+
+def test_lm_output_is_indexable_like_hugging_face():
+    model = lm_or_skip("toy_alibi")
+    ids = ids_(2, 5)
+    out = model(ids)
+    assert out[0] is out.logits and out["logits"] is out.logits and out.keys() == ["logits"]
+    with pytest.raises(KeyError, match="loss"):
+        out["loss"]
+    out = model(ids, labels=ids)
+    assert out[0] is out.loss and out[1] is out.logits and out.to_tuple() == (out.loss, out.logits)
+    assert list(out) == ["loss", "logits"] and "loss" in out and dict(out.items())["logits"] is out.logits
+    assert out[:1] == (out.loss,) and out.values() == [out.loss, out.logits]
+
+
+def test_model_answers_hugging_face_questions():
+    """device, dtype, num_parameters(), get_input_embeddings(), get_output_embeddings()."""
+    cfg = config("rope", tie="output")
+    model = TransformerLM(cfg, dtype=torch.float64)
+    assert model.device == torch.device("cpu") and model.dtype == torch.float64
+    total = sum(p.numel() for p in model.parameters())
+    assert model.num_parameters() == total  # a tied matrix counted once
+    emb = model.get_input_embeddings()
+    assert emb is model.decoder.embed.token and model.get_output_embeddings().weight is emb.weight
+    assert model.num_parameters(exclude_embeddings=True) == total - emb.weight.numel()
+    emb.weight.requires_grad_(False)
+    assert model.num_parameters(only_trainable=True) == total - emb.weight.numel()
+    ed = EncoderDecoder(config("t5", tie="three_way"))
+    assert ed.get_input_embeddings() is ed.encoder.embed.token and ed.num_parameters() > 0
+
+
+@pytest.mark.parametrize("position", ["rope", "learned", "t5", "sinusoidal"])
+def test_init_weights_after_meta_construction(position):
+    """A model built on the meta device and materialised with to_empty gets the configuration's
+    initialisation from init_weights: under one random state, the bits of an ordinary build."""
+    cfg = config(position, max_len=32)
+    torch.manual_seed(5)
+    want = TransformerLM(cfg)
+    model = TransformerLM(cfg, device="meta").to_empty(device="cpu")
+    torch.manual_seed(5)
+    model.init_weights()
+    for (name, a), b in zip(want.state_dict().items(), model.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert model.lm_head.weight is model.decoder.embed.token.weight  # still tied
+    ids = ids_(2, 6)
+    with torch.no_grad():
+        assert torch.equal(model.eval()(ids).logits, want.eval()(ids).logits)
 
 
 def test_loss_is_cross_entropy_of_the_logits():

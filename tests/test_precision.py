@@ -110,16 +110,32 @@ def test_one_position_gives_the_bits_it_has_among_others(p, other):
 def test_one_position_keeps_its_shape_and_the_general_bits(shape, freqs):
     """The single-position path (host integers, a few ops) against the general path run on the same
     position twice: every shape a decode step uses, float32 frequencies, frequencies whose split
-    columns are not a range, positions of both signs and past 2^53 (the general path serves those)."""
+    columns are not a range, positions of both signs up to the limit 2^44."""
     inv = {
         "float64": INV,
         "float32": INV.float(),
         "unordered": INV[torch.randperm(32, generator=torch.Generator().manual_seed(0))],
     }[freqs]
-    for p in (0, 5, -4097, 32767, 2**31 + 7, -(2**40) - 3, 2**53 + 2, -(2**62)):
+    for p in (0, 5, -4097, 32767, 2**31 + 7, -(2**40) - 3, 2**44, -(2**44)):
         alone = position_angles(torch.full(shape, p), inv, torch.float32)
         twice = position_angles(torch.tensor([p, p]), inv, torch.float32)[0]
         assert alone.shape == (*shape, 32) and torch.equal(alone.reshape(32), twice)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("p", [2**44 + 1, -(2**44) - 1, 2**50, 2**62])
+def test_positions_past_two_to_the_44_are_refused(p, dtype):
+    """Past 2^44 the float64 product hi * f and float64's 2 pi round (0.04 rad at 2^50, 3 rad at
+    2^62 were returned silently): one position (a decode step), several, and float64 angles all
+    refuse them, naming the limit; 2^44 itself is served."""
+    from posenc._precision import MAX_POSITION
+
+    assert MAX_POSITION == 2**44
+    for positions in (torch.tensor([p]), torch.tensor([0, 7, p]), torch.tensor(p)):
+        with pytest.raises(ValueError, match=r"2\^44 = 17,592,186,044,416"):
+            position_angles(positions, INV, dtype)
+    ok = position_angles(torch.tensor([0, 2**44, -(2**44)]), INV, dtype)
+    assert bool(torch.isfinite(ok).all())
 
 
 def test_per_block_table_gives_the_direct_numbers():

@@ -289,3 +289,85 @@ def test_permute_qk_weights_converts_layouts_exactly():
         posenc.permute_qk_weights(w_meta, 5)
     with pytest.raises(ValueError, match="unknown to 'meta'"):
         posenc.permute_qk_weights(w_meta, h, to="meta")
+
+
+def test_every_hf_rope_type_is_known():
+    """Fails when the installed transformers has a rope type posenc does not know: add the rule to
+    ROPE_SCALINGS (with its float64 reference and an HF parity test) before claiming every rope type."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    missing = sorted(set(ROPE_INIT_FUNCTIONS) - set(ROPE_SCALINGS))
+    assert not missing, f"transformers {transformers.__version__} has rope types posenc lacks: {missing}"
+
+
+def test_proportional_equals_gemma4_rotary():
+    """Gemma 4's full-attention layers (rope_type "proportional", a quarter of the pairs turning over
+    the whole head): rope_from_hf rotates as Gemma4TextRotaryEmbedding + apply_rotary_pos_emb, bit for
+    bit through posenc's ops with HF's inv_freq, and within float32 angle rounding with posenc's own;
+    the pairs that do not turn pass unchanged."""
+    pytest.importorskip("transformers").logging.set_verbosity_error()  # skip here when HF is missing
+    from transformers import Gemma4TextConfig
+    from transformers.models.gemma4 import modeling_gemma4 as hf_gemma4
+
+    cfg = Gemma4TextConfig(
+        hidden_size=64,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        global_head_dim=64,
+        num_hidden_layers=2,
+        intermediate_size=32,
+        vocab_size=32,
+        vocab_size_per_layer_input=32,
+        hidden_size_per_layer_input=8,
+    )
+    full = cfg.rope_parameters["full_attention"]
+    assert full["rope_type"] == "proportional"
+    ours = posenc.rope_from_hf({"head_dim": 64, "rope_parameters": full})
+    assert (ours.rotary_dim, ours.scaling_rule) == (64, "proportional")
+    hf = hf_gemma4.Gemma4TextRotaryEmbedding(cfg)
+    torch.testing.assert_close(
+        ours.frequencies()[0].float(), hf.full_attention_inv_freq, rtol=HF_FREQ_RTOL, atol=0
+    )
+    torch.manual_seed(0)
+    s = 3000
+    pos = torch.arange(s)[None]  # [1, s]
+    q = torch.randn(1, 2, s, 64)
+    cos, sin = hf(q, pos, "full_attention")
+    hq = hf_gemma4.apply_rotary_pos_emb(q, cos, sin)
+    c, sn = posenc.rope_cos_sin(pos, hf.full_attention_inv_freq)
+    assert torch.equal(posenc.apply_rotary(q, c[:, None], sn[:, None]), hq)  # HF's frequencies: HF's bits
+    oq, _ = ours.rotate(q, q, pos, pos)
+    torch.testing.assert_close(oq, hq, rtol=0, atol=angle_tol(s) * 2 * q.abs().max().item())
+    turning = int(0.25 * 64 // 2)  # 8 of 32 pairs turn: dims 0..7 and 32..39
+    still = torch.cat((torch.arange(turning, 32), torch.arange(32 + turning, 64)))
+    assert torch.equal(oq[..., still], q[..., still])
+
+
+def test_proportional_from_a_config_with_factor_and_by_name():
+    """A proportional config with a factor (HF divides every frequency by it), through rope_from_hf,
+    equals HF's ROPE_INIT_FUNCTIONS, and posenc.build("rope", scaling=...) is the same module."""
+    pytest.importorskip("transformers").logging.set_verbosity_error()  # skip here when HF is missing
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    params = {"rope_type": "proportional", "partial_rotary_factor": 0.5, "factor": 4.0, "rope_theta": 1e6}
+    cfg = LlamaConfig(hidden_size=256, num_attention_heads=2, head_dim=128, rope_parameters=params)
+    hf_inv, hf_scale = ROPE_INIT_FUNCTIONS["proportional"](cfg, None)
+    ours = posenc.rope_from_hf(cfg)
+    inv, scale = ours.frequencies()
+    torch.testing.assert_close(inv.float(), hf_inv, rtol=HF_FREQ_RTOL, atol=0)
+    assert scale == hf_scale == 1.0
+    assert int((inv > 0).sum()) == 32  # 0.5 * 128 // 2 pairs turn
+    by_name = posenc.build(
+        "rope",
+        head_dim=128,
+        base=1e6,
+        scaling={"rope_type": "proportional", "partial_rotary_factor": 0.5, "factor": 4.0},
+    )
+    assert torch.equal(by_name.frequencies()[0], inv)
+    # no fraction in the config: HF's default 1.0 (every pair turns, each frequency / factor)
+    no_fraction = {"rope_type": "proportional", "factor": 2.0}
+    whole = posenc.rope_from_hf({"head_dim": 64, "rope_parameters": no_fraction})
+    assert whole.scaling_params["partial_rotary_factor"] == 1.0 and bool((whole.frequencies()[0] > 0).all())

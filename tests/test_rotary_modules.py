@@ -361,3 +361,140 @@ def test_precompute_rejects_bad_values_and_length_dependent_rules():
     fix = r"precompute=64 needs frequencies that do not depend on the length.*pass precompute=0"
     with pytest.raises(ValueError, match=fix):
         RotaryEmbedding(16, scaling=scaling_for("dynamic", 16, factor=2.0, l0=32), precompute=64)
+
+
+# ---------------------------------------------------------------------------------------------- call habits
+def test_one_positions_tensor_rotates_q_and_k_there():
+    """rope(q, k, p) places q and k both at p, as HF's apply_rotary_pos_emb(q, k, cos, sin) and
+    torchtune's input_pos do (it used to place k at 0..s-1: rope(q, k, p)[1] equalled
+    rope(q, k, p, arange(4))[1], 3.7 off the keys at p); position_ids= is the same argument."""
+    torch.manual_seed(0)
+    rope = posenc.build("rope", head_dim=8)
+    q, k = torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4, 8)
+    p = torch.arange(4) + 5
+    both = rope(q, k, p, p)
+    for got in (rope(q, k, p), rope(q, k, position_ids=p), rope.rotate(q, k, q_positions=p)):
+        assert torch.equal(got[0], both[0]) and torch.equal(got[1], both[1])
+    assert not torch.allclose(rope(q, k, p)[1], rope(q, k, p, torch.arange(4))[1])
+    tables = rope.rotary_tables(q, k, position_ids=p)
+    assert torch.equal(rope(q, k, tables=tables)[1], both[1])
+
+
+def test_one_positions_tensor_for_q_and_k_of_different_lengths_is_refused():
+    rope = posenc.build("rope", head_dim=8)
+    q, k = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 5, 8)
+    with pytest.raises(ValueError, match=r"s_q = 1 and k has s_k = 5: pass the keys' positions as k_pos"):
+        rope(q, k, torch.tensor([4]))
+    with pytest.raises(ValueError, match="k_positions is given without q_positions"):
+        rope(q, k, k_positions=torch.arange(5))
+    with pytest.raises(ValueError, match="pass the positions once"):
+        rope(q, k, torch.tensor([4]), position_ids=torch.tensor([4]))
+    qr, kr = rope(q, k, torch.tensor([4]), torch.arange(5))  # a KV-cache step: both given
+    full_q, full_k = rope(torch.cat((k[..., :4, :], q), 2), k)
+    torch.testing.assert_close(qr, full_q[..., 4:, :])
+    torch.testing.assert_close(kr, full_k)
+
+
+@pytest.mark.parametrize("name", ["rope", "rope_2d"])
+def test_one_tensor_rotated_alone(name):
+    """rope(x), rope(x, positions), rope(x, position_ids=...) and rope.rotate_one(x, ...) rotate one
+    tensor (torchtune's and rotary-embedding-torch's habit): the matching half of rotate(q, k)."""
+    torch.manual_seed(1)
+    rope = posenc.build(name, head_dim=8, **({"grid": (2, 3)} if name == "rope_2d" else {}))
+    q, k = torch.randn(2, 4, 6, 8), torch.randn(2, 2, 6, 8)
+    grid = torch.tensor([[0, 1], [1, 1], [2, 0], [3, 5], [4, 4], [7, 2]])  # [s, 2] (row, col)
+    p = torch.arange(6) + 3 if name == "rope" else grid
+    rq, rk = rope(q, k, p)
+    assert torch.equal(rope(q, p), rq) and torch.equal(rope(k, p), rk)
+    assert torch.equal(rope(q, position_ids=p), rq) and torch.equal(rope.rotate_one(k, p), rk)
+    assert torch.equal(rope(q), rope(q, q)[0])
+    bshd = rope.rotate_one(q.transpose(1, 2), p, qk_layout="bshd")
+    assert torch.equal(bshd.transpose(1, 2), rq)
+    with pytest.raises(ValueError, match="k_positions needs keys"):
+        rope(q, k_positions=p)
+
+
+def test_xpos_refuses_one_tensor_alone():
+    xpos = posenc.build("xpos", head_dim=8)
+    with pytest.raises(TypeError, match="rotates q and k together"):
+        xpos(torch.randn(1, 1, 3, 8), torch.arange(3))
+
+
+def test_head_axis_checked_when_the_module_knows_its_heads():
+    """A [b, s, h, d_h] tensor under the default "bhsd" passed silently without positions (6.0 off
+    the right rotation); with num_heads (a model passes it) its head axis gives it away."""
+    torch.manual_seed(0)
+    x, y = torch.randn(1, 16, 4, 64), torch.randn(1, 16, 4, 64)  # [b, s, h, d_h]
+    plain = posenc.build("rope", head_dim=64)
+    assert (plain(x, y)[0] - plain(x, y, qk_layout="bshd")[0]).abs().max() > 1  # what cannot be caught
+    rope = posenc.build("rope", head_dim=64, num_heads=4)
+    with pytest.raises(ValueError, match="pass qk_layout='bshd'"):
+        rope(x, y)
+    with pytest.raises(ValueError, match="num_heads=4"):
+        rope(x)
+    kv = torch.randn(1, 2, 16, 64)  # grouped-query keys: 2 heads for 4 query heads
+    q = torch.randn(1, 4, 16, 64)
+    assert rope(q, kv)[1].shape == kv.shape and rope(kv).shape == kv.shape
+    with pytest.raises(ValueError, match="a divisor of it"):
+        rope(q, torch.randn(1, 3, 16, 64))
+    assert torch.equal(rope(x, y, qk_layout="bshd")[0], plain(x, y, qk_layout="bshd")[0])
+    with pytest.raises(ValueError, match="num_heads"):
+        posenc.build("rope", head_dim=64, num_heads=0)
+
+
+def test_a_model_passes_its_head_count():
+    from posenc.model import ModelConfig, TransformerLM
+
+    for scheme in ("rope", "xpos"):
+        lm = TransformerLM(ModelConfig(vocab_size=16, d_model=32, num_layers=1, num_heads=4, num_kv_heads=2,
+                                       position=scheme))  # fmt: skip
+        assert lm.decoder.scheme(0).num_heads == 4
+        assert lm(torch.randint(0, 16, (2, 5))).logits.shape == (2, 5, 16)
+
+
+def test_every_scheme_forward_has_its_hooks_signature():
+    """help(rope) and IDEs see rotate's arguments, not *args/**kwargs; a call runs the hook."""
+    import inspect
+
+    for name in posenc.schemes():
+        cls = type(posenc.build(name, **_small(name)))
+        params = inspect.signature(cls.forward).parameters.values()
+        if len(cls.hooks) <= 1:
+            assert not any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params), name
+    sig = inspect.signature(RotaryEmbedding.forward).parameters
+    assert {"q", "k", "q_positions", "k_positions", "position_ids", "qk_layout"} <= set(sig)
+    assert "q_positions" in inspect.signature(posenc.ALiBi.forward).parameters
+
+
+def _small(name):
+    options = {"d_model": 8, "head_dim": 8, "num_heads": 2, "max_len": 16}
+    keys = posenc.registry.config_keys(name)
+    return {k: v for k, v in options.items() if k in keys} | ({"grid": (2, 2)} if name == "rope_2d" else {})
+
+
+def test_full_width_tables_are_converted_with_a_clear_message():
+    """Hugging Face's cos/sin are full width (each value twice); apply_rotary says how to convert them
+    and half_width_tables does, checking the two copies (against HF's own rotary module)."""
+    torch.manual_seed(0)
+    rope = posenc.build("rope", head_dim=16)
+    x = torch.randn(1, 2, 5, 16)
+    cos, sin = rope.cos_sin(torch.arange(5))  # [5, 8] half width
+    full_cos, full_sin = torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)  # HF's [5, 16]
+    with pytest.raises(ValueError, match=r"look full width .* posenc.half_width_tables"):
+        posenc.apply_rotary(x, full_cos, full_sin)
+    half = posenc.half_width_tables(full_cos, full_sin)
+    assert torch.equal(posenc.apply_rotary(x, *half), posenc.apply_rotary(x, cos, sin))
+    inter = posenc.half_width_tables(
+        cos.repeat_interleave(2, -1), sin.repeat_interleave(2, -1), layout="interleaved"
+    )
+    assert torch.equal(inter[0], cos) and torch.equal(inter[1], sin)
+    with pytest.raises(ValueError, match="does not hold each value twice"):
+        posenc.half_width_tables(torch.randn(5, 16), torch.randn(5, 16))
+    llama = pytest.importorskip("transformers.models.llama.modeling_llama")
+    config = pytest.importorskip("transformers").LlamaConfig(
+        hidden_size=32, num_attention_heads=2, head_dim=16
+    )
+    hf_cos, hf_sin = llama.LlamaRotaryEmbedding(config)(x, torch.arange(5)[None])  # [1, 5, 16]
+    hq = llama.apply_rotary_pos_emb(x, x, hf_cos, hf_sin)[0]
+    ours = posenc.apply_rotary(x, *posenc.half_width_tables(hf_cos[:, None], hf_sin[:, None]))
+    torch.testing.assert_close(ours, hq)

@@ -169,3 +169,38 @@ def test_length_dependent_rules_treat_each_document_and_row_alone(rule):
     aq, ak = rope.rotate(q[:1, :, 3:], k[:1, :, 3:])  # the short row alone
     torch.testing.assert_close(rq[:1, :, 3:], aq, rtol=0, atol=1e-6)
     torch.testing.assert_close(rk[:1, :, 3:], ak, rtol=0, atol=1e-6)
+
+
+def test_yarn_mscale_and_mscale_all_dim_give_deepseeks_attention_factor():
+    """DeepSeek-V2/V3's YaRN: attention factor mscale(s, mscale) / mscale(s, mscale_all_dim) with
+    mscale(s, m) = 0.1 m ln s + 1: factor 40, mscale 1.0, mscale_all_dim 0.707 gives 1.0857 (the tests
+    before used mscale = mscale_all_dim = 1, where ignoring mscale went unseen); the same as HF's."""
+    scaling = {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
+               "mscale": 1.0, "mscale_all_dim": 0.707, "beta_fast": 32, "beta_slow": 1}  # fmt: skip
+    rope = posenc.build("rope", head_dim=64, scaling=scaling)
+    want = (0.1 * 1.0 * math.log(40) + 1) / (0.1 * 0.707 * math.log(40) + 1)
+    assert rope.frequencies()[1] == pytest.approx(want, rel=1e-12) and round(want, 4) == 1.0857
+    plain = posenc.build("rope", head_dim=64, scaling={**scaling, "mscale": None, "mscale_all_dim": None})
+    assert plain.frequencies()[1] == pytest.approx(0.1 * math.log(40) + 1, rel=1e-12)  # 1.3689: YaRN's own
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    params = {k: v for k, v in scaling.items()} | {"rope_theta": 10000.0}
+    cfg = transformers.LlamaConfig(hidden_size=128, num_attention_heads=2, head_dim=64,
+                                   max_position_embeddings=4096 * 40, rope_parameters=params)  # fmt: skip
+    hf_inv, hf_scale = ROPE_INIT_FUNCTIONS["yarn"](cfg, None)
+    assert rope.frequencies()[1] == pytest.approx(hf_scale, rel=1e-12)
+    torch.testing.assert_close(rope.frequencies()[0].float(), hf_inv, rtol=4 * 2.0**-23, atol=0)
+
+
+def test_proportional_validates_its_fraction():
+    """The fraction of turning pairs is required (without it the rule is `linear`) and in (0, 1]."""
+    needs = r"RoPE scaling 'proportional' needs key\(s\) \['partial_rotary_factor'\]"
+    with pytest.raises(ValueError, match=needs):
+        posenc.rope_frequencies(64, scaling={"rope_type": "proportional"})
+    with pytest.raises(ValueError, match=r"partial_rotary_factor'\] must be in \(0, 1\]"):
+        posenc.rope_frequencies(64, scaling={"rope_type": "proportional", "partial_rotary_factor": 1.5})
+    with pytest.raises(ValueError, match="must be a finite number > 0"):
+        posenc.rope_frequencies(64, scaling={"rope_type": "proportional", "partial_rotary_factor": 0})
+    assert "proportional" not in posenc.RotaryEmbedding.eval_variants  # needs a fraction, not just a factor

@@ -120,3 +120,19 @@ def test_rope_2d_errors():
         m.rotate(q, q, torch.zeros(4, 2, dtype=torch.long), torch.zeros(4, dtype=torch.long))
     with pytest.raises(TypeError, match=r"grid must be a \(rows, cols\) pair"):
         posenc.build("rope_2d", head_dim=8, grid=4)
+
+
+def test_xpos_float64_is_finite_up_to_its_own_limit():
+    """In float64 xPos's range check accepts |m| up to 289,519, but its scales were computed in float32
+    and overflowed from 36,261 (NaN); they are now float64, so every accepted position is finite and
+    the logit of a query and key at one position is their plain dot product."""
+    xpos = posenc.build("xpos", head_dim=16)
+    limit = xpos.max_position(torch.float64)
+    assert limit == 289_519
+    q = torch.randn(1, 1, 1, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    for p in (36_260, 36_261, 100_000, limit):
+        a, b = xpos(q, q, torch.tensor([p]))
+        assert bool(torch.isfinite(a).all() and torch.isfinite(b).all()), p
+        torch.testing.assert_close((a * b).sum(), (q * q).sum(), rtol=1e-12, atol=0)
+    with pytest.raises(ValueError, match="289519"):
+        xpos(q, q, torch.tensor([limit + 1]))

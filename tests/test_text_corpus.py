@@ -21,6 +21,7 @@ from posenc.text.corpus import (
     file_documents,
     load_corpus,
     split_documents,
+    stdlib_docstrings,
     stdlib_documents,
 )
 
@@ -130,7 +131,9 @@ def test_file_corpus(tmp_path):
 
 
 def test_corpus_errors(tmp_path):
-    with pytest.raises(ValueError, match=r"unknown corpus 'wikitext': not a corpus name \(stdlib\)"):
+    with pytest.raises(
+        ValueError, match=r"unknown corpus 'wikitext': not a corpus name \(stdlib, stdlib-docs\)"
+    ):
         load_corpus("wikitext")
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -165,3 +168,12 @@ def test_a_single_document_is_split_by_position_with_a_gap():
     assert tr.name == "big.txt[:28676]" and va.name == "big.txt[29700:]"
     small = split_documents([Document("s", "x" * 100)], 0.2, 0)
     assert len(small[0][0].text) == 100 - 20 - 5  # the gap is at most 5% of a short text
+
+
+def test_stdlib_docs_is_the_english_of_the_stdlibs_docstrings():
+    docs, root = stdlib_docstrings(max_chars=50_000)
+    assert root == sysconfig.get_paths()["stdlib"] and sum(len(d.text) for d in docs) >= 50_000
+    source = {d.name: d.text for d in stdlib_documents(max_chars=2_000_000)[0]}
+    for doc in docs:  # every docstring corpus document is made of its file's triple-quoted strings
+        assert doc.name in source and doc.text.split("\n\n")[0] in source[doc.name]
+    assert load_corpus("stdlib-docs", max_chars=50_000, val_fraction=0.0).info.name == "stdlib-docs"

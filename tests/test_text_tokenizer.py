@@ -173,7 +173,7 @@ def test_load_errors_name_the_path(tmp_path):
         load_tokenizer(missing)
     corrupt = tmp_path / "bad.json"
     corrupt.write_text("{ this is not json")
-    with pytest.raises(ValueError, match=r"tokenizer file '.*bad\.json' is not a valid tokenizer\.json"):
+    with pytest.raises(ValueError, match=r"tokenizer file '.*bad\.json' is not valid JSON"):
         load_tokenizer(corrupt)
     wrong = tmp_path / "wrong.json"
     wrong.write_text(json.dumps({"hello": "world"}))
@@ -182,3 +182,60 @@ def test_load_errors_name_the_path(tmp_path):
     with pytest.raises(ValueError, match=r"'.*empty_dir/tokenizer\.json' does not exist"):
         (tmp_path / "empty_dir").mkdir()
         load_tokenizer(tmp_path / "empty_dir")
+
+
+def _hostile(tmp_path, wordpiece, change) -> str:
+    """``wordpiece`` saved, its JSON changed by ``change(spec)``, written back; the file's path."""
+    path = wordpiece.save(tmp_path / "tokenizer.json")
+    spec = json.loads(path.read_text())
+    change(spec)
+    path.write_text(json.dumps(spec))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (lambda s: s["model"]["vocab"].update(zzz=10**9), r"'model.vocab' holds the id 1000000000; ids are"),
+        (lambda s: s["model"]["vocab"].update(zzz=4 * 10**9), r"'model.vocab' holds the id 4000000000"),
+        (lambda s: s["model"]["vocab"].update(zzz="7"), r"'model.vocab' holds the id '7'"),
+        (lambda s: s["added_tokens"][0].update(id=-1), r"'added_tokens\[\].id' holds the id -1"),
+        (lambda s: s.update(padding={"strategy": {"Fixed": 10**8}}), "'padding' asks for length 100000000"),
+        (lambda s: s.update(truncation={"max_length": 2**62}), "'truncation' asks for length"),
+        (lambda s: s.update(padding=[]), "'padding' must be an object or null, got list"),
+        (lambda s: s.update(model=[1]), "'model' must be an object, got list"),
+        (lambda s: s["model"].update(vocab=[["a", 1]]), "'model.vocab' must be an object of token -> id"),
+        (lambda s: s.update(deep=json.loads("[" * 40 + "]" * 40)), "nests lists/objects more than 32"),
+    ],
+)
+def test_a_hostile_tokenizer_file_is_refused_before_it_costs_anything(tmp_path, wordpiece, change, match):
+    """An id of 10^9 made `tokenizers` fill a 4 GB table (4*10^9 aborted the process); fixed padding
+    of 10^8 aborted in Rust after 6.7 GB: each is refused first, naming the file and the field."""
+    path = _hostile(tmp_path, wordpiece, change)
+    with pytest.raises(ValueError, match=f"tokenizer file '{path}'.*" + match):
+        load_tokenizer(path)
+
+
+def test_a_tokenizer_file_nested_past_the_recursion_limit_is_a_value_error(tmp_path):
+    path = tmp_path / "tokenizer.json"
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ValueError, match=r"tokenizer\.json' nests lists/objects more than 32 deep"):
+        load_tokenizer(path)
+
+
+def test_a_tokenizer_whose_regex_cannot_run_raises_a_value_error(tmp_path, wordpiece):
+    split = {"type": "Split", "pattern": {"Regex": "(a+)+$"}, "behavior": "Isolated", "invert": False}
+    tok = load_tokenizer(_hostile(tmp_path, wordpiece, lambda s: s.update(pre_tokenizer=split)))
+    with pytest.raises(ValueError, match=r"the tokenizer failed on this text .*retry-limit"):
+        tok.encode("a" * 40_000 + "!")
+
+
+def test_save_replaces_a_symlink_instead_of_writing_through_it(tmp_path, wordpiece):
+    outside = tmp_path / "outside.txt"
+    outside.write_text("not yours")
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "tokenizer.json").symlink_to(outside)
+    path = wordpiece.save(tmp_path / "m")
+    assert outside.read_text() == "not yours" and not path.is_symlink()
+    assert load_tokenizer(path).vocab_size == wordpiece.vocab_size
+    assert [p.name for p in (tmp_path / "m").iterdir()] == ["tokenizer.json"]  # no temporary left

@@ -24,6 +24,21 @@ ANGLE_SPLIT = 4096
 #: plain product) are computed in both forms and chosen per angle.
 _COLUMN_SPLIT = ANGLE_SPLIT * (1 - 2.0**-20)
 _TWO_PI = 2 * math.pi
+#: The largest ``|position|`` whose angles :func:`position_angles` computes within ~1.4e-3 rad;
+#: past it the float64 product ``hi * f`` and the float64 value of 2 pi themselves round (0.01 rad
+#: at 2^48, 3 rad at 2^62), so larger positions are refused where they can be seen (CPU, eager).
+MAX_POSITION = 2**44
+
+
+def check_position_reach(reach: int, name: str = "positions") -> None:
+    """``ValueError`` naming ``name`` when ``reach`` (the largest ``|position|``) passes
+    :data:`MAX_POSITION`."""
+    if reach > MAX_POSITION:
+        raise ValueError(
+            f"{name} reach |{reach}| but positional angles are exact only up to |position| = 2^44 = "
+            f"{MAX_POSITION:,}; pass smaller positions (rotary and relative schemes depend only on "
+            "differences: subtract the first position)"
+        )
 
 
 def wide_dtype(device: torch.device | str) -> torch.dtype:
@@ -71,7 +86,9 @@ def position_angles(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torc
     (the sinusoidal table's, and RoPE's with a base >= 1 and scaling factors >= 1; a larger ``f``
     makes ``lo * f`` itself large), stays within about ``5e-4`` rad of the exact angle for every
     position up to ``2^40`` (about ``1.4e-3`` at ``2^44``; past that the float64 product ``hi * f``
-    itself rounds: ``0.01-0.02`` rad at ``2^48``).
+    itself rounds: ``0.01-0.02`` rad at ``2^48``). Positions past ``2^44`` (:data:`MAX_POSITION`)
+    raise ``ValueError`` on CPU in eager mode, float64 angles included; on other devices and in
+    compiled or traced graphs they are not checked (the check would read the device from the host).
 
     Each angle is chosen by its own plain product: split where ``|fl(p) fl(f)| >= 4096``, the plain
     product (the same bits as other libraries) elsewhere. So a position's angles do not depend on
@@ -90,17 +107,23 @@ def position_angles(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torc
         ``[..., r]`` angles.
     """
     f = inv_freq.to(positions.device, dtype)  # [r]
+    unseen = torch.compiler.is_compiling() or positions.device.type != "cpu" or torch.jit.is_tracing()
     if dtype == torch.float64:  # float64 holds every position below 2^53 exactly: the plain product
+        if not unseen:
+            check_position_reach(_reach(positions))
         return positions.to(dtype)[..., None] * f
     if torch.compiler.is_compiling() or positions.device.type != "cpu":
         return _chosen(positions.to(dtype)[..., None] * f, _split_angles(positions, inv_freq, dtype))
     # one position (a decode step); not while tracing, which would keep this p as a constant
     if positions.numel() == 1 and inv_freq.dim() == 1 and not torch.jit.is_tracing():
         p = int(positions.item())
-        if abs(p) < 2**53:  # exact as a float64 scalar
-            return _one_position(p, inv_freq, f).reshape(*positions.shape, -1)
+        check_position_reach(abs(p))
+        return _one_position(p, inv_freq, f).reshape(*positions.shape, -1)
     angles = positions.to(dtype)[..., None] * f  # [..., 1] * [r] -> [..., r], the plain product
-    cols = _reaching(inv_freq, _reach(positions))  # [k] column indices
+    reach = _reach(positions)
+    if not torch.jit.is_tracing():
+        check_position_reach(reach)
+    cols = _reaching(inv_freq, reach)  # [k] column indices
     if cols and cols[-1] - cols[0] + 1 == len(cols):  # a range (decreasing f)
         a, b = cols[0], cols[-1] + 1
         split = _split_angles(positions, inv_freq[..., a:b], dtype)  # [..., k]

@@ -64,10 +64,17 @@ class PositionalScheme(nn.Module):
         summary: one line for ``posenc list``.
         max_len: the longest input it can encode, or ``None`` when positions are unbounded.
         causal_ok: whether the scheme can run in a causal decoder (with a KV cache).
+        bidirectional_ok: whether the scheme can run in a bidirectional encoder (CoPE counts the keys
+            between a key and its query, so it cannot).
         needs_unrotated_cache: the model must cache un-rotated keys (see the contract above).
         score_bias_uses_query: ``score_bias`` reads ``q`` (Shaw, Transformer-XL). When False the bias
             depends on positions only, so a model computes it once per forward for all layers
             that share the scheme.
+        score_bias_uses_keys: ``score_bias`` also reads the keys (CoPE's gates): it takes the keyword
+            arguments ``k`` (every key attention uses, ``[b, h_kv, s_k, d_h]``, the KV cache's
+            included) and ``keep`` (``[b | 1, 1 | h, s_q, s_k]`` bool, True where attention may look:
+            the causal, padding and packing mask; ``None`` when nothing is masked), and a model
+            computes the bias after the cache is updated, never one query block at a time.
         position_dims: coordinates per position: 1 for token sequences, 2 for image grids, 3 for
             volumes (whose positions are ``[..., s, 2]`` / grid coordinates). Sequence models take 1.
         legacy_defaults: constructor defaults that changed in defaults version 2, with their old
@@ -86,8 +93,10 @@ class PositionalScheme(nn.Module):
     hooks: ClassVar[tuple[str, ...]] = ()
     summary: ClassVar[str] = ""
     causal_ok: ClassVar[bool] = True
+    bidirectional_ok: ClassVar[bool] = True
     needs_unrotated_cache: bool = False  # an instance may set it (a RoPE whose scaling depends on length)
     score_bias_uses_query: ClassVar[bool] = False
+    score_bias_uses_keys: ClassVar[bool] = False
     position_dims: ClassVar[int] = 1
     eval_variants: ClassVar[tuple[str, ...]] = ()
     legacy_defaults: ClassVar[dict[str, Any]] = {}
@@ -205,6 +214,10 @@ class PositionalScheme(nn.Module):
                 "model would never call it: define has_relative_values (a property or a bool class "
                 "attribute) saying when it returns value vectors"
             )
+        # A call runs the scheme's one hook with that hook's own signature (help(), IDEs, type
+        # checkers see rotate's or score_bias's arguments); a scheme may define forward itself.
+        if "forward" not in vars(cls) and len(cls.hooks) <= 1:
+            cls.forward = getattr(cls, cls.hooks[0] if cls.hooks else "embed")
 
     @property
     def has_relative_values(self) -> bool:
@@ -226,7 +239,8 @@ class PositionalScheme(nn.Module):
         return None
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        """Run the scheme's hook, so a scheme is called like any module.
+        """Run the scheme's hook, so a scheme is called like any module. A scheme with one hook (or
+        none) has that hook as its ``forward``, with its own signature:
 
         * ``embed`` schemes: ``pe(x [b, s, d], positions=None) -> [b, s, d]`` (``x`` + the encoding);
         * ``rotate`` schemes: ``rope(q, k, q_positions=None, k_positions=None, qk_layout=None)

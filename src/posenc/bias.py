@@ -3,9 +3,11 @@
 Both add a term that depends only on the distance between a query at position ``i`` and a key
 at position ``j`` to the scaled attention logits (``softmax(q k^T / sqrt(d_h) + bias)``):
 
-* **ALiBi** (Press et al. 2022): ``bias_h(i, j) = -m_h * (i - j)`` (causal form) or
-  ``-m_h * |i - j|`` (symmetric form, for encoders and cross-attention), with fixed head slopes
+* **ALiBi** (Press et al. 2022): ``bias_h(i, j) = -m_h * |i - j|``, with fixed head slopes
   ``m_h = 2^(-8h/n)`` for ``n`` a power of two (see :func:`alibi_slopes` for other head counts).
+  On the keys a causal mask keeps (``j <= i``) this is the paper's ``-m_h * (i - j)``; a key after
+  the query gets its distance's penalty too, never the paper's ``+m_h * (j - i)``, so attention
+  without a causal mask never favours far-future tokens.
 * **T5** (Raffel et al. 2020): ``bias_h(i, j) = B[bucket(j - i), h]`` with one learned scalar per
   (bucket, head); exact buckets for small distances, logarithmic ones up to ``max_distance``
   (see :func:`t5_relative_bucket`).
@@ -122,17 +124,21 @@ def alibi_bias(
         slopes: ``[h]`` head slopes (:func:`alibi_slopes`).
         q_positions: ``[s_q]`` or ``[b, s_q]`` integer positions ``i``.
         k_positions: ``[s_k]`` or ``[b, s_k]`` integer positions ``j``.
-        causal: True: ``-m_h (i - j)``, the paper's form (the model must mask keys with ``j > i``,
-            whose entries are positive). False: ``-m_h |i - j|``, symmetric, for encoders and
-            cross-attention.
+        causal: whether the bias serves causal attention (default True) or encoders and
+            cross-attention (False). Both give ``-m_h |i - j|``: the paper's ``-m_h (i - j)`` on
+            every key at or before the query, and the distance's penalty on a key after it (the
+            paper's form would give it ``+m_h (j - i)``, favouring the far future wherever no
+            causal mask removes it).
 
     Returns:
         ``[b | 1, h, s_q, s_k]`` in the dtype of ``slopes`` (float32 or float64).
     """
     if not isinstance(slopes, torch.Tensor) or slopes.dim() != 1 or not slopes.is_floating_point():
         raise TypeError("slopes must be a float tensor [h]; use posenc.alibi_slopes(num_heads)")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__} ({causal!r})")
     rel = relative_positions(q_positions, k_positions)  # [b|1, s_q, s_k] = j - i, exact int64
-    neg_dist = rel if causal else rel.abs().neg()  # -(i - j) = j - i, or -|i - j| (ints: no -0.0)
+    neg_dist = rel.abs().neg()  # -|i - j| (ints: no -0.0); = j - i wherever j <= i
     with autocast_off(rel.device):
         # [b | 1, 1, s_q, s_k] * [1, h, 1, 1] -> [b | 1, h, s_q, s_k]
         return neg_dist[:, None].to(slopes.dtype) * slopes[None, :, None, None]
@@ -143,8 +149,10 @@ class ALiBi(PositionalScheme):
 
     Args:
         num_heads: ``h``, the number of attention heads.
-        causal: True for decoders (``-m_h (i - j)``, keys after the query must be masked by the
-            model); False for encoders and cross-attention (``-m_h |i - j|``, symmetric).
+        causal: True (default) for decoders, False for encoders and cross-attention. The bias is
+            ``-m_h |i - j|`` either way: the paper's ``-m_h (i - j)`` on the keys a causal mask
+            keeps, and never larger for a key after the query than for the query itself, so a
+            model that forgets the causal mask does not favour far-future tokens.
 
     Shapes: ``score_bias(q_positions [s_q] | [b, s_q], k_positions [s_k] | [b, s_k])
     -> [b | 1, h, s_q, s_k]`` float32. No parameters and no buffers: the slopes are recomputed
@@ -174,7 +182,7 @@ class ALiBi(PositionalScheme):
 
     def distance_bias(self, distance: torch.Tensor) -> torch.Tensor:
         """``[n]`` distances ``j - i`` -> ``[h, n]``: :meth:`score_bias`'s values, bit for bit."""
-        neg_dist = distance if self.causal else distance.abs().neg()  # as alibi_bias: exact ints
+        neg_dist = distance.abs().neg()  # as alibi_bias: exact ints
         with autocast_off(distance.device):
             slopes = self.slopes(distance.device)  # [h], float32 (as score_bias's)
             return neg_dist[None].to(slopes.dtype) * slopes[:, None]  # [1, n] * [h, 1] -> [h, n]
@@ -291,7 +299,9 @@ class T5RelativeBias(PositionalScheme):
         num_buckets: number of buckets (T5: 32).
         max_distance: distance where the last bucket starts. Default: T5's 128, or half the
             trained length ``max_len`` when that is shorter (see below).
-        bidirectional: True for encoders (T5's encoder), False for causal decoders.
+        bidirectional: True (default, T5's encoder) for encoders; False for causal decoders (T5's
+            decoder; a model's decoder passes it): keys after the query share distance 0's bucket,
+            so a future key never gets more bias than the present one.
         init_std: std of the normal initialisation of the ``[num_buckets, h]`` table.
         max_len: the length the model is trained at (a model offers its ``max_len``). Used only
             to choose the default ``max_distance``; T5 buckets themselves have no length limit.

@@ -12,11 +12,14 @@ closest valid names when there are some, and exits with code 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import importlib
 import os
 import re
+import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 
 from . import __version__
@@ -242,6 +245,29 @@ def _flag_error(extras: list[str], sub: Parser | None) -> str:
     return f"unrecognized {what}: {' '.join(extras)}{hint}"
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread like Ctrl-C's ``KeyboardInterrupt``: the same cleanup runs
+    (worker processes stopped, temporary files removed), then one line and exit code 143."""
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts():
+    """While a command runs, SIGTERM raises :class:`Terminated` (in the main thread only, where
+    Python runs signal handlers); the previous handler comes back afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminated(signum, frame):
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     chosen = _chosen(argv)
@@ -262,7 +288,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return COMMANDS[args.command][2](args)
+        with _sigterm_interrupts():
+            return COMMANDS[args.command][2](args)
+    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM (timeout, kill, a supervisor)
+        workers = sys.modules.get("posenc.lab.workers")
+        if workers is not None:  # a study's worker processes: stopped, not waited for
+            workers.stop_pools()
+        what = "terminated (SIGTERM)" if isinstance(err, Terminated) else "interrupted"
+        print(f"posenc {args.command}: {what}; a run folder keeps its finished work (--resume)",
+              file=sys.stderr)  # fmt: skip
+        return 143 if isinstance(err, Terminated) else 130
     except (CLIError, ValueError, TypeError) as err:
         print(f"posenc {args.command}: error: {err}", file=sys.stderr)
         return 2

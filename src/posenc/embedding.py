@@ -253,21 +253,31 @@ def _reference_applies(x: torch.Tensor) -> bool:
 
 
 class InputEmbedding(nn.Module):
-    """The input layer: token embedding x scale, + absolute positions, LayerNorm, dropout.
+    """The input layer: token embedding x scale, + absolute positions, (LayerNorm), (dropout).
+
+    Its defaults are :class:`~posenc.model.ModelConfig`'s, so a layer built alone and the input
+    layer of a posenc model are the same: the token embedding times ``sqrt(d_model)`` (Vaswani et
+    al. 2017), initialised at ``1 / sqrt(d_model)`` so the scaled embedding starts at unit
+    variance; no LayerNorm on the sum (Vaswani et al. 2017, GPT-2 and Llama normalise inside each
+    block; BERT's LayerNorm is ``layer_norm=True``); no dropout (Llama, Touvron et al. 2023, and
+    every model posenc trains; Vaswani et al.'s and GPT-2's 0.1 is ``dropout=0.1``).
 
     Args:
         vocab_size: ``V``.
         d_model: ``d``.
         scheme: a scheme name from :func:`posenc.schemes` or a built scheme. Schemes without an
             ``embed`` hook (rope, alibi, ...) act inside attention, so here they add nothing.
-        layer_norm: apply LayerNorm after the sum (BERT-style); False for models that normalise
-            inside each block.
-        dropout: dropout rate after the normalisation.
+        layer_norm: apply LayerNorm after the sum (BERT-style; default False: models that
+            normalise inside each block).
+        dropout: dropout rate after the (normalised) sum; default 0.
         scale, padding_idx, init_std: passed to :class:`TokenEmbedding`.
         scheme_options: extra options for a scheme given by name (e.g. ``{"max_len": 512}``).
         device, dtype: factory kwargs for every parameter (token table, positional table, LayerNorm).
 
     Shapes: ``forward(ids [b, s], positions [s] | [b, s] | None) -> [b, s, d]``.
+
+    A pretrained table (:meth:`TokenEmbedding.from_pretrained`, :func:`posenc.pretrained_embedding`)
+    goes in with :meth:`from_token_embedding`.
 
     Speed: in training on a CPU, dropout runs as one pass with a counter-based random generator
     (:mod:`posenc.kernels.dropout_cpu`): the same arithmetic as ``nn.Dropout`` for its mask, the
@@ -282,8 +292,8 @@ class InputEmbedding(nn.Module):
         d_model: int,
         scheme: str | PositionalScheme = "sinusoidal",
         *,
-        layer_norm: bool = True,
-        dropout: float = 0.1,
+        layer_norm: bool = False,
+        dropout: float = 0.0,
         scale: str | float | None = "sqrt_d_model",
         padding_idx: int | None = None,
         init_std: float | None = None,
@@ -307,6 +317,31 @@ class InputEmbedding(nn.Module):
         self.scheme_name = scheme if isinstance(scheme, str) else scheme.name
         self.norm = nn.LayerNorm(d_model, **factory) if layer_norm else nn.Identity()
         self.dropout = Dropout(check_probability(dropout, "dropout"))
+
+    @classmethod
+    def from_token_embedding(
+        cls,
+        token: TokenEmbedding,
+        scheme: str | PositionalScheme = "sinusoidal",
+        *,
+        layer_norm: bool = False,
+        dropout: float = 0.0,
+        scheme_options: dict[str, Any] | None = None,
+    ) -> InputEmbedding:
+        """An input layer around an existing :class:`TokenEmbedding` (e.g. pretrained vectors: the
+        module itself, not a copy; its scale, padding row and freezing stay as they are). The
+        positional scheme and LayerNorm are made on the table's device and in its dtype; the other
+        arguments as for the constructor."""
+        if not isinstance(token, TokenEmbedding):
+            raise TypeError(
+                f"token must be a posenc.TokenEmbedding, got {type(token).__name__}; wrap a [V, d] tensor "
+                "with posenc.TokenEmbedding.from_pretrained(weights)"
+            )
+        weight = token.weight
+        layer = cls(1, token.d_model, scheme, layer_norm=layer_norm, dropout=dropout,
+                    scheme_options=scheme_options, device=weight.device, dtype=weight.dtype)  # fmt: skip
+        layer.token = token  # in place of the one-row table the constructor made
+        return layer
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         fused = self._fused(ids, positions)

@@ -27,6 +27,9 @@ from .absolute import LearnedPE, NoPE, ScaledSinusoidalPE, SinusoidalPE
 from .absolute_nd import Sinusoidal2D, Sinusoidal3D
 from .base import PositionalScheme
 from .bias import ALiBi, T5RelativeBias
+from .cope import CoPE
+from .fire import FIRE
+from .kerple import KerpleLog, KerplePower
 from .relative import ShawRelative, TransformerXLRelative
 from .rotary.modules import RotaryEmbedding
 from .rotary.variants import Rope2D, XPos
@@ -67,6 +70,9 @@ _BUILTIN = (
     RotaryEmbedding, XPos, Rope2D,  # rotary.py
     ALiBi, T5RelativeBias,  # bias.py
     ShawRelative, TransformerXLRelative,  # relative.py
+    FIRE,  # fire.py
+    KerpleLog, KerplePower,  # kerple.py
+    CoPE,  # cope.py
 )  # fmt: skip
 for _cls in _BUILTIN:
     register(_cls)

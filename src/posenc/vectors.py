@@ -20,7 +20,10 @@ Legend: ``V`` vocabulary size, ``d`` vector width, ``n`` words in the file.
 
 from __future__ import annotations
 
+import math
 import os
+import sys
+from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,10 +48,12 @@ class VectorCoverage:
 
     Attributes:
         found: tokens that took a vector from the file (``lowercased`` of them by their lowercase form).
-        total: the vocabulary size ``V``.
+        total: the tokens that take a vector: the vocabulary size ``V``, less the padding row
+            (zero whatever the file holds).
         lowercased: tokens found only by their lowercase form.
         missing: up to 20 of the tokens not found (initialised as a fresh model's).
-        unused: words of the file that no token matched.
+        unused: distinct words of the file that no token matched.
+        duplicates: words listed again after their first line (the first vector is kept).
     """
 
     found: int
@@ -56,6 +61,7 @@ class VectorCoverage:
     lowercased: int = 0
     missing: list[str] = field(default_factory=list)
     unused: int = 0
+    duplicates: int = 0
 
     @property
     def fraction(self) -> float:
@@ -66,7 +72,8 @@ class VectorCoverage:
         text += f", {self.lowercased:,} lowercased)" if self.lowercased else ")"
         if self.missing:
             text += "; missing e.g. " + ", ".join(repr(t) for t in self.missing[:5])
-        return text + f"; {self.unused:,} words of the file unused"
+        text += f"; {self.unused:,} words of the file unused"
+        return text + (f"; {self.duplicates:,} repeated words (first vector kept)" if self.duplicates else "")
 
 
 def read_safetensors_vectors(path: str | os.PathLike, key: str | None = None) -> torch.Tensor:
@@ -96,62 +103,197 @@ def read_safetensors_vectors(path: str | os.PathLike, key: str | None = None) ->
 
 
 def read_word_vectors(path: str | os.PathLike, *, limit: int | None = None) -> tuple[list[str], torch.Tensor]:
-    """Read a word2vec/GloVe text file: ``(words [n], vectors [n, d] float32)``.
+    """Read a word2vec/GloVe file: ``(words [n], vectors [n, d] float32)``.
+
+    Text (UTF-8, a leading byte-order mark ignored): one ``word v_1 ... v_d`` line per word, fields
+    separated by spaces or tabs, an optional ``count d`` header line (word2vec writes it, GloVe
+    does not). ``d`` is the header's, or the first line's number of fields less one; every line's
+    last ``d`` fields are its values and the rest is the word, so words holding spaces (GloVe
+    840B's) are read whole. Binary word2vec (a ``count d`` header, then per word its UTF-8 bytes,
+    a space and ``d`` little-endian float32 values) is recognised and read too.
+
+    The file is streamed: memory is about the tensor's own size (``4 n d`` bytes) plus the words.
+    Every line is returned, a repeated word too; :func:`align_vectors` keeps a word's first
+    vector (files list frequent words first) and counts the repeats.
 
     Args:
-        path: the text file (UTF-8); a first line of two integers (``count d``) is a header.
-        limit: read at most this many words (files list the frequent words first).
+        path: the file.
+        limit: read at most this many words (``>= 1``; files list the frequent words first).
 
     Raises:
-        ValueError: a line whose number of values differs from the first one's, or a value that
-            is not a number (naming the line).
+        ValueError: naming the file and line: a line whose number of values differs from ``d``, a
+            value that is not a finite number (NaN and inf are refused), bytes that are not UTF-8
+            (e.g. a Latin-1 file: convert it with ``iconv -f latin1 -t utf-8``), no vectors.
     """
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"limit must be None or an int >= 1, got {limit!r}")
     if not Path(path).is_file():
         raise ValueError(f"no vector file at {str(path)!r}")
+    name = str(path)
+    with open(path, "rb") as fh:
+        first = fh.readline()
+        header = _header(first)
+        if header is not None and _is_binary(fh.peek(1 << 16)[: 1 << 16], header[1]):
+            return _read_binary(fh, name, header, limit)
+        fh.seek(0)
+        return _read_text(fh, name, header, limit)
+
+
+def _header(line: bytes) -> tuple[int, int] | None:
+    """``(count, d)`` of a word2vec header line ``count d`` (BOM allowed), else None."""
+    parts = line.removeprefix(b"\xef\xbb\xbf").split()
+    if len(parts) == 2 and all(p.isdigit() for p in parts):
+        return int(parts[0]), int(parts[1])
+    return None
+
+
+def _is_binary(head: bytes, width: int) -> bool:
+    """Whether the bytes after a ``count d`` header are binary word2vec: their first line is not
+    a UTF-8 text line of a word and ``d`` numbers."""
+    line = head.split(b"\n", 1)[0].rstrip(b"\r")
+    try:
+        fields = line.decode("utf-8").replace("\t", " ").strip(" ").rsplit(" ", width)
+        [float(v) for v in fields[1:]]  # ValueError: not numbers
+    except (UnicodeDecodeError, ValueError):
+        return True
+    return len(fields) != width + 1
+
+
+def _read_text(fh, name: str, header: tuple[int, int] | None, limit: int | None):
     words: list[str] = []
-    rows: list[list[float]] = []
-    width = None
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        for number, line in enumerate(fh, 1):
-            parts = line.rstrip("\n").rstrip().split(" ")
-            if number == 1 and len(parts) == 2 and all(p.isdigit() for p in parts):
-                width = int(parts[1])  # word2vec header: count d
+    values = array("f")  # float32 rows, one after another: grows by ~1/16, no per-value objects
+    width = None if header is None else header[1]
+    if width is not None and width < 1:
+        raise ValueError(f"{name!r} line 1: the header says d = {width}; vectors need d >= 1")
+    for number, raw in enumerate(fh, 1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise ValueError(
+                f"{name!r} line {number}: byte {raw[err.start]:#04x} at column {err.start + 1} is not "
+                "UTF-8 text; convert the file (e.g. iconv -f latin1 -t utf-8) or pass a UTF-8 one"
+            ) from None
+        if number == 1:
+            line = line.removeprefix("\ufeff")  # a byte-order mark is not part of the first word
+            if header is not None:
                 continue
-            if not line.strip():
-                continue
-            if width is None:
-                width = len(parts) - 1
-            if len(parts) - 1 != width or width < 1:
+        line = line.rstrip("\r\n").replace("\t", " ").strip(" ")
+        if not line:
+            continue
+        if width is None:
+            width = line.count(" ") if " " in line else 0
+            if width < 1:
                 raise ValueError(
-                    f"{str(path)!r} line {number}: {len(parts) - 1} values after the word, expected {width}"
-                    " (word2vec/GloVe text: 'word v1 ... vd' per line)"
+                    f"{name!r} line {number}: no values after the word (expected 'word v1 ... vd')"
                 )
-            try:
-                rows.append([float(v) for v in parts[1:]])
-            except ValueError:
-                raise ValueError(f"{str(path)!r} line {number}: a value is not a number") from None
-            words.append(parts[0])
-            if limit is not None and len(words) >= limit:
-                break
+        fields = line.rsplit(" ", width)  # the last d fields are the values; the word may hold spaces
+        if len(fields) != width + 1 or not fields[0]:
+            raise ValueError(
+                f"{name!r} line {number}: {len(fields) - 1} values after the word, expected {width}"
+                " (word2vec/GloVe text: 'word v1 ... vd' per line)"
+            )
+        word = fields[0].rstrip(" ")
+        try:
+            row = [float(v) for v in fields[1:]]
+        except ValueError:
+            raise ValueError(f"{name!r} line {number}: a value is not a number") from None
+        if not all(map(math.isfinite, row)):
+            raise ValueError(f"{name!r} line {number}: a value of {word!r} is NaN or infinite")
+        values.extend(row)
+        words.append(word)
+        if limit is not None and len(words) >= limit:
+            break
     if not words:
-        raise ValueError(f"{str(path)!r} holds no word vectors")
-    return words, torch.tensor(rows, dtype=torch.float32)
+        raise ValueError(f"{name!r} holds no word vectors")
+    return words, _as_tensor(values, len(words), width)
+
+
+def _read_binary(fh, name: str, header: tuple[int, int], limit: int | None):
+    count, width = header
+    if width < 1:
+        raise ValueError(f"{name!r}: the header says d = {width}; vectors need d >= 1")
+    n = count if limit is None else min(count, limit)
+    size = 4 * width
+    words: list[str] = []
+    values = array("f")
+    for index in range(count):
+        if len(words) >= n:
+            break
+        word = bytearray()
+        while True:
+            c = fh.read(1)
+            if not c:
+                raise ValueError(
+                    f"{name!r} ends after {index} of the {count} words its header announces (binary word2vec)"
+                )
+            if c == b" ":
+                break
+            if c != b"\n" or word:  # the newline some writers put after each vector
+                word += c
+        row = fh.read(size)
+        if len(row) != size:
+            raise ValueError(f"{name!r} ends inside the vector of word {index + 1} (binary word2vec)")
+        try:
+            text = word.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(f"{name!r}: word {index + 1} is not UTF-8 (binary word2vec)") from None
+        vector = array("f")
+        vector.frombytes(row)
+        if sys.byteorder != "little":
+            vector.byteswap()
+        if not all(map(math.isfinite, vector)):
+            raise ValueError(f"{name!r}: a value of word {index + 1} ({text!r}) is NaN or infinite")
+        values.extend(vector)
+        words.append(text)
+    if not words:
+        raise ValueError(f"{name!r} holds no word vectors")
+    return words, _as_tensor(values, len(words), width)
+
+
+def _as_tensor(values: array, n: int, width: int) -> torch.Tensor:
+    """The float32 values ``[n * d]`` as a ``[n, d]`` tensor sharing their memory (no copy)."""
+    return torch.frombuffer(values, dtype=torch.float32).view(n, width)
 
 
 def _vocabulary(vocab: Any) -> list[str | None]:
-    """Token strings by id from a posenc Tokenizer, a sequence of tokens, or a ``{token: id}`` map."""
-    if hasattr(vocab, "id_to_token") and hasattr(vocab, "vocab_size"):
+    """Token strings by id from a posenc Tokenizer, a Hugging Face tokenizer (``tokenizers.Tokenizer``
+    or a transformers tokenizer: their ``get_vocab()``), a sequence of tokens, or a ``{token: id}`` map."""
+    if _is_posenc_tokenizer(vocab):
         return [vocab.id_to_token(i) for i in range(vocab.vocab_size)]
+    if not isinstance(vocab, Mapping) and callable(getattr(vocab, "get_vocab", None)):
+        vocab = vocab.get_vocab()  # Hugging Face: {token: id}, added tokens included
+        if not isinstance(vocab, Mapping):
+            raise TypeError(f"vocab.get_vocab() must return a {{token: id}} dict, got {type(vocab).__name__}")
     if isinstance(vocab, Mapping):
-        tokens: list[str | None] = [None] * (max(vocab.values(), default=-1) + 1)
+        bad = [i for i in vocab.values() if isinstance(i, bool) or not isinstance(i, int) or i < 0]
+        if bad:
+            raise ValueError(f"vocab maps tokens to ids, which must be ints >= 0; got {bad[0]!r}")
+        top = max(vocab.values(), default=-1)
+        if top >= 2 * len(vocab) + 1024:  # a table of top + 1 rows, mostly without a token
+            raise ValueError(
+                f"vocab has {len(vocab)} tokens but ids up to {top}: its table would have {top + 1} rows, "
+                "mostly without a token; pass a vocabulary whose ids are 0..V-1"
+            )
+        tokens: list[str | None] = [None] * (top + 1)
         for token, index in vocab.items():
             tokens[index] = token
         return tokens
     if isinstance(vocab, Sequence) and not isinstance(vocab, str):
         return list(vocab)
     raise TypeError(
-        "vocab must be a posenc tokenizer, a list of tokens or a {token: id} dict, "
+        "vocab must be a posenc tokenizer, a Hugging Face tokenizer (tokenizers.Tokenizer or a "
+        "transformers tokenizer: their get_vocab() is used), a list of tokens or a {token: id} dict, "
         f"got {type(vocab).__name__}"
+    )
+
+
+def _is_posenc_tokenizer(vocab: Any) -> bool:
+    """posenc's Tokenizer: ``id_to_token(i)`` below an int ``vocab_size`` (a transformers
+    tokenizer's ``vocab_size`` leaves out its added tokens, so it goes by ``get_vocab()``)."""
+    return (
+        callable(getattr(vocab, "id_to_token", None))
+        and isinstance(getattr(vocab, "vocab_size", None), int)
+        and not callable(getattr(vocab, "convert_ids_to_tokens", None))
     )
 
 
@@ -168,10 +310,12 @@ def align_vectors(
 
     Args:
         words, vectors: from :func:`read_word_vectors`.
-        vocab: a posenc tokenizer, a list of tokens (index = id) or a ``{token: id}`` dict.
+        vocab: a posenc tokenizer, a Hugging Face tokenizer (``tokenizers.Tokenizer`` or a
+            transformers tokenizer; its ``get_vocab()``), a list of tokens (index = id) or a
+            ``{token: id}`` dict.
         init_std: std of the tokens not found; default 1.0, what a fresh
             :class:`~posenc.TokenEmbedding` with ``scale=None`` uses (``1 / scale``).
-        padding_idx: a row set to zero (the padding token), found or not.
+        padding_idx: a row set to zero (the padding token); not counted as found or missing.
         generator: for the random rows.
 
     Returns:
@@ -182,15 +326,20 @@ def align_vectors(
             f"vectors must be [n, d] with n = len(words) = {len(words)}, got {tuple(vectors.shape)}"
         )
     tokens = _vocabulary(vocab)
+    if padding_idx is not None and not 0 <= padding_idx < len(tokens):
+        raise ValueError(f"padding_idx must be in [0, {len(tokens)}) for this vocabulary, got {padding_idx}")
     weight = torch.empty(len(tokens), vectors.shape[1], dtype=torch.float32)
     with torch.no_grad():
         weight.normal_(0.0, 1.0 if init_std is None else float(init_std), generator=generator)
-    index = {w: i for i, w in enumerate(words)}
+    index: dict[str, int] = {}
     lower: dict[str, int] = {}
-    for i, w in enumerate(words):
+    for i, w in enumerate(words):  # a repeated word keeps its first vector (files list frequent words first)
+        index.setdefault(w, i)
         lower.setdefault(w.lower(), i)
     found, lowercased, missing, used = 0, 0, [], set()
     for token_id, token in enumerate(tokens):
+        if token_id == padding_idx:
+            continue  # the padding row is zero, whatever the file holds: neither found nor missing
         row = None if token is None else index.get(token)
         if row is None and token is not None:
             row = lower.get(token.lower())
@@ -199,10 +348,14 @@ def align_vectors(
             missing.append(str(token))
             continue
         weight[token_id] = vectors[row]
-        found, used = found + 1, used | {row}
+        found += 1
+        used.add(row)
     if padding_idx is not None:
         weight[padding_idx].zero_()
-    coverage = VectorCoverage(found, len(tokens), lowercased, missing[:20], len(words) - len(used))
+    total = len(tokens) - (padding_idx is not None)
+    coverage = VectorCoverage(
+        found, total, lowercased, missing[:20], len(index) - len(used), duplicates=len(words) - len(index)
+    )
     return weight, coverage
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from ..absolute import sinusoidal_frequencies, sinusoidal_table
+from .page import esc
 from .properties import fit_shift_map
 
 __all__ = ["INPUT_LAYER_CLAIMS", "Claim", "common_claims", "input_layer_claims", "study_claims"]
@@ -155,6 +156,10 @@ def common_claims() -> list[Claim]:
     ]
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def study_claims(results: dict[str, Any]) -> list[Claim]:
     """Claims a study settles: does each absolute encoding hold up at twice the trained length?
 
@@ -167,27 +172,33 @@ def study_claims(results: dict[str, Any]) -> list[Claim]:
     registered = set(registered_schemes())
     cfg = results["config"]
     L = cfg["train_len"]
+    if not _is_number(L):
+        return input_layer_claims(results)
     out = []
     for row in results.get("summary", []):
-        if row.get("variant") or row.get("setting") or row["length"] != 2 * L or not row.get("delta"):
+        d = row.get("delta")
+        if row.get("variant") or row.get("setting") or row.get("length") != 2 * L or not isinstance(d, dict):
             continue
-        if row["scheme"] not in registered or "embed" not in describe(row["scheme"])["hooks"]:
+        if row.get("scheme") not in registered or "embed" not in describe(row["scheme"])["hooks"]:
             continue  # a scheme this process does not know, or one that does not add to the input
-        d = row["delta"]
-        low, high = d.get("low"), d.get("high")
-        interval = f" (95%: {low:+.3f} to {high:+.3f})" if low is not None and high is not None else ""
-        worse = low is not None and low > 0
+        low, high, mean = d.get("low"), d.get("high"), d.get("mean")
+        if not _is_number(mean):
+            continue  # a malformed row settles nothing
+        bounded = _is_number(low) and _is_number(high)
+        interval = f" (95%: {low:+.3f} to {high:+.3f})" if bounded else ""
+        worse = bounded and low > 0
+        seeds = row.get("seeds")
         out.append(
             Claim(
                 f"{row['scheme']} encodings let a model read inputs longer than it was trained on",
                 "",
-                f"bits/byte at E = {2 * L} minus at L = {L} on the same bytes: {d['mean']:+.3f}{interval}, "
-                f"{len(row['seeds'])} seed(s)",
+                f"bits/byte at E = {2 * L} minus at L = {L} on the same bytes: {mean:+.3f}{interval}, "
+                f"{len(seeds) if isinstance(seeds, list) else '?'} seed(s)",
                 "wrong: the model is measurably worse at twice its trained length"
                 if worse
                 else "not contradicted by this study: no significant loss at 2L",
-                float(d["mean"]),
-                f"posenc extrapolate (this study: {cfg['steps']} steps, L = {L})",
+                float(mean),
+                f"posenc extrapolate (this study: {esc(cfg.get('steps', '?'))} steps, L = {L})",
             )
         )
     return out + input_layer_claims(results)

@@ -167,10 +167,16 @@ def report_args(p: argparse.ArgumentParser) -> None:
         ("--max-len", "max_len"),
     ):
         sizes.add_argument(flag, type=int, metavar="N", help=f"default {DEFAULT_CONTEXT[key]}")
-    sizes.add_argument(
+    form = sizes.add_mutually_exclusive_group()
+    form.add_argument(
         "--causal",
         action="store_true",
-        help="build schemes as a causal decoder would (default: bidirectional)",
+        help="build schemes as a causal decoder would (the default, as the library's ALiBi and T5 are)",
+    )
+    form.add_argument(
+        "--bidirectional",
+        action="store_true",
+        help="build schemes as an encoder would (keys on both sides of the query)",
     )
     train = p.add_argument_group("learnable schemes")
     how = train.add_mutually_exclusive_group()
@@ -209,8 +215,8 @@ def report_context(args: argparse.Namespace) -> dict:
                 raise ValueError(f"{flag} must be even (pairs of dimensions rotate together), got {value}")
             if value > 8192:
                 raise ValueError(f"{flag}={value} is too large for a page of figures; use at most 8192")
-    if args.causal:
-        ctx["causal"] = True
+    if getattr(args, "bidirectional", False):
+        ctx["causal"] = False
     return ctx
 
 
@@ -218,6 +224,11 @@ def report_run(args: argparse.Namespace) -> int:
     from .._paths import check_folder
     from .report import build_report
 
+    if args.output == "-":
+        raise ValueError(
+            "-o '-': the report is a folder holding index.html, not a stream to standard output; "
+            "give a folder, e.g. -o report"
+        )
     check_folder(args.output, "-o")
     if args.cache_dir is not None:
         check_folder(args.cache_dir, "--cache-dir")

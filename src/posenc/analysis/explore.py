@@ -22,7 +22,7 @@ import torch
 from ..registry import config_keys
 from ..registry import schemes as registered_schemes
 from .interactive import selector_figure, vline
-from .kernel import display_kernel, encodings, make_probe
+from .kernel import display_kernel, encodings, make_probe, rotation_frequencies
 
 __all__ = ["EXPLORERS", "Explorer", "explorers"]
 
@@ -77,16 +77,41 @@ def _similarity(name: str, ctx: dict[str, Any]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------- rotate
-#: Scalings offered by the rotary explorer (HF's ``rope_type`` names), factor set by the slider.
-_SCALINGS: dict[str, dict[str, Any] | None] = {
-    "none": None,
-    "linear": {"rope_type": "linear"},
-    "ntk": {"rope_type": "ntk"},
-    "yarn": {"rope_type": "yarn", "original_max_position_embeddings": None},
-}
+def _scaling_config(rule: str, factor: float, L: int, rotary_pairs: int) -> dict[str, Any]:
+    """The ``scaling`` option of rule ``rule`` (HF's ``rope_type`` names) at ``factor``, for a model
+    trained at ``L`` with ``rotary_pairs`` rotated pairs. LongRoPE's per-pair divisors are searched
+    for each model; here they rise linearly from 1 on the fastest pair to ``factor`` on the slowest,
+    a stand-in that shows how the rule works (its short divisors are 1: unchanged inside L)."""
+    if rule == "linear":
+        return {"rope_type": "linear", "factor": factor}
+    if rule == "ntk":
+        return {"rope_type": "ntk", "factor": factor}
+    if rule == "llama3":
+        return {
+            "rope_type": "llama3",
+            "factor": factor,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": L,
+        }
+    if rule == "longrope":
+        ramp = [1 + (factor - 1) * i / max(rotary_pairs - 1, 1) for i in range(rotary_pairs)]
+        return {
+            "rope_type": "longrope",
+            "factor": factor,
+            "short_factor": [1.0] * rotary_pairs,
+            "long_factor": ramp,
+            "original_max_position_embeddings": L,
+        }
+    return {"rope_type": rule, "factor": factor, "original_max_position_embeddings": L}  # dynamic, yarn
 
 
-def _curve_trace(probe, n: int, step: int, label: str) -> dict[str, Any]:
+#: Scalings offered by the rotary explorer: every rule posenc's RoPE takes (``none`` is drawn as a
+#: grey reference in every view).
+SCALING_RULES = ("linear", "ntk", "dynamic", "yarn", "llama3", "longrope")
+
+
+def _curve_trace(probe, n: int, step: int, label: str, color: str = "#d62728") -> dict[str, Any]:
     """The kernel seen from the last of ``n`` queries against every key before it (a rotation's
     kernel depends only on the distance, so one query row is the whole curve)."""
     kern, _ = display_kernel(probe, [n - 1], n)  # [h, 1, n]
@@ -98,36 +123,56 @@ def _curve_trace(probe, n: int, step: int, label: str) -> dict[str, Any]:
         "x": r[keep].tolist(),
         "y": kern.mean(0)[0][keep].tolist(),
         "name": label,
-        "line": {"width": 1.4, "color": "#d62728"},
+        "line": {"width": 1.4, "color": color},
         "hovertemplate": f"{label}<br>r = %{{x}}<br>K = %{{y:.3f}}<extra></extra>",
     }
 
 
+def _y_range(traces: list[dict[str, Any]]) -> list[float]:
+    """One y-axis range for every view of a figure, so switching views does not rescale it."""
+    ys = [y for t in traces for y in t["y"] if y is not None and math.isfinite(y)]
+    lo, hi = min(ys), max(ys)
+    pad = 0.05 * (hi - lo or 1.0)
+    return [lo - pad, hi + pad]
+
+
 def _scalings(name: str, ctx: dict[str, Any]) -> dict[str, Any]:
-    """Kernel against distance up to 4L: menu over the scaling, slider over its factor."""
+    """Kernel against distance up to 4L: menu over the scaling, slider over its factor, plain RoPE
+    as a grey reference."""
     L = min(int(ctx["max_len"]), 256)  # K(m, n) over 4L positions: 1024^2 values per head at most
     n = 4 * L
+    step = max(1, n // 512)
     factors = ["1", "2", "4", "8"]
+    plain = make_probe(name, {**ctx, "max_len": L})
+    pairs = len(rotation_frequencies(plain))
+    reference = _curve_trace(plain, n, step, "none (plain RoPE)", "#9a9a9a")
     traces = {}
-    for label, scaling in _SCALINGS.items():
+    for rule in SCALING_RULES:
         for f in factors:
-            config = None
-            if scaling is not None and f != "1":
-                config = {"scaling": {**scaling, "factor": float(f)}}
-                if "original_max_position_embeddings" in scaling:
-                    config["scaling"]["original_max_position_embeddings"] = L
+            config = {"scaling": _scaling_config(rule, float(f), L, pairs)} if f != "1" else None
             probe = make_probe(name, {**ctx, "max_len": L}, config)
-            traces[(label, f)] = [_curve_trace(probe, n, max(1, n // 512), f"{label}, factor {f}")]
+            traces[(rule, f)] = [_curve_trace(probe, n, step, f"{rule}, factor {f}")]
     layout = {
         "xaxis": {"title": {"text": "distance m − n (tokens)"}},
-        "yaxis": {"title": {"text": "mean K (logit units)"}},
+        "yaxis": {
+            "title": {"text": "mean K (logit units)"},
+            "range": _y_range([reference, *(t for ts in traces.values() for t in ts)]),
+        },
         "shapes": [vline(L)],
         "annotations": [
             {"x": L, "y": 1, "yref": "paper", "text": f"L = {L}", "showarrow": False, "xanchor": "left"}
         ],
-        "height": 400,
+        "legend": {"font": {"size": 13}},
+        "height": 420,
     }
-    return selector_figure(traces, ("scaling", list(_SCALINGS)), ("factor", factors), layout)
+    return selector_figure(
+        traces,
+        ("scaling", list(SCALING_RULES)),
+        ("factor", factors),
+        layout,
+        start=("linear", "4"),
+        reference=[reference],
+    )
 
 
 def _bases(name: str, ctx: dict[str, Any]) -> dict[str, Any]:
@@ -173,7 +218,8 @@ def _heads(name: str, ctx: dict[str, Any]) -> dict[str, Any]:
             ]
     layout = {
         "xaxis": {"title": {"text": "key position n"}},
-        "yaxis": {"title": {"text": "query position m"}, "autorange": "reversed", "scaleanchor": "x"},
+        "yaxis": {"title": {"text": "query position m"}, "scaleanchor": "x", "constrain": "domain"},
+        "xaxis_constrain": "domain",
         "height": 470,
     }
     start = ("causal" if ctx.get("causal") else "bidirectional", "0")
@@ -196,10 +242,13 @@ EXPLORERS: tuple[Explorer, ...] = (
         "Rotary scalings: stretch the context",
         lambda hooks, keys: "rotate" in hooks and "scaling" in keys,
         _scalings,
-        "The rotary kernel against distance up to 4L. With <b>factor</b> 1 every scaling is plain RoPE. "
-        "Linear interpolation (PI) slows every frequency, so the whole curve stretches by the factor; NTK "
-        "and YaRN leave the fast pairs (short distances) almost as they were and stretch the slow ones, "
-        "which is why they need less fine-tuning.",
+        "The rotary kernel against distance up to 4L (red), with plain RoPE in grey. Choose a "
+        "<b>scaling</b> (every rule posenc's RoPE takes) and a <b>factor</b>: each keeps the other. "
+        "Linear interpolation (PI) slows every frequency, so the whole curve stretches by the factor; NTK, "
+        "YaRN and Llama 3 leave the fast pairs (short distances) almost as they were and stretch the "
+        "slow ones; dynamic NTK grows its factor with the length read; LongRoPE divides each pair by its "
+        "own factor (here rising from 1 to the factor, a stand-in for its searched values). The y-axis "
+        "stays fixed, so curves compare across choices.",
     ),
     Explorer(
         "Rotary base: the slowest wavelength",

@@ -1,6 +1,7 @@
 """The report's input-layer section: one sentence through the input layer, step by step.
 
-``text -> tokens -> ids -> E[ids] -> x sqrt(d) -> + PE -> LayerNorm -> dropout``, computed by
+``text -> tokens -> ids -> E[ids] -> x sqrt(d) -> + PE -> LayerNorm -> dropout``, tokenized by
+``posenc encode``'s default WordPiece and computed by
 :func:`posenc.text.pipeline.run_pipeline` (posenc's own :class:`~posenc.InputEmbedding`, the same
 numbers ``posenc encode`` prints) and drawn as one heatmap per step: a slider walks the steps, a
 menu switches the positional scheme.
@@ -10,12 +11,11 @@ Legend: ``s`` tokens, ``d`` model width.
 
 from __future__ import annotations
 
-import html
 from collections.abc import Sequence
 from typing import Any
 
 from .interactive import selector_figure
-from .page import interactive, table
+from .page import esc, interactive, table
 
 __all__ = ["EXAMPLE", "STEPS", "input_layer_section"]
 
@@ -34,12 +34,11 @@ STEPS: tuple[tuple[str, str], ...] = (
 
 
 def _tokenizer():
-    """A small BPE tokenizer trained here on the Python standard library's source (no download)."""
-    from ..text.corpus import stdlib_documents
-    from ..text.tokenizer import build_tokenizer
+    """``posenc encode``'s default tokenizer: a WordPiece trained here on the standard library's
+    documentation strings (English text on every machine, no download), and its description."""
+    from ..text.commands import resolve_tokenizer
 
-    docs, _ = stdlib_documents(max_chars=400_000)
-    return build_tokenizer("bpe", [d.text for d in docs], vocab_size=800)
+    return resolve_tokenizer("wordpiece")
 
 
 def _label(i: int, token: str) -> str:
@@ -55,9 +54,7 @@ def _step_figure(results: dict[str, Any], d_model: int) -> dict[str, Any]:
         for step, label in STEPS:
             z = res[step].tensor.float()  # [s, d]
             vmax = float(z.abs().max()) or 1.0  # each step its own colour range
-            hover = (
-                f"token %{{y}}<br>dimension %{{x}}<br>value %{{z:.4f}}<extra>{html.escape(res[step].title)}"
-            )
+            hover = f"token %{{y}}<br>dimension %{{x}}<br>value %{{z:.4f}}<extra>{esc(res[step].title)}"
             traces[(scheme, label)] = [
                 {"type": "heatmap", "z": z.tolist(), "y": labels, "zmin": -vmax, "zmax": vmax,
                  "colorscale": "RdBu", "name": res[step].title, "hovertemplate": hover + "</extra>"}
@@ -78,7 +75,7 @@ def _stats_table(result: Any, d_model: int) -> str:
     rows = [
         ["E[ids]", "each id picks its row of the embedding matrix E [V, d]", st["lookup"].stats["std"]],
         ["× √d", f"every value times √{d_model} = {d_model**0.5:.3g}", st["scaled"].stats["std"]],
-        ["+ PE", html.escape(st["positional"].stats["note"]), st["sum"].stats["std"]],
+        ["+ PE", esc(st["positional"].stats["note"]), st["sum"].stats["std"]],
         ["LayerNorm", "per token: mean 0, variance 1 (then a learned gain and bias, 1 and 0 at start)",
          st["layer_norm"].stats["std"]],
         ["dropout", f"training only: {drop['zeroed_fraction']:.0%} of values zeroed here, the rest × "
@@ -109,21 +106,42 @@ def input_layer_section(schemes: Sequence[str], d_model: int = 16, dropout: floa
     from ..text.pipeline import encode_text
 
     try:
-        tok = _tokenizer()
+        tok, _ = _tokenizer()
     except ImportError as err:
-        why = html.escape(str(err))
+        why = esc(str(err))
         return f"<p class='note'>This section needs HF tokenizers: pip install 'posenc[text]' ({why}).</p>"
     results = {s: encode_text(EXAMPLE, tok, scheme=s, d_model=d_model, dropout=dropout) for s in schemes}
     first = results[schemes[0]]
     tokens_table = table(
         ["position", *range(len(first.tokens))],
-        [["token", *(html.escape(repr(t)[1:-1]) for t in first.tokens)], ["id", *first.ids.tolist()]],
+        [["token", *(esc(repr(t)[1:-1]) for t in first.tokens)], ["id", *first.ids.tolist()]],
     )
+    special = [t for t in first.tokens if t in tok.special_tokens]
+    pieces = [t for t in first.tokens if t.startswith("##")]
+    notes = []
+    if special:
+        notes.append(
+            f"{', '.join(f'<code>{esc(t)}</code>' for t in dict.fromkeys(special))} are special tokens "
+            "the tokenizer adds: [CLS] opens every input (BERT reads its final vector as the summary of "
+            "the sentence), [SEP] closes it"
+        )
+    if pieces:
+        notes.append(
+            "a token starting with <code>##</code> continues the word before it (a sub-word piece: "
+            "rare words are split into common pieces)"
+        )
+    else:
+        notes.append(
+            "every word here is common enough to be one token; a rare word would be split into pieces "
+            "marked <code>##</code> (continuing the word before)"
+        )
     return (
-        f"<p>The sentence <code>{html.escape(EXAMPLE)}</code>, split by a small BPE tokenizer trained "
-        f"on Python's own source ({tok.vocab_size} tokens), becomes {len(first.tokens)} ids:</p>"
+        f"<p>The sentence <code>{esc(EXAMPLE)}</code>, split by <code>posenc encode</code>'s tokenizer "
+        f"(a WordPiece of {tok.vocab_size} tokens trained on the Python standard library's documentation "
+        f"strings, English text found on every machine), becomes {len(first.tokens)} ids. "
+        f"Lower case: this tokenizer folds case. {'; '.join(notes)}.</p>"
         + tokens_table
         + interactive("input-layer", _step_figure(results, d_model), _CAPTION, height=520)
-        + f"<p>The same steps as numbers ({html.escape(schemes[0])}, d = {d_model}, dropout p = {dropout}; "
+        + f"<p>The same steps as numbers ({esc(schemes[0])}, d = {d_model}, dropout p = {dropout}; "
         "<code>posenc encode</code> prints them all):</p>" + _stats_table(first, d_model)
     )

@@ -83,9 +83,19 @@ def overview_figure(panels: Sequence[dict[str, Any]], columns: int = 4) -> dict[
                     "<extra></extra>",
                 }
             )
-        row = i // columns
-        layout[f"xaxis{ax}"] = {"matches": "x" if i else None, "showticklabels": row == rows - 1}
-        layout[f"yaxis{ax}"] = {"matches": "y" if i else None, "range": [-1.1, 1.1], "zeroline": True}
+        row, col = divmod(i, columns)
+        bottom = row == rows - 1 or i + columns >= len(panels)  # no panel below this one
+        layout[f"xaxis{ax}"] = {
+            "matches": "x" if i else None,
+            "showticklabels": bottom,
+            "title": {"text": "distance m − n (tokens)" if bottom else "", "font": {"size": 12}},
+        }
+        layout[f"yaxis{ax}"] = {
+            "matches": "y" if i else None,
+            "range": [-1.1, 1.1],
+            "zeroline": True,
+            "title": {"text": "K / max |K|" if col == 0 else "", "font": {"size": 12}},
+        }
         annotations.append(
             {
                 "text": f"<b>{panel['title']}</b>",
@@ -100,10 +110,10 @@ def overview_figure(panels: Sequence[dict[str, Any]], columns: int = 4) -> dict[
         )
     layout.update(
         {
-            "grid": {"rows": rows, "columns": columns, "pattern": "independent", "ygap": 0.35},
+            "grid": {"rows": rows, "columns": columns, "pattern": "independent", "ygap": 0.45},
             "annotations": annotations,
-            "height": 170 * rows + 90,
-            "margin": {"l": 50, "r": 10, "t": 30, "b": 50},
+            "height": 190 * rows + 110,
+            "margin": {"l": 60, "r": 10, "t": 60, "b": 60},  # the toolbar sits above the first titles
         }
     )
     return {"data": data, "layout": layout}
@@ -116,35 +126,45 @@ def selector_figure(
     layout: dict[str, Any],
     *,
     start: tuple[str, str] | None = None,
+    reference: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
     """A figure that shows one group of traces at a time, chosen by a drop-down ``menu`` (label,
     values) and a ``slider`` (label, values); ``traces[(menu value, slider value)]`` are the group's
-    Plotly traces. Choosing a menu value also rebuilds the slider for that value."""
+    Plotly traces, and ``reference`` traces are always shown.
+
+    The menu and the slider are independent: changing one keeps the other's value. The page's
+    loader (:func:`~posenc.analysis.page.plotly_script`) does the switching from
+    ``layout.meta.selector`` (which group owns each trace); the buttons and steps themselves only
+    report what was chosen (Plotly's ``"skip"`` method).
+    """
     menu_values = list(menu[1]) if menu else [""]
-    keys = [(m, s) for m in menu_values for s in slider[1]]
-    data, owner = [], []
+    slider_values = list(slider[1])
+    keys = [(m, s) for m in menu_values for s in slider_values]
+    data: list[dict[str, Any]] = []
+    owner: list[list[int] | None] = []
     for key in keys:
         for t in traces[key]:
             data.append(t)
-            owner.append(key)
+            owner.append([menu_values.index(key[0]), slider_values.index(key[1])])
+    for t in reference:
+        data.append(t)
+        owner.append(None)
     m0, s0 = start or keys[0]
-
-    def visible(key: tuple[str, str]) -> list[bool]:
-        return [o == key for o in owner]
-
-    def make_slider(m: str, active: int) -> dict[str, Any]:
-        return {
-            "active": active,
-            "currentvalue": {"prefix": f"{slider[0]} = "},
-            "pad": {"t": 40},
-            "steps": [
-                {"label": s, "method": "restyle", "args": [{"visible": visible((m, s))}]} for s in slider[1]
-            ],
-        }
-
+    mi, si = menu_values.index(m0), slider_values.index(s0)
     for t, o in zip(data, owner):
-        t["visible"] = o == (m0, s0)
-    out_layout = {**layout, "sliders": [make_slider(m0, list(slider[1]).index(s0))]}
+        t["visible"] = o is None or o == [mi, si]
+    out_layout = {
+        **layout,
+        "meta": {"selector": {"owner": owner, "menu": mi, "slider": si}},
+        "sliders": [
+            {
+                "active": si,
+                "currentvalue": {"prefix": f"{slider[0]} = "},
+                "pad": {"t": 40},
+                "steps": [{"label": v, "method": "skip", "args": []} for v in slider_values],
+            }
+        ],
+    }
     if menu:
         out_layout["updatemenus"] = [
             {
@@ -152,15 +172,8 @@ def selector_figure(
                 "x": 0.0,
                 "y": 1.18,
                 "xanchor": "left",
-                "active": menu_values.index(m0),
-                "buttons": [
-                    {
-                        "label": f"{menu[0]}: {m}",
-                        "method": "update",
-                        "args": [{"visible": visible((m, slider[1][0]))}, {"sliders": [make_slider(m, 0)]}],
-                    }
-                    for m in menu_values
-                ],
+                "active": mi,
+                "buttons": [{"label": f"{menu[0]}: {m}", "method": "skip", "args": []} for m in menu_values],
             }
         ]
         out_layout.setdefault("margin", {"t": 70})
@@ -190,23 +203,17 @@ def _heat(
 
 
 def trained_figure(initial: Probe, trained: Probe, train_len: int) -> dict[str, Any]:
-    """Initial and trained kernel ``K(m, n)`` side by side (head 0; one colour scale for both), and the
-    kernel against distance per head, trained (solid) and initial (dotted, head mean)."""
+    """Initial and trained kernel ``K(m, n)`` side by side (head 0, each on its own colour scale: the
+    initial values are often 100x smaller, and would read as a uniform square on the trained
+    scale), and the kernel against distance per head, trained (solid) and initial (dotted, head
+    mean)."""
     n = train_len
     k_init, _ = display_kernel(initial, n)  # [h, n, n]
     k_trained, _ = display_kernel(trained, n)  # [h, n, n]
-    vmax = float(torch.cat([k_init[0], k_trained[0]]).abs().max())  # one colour scale for both panels
+    bar = {"len": 0.9, "thickness": 10, "xanchor": "left", "tickfont": {"size": 11}}
     data = [
-        _heat(k_init[0], name="initial", x="key n", y="query m", axis=0, vmax=vmax, showscale=False),
-        _heat(
-            k_trained[0],
-            name="trained",
-            x="key n",
-            y="query m",
-            axis=1,
-            vmax=vmax,
-            colorbar={"x": 0.575, "xanchor": "left", "len": 0.9, "thickness": 12},
-        ),
+        _heat(k_init[0], name="initial", x="key n", y="query m", axis=0, colorbar={**bar, "x": 0.265}),
+        _heat(k_trained[0], name="trained", x="key n", y="query m", axis=1, colorbar={**bar, "x": 0.575}),
     ]
     r, curve = kernel_curve(k_trained)  # [2n-1], [h, 2n-1]
     keep = r >= 0  # keys at or before the query: what a causal model attends to
@@ -223,11 +230,11 @@ def trained_figure(initial: Probe, trained: Probe, train_len: int) -> dict[str, 
         "xaxis3": {"title": {"text": "distance m − n"}, "domain": [0.72, 1.0]},
         "yaxis3": {"title": {"text": "K (logit units)"}},
         "annotations": [
-            _panel_title("initial K(m, n), head 0", 0),
-            _panel_title("trained K(m, n), head 0", 1),
+            _panel_title(f"initial K(m, n), head 0 (±{float(k_init[0].abs().max()):.2g})", 0),
+            _panel_title(f"trained K(m, n), head 0 (±{float(k_trained[0].abs().max()):.2g})", 1),
             _panel_title("K against distance", 2),
         ],
-        "legend": {"x": 1.02, "y": 1, "font": {"size": 11}},
+        "legend": {"x": 1.02, "y": 1, "font": {"size": 12}},
         "height": 360,
     }
     return {"data": data, "layout": layout}

@@ -436,8 +436,19 @@ def display_kernel(
     query shows what it does instead.
 
     Returns:
-        (float64 ``[h, m, n]``, ``"mean"`` or ``"random"``).
+        (float64 ``[h, m, n]``, ``"mean"`` or ``"random"``). For ``q_positions`` an int and no
+        ``k_positions`` (the square ``[n, n]`` kernel every figure and caption of a scheme reads), the
+        result is kept in ``probe.cache`` and shared; do not modify it in place.
     """
+    if isinstance(q_positions, int) and k_positions is None:
+        key = ("display_kernel", q_positions)
+        if key not in probe.cache:
+            probe.cache[key] = _display_kernel(probe, q_positions, None)
+        return probe.cache[key]
+    return _display_kernel(probe, q_positions, k_positions)
+
+
+def _display_kernel(probe: Probe, q_positions: Any, k_positions: Any) -> tuple[torch.Tensor, str]:
     k = positional_kernel(probe, q_positions, k_positions)
     if "score_bias" in probe.hooks and not bool(k.abs().max() > 0):
         return positional_kernel(probe, q_positions, k_positions, content="random"), "random"

@@ -13,18 +13,63 @@ import html
 import io
 import json
 import math
+import os
+import tempfile
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 __all__ = [
     "CSS",
+    "esc",
     "figure_data_uri",
     "img",
     "interactive",
+    "json_for_script",
+    "num",
     "plotly_script",
     "rounded",
     "table",
+    "write_atomic",
 ]
+
+
+def esc(value: Any) -> str:
+    """``value`` as HTML text: the page's one escaping rule for anything not written by posenc
+    itself (a study's run names and numbers, paths, error messages). Quotes are escaped too, so
+    the result is safe inside an attribute."""
+    return html.escape(str(value), quote=True)
+
+
+def num(value: Any, spec: str = ".3f") -> str:
+    """A number formatted with ``spec`` (e.g. ``"+.3f"``); anything that is not a real number (a
+    string read from a file, None) is shown as escaped text instead, never interpreted."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return format(value, spec)
+    return "–" if value is None else esc(value)
+
+
+def json_for_script(value: Any) -> str:
+    """``value`` as JSON that is safe inside a ``<script>`` element: ``<``, ``>`` and ``&`` are
+    written as ``\\u003c`` etc., so no ``</script>`` or ``<!--`` can appear in the text (JSON
+    allows these characters only inside strings, where the escapes mean the same)."""
+    text = json.dumps(value, separators=(",", ":"), allow_nan=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` through a temporary file in the same folder and
+    :func:`os.replace`: a reader never sees a half-written page, and a failed write leaves the old
+    file as it was."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1180px;margin:0 auto;
@@ -41,7 +86,11 @@ td.na{color:#999}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .figs{display:flex;flex-wrap:wrap;gap:16px;align-items:flex-start}
 figure{margin:8px 0;max-width:100%}
 .figs figure{flex:1 1 420px}
-.figs img{max-width:100%;height:auto;border:1px solid #eee}
+.figs img{max-width:100%;height:auto;border:1px solid #eee;cursor:zoom-in}
+figure img.zoom{position:fixed;inset:0;margin:auto;width:auto;max-width:98vw;max-height:98vh;
+height:auto;min-width:min(1100px,98vw);z-index:10;background:#fff;box-shadow:0 0 0 100vmax rgba(0,0,0,.6);
+cursor:zoom-out}
+.maths{margin:8px 0 12px}.eq{margin:4px 0}img.math{vertical-align:middle;max-width:100%}
 figcaption{font-size:13px;color:#444;max-width:900px;margin-top:4px}
 .plot{width:100%;min-height:200px}
 .muted{color:#666;font-size:13px}
@@ -65,7 +114,7 @@ def figure_data_uri(fig: Any, *, dpi: int = 72) -> str:
 
 def img(uri: str, caption: str, alt: str) -> str:
     """A static figure: ``uri`` a data URI, ``caption`` HTML (what to notice), ``alt`` plain text."""
-    return f'<figure><img src="{uri}" alt="{html.escape(alt)}"><figcaption>{caption}</figcaption></figure>'
+    return f'<figure><img src="{uri}" alt="{esc(alt)}"><figcaption>{caption}</figcaption></figure>'
 
 
 def rounded(value: Any, digits: int = 4) -> Any:
@@ -93,11 +142,10 @@ def interactive(fig_id: str, spec: dict[str, Any], caption: str, *, height: int 
         "template": None,
         **spec.get("layout", {}),
     }
-    payload = json.dumps(
-        rounded({"data": spec["data"], "layout": layout, "frames": spec.get("frames", [])}),
-        separators=(",", ":"),
-        allow_nan=False,
-    ).replace("</", "<\\/")  # a "</script>" inside a string must not end the element
+    payload = json_for_script(
+        rounded({"data": spec["data"], "layout": layout, "frames": spec.get("frames", [])})
+    )
+    fig_id = esc(fig_id)
     return (
         f'<figure><div class="plot" id="{fig_id}" data-spec="{fig_id}-spec"></div>'
         f'<script type="application/json" id="{fig_id}-spec">{payload}</script>'
@@ -106,10 +154,25 @@ def interactive(fig_id: str, spec: dict[str, Any], caption: str, *, height: int 
 
 
 _LOADER = """
+function posencSelector(div, sel) {
+  // a menu and a slider that choose a group of traces independently (interactive.selector_figure)
+  const show = () => Plotly.restyle(div, {visible: sel.owner.map(
+    (o) => o === null || (o[0] === sel.menu && o[1] === sel.slider))});
+  div.on("plotly_buttonclicked", (e) => { sel.menu = e.active; show(); });
+  div.on("plotly_sliderchange", (e) => { sel.slider = e.slider.active; show(); });
+}
 document.querySelectorAll("div.plot").forEach((div) => {
   const spec = JSON.parse(document.getElementById(div.dataset.spec).textContent);
   Plotly.newPlot(div, spec.data, spec.layout, {responsive: true, displaylogo: false,
-    toImageButtonOptions: {format: "svg"}}).then(() => { div.dataset.rendered = "1"; });
+    toImageButtonOptions: {format: "svg"}}).then(() => {
+      const sel = spec.layout.meta && spec.layout.meta.selector;
+      if (sel) posencSelector(div, sel);
+      div.dataset.rendered = "1";
+    });
+});
+document.querySelectorAll("figure img").forEach((img) => {
+  img.title = "click to enlarge";
+  img.addEventListener("click", () => img.classList.toggle("zoom"));
 });
 """
 

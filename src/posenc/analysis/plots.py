@@ -145,7 +145,7 @@ def _waves(fig: Figure, probe: Probe) -> None:
     ax.set_xlabel("position p (tokens)")
     ax.set_ylabel("value")
     ax.set_title(f"{probe.name}: per-dimension waveforms of {_what(probe)}")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=10, frameon=False)
     ax.grid(alpha=0.3)
 
 
@@ -173,7 +173,7 @@ def _frequencies(fig: Figure, probe: Probe) -> None:
     ax.set_xlabel("frequency pair i (dimensions 2i, 2i+1 or i, i + d/2)")
     ax.set_ylabel("wavelength (tokens, log)")
     ax.set_title(f"{probe.name}: wavelength per dimension pair")
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=10, loc="upper left")
     ax.grid(alpha=0.3, which="both")
 
 
@@ -257,7 +257,7 @@ def _kernel_curve(fig: Figure, probe: Probe) -> None:
         ax2.set_ylabel("RoFormer bound B(r)")
     handles = [h for a in fig.axes for h in a.get_legend_handles_labels()[0]]
     fig.legend(
-        handles=handles, loc="outside lower center", ncols=min(len(handles), 5), fontsize=8, frameon=False
+        handles=handles, loc="outside lower center", ncols=min(len(handles), 5), fontsize=10, frameon=False
     )
 
 
@@ -328,11 +328,11 @@ def _scalings(fig: Figure, probe: Probe) -> None:
     ax1.set_xlabel("frequency pair i")
     ax1.set_ylabel("wavelength (tokens, log)")
     ax1.set_title("wavelength per pair")
-    ax1.legend(fontsize=7, loc="upper left")
+    ax1.legend(fontsize=10, loc="upper left")
     ax2.set_xlabel("frequency pair i")
     ax2.set_ylabel("scaled / unscaled wavelength")
     ax2.set_title("how each scaling stretches (factor 4)")
-    ax2.legend(fontsize=7, loc="upper left")
+    ax2.legend(fontsize=10, loc="upper left")
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3, which="both")
     fig.suptitle(f"{probe.name}: long-context scalings side by side")

@@ -13,8 +13,6 @@ end; every scheme in detail; the property checks; common claims, measured.
 
 from __future__ import annotations
 
-import html
-import json
 import multiprocessing
 import os
 import time
@@ -29,17 +27,19 @@ from .. import __version__
 from .._validate import check_choice, check_int
 from ..registry import describe
 from ..registry import schemes as registered_schemes
+from .captions import figure_caption
 from .claims import common_claims, study_claims
+from .default_study import load_default_study
 from .explore import explorers
 from .interactive import HOOK_COLORS, kernel_profile, overview_figure
 from .kernel import DEFAULT_CONTEXT, Probe, make_probe
-from .page import CSS, figure_data_uri, img, interactive, plotly_script
+from .lessons import lesson_html
+from .page import CSS, esc, figure_data_uri, img, interactive, plotly_script, write_atomic
 from .plots import PLOT_KINDS, render
 from .properties import PropertyResult, check
 from .sections import (
     GROUPS,
     HOW_TO_READ,
-    KIND_CAPTIONS,
     claims_section,
     property_notes,
     property_table,
@@ -47,7 +47,19 @@ from .sections import (
     trained_section,
 )
 
-__all__ = ["REPORT_KINDS", "build_report", "figure_data_uri", "report_html", "report_kinds", "scheme_group"]
+__all__ = [
+    "REPORT_CONTEXT",
+    "REPORT_KINDS",
+    "build_report",
+    "figure_data_uri",
+    "report_html",
+    "report_kinds",
+    "scheme_group",
+]
+
+#: The sizes the report builds schemes with: :data:`DEFAULT_CONTEXT`, causal as the library's
+#: schemes are by default (ALiBi, T5) and as the trained models are (decoders).
+REPORT_CONTEXT: dict[str, Any] = {**DEFAULT_CONTEXT, "causal": True}
 
 #: Plot kinds shown per scheme in the report, in order (each only where it applies).
 REPORT_KINDS = ("heatmap", "frequencies", "kernel_curve", "bias", "kernel", "scalings")
@@ -106,18 +118,20 @@ _EXPLAIN: dict[str, str] = {
 
 def _caption(probe: Probe, kind: str) -> str:
     tag = " <span class='tag untrained'>initialisation</span>" if probe.trainable else ""
-    return f"<b>{html.escape(PLOT_KINDS[kind].title)}</b>{tag}. {KIND_CAPTIONS.get(kind, '')}"
+    return f"<b>{esc(PLOT_KINDS[kind].title)}</b>{tag}. {figure_caption(probe, kind)}"
 
 
-def _scheme_part(name: str, ctx: dict[str, Any], dpi: int) -> dict[str, Any]:
+def _scheme_part(
+    name: str, ctx: dict[str, Any], dpi: int, study: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Checks, figures and kernel profile of one scheme (runs in a worker process)."""
     info = describe(name)
     try:
         probe = make_probe(name, ctx)
     except (ValueError, TypeError) as err:
         return {
-            "section": f"<h3 id='{html.escape(name)}'>{html.escape(name)}</h3>"
-            f"<p class='muted'>cannot be built from the report's context: {html.escape(str(err))}</p>",
+            "section": f"<h3 id='{esc(name)}'>{esc(name)}</h3>"
+            f"<p class='muted'>cannot be built from the report's context: {esc(str(err))}</p>",
             "results": None,
             "profile": None,
             "group": "none",
@@ -140,13 +154,14 @@ def _scheme_part(name: str, ctx: dict[str, Any], dpi: int) -> dict[str, Any]:
         else "keeps every property it promises"
     )
     trained_link = (
-        f" Its trained version: <a href='#trained-{html.escape(name)}'>above</a>." if probe.trainable else ""
+        f" Its trained version: <a href='#trained-{esc(name)}'>below</a>." if probe.trainable else ""
     )
     section = (
-        f"<h3 id='{html.escape(name)}'>{html.escape(name)}</h3>"
-        f"<p>{html.escape(info['summary'])}. Hooks: "
-        f"<code>{html.escape(', '.join(info['hooks']) or 'none')}</code>; "
+        f"<h3 id='{esc(name)}'>{esc(name)}</h3>"
+        f"<p>{esc(info['summary'])}. Hooks: "
+        f"<code>{esc(', '.join(info['hooks']) or 'none')}</code>; "
         f"nominal length {probe.nominal_len}; {verdict}.{trained_link}</p>"
+        + lesson_html(name, tuple(info["hooks"]), study)
         + (
             f"<div class='figs'>{''.join(figs)}</div>"
             if figs
@@ -168,7 +183,9 @@ def _worker_init() -> None:
     torch.set_num_threads(1)  # one process per core; as torch's DataLoader workers do
 
 
-def _parts(names: list[str], ctx: dict[str, Any], dpi: int, workers: int) -> list[dict[str, Any]]:
+def _parts(
+    names: list[str], ctx: dict[str, Any], dpi: int, workers: int, study: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
     """:func:`_scheme_part` for every scheme, on ``workers`` forked processes (in order).
 
     Forked workers inherit the registry, so schemes registered at run time are reported too.
@@ -179,9 +196,9 @@ def _parts(names: list[str], ctx: dict[str, Any], dpi: int, workers: int) -> lis
         with ProcessPoolExecutor(
             min(workers, len(names)), mp_context=ctx_fork, initializer=_worker_init
         ) as pool:
-            futures = [pool.submit(_scheme_part, n, ctx, dpi) for n in names]
+            futures = [pool.submit(_scheme_part, n, ctx, dpi, study) for n in names]
             return [f.result() for f in futures]
-    return [_scheme_part(n, ctx, dpi) for n in names]
+    return [_scheme_part(n, ctx, dpi, study) for n in names]
 
 
 def _overview(names: list[str], parts: list[dict[str, Any]], trained: dict[str, Any]) -> str:
@@ -205,7 +222,7 @@ def _overview(names: list[str], parts: list[dict[str, Any]], trained: dict[str, 
     if not panels:
         return ""
     legend = " · ".join(
-        f"<span style='color:{HOOK_COLORS[k]}'>■</span> {html.escape(title.lower())}"
+        f"<span style='color:{HOOK_COLORS[k]}'>■</span> {esc(title.lower())}"
         for k, title, _ in GROUPS
         if k != "none"
     )
@@ -222,7 +239,7 @@ def _overview(names: list[str], parts: list[dict[str, Any]], trained: dict[str, 
 def _explore(names: list[str], ctx: dict[str, Any]) -> str:
     out = []
     for i, (ex, name) in enumerate(explorers(names)):
-        out.append(f"<h3>{html.escape(ex.title)} <span class='muted'>({html.escape(name)})</span></h3>")
+        out.append(f"<h3>{esc(ex.title)} <span class='muted'>({esc(name)})</span></h3>")
         out.append(interactive(f"explore-{i}", ex.build(name, ctx), ex.caption, height=420))
     return "".join(out) or "<p class='muted'>None of the chosen schemes has an explore figure.</p>"
 
@@ -232,9 +249,7 @@ def _scheme_sections(names: list[str], parts: list[dict[str, Any]]) -> str:
     for key, title, what in GROUPS:
         members = [p["section"] for n, p in zip(names, parts) if p["group"] == key]
         if members:
-            out.append(
-                f"<h3 class='group'>{html.escape(title)}</h3><p class='muted'>{html.escape(what)}.</p>"
-            )
+            out.append(f"<h3 class='group'>{esc(title)}</h3><p class='muted'>{esc(what)}.</p>")
             out.extend(members)
     return "".join(out)
 
@@ -256,7 +271,7 @@ def _input_layer(names: list[str], parts: list[dict[str, Any]]) -> str:
 def _properties(results: dict[str, list[PropertyResult]]) -> str:
     broken = [f"{r.scheme}.{r.property}" for res in results.values() for r in res if r.broken_promise]
     verdict = (
-        "<b style='color:#b00'>Broken promises: " + html.escape(", ".join(broken)) + "</b>"
+        "<b style='color:#b00'>Broken promises: " + esc(", ".join(broken)) + "</b>"
         if broken
         else "No scheme breaks a property it promises."
     )
@@ -280,6 +295,7 @@ def report_html(
     study: dict[str, Any] | None = None,
     study_folder: str | None = None,
     trained_note: str = "",
+    started: float | None = None,
 ) -> str:
     """The report as one HTML string (see :func:`build_report`).
 
@@ -287,31 +303,36 @@ def report_html(
         schemes, context, dpi, workers: as in :func:`build_report`.
         trained: :class:`~posenc.analysis.trained.TrainedScheme` per learnable scheme shown trained.
         fast: the page says that learnable schemes show their initialisation.
-        study: a ``posenc extrapolate`` results dict, shown with its intervals.
+        study: a ``posenc extrapolate`` results dict, shown with its intervals (default: the
+            summary posenc ships, :func:`~posenc.analysis.default_study.load_default_study`).
         study_folder: where ``study`` came from (shown).
         trained_note: one sentence (HTML) on how the trained models were made.
+        started: :func:`time.perf_counter` when the build began (the header's build time includes
+            the training before this call); default: now.
     """
-    t0 = time.perf_counter()
-    ctx = {**DEFAULT_CONTEXT, **(context or {})}
+    t0 = time.perf_counter() if started is None else started
+    ctx = {**REPORT_CONTEXT, **(context or {})}
     names = list(schemes) if schemes else registered_schemes()
     for n in names:
         check_choice(n, "scheme", registered_schemes())
     workers = min(2, os.cpu_count() or 1) if workers is None else check_int(workers, "workers")
-    parts = _parts(names, ctx, dpi, workers)
+    if study is None:
+        study, study_folder = load_default_study(), None
+    parts = _parts(names, ctx, dpi, workers, study)
     results: dict[str, list[PropertyResult]] = {n: p["results"] for n, p in zip(names, parts) if p["results"]}
     by_name = {t.name: t for t in trained if t.name in names}
     input_layer = _input_layer(names, parts)
     claims = common_claims() + (study_claims(study) if study else [])
     body = {
-        "which": ("Which scheme? Measured in training", study_section(study, study_folder)),
-        "kernels": ("The positional kernel of every scheme", _overview(names, parts, by_name)),
+        "input": ("The input layer, end to end", input_layer),
+        "schemes": ("Every scheme, explained", _scheme_sections(names, parts)),
         "trained": (
             "Learnable schemes, trained",
             trained_section(list(by_name.values()), fast, trained_note),
         ),
         "explore": ("Explore", _explore(names, ctx)),
-        "input": ("The input layer, end to end", input_layer),
-        "schemes": ("Every scheme in detail", _scheme_sections(names, parts)),
+        "kernels": ("Side by side: the positional kernel of every scheme", _overview(names, parts, by_name)),
+        "which": ("Which scheme? Measured in training", study_section(study, study_folder)),
         "properties": ("Checked properties", _properties(results)),
         "claims": (
             "Common claims, measured",
@@ -319,25 +340,40 @@ def report_html(
             "with posenc's own code.</p>" + claims_section(claims),
         ),
     }
-    return _document(body, names, ctx, fast, len(by_name), time.perf_counter() - t0)
+    return _document(body, names, ctx, list(by_name.values()), time.perf_counter() - t0)
 
 
 def _document(
-    body: dict[str, tuple[str, str]], names, ctx, fast: bool, n_trained: int, elapsed: float
+    body: dict[str, tuple[str, str]],
+    names: list[str],
+    ctx: dict[str, Any],
+    trained: list[Any],
+    elapsed: float,
 ) -> str:
     """The page: header, navigation, how to read it, the sections of ``body`` (key -> (title, HTML)),
     plotly.js and its loader."""
-    nav = "".join(f"<a href='#{k}'>{html.escape(title)}</a>" for k, (title, _) in body.items())
-    sections = "".join(f"<h2 id='{k}'>{html.escape(t)}</h2>{content}" for k, (t, content) in body.items())
-    ctx_text = ", ".join(f"{k}={v}" for k, v in ctx.items())
-    trained = "fast mode (untrained)" if fast else f"{n_trained} learnable schemes trained"
+    nav = "".join(f"<a href='#{k}'>{esc(title)}</a>" for k, (title, _) in body.items())
+    sections = "".join(f"<h2 id='{k}'>{esc(t)}</h2>{content}" for k, (t, content) in body.items())
+    form = "causal (keys after the query masked, as in a decoder)" if ctx["causal"] else "bidirectional"
+    sizes = (
+        f"schemes drawn at d_model = {esc(ctx['d_model'])}, {esc(ctx['num_heads'])} heads of "
+        f"{esc(ctx['head_dim'])}, L = {esc(ctx['max_len'])}, {form}"
+    )
+    if trained:
+        t = trained[0]
+        models = (
+            f"{len(trained)} learnable schemes shown trained (causal byte-level language models, "
+            f"L = {esc(t.train_len)}, {esc(t.steps)} steps)"
+        )
+    else:
+        models = "fast mode: learnable schemes shown at initialisation (untrained)"
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>posenc report</title>
 <meta name="viewport" content="width=device-width, initial-scale=1"><style>{CSS}</style></head>
 <body>
-<h1>posenc: every positional scheme, seen and checked</h1>
-<p class="muted">posenc {__version__} · torch {torch.__version__} · {len(names)} schemes · sizes:
-{html.escape(ctx_text)} · {trained} · page built in {elapsed:.0f} s</p>
+<h1>posenc: every positional scheme, explained, seen and checked</h1>
+<p class="muted">posenc {esc(__version__)} · torch {esc(torch.__version__)} · {len(names)} schemes · {sizes} ·
+{models} · built in {elapsed:.0f} s, training included</p>
 <nav>{nav}</nav>
 {HOW_TO_READ}
 {sections}
@@ -367,8 +403,8 @@ def _train_here(names, ctx, cache_dir, progress, log, training) -> tuple[list[An
             if f.get("corpus", "stdlib") == "stdlib"
             else "the given corpus"
         )
-        + f", and cached in <code>{html.escape(str(cache))}</code>. One seed: these panels show what "
-        "training does to a table, not which scheme is better."
+        + ", and cached for the next build (<code>--cache-dir</code> chooses where). One seed: these "
+        "panels show what training does to a table, not which scheme is better."
     )
     return trained, note
 
@@ -393,7 +429,7 @@ def build_report(
         out_dir: the output folder (created).
         schemes: scheme names (default: every registered scheme).
         context: sizes to build schemes with (``d_model``, ``num_heads``, ``head_dim``, ``max_len``,
-            ``causal``; default :data:`DEFAULT_CONTEXT`).
+            ``causal``; default :data:`REPORT_CONTEXT`).
         dpi: resolution of the embedded PNGs.
         workers: processes drawing schemes in parallel (default: 2, or 1 on a 1-core machine).
         fast: train nothing; learnable schemes show their initialisation, and the page says so.
@@ -406,24 +442,26 @@ def build_report(
         training: study fields replacing the report's training defaults
             (:data:`~posenc.analysis.trained.REPORT_STUDY`), e.g. ``{"steps": 50}``.
     """
-    from .trained import read_study
+    from .trained import read_study, read_study_results
 
+    started = time.perf_counter()
     names = list(schemes) if schemes else registered_schemes()
     for n in names:
         check_choice(n, "scheme", registered_schemes())
     Path(out_dir).mkdir(parents=True, exist_ok=True)  # a folder that cannot be made fails before any work
     results, trained, note = None, [], ""
     if study is not None:
-        trained = read_study(study)  # raises with the fix when the folder holds no study
-        results = json.loads((Path(study) / "results.json").read_text(encoding="utf-8"))
-        note = f"Checkpoints of the study in <code>{html.escape(str(study))}</code> (its first seed)."
+        results = read_study_results(study)  # one line naming the file and field when malformed
+        trained = read_study(study)
+        note = f"Checkpoints of the study <code>{esc(Path(study).name)}</code> (its first seed)."
     elif not fast:
         trained, note = _train_here(
-            names, {**DEFAULT_CONTEXT, **(context or {})}, cache_dir, progress, log, training
+            names, {**REPORT_CONTEXT, **(context or {})}, cache_dir, progress, log, training
         )
     page = report_html(names, context=context, dpi=dpi, workers=workers, trained=trained,
                        fast=fast and study is None, study=results,
-                       study_folder=str(study) if study is not None else None, trained_note=note)  # fmt: skip
+                       study_folder=Path(study).name if study is not None else None, trained_note=note,
+                       started=started)  # fmt: skip
     path = Path(out_dir) / "index.html"
-    path.write_text(page, encoding="utf-8")
+    write_atomic(path, page)
     return path

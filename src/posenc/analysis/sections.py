@@ -7,32 +7,34 @@ sections in order; figures come from :mod:`~posenc.analysis.interactive` (intera
 
 from __future__ import annotations
 
-import html
+import math
 from collections.abc import Sequence
 from typing import Any
 
+from .captions import trained_kernel_note, trained_table_note
 from .claims import Claim
 from .interactive import encodings_figure, study_figure, trained_figure
-from .page import interactive, table
+from .page import esc, interactive, num, table
 from .properties import PROPERTIES, PropertyResult
 
 __all__ = [
     "GROUPS",
     "HOW_TO_READ",
-    "KIND_CAPTIONS",
     "claims_section",
+    "interval_text",
     "property_notes",
     "property_table",
     "study_section",
     "trained_section",
 ]
 
-#: Schemes grouped by where they act, in the page's order: (key, heading, one-line explanation).
+#: Schemes grouped by where they act, in the page's order (a course: the problem, then schemes
+#: that add to the input, rotate, bias): (key, heading, one-line explanation).
 GROUPS: tuple[tuple[str, str, str], ...] = (
+    ("none", "The problem: no positional signal", "the causal mask alone tells a decoder where it is"),
     ("embed", "Added to the input", "a vector per position is added to the token embeddings"),
     ("rotate", "Rotating queries and keys", "q and k are rotated by angles that grow with position"),
     ("score_bias", "Biasing the attention logits", "a number per (query, key) pair is added to the logits"),
-    ("none", "No positional signal", "the causal mask alone tells a decoder where it is"),
 )
 
 HOW_TO_READ = """<div class="read"><b>How to read this page.</b>
@@ -50,23 +52,6 @@ model trained them and <span class="tag untrained">initialisation</span> where t
 random starting values.</li>
 </ul></div>"""
 
-#: What to notice in each static plot kind of the per-scheme sections.
-KIND_CAPTIONS: dict[str, str] = {
-    "heatmap": "Rows are positions, columns dimensions. Fast dimensions flicker from row to row, slow "
-    "ones barely change over the context; together they give every position its own pattern.",
-    "frequencies": "Each dimension pair's wavelength against the context length L (dashed). Pairs below "
-    "the line turn inside the context and tell near positions apart; the slowest must stay above it, "
-    "or far positions alias.",
-    "kernel_curve": "The kernel against distance (positive: key before the query), per head or for mean "
-    "content; for rotations the dashed line is RoFormer's bound, which falls with distance.",
-    "bias": "Left: every head's bias against distance as an image; right: one curve per head. The spread "
-    "of slopes lets some heads look locally and others across the whole context.",
-    "kernel": "K(m, n) as an image. Constant diagonals mean the scheme sees only the distance m − n; "
-    "anything else means it also knows absolute positions.",
-    "scalings": "How each long-context scaling (factor 4) stretches each pair's wavelength: linear "
-    "interpolation stretches every pair, NTK, YaRN and Llama 3 mostly the slow ones.",
-}
-
 _STATUS_CLASS = {"pass": "pass", "FAIL": "fail", "no": "no", "n/a": "na"}
 
 
@@ -76,9 +61,7 @@ def _fmt(v: float | None) -> str:
 
 def property_table(results: dict[str, list[PropertyResult]]) -> str:
     """Scheme rows, property columns: status and value, the threshold and method on hover."""
-    head = "".join(
-        f'<th title="{html.escape(PROPERTIES[p].formula)}">{html.escape(p)}</th>' for p in PROPERTIES
-    )
+    head = "".join(f'<th title="{esc(PROPERTIES[p].formula)}">{esc(p)}</th>' for p in PROPERTIES)
     rows = []
     for name, res in results.items():
         cells = []
@@ -87,21 +70,21 @@ def property_table(results: dict[str, list[PropertyResult]]) -> str:
             if r is None:  # not checked
                 cells.append("<td class='na'>–</td>")
                 continue
-            tip = html.escape(
+            tip = esc(
                 f"{r.reason}; threshold {r.comparison} {_fmt(r.threshold)}; "
                 f"{'promised' if r.promised else 'not promised'}"
             )
             text = r.status if r.value is None else f"{r.status}<br><small>{_fmt(r.value)}</small>"
             cells.append(f'<td class="{_STATUS_CLASS[r.status]}" title="{tip}">{text}</td>')
-        rows.append(f"<tr><th>{html.escape(name)}</th>{''.join(cells)}</tr>")
+        rows.append(f"<tr><th>{esc(name)}</th>{''.join(cells)}</tr>")
     return f"<table><tr><th>scheme</th>{head}</tr>{''.join(rows)}</table>"
 
 
 def property_notes(explain: dict[str, str]) -> str:
     """One line per property: its formula, comparison and ``explain[name]`` (HTML)."""
     items = [
-        f"<li><b>{html.escape(name)}</b> — <span class='formula'>{html.escape(p.formula)}</span>"
-        f" ({html.escape(p.comparison)} threshold). {explain.get(name, '')}</li>"
+        f"<li><b>{esc(name)}</b> — <span class='formula'>{esc(p.formula)}</span>"
+        f" ({esc(p.comparison)} threshold). {explain.get(name, '')}</li>"
         for name, p in PROPERTIES.items()
     ]
     return "<ul>" + "".join(items) + "</ul>"
@@ -111,8 +94,8 @@ def claims_section(claims: Sequence[Claim]) -> str:
     """The claims as a table: claim, the number usually quoted, the measurement, the verdict."""
     rows = [
         [
-            html.escape(c.claim),
-            html.escape(c.quoted) or "–",
+            esc(c.claim),
+            esc(c.quoted) or "–",
             c.measured,
             f"<b>{c.verdict.split(':', 1)[0]}</b>:{c.verdict.split(':', 1)[1]}"
             if ":" in c.verdict
@@ -137,23 +120,22 @@ def trained_section(trained: Sequence[Any], fast: bool, note: str) -> str:
     parts = [f"<p>{note}</p>"]
     for t in trained:
         parts.append(
-            f"<h3 id='trained-{html.escape(t.name)}'>{html.escape(t.name)}"
-            "<span class='tag trained'>trained</span></h3>"
+            f"<h3 id='trained-{esc(t.name)}'>{esc(t.name)}<span class='tag trained'>trained</span></h3>"
         )
         caption = (
             f"Left and middle: K(m, n) of head 0 at initialisation and after {t.steps} steps at L = "
-            f"{t.train_len} (final training loss {t.final_loss:.2f} nats/byte), on one colour scale. "
+            f"{t.train_len} (final training loss {t.final_loss / math.log(2):.2f} bits/byte), each on "
+            "its own colour scale (its range in its title: the initial values are far smaller). "
             "Right: K against distance per head, trained (solid) and at initialisation (dotted). "
-            "Training turns noise into structure: watch for a kernel that falls with distance "
-            "(recency) and heads that differ."
+            + trained_kernel_note(t.initial, t.trained, t.train_len)
         )
         parts.append(
             interactive(f"trained-{t.name}", trained_figure(t.initial, t.trained, t.train_len), caption)
         )
         if "embed" in t.trained.hooks:
             caption = (
-                "The position vectors themselves, initial and trained, for the trained positions. A trained "
-                "table keeps no fixed frequencies, but neighbouring rows end up alike."
+                "The position vectors themselves, initial and trained, for the trained positions. "
+                + trained_table_note(t.initial, t.trained, t.train_len)
             )
             parts.append(
                 interactive(
@@ -163,56 +145,90 @@ def trained_section(trained: Sequence[Any], fast: bool, note: str) -> str:
     return "".join(parts)
 
 
-def _interval(cell: dict[str, Any] | None, signed: bool) -> str:
-    if not cell:
+def interval_text(cell: Any, signed: bool) -> str:
+    """``mean ±half-width`` of an interval dict (``mean``, ``low``, ``high``), numbers only; text
+    from a file is shown escaped."""
+    if not isinstance(cell, dict) or "mean" not in cell:
         return "–"
-    sign = "+" if signed else ""
-    if cell.get("low") is None:
-        return f"{cell['mean']:{sign}.3f}"
-    half = (cell["high"] - cell["low"]) / 2
-    return f"{cell['mean']:{sign}.3f} ±{half:.3f}"
+    spec = "+.3f" if signed else ".3f"
+    low, high = cell.get("low"), cell.get("high")
+    if not all(isinstance(v, (int, float)) for v in (low, high)):
+        return num(cell["mean"], spec)
+    return f"{num(cell['mean'], spec)} ±{(high - low) / 2:.3f}"
+
+
+def _no_study() -> str:
+    return (
+        "<p>Which scheme reads inputs longer than it was trained on? posenc's lab answers with "
+        "paired comparisons over several seeds: <code>posenc extrapolate --out study</code> trains "
+        "one small language model per scheme and seed, then <code>posenc report --study study</code> "
+        "puts its tables and figure here.</p>"
+    )
 
 
 def study_section(results: dict[str, Any] | None, folder: str | None) -> str:
     """A study's verdicts (paired deltas and bits/byte with intervals) and its figure; without a
-    study, how to run one."""
+    study, how to run one.
+
+    Args:
+        results: a checked study (:func:`~posenc.analysis.default_study.check_study`): a
+            ``results.json`` of ``posenc extrapolate``, or the shipped summary, whose
+            ``provenance`` (command, version, date) is then shown.
+        folder: where ``results`` came from (``--study DIR``), or None for the shipped summary.
+    """
     if results is None:
-        return (
-            "<p>Which scheme reads inputs longer than it was trained on? posenc's lab answers with "
-            "paired comparisons over several seeds: <code>posenc extrapolate --out study</code> trains "
-            "one small language model per scheme and seed (about an hour on 2 cores; "
-            "<code>--quick</code> for a 2-minute version), then <code>posenc report --study study</code> "
-            "puts its tables and figure here, and uses its trained checkpoints for the learned schemes.</p>"
-        )
+        return _no_study()
     cfg = results["config"]
     if cfg["mode"] != "lm":
         return (
-            f"<p class='note'>Study {html.escape(str(folder))} is a {html.escape(cfg['mode'])} task "
+            f"<p class='note'>Study {esc(folder)} is a {esc(cfg['mode'])} task "
             "study; the report shows language-model studies.</p>"
         )
     lens = cfg["eval_lens"]
     L = cfg["train_len"]
-    by_name: dict[str, dict[int, dict[str, Any]]] = {}
+    by_name: dict[str, dict[Any, dict[str, Any]]] = {}
     for row in results["summary"]:
-        by_name.setdefault(row["name"], {})[row["length"]] = row
-    over = (
-        f"over {len(cfg['seeds'])} seeds" if len(cfg["seeds"]) > 1 else "over evaluation windows (one seed)"
-    )
+        by_name.setdefault(str(row["name"]), {})[row["length"]] = row
+    seeds = cfg["seeds"]
+    over = f"over {len(seeds)} seeds" if len(seeds) > 1 else "over evaluation windows (one seed)"
+    beyond = [e for e in lens if e != L]
     rows = [
-        [html.escape(name), *(_interval(pts.get(e, {}).get("delta"), True) for e in lens if e != L)]
+        [esc(name), *(interval_text(pts.get(e, {}).get("delta"), True) for e in beyond)]
         for name, pts in by_name.items()
     ]
-    delta_table = table(["run", *(f"E = {e}" for e in lens if e != L)], rows, numeric=range(1, len(lens)))
+    delta_table = table(["run", *(f"E = {esc(e)}" for e in beyond)], rows, numeric=range(1, len(lens)))
+    bpb_rows = [
+        [esc(name), *(interval_text(pts.get(e, {}).get("bpb_window"), False) for e in lens)]
+        for name, pts in by_name.items()
+    ]
+    bpb_table = table(["run", *(f"E = {esc(e)}" for e in lens)], bpb_rows, numeric=range(1, len(lens) + 1))
     caption = (
         f"Sliding-window bits per byte (the same bytes scored at every length; lower is better) against the "
-        f"evaluation length, trained at L = {L} (dashed). Bands: 95% intervals {over}."
+        f"evaluation length, trained at L = {esc(L)} (dashed). Bands: 95% intervals {over}."
     )
+    size = (
+        f"{esc(cfg.get('steps', '?'))} steps per model, L = {esc(L)}, "
+        f"seeds {esc(', '.join(map(str, seeds)))}, "
+        f"d = {esc(cfg.get('d_model', '?'))}, {esc(cfg.get('num_layers', '?'))} layers"
+    )
+    prov = results.get("provenance")
+    if folder is not None or not isinstance(prov, dict):
+        source = f"<p>From the study <code>{esc(folder)}</code>: {size}. "
+    else:
+        source = (
+            "<p>posenc ships the summary of one real study, so this page answers without training: "
+            f"<code>{esc(prov.get('command'))}</code>, run on {esc(prov.get('date'))} with posenc "
+            f"{esc(prov.get('posenc'))} (torch {esc(prov.get('torch'))}, Python {esc(prov.get('python'))}): "
+            f"byte-level causal language models, {size}, trained on the Python standard library's source. "
+            "It is a small study: its numbers show the shapes, not the values a large model reaches. "
+            "<code>posenc report --study DIR</code> shows your own instead. "
+        )
     return (
-        f"<p>From the study in <code>{html.escape(str(folder))}</code>: {cfg['steps']} steps per model, "
-        f"L = {L}, seeds {', '.join(map(str, cfg['seeds']))}, d = {cfg['d_model']}, "
-        f"{cfg['num_layers']} layers. "
-        f"Paired delta: bits/byte of the same bytes read in windows of E minus in windows of L "
+        source + "Paired delta: bits/byte of the same bytes read in windows of E minus in windows of L "
         f"(&gt; 0: worse with the longer window), mean ±95% half-width {over}.</p>"
         + delta_table
+        + "<p>Sliding-window bits/byte at each evaluation length (lower is better), mean ±95% "
+        f"half-width {over}:</p>"
+        + bpb_table
         + interactive("study", study_figure(results), caption, height=440)
     )

@@ -13,11 +13,12 @@ configuration and the posenc version), so a second report reuses them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ __all__ = [
     "default_cache_dir",
     "learnable",
     "read_study",
+    "read_study_results",
     "report_study",
     "train_for_report",
 ]
@@ -135,8 +137,38 @@ def train_for_report(
     config = report_study(schemes, **(overrides or {}))
     out = Path(cache_dir) / f"study-{_study_key(config)}"
     workers = min(2, os.cpu_count() or 1, len(schemes)) if workers is None else workers
-    run_study(config, out=out, resume=True, progress=progress, log=log, workers=workers)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with _cache_lock(out.with_name(out.name + ".lock"), log):
+        run_study(config, out=out, resume=True, progress=progress, log=log, workers=workers)
     return read_study(out, schemes)
+
+
+@contextlib.contextmanager
+def _cache_lock(path: Path, log: Callable[[str], None] | None) -> Iterator[None]:
+    """Hold an exclusive lock on ``path`` (created, never deleted) while the cache is trained.
+
+    Two reports sharing a cache take turns: the second waits for the first's training, then
+    resumes the same study folder and trains only what is still missing (usually nothing). The
+    lock is released when its holder exits, however it exits (an OS file lock, not a marker file).
+    Where ``fcntl`` is missing (Windows), there is no lock and the study folder's own lock refuses
+    the second writer instead.
+    """
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(path, "a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if log is not None:
+                log(f"another posenc report is training the models cached in {path.parent}; waiting for it")
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _first_scheme(model: torch.nn.Module) -> PositionalScheme:
@@ -178,6 +210,32 @@ def _learnable_names(names: Sequence[str]) -> list[str]:
     return learnable([make_probe(n) for n in names if n in known])
 
 
+def read_study_results(folder: str | os.PathLike) -> dict[str, Any]:
+    """The ``results.json`` of a study folder, checked
+    (:func:`~posenc.analysis.default_study.check_study`).
+
+    Raises:
+        ValueError: one line naming the file and the fix: no such file, not JSON, or a field the
+            report reads is missing or malformed.
+    """
+    from .default_study import check_study
+
+    results_file = Path(folder) / "results.json"
+    if not results_file.is_file():
+        raise ValueError(
+            f"--study {str(folder)!r} holds no results.json: give the --out folder of a finished "
+            "`posenc extrapolate` run"
+        )
+    try:
+        results = json.loads(results_file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(
+            f"{results_file}: not a JSON file ({err}); give the results.json of a finished "
+            "`posenc extrapolate` run"
+        ) from None
+    return check_study(results, str(results_file))
+
+
 def read_study(folder: str | os.PathLike, schemes: Sequence[str] | None = None) -> list[TrainedScheme]:
     """The learnable schemes of a finished study in ``folder`` (its first seed's checkpoints).
 
@@ -189,18 +247,16 @@ def read_study(folder: str | os.PathLike, schemes: Sequence[str] | None = None) 
         ValueError: no ``results.json`` in ``folder``, or a requested scheme has no checkpoint.
     """
     folder = Path(folder)
-    results_file = folder / "results.json"
-    if not results_file.is_file():
-        raise ValueError(
-            f"--study {str(folder)!r} holds no results.json: give the --out folder of a finished "
-            "`posenc extrapolate` run"
-        )
-    results = json.loads(results_file.read_text(encoding="utf-8"))
+    results = read_study_results(folder)
     cfg = results["config"]
+    if not cfg["seeds"]:
+        return []
     seed = cfg["seeds"][0]
-    losses = {c["cell"]: c["train"] for c in results.get("cells", [])}
+    cells = results.get("cells") if isinstance(results.get("cells"), list) else []
+    losses = {c.get("cell"): c.get("train") or {} for c in cells if isinstance(c, dict)}
+    known = cfg.get("schemes") if isinstance(cfg.get("schemes"), list) else []
     out = []
-    for name in schemes if schemes is not None else _learnable_names(cfg["schemes"]):
+    for name in schemes if schemes is not None else _learnable_names([str(n) for n in known]):
         path = folder / "checkpoints" / f"{name}-seed{seed}.safetensors"
         if not path.is_file():
             if schemes is not None:

@@ -56,8 +56,10 @@ def _case(name: str, description: str, b: int, s: int, d: int, vocab: int, mode:
 
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (b, s), generator=gen)
-    mine = posenc.InputEmbedding(vocab, d, "sinusoidal", dropout=0.1)
-    kept = posenc.InputEmbedding(vocab, d, "sinusoidal", dropout=0.1, scheme_options={"precompute": s})
+    mine = posenc.InputEmbedding(vocab, d, "sinusoidal", layer_norm=True, dropout=0.1)
+    kept = posenc.InputEmbedding(
+        vocab, d, "sinusoidal", layer_norm=True, dropout=0.1, scheme_options={"precompute": s}
+    )
     eager = EagerInput(vocab, d, s, 0.1)
     with torch.no_grad():
         eager.emb.weight.copy_(mine.token.weight)

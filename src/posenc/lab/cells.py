@@ -42,7 +42,7 @@ from .evalset import EvalSet, sample_eval_set
 from .evaluate import EVALUATORS, EvalPoint, task_batch_fn, task_seq_len
 from .grid import Setting, run_name, split_setting, study_settings
 from .memory import check_memory, estimate_memory
-from .runs import write_json
+from .runs import check_owner, current_run_id, write_json, writing_for
 from .train import seed_everything, train
 
 __all__ = [
@@ -272,6 +272,7 @@ def run_cell(
     key = full_key(config, cell, data, device)
     if resume and (record := finished_cell(cell_file, key)) is not None:
         return record
+    check_owner(cell_file)  # a worker of a run that lost its folder starts nothing
     if threads is not None:
         torch.set_num_threads(threads)
     mc = cell_model_config(config, cell, data)
@@ -298,21 +299,32 @@ def run_cell(
 
 def full_key(config: StudyConfig, cell, data: StudyData, device: torch.device) -> dict[str, Any]:
     """What a cell's numbers depend on: the config's cell fields (:func:`cell_key`), the bytes it
-    trains on and reads, the device type and the cell's own setting."""
+    trains on and reads, the device type, the cell's own setting, and the posenc and torch
+    versions (a resume after an upgrade reruns the cells)."""
+    from .. import __version__
+
     return {
         **cell_key(config),
         "data": data.data_id,
         "eval": data.eval_id,
         "device": device.type,
         "setting": [list(kv) for kv in cell.setting],
+        "versions": {"posenc": __version__, "torch": torch.__version__},
     }
 
 
 def finished_cell(cell_file: Path | None, key: dict[str, Any]) -> dict[str, Any] | None:
     """The record in ``cell_file`` when it was run with ``key`` (marked ``reused``), else ``None``."""
+    from ..model.io import parse_json
+
     if cell_file is None or not cell_file.is_file():
         return None
-    record = json.loads(cell_file.read_text())
+    record = parse_json(cell_file.read_bytes(), f"the cell file {str(cell_file)!r}")
+    if not isinstance(record, dict) or not isinstance(record.get("runs"), list):
+        raise ValueError(
+            f"the cell file {str(cell_file)!r} is not a cell record (a JSON object with 'key' and 'runs'); "
+            "delete it and resume to run the cell again"
+        )
     return {**record, "reused": True} if record.get("key") == key else None
 
 
@@ -335,6 +347,7 @@ def _record(cell: Cell, key: dict[str, Any], model, mc, result) -> dict[str, Any
         "run": cell.run,
         "setting": dict(cell.setting),
         "key": key,
+        "run_id": current_run_id(),
         "params": sum(p.numel() for p in model.parameters()),
         "model_config": mc.to_dict(),
         "train": {
@@ -399,18 +412,26 @@ def _train_cell(
 # Running many cells
 # ----------------------------------------------------------------------------------------------
 def _cell_task(
-    config_dict: dict[str, Any], cell: Cell, out: str | None, device: str, resume: bool, threads: int | None
+    config_dict: dict[str, Any],
+    cell: Cell,
+    out: str | None,
+    device: str,
+    resume: bool,
+    threads: int | None,
+    run_id: str | None = None,
 ) -> dict[str, Any]:
-    """What a worker runs: a plain function of JSON-able arguments (picklable for any executor)."""
-    return _runner(cell)(
-        StudyConfig.from_dict(config_dict),
-        cell,
-        out=out,
-        device=device,
-        resume=resume,
-        progress=False,
-        threads=threads,
-    )
+    """What a worker runs: a plain function of JSON-able arguments (picklable for any executor).
+    It writes into ``out`` only while run ``run_id`` holds it (:func:`~posenc.lab.runs.writing_for`)."""
+    with writing_for(out, run_id):
+        return _runner(cell)(
+            StudyConfig.from_dict(config_dict),
+            cell,
+            out=out,
+            device=device,
+            resume=resume,
+            progress=False,
+            threads=threads,
+        )
 
 
 def _runner(cell) -> Callable[..., dict[str, Any]]:
@@ -429,30 +450,32 @@ def iter_cells(
     workers: int = 1,
     cluster: Any = None,
     threads: int | None = None,
+    run_id: str | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Run ``cells`` and yield each record as it finishes (in completion order).
 
     ``cluster``: a Dask scheduler address or a ``distributed.Client`` (then ``workers`` is
-    ignored); else ``workers > 1`` local processes; else this process.
+    ignored); else ``workers > 1`` local processes (:func:`~posenc.lab.workers.process_pool`:
+    they die with this process); else this process. ``run_id``: the run that holds ``out``
+    (:class:`~posenc.lab.runs.RunFolder`); every write into ``out`` checks it still does.
     """
     if cluster is None and workers <= 1:
-        for cell in cells:
-            yield _runner(cell)(
-                config, cell, out=out, device=device, resume=resume, progress=progress, threads=threads
-            )
+        with writing_for(out, run_id):
+            for cell in cells:
+                yield _runner(cell)(
+                    config, cell, out=out, device=device, resume=resume, progress=progress, threads=threads
+                )
         return
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures import as_completed
 
-    args = (config.to_dict(), None if out is None else str(out), str(device), resume, threads)
+    from .workers import process_pool
+
+    args = (config.to_dict(), None if out is None else str(out), str(device), resume, threads, run_id)
     with contextlib.ExitStack() as stack:
         if cluster is not None:
             executor = stack.enter_context(_dask_executor(cluster))
         else:
-            import multiprocessing
-
-            # spawn: a fresh interpreter per worker (fork would copy torch's thread pools)
-            ctx = multiprocessing.get_context("spawn")
-            executor = stack.enter_context(ProcessPoolExecutor(max_workers=workers, mp_context=ctx))
+            executor = stack.enter_context(process_pool(workers))
         futures = [executor.submit(_cell_task, args[0], cell, *args[1:]) for cell in cells]
         try:
             for future in as_completed(futures):

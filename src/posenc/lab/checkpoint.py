@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ from torch import nn
 
 from ..base import DEFAULTS_VERSION
 from .config import TrainConfig
+from .runs import check_owner, current_run_id
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -133,6 +136,7 @@ def save_checkpoint(
         "torch_version": torch.__version__,
         "data_id": data_id or "",
         "posenc_defaults": DEFAULTS_VERSION,
+        "run_id": current_run_id(),
     }
     _write_atomically(path, tensors, metadata)
 
@@ -158,6 +162,7 @@ def _write_atomically(path: Path, tensors: dict[str, torch.Tensor], metadata: di
     """A temporary file in the same folder, flushed to disk, renamed over ``path`` (atomic on POSIX)."""
     import safetensors.torch
 
+    check_owner(path)  # a process of a run that lost its folder writes nothing into it
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
@@ -169,6 +174,9 @@ def _write_atomically(path: Path, tensors: dict[str, torch.Tensor], metadata: di
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
 
+
+#: Metadata fields that hold JSON.
+_JSON_META = ("train_config", "model_config", "aliases", "optimizer_groups", "optimizer_scalars", "rng")
 
 #: Metadata every checkpoint of this format carries.
 _REQUIRED_META = (
@@ -205,7 +213,90 @@ def read_checkpoint_meta(path: str | os.PathLike) -> dict[str, str]:
             f"the checkpoint {str(path)!r} lacks {missing}: it was not written by this "
             "version's save_checkpoint; delete it to start again"
         )
+    _check_meta(path, meta)
     return meta
+
+
+def _check_meta(path: Path, meta: dict[str, str]) -> None:
+    """Every metadata field :func:`load_checkpoint` reads has the type it writes (JSON nested at
+    most 32 deep); a ``ValueError`` naming the file and the field otherwise."""
+    from ..model.io import parse_json
+
+    def bad(field: str, expected: str) -> ValueError:
+        return ValueError(
+            f"the checkpoint {str(path)!r} field {field!r} is not {expected}; it was not written by "
+            "save_checkpoint (delete it to start again)"
+        )
+
+    parsed = {k: parse_json(meta[k], f"the checkpoint {str(path)!r} field {k!r}") for k in _JSON_META}
+    if not meta["step"].isdigit() or len(meta["step"]) > 18:
+        raise bad("step", "an integer >= 0")
+    try:
+        elapsed = float(meta["elapsed_s"])
+    except ValueError:
+        elapsed = math.nan
+    if not math.isfinite(elapsed) or elapsed < 0:
+        raise bad("elapsed_s", "a number of seconds >= 0")
+    if not isinstance(parsed["train_config"], dict):
+        raise bad("train_config", "a JSON object")
+    if not isinstance(parsed["model_config"], (dict, type(None))):
+        raise bad("model_config", "a JSON object or null")
+    aliases = parsed["aliases"]
+    if not isinstance(aliases, dict) or not all(isinstance(v, str) for v in aliases.values()):
+        raise bad("aliases", "a JSON object of parameter names")
+    groups = parsed["optimizer_groups"]
+    if not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups):
+        raise bad("optimizer_groups", "a list of parameter groups")
+    scalars = parsed["optimizer_scalars"]
+    if not isinstance(scalars, dict) or not all(
+        k.isdigit() and isinstance(v, dict) for k, v in scalars.items()
+    ):
+        raise bad("optimizer_scalars", "a JSON object of per-parameter states")
+    rng = parsed["rng"]
+    numpy_state = rng.get("numpy") if isinstance(rng, dict) else None
+    python_state = rng.get("python") if isinstance(rng, dict) else None
+    if not (
+        isinstance(numpy_state, list)
+        and len(numpy_state) == 4
+        and isinstance(numpy_state[0], str)
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in numpy_state[1:])
+        and isinstance(python_state, list)
+        and len(python_state) == 3
+        and isinstance(python_state[0], int)
+        and isinstance(python_state[1], list)
+        and len(python_state[1]) == 625
+        and all(isinstance(v, int) and 0 <= v < 2**32 for v in python_state[1])
+        and (python_state[2] is None or isinstance(python_state[2], float))
+    ):
+        raise bad("rng", "the NumPy and Python random states")
+
+
+def _check_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """The non-weight tensors a checkpoint must hold, with the shapes and dtypes that restore."""
+    expected = {
+        "history.loss": (torch.float64, None),
+        "rng.torch": (torch.uint8, torch.get_rng_state().numel()),
+        "rng.numpy": (torch.int64, 624),
+    }
+    for name, (dtype, numel) in expected.items():
+        tensor = tensors.get(name)
+        if (
+            tensor is None
+            or tensor.dtype != dtype
+            or tensor.dim() != 1
+            or numel not in (None, tensor.numel())
+        ):
+            got = "missing" if tensor is None else f"{tensor.dtype} of shape {tuple(tensor.shape)}"
+            size = "" if numel is None else f" of {numel}"
+            raise ValueError(
+                f"the checkpoint {str(path)!r} tensor {name!r} must be a 1-D {dtype}{size}, got {got}; "
+                "it was not written by save_checkpoint (delete it to start again)"
+            )
+    for name in tensors:
+        if name.startswith("optimizer.") and not re.fullmatch(r"optimizer\.\d{1,9}\.\w+", name):
+            raise ValueError(
+                f"the checkpoint {str(path)!r} holds a tensor {name!r} save_checkpoint never writes"
+            )
 
 
 def load_checkpoint(
@@ -232,6 +323,7 @@ def load_checkpoint(
         raise ValueError(
             f"{str(path)!r} is not a readable checkpoint ({err}); delete it to start again"
         ) from None
+    _check_tensors(path, tensors)
     model = _unwrap(model)
     state = {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}
     for alias, canonical in json.loads(meta["aliases"]).items():
@@ -273,15 +365,20 @@ def load_trained_model(path: str | os.PathLike) -> nn.Module:
         ValueError: the file is missing or is neither kind of posenc file.
     """
     from .. import model as models
-    from ..model.io import config_from_metadata, read_metadata
+    from ..model.io import MODEL_CLASSES, config_from_metadata, read_metadata
 
     path = Path(path)
     meta = read_metadata(path, "checkpoint")
     if meta.get("posenc_checkpoint") != CHECKPOINT_FORMAT:
         return models.load_model(path).eval()  # a save_model file, or its clear error
-    cls = getattr(models, meta.get("model_class", ""), None)
+    cls = MODEL_CLASSES.get(meta.get("model_class", ""))  # an allow-list, not a lookup on a module
     if cls is None or not meta.get("model_config") or meta["model_config"] == "null":
-        raise ValueError(f"{str(path)!r} does not record a posenc model class and config")
-    model = cls(config_from_metadata(meta["model_config"], meta))
+        raise ValueError(
+            f"{str(path)!r} does not record a posenc model class ({', '.join(MODEL_CLASSES)}) and config"
+        )
+    read_checkpoint_meta(path)
+    model = cls(
+        config_from_metadata(meta["model_config"], meta, f"the checkpoint {str(path)!r} field 'model_config'")
+    )
     load_checkpoint(path, model, restore_rng=False)
     return model.eval()

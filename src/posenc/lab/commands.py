@@ -416,7 +416,7 @@ def train_run(args: argparse.Namespace) -> int:
     import dataclasses
 
     from .config import StudyConfig
-    from .runs import RunFolder
+    from .runs import RunFolder, writing_for
 
     fields = {"schemes": (args.scheme,), "variants": (), **_overrides(args)}
     fields["eval_lens"] = (fields.get("train_len", 128),)
@@ -434,7 +434,7 @@ def train_run(args: argparse.Namespace) -> int:
     )  # checks the path before any work
     info, device, threads = _setup(args)
     try:
-        with folder:
+        with folder, writing_for(folder.path, folder.run_id):
             _train_one(args, study, tc, mc, folder.path, info, device, threads)
     finally:
         _teardown()

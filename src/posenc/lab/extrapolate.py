@@ -41,7 +41,7 @@ from .config import StudyConfig
 from .distributed import dist_info
 from .finetune import finetune_cells, finetune_summary
 from .grid import settings_summary
-from .runs import RunFolder, write_json
+from .runs import RunFolder, write_json, writing_for
 from .stats import format_interval, seed_interval
 
 __all__ = ["STUDY_ARTIFACTS", "SUMMARY_METRICS", "format_table", "run_study", "summarize", "training_summary"]
@@ -140,12 +140,15 @@ def run_study(
             "fine-tuning starts from each trained model's checkpoint: give an output folder (out=, --out)"
         )
     if out is None:
-        return _run_study(config, None, device, resume, progress, log, threads, workers, cluster)
-    with RunFolder(out, STUDY_ARTIFACTS, resume=resume, overwrite=overwrite, lock=info.is_main):
-        return _run_study(config, out, device, resume, progress, log, threads, workers, cluster)
+        return _run_study(config, None, device, resume, progress, log, threads, workers, cluster, None)
+    with RunFolder(out, STUDY_ARTIFACTS, resume=resume, overwrite=overwrite, lock=info.is_main) as folder:
+        run_id = folder.run_id  # checked by every write into the folder, the workers' too
+        return _run_study(config, out, device, resume, progress, log, threads, workers, cluster, run_id)
 
 
-def _run_study(config, out, device, resume, progress, log, threads, workers, cluster) -> dict[str, Any]:
+def _run_study(
+    config, out, device, resume, progress, log, threads, workers, cluster, run_id
+) -> dict[str, Any]:
     t_start = time.perf_counter()
     device = torch.device(device)
     info = dist_info()
@@ -168,6 +171,7 @@ def _run_study(config, out, device, resume, progress, log, threads, workers, clu
         cluster=cluster,
         threads=threads,
         progress=progress if workers <= 1 and cluster is None else False,
+        run_id=run_id,
     )
     show = sys.stderr.isatty() if progress is None else progress  # None: bars on a terminal only
     records = _run_cells(config, cells, run, show and info.is_main, say)
@@ -178,7 +182,8 @@ def _run_study(config, out, device, resume, progress, log, threads, workers, clu
     with contextlib.suppress(OSError):
         env["load_avg_end"] = list(os.getloadavg())
     if out is not None and info.is_main:
-        _write_study(Path(out), results, say)
+        with writing_for(out, run_id):
+            _write_study(Path(out), results, say)
     return results
 
 

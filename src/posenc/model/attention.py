@@ -33,6 +33,7 @@ from ..base import PositionalScheme
 from ..kernels import attention_cpu as _attention_cpu
 from .cache import KVCache
 from .config import ModelConfig
+from .norms import RMSNorm
 from .plan import AttentionPlan
 
 __all__ = ["MultiHeadAttention", "attend"]
@@ -139,7 +140,10 @@ class MultiHeadAttention(nn.Module):
 
     Args:
         config: a :class:`~posenc.model.ModelConfig` (``d_model``, ``num_heads``, ``num_kv_heads``,
-            ``dropout``, ``bias``, ``qk_layout``).
+            ``dropout``, ``bias``/``qkv_bias``/``out_bias``, ``qk_norm``, ``qk_layout``).
+
+    With ``config.qk_norm`` each head's queries and keys pass an RMSNorm over their ``d_h`` dims
+    (one weight shared by the heads) before the positional scheme, as in Qwen3.
 
     ``config.qk_layout`` is the axis order the scheme's ``rotate`` sees: ``"bhsd"`` (default,
     ``[b, h, s, d_h]``) or ``"bshd"`` (``[b, s, h, d_h]``, rotated before the transpose, as
@@ -157,10 +161,16 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.kv_heads, config.head_dim
         d, d_kv = config.d_model, config.kv_heads * config.head_dim
-        self.q_proj = nn.Linear(d, d, bias=config.bias)
-        self.k_proj = nn.Linear(d, d_kv, bias=config.bias)
-        self.v_proj = nn.Linear(d, d_kv, bias=config.bias)
-        self.o_proj = nn.Linear(d, d, bias=config.bias)
+        qkv_bias = config.projection_bias("qkv")
+        self.q_proj = nn.Linear(d, d, bias=qkv_bias)
+        self.k_proj = nn.Linear(d, d_kv, bias=qkv_bias)
+        self.v_proj = nn.Linear(d, d_kv, bias=qkv_bias)
+        self.o_proj = nn.Linear(d, d, bias=config.projection_bias("out"))
+        if config.qk_norm:
+            self.q_norm = RMSNorm(config.head_dim, config.norm_eps)
+            self.k_norm = RMSNorm(config.head_dim, config.norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
         self.dropout = config.dropout
         self.qk_layout = config.qk_layout
 
@@ -173,6 +183,8 @@ class MultiHeadAttention(nn.Module):
         q = self.q_proj(x).view(b, s, self.num_heads, self.head_dim)  # [b, s, d] -> [b, s, h, d_h]
         k = self.k_proj(src).view(b, s_k, self.num_kv_heads, self.head_dim)  # [b, s_k, h_kv, d_h]
         v = self.v_proj(src).view(b, s_k, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        if self.q_norm is not None:  # per head, over d_h
+            q, k = self.q_norm(q), self.k_norm(k)
         if self.qk_layout == "bshd":
             return q, k, v
         return q.transpose(1, 2), k.transpose(1, 2), v  # [b, h, s, d_h]
@@ -233,10 +245,13 @@ class MultiHeadAttention(nn.Module):
         (:meth:`AttentionPlan.bias_blocks`) where the plan allows it.
         """
         bias = rel = None
+        # a bias that reads the keys (CoPE) needs them all, the cache's included: computed at the end
+        keyed = scheme is not None and "score_bias" in scheme.hooks and scheme.score_bias_uses_keys
+        q_raw = self._heads_first(q) if keyed else None  # q before rotate
         if scheme is not None:
             if scheme.has_relative_values:  # Shaw et al. with values: the explicit-softmax path
                 rel = _relative_values(scheme, plan.q_positions, plan.k_positions)
-            if "score_bias" in scheme.hooks:  # q before rotate
+            if "score_bias" in scheme.hooks and not keyed:  # q before rotate
                 qh = self._heads_first(q)
                 if blocked and rel is None:
                     bias = plan.bias_blocks(scheme, qh)
@@ -257,6 +272,8 @@ class MultiHeadAttention(nn.Module):
             q, k = self._heads_first(q), self._heads_first(k)
             if cache is not None:
                 k, v = cache.update(layer, k, v)
+        if keyed:
+            bias = plan.score_bias(scheme, q_raw, k)
         return q, k, v, bias, rel
 
     @torch.no_grad()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,13 +17,35 @@ from .._validate import check_choice, check_fields, check_int, check_positive_fl
 from ..embedding import TIE_STRATEGIES
 from ..registry import config_keys, scheme_class, schemes
 
-__all__ = ["NORMS", "ModelConfig"]
+__all__ = ["ACTIVATION_NAMES", "NORMS", "NORM_TYPES", "RESIDUALS", "ModelConfig"]
 
 #: Where each block's LayerNorm sits: before each sub-layer (GPT-2, stable) or after the residual
 #: sum (Vaswani et al. 2017, BERT).
 NORMS: dict[str, str] = {
     "pre": "x + f(LayerNorm(x)), and a final LayerNorm before the output layer (GPT-2)",
     "post": "LayerNorm(x + f(x)) (Vaswani et al. 2017, BERT)",
+}
+
+
+#: The normalisation layer of every block and the final norm (``norm_type``).
+NORM_TYPES: dict[str, str] = {
+    "layernorm": "LayerNorm: (x - mean) / std * weight + bias (GPT-2, GPT-NeoX, Bloom)",
+    "rmsnorm": "RMSNorm: x / rms(x) * weight, computed in float32 at least (Llama, Mistral, Qwen, Phi-3)",
+}
+
+#: The MLP's activation (``activation``); with ``gated_mlp`` it multiplies the up projection.
+ACTIVATION_NAMES: dict[str, str] = {
+    "gelu": "GELU, exact (erf) form",
+    "gelu_tanh": "GELU, tanh approximation (GPT-2's gelu_new, Gemma's gelu_pytorch_tanh)",
+    "silu": "SiLU / swish (with gated_mlp: SwiGLU, Llama)",
+    "relu": "ReLU",
+}
+
+#: How a block combines attention and MLP (``residual``).
+RESIDUALS: dict[str, str] = {
+    "sequential": "x = x + Attn(N1(x)); x = x + MLP(N2(x)) (GPT-2, Llama)",
+    "parallel": "x = x + Attn(N1(x)) + MLP(N2(x)) (GPT-NeoX)",
+    "parallel_shared_norm": "x = x + Attn(N(x)) + MLP(N(x)), one norm (GPT-J, Phi-2)",
 }
 
 
@@ -64,6 +87,24 @@ class ModelConfig:
         src_vocab_size: source vocabulary of an encoder-decoder; ``None`` = ``vocab_size``.
         qk_layout: the axis order queries and keys are rotated in: ``"bhsd"`` (``[b, h, s, d_h]``,
             default) or ``"bshd"`` (``[b, s, h, d_h]``); the same numbers either way.
+
+    The block (defaults: the GPT-2-style block above; a Llama block is ``norm_type="rmsnorm",
+    activation="silu", gated_mlp=True``):
+
+    Args:
+        norm_type: ``"layernorm"`` or ``"rmsnorm"`` (:data:`NORM_TYPES`), in every block and at the end.
+        norm_eps: the norms' epsilon (LayerNorm's 1e-5 by default; Llama uses 1e-6 or 1e-5).
+        activation: the MLP's activation, a key of :data:`ACTIVATION_NAMES`.
+        gated_mlp: ``down(act(gate(x)) * up(x))`` (SwiGLU with ``"silu"``, GeGLU with a GELU) instead
+            of ``down(act(up(x)))``.
+        qkv_bias, out_bias, mlp_bias: biases on the query/key/value projections, the attention
+            output projection and the MLP's layers; ``None`` = ``bias`` (Qwen2: ``qkv_bias=True``
+            alone).
+        residual: ``"sequential"``, ``"parallel"`` or ``"parallel_shared_norm"`` (:data:`RESIDUALS`);
+            the parallel forms need ``norm="pre"`` and a decoder-only model.
+        qk_norm: RMSNorm over each head's ``d_h`` dims of queries and keys, before the positional
+            scheme (Qwen3, Gemma 3).
+        output_bias: a bias on the output layer (GPT-J).
     """
 
     vocab_size: int
@@ -87,6 +128,17 @@ class ModelConfig:
     bias: bool = False
     src_vocab_size: int | None = None
     qk_layout: str = "bhsd"
+    # the block; the defaults are the GPT-2-style block, bit for bit
+    norm_type: str = "layernorm"
+    norm_eps: float = 1e-5
+    activation: str = "gelu"
+    gated_mlp: bool = False
+    qkv_bias: bool | None = None
+    out_bias: bool | None = None
+    mlp_bias: bool | None = None
+    residual: str = "sequential"
+    qk_norm: bool = False
+    output_bias: bool = False
 
     def __post_init__(self) -> None:
         check_int(self.vocab_size, "vocab_size")
@@ -158,6 +210,25 @@ class ModelConfig:
                 f"position={self.position!r} needs max_len (the length of its table); "
                 f"e.g. ModelConfig(..., position={self.position!r}, max_len=512)"
             )
+        self._check_block()
+
+    def _check_block(self) -> None:
+        """The block's fields: names from their tables, bools as bools, a parallel residual pre-norm."""
+        check_choice(self.norm_type, "norm_type", NORM_TYPES)
+        check_positive_float(self.norm_eps, "norm_eps")
+        check_choice(self.activation, "activation", ACTIVATION_NAMES)
+        check_choice(self.residual, "residual", RESIDUALS)
+        for name in ("gated_mlp", "qk_norm", "output_bias"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        for name in ("qkv_bias", "out_bias", "mlp_bias"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool or None (= bias), got {getattr(self, name)!r}")
+        if self.residual != "sequential" and self.norm != "pre":
+            raise ValueError(
+                f"residual={self.residual!r} adds both branches to the block's input, which needs "
+                "norm='pre'; use residual='sequential' with norm='post'"
+            )
 
     # ------------------------------------------------------------------------------------------
     @property
@@ -175,6 +246,12 @@ class ModelConfig:
         """The MLP hidden width: ``d_ff``, or ``4 * d_model`` when it is None."""
         return 4 * self.d_model if self.d_ff is None else self.d_ff
 
+    def projection_bias(self, part: str) -> bool:
+        """Whether the ``"qkv"``, ``"out"`` (attention output) or ``"mlp"`` projections have biases:
+        the part's own field, or ``bias`` when it is None."""
+        own = {"qkv": self.qkv_bias, "out": self.out_bias, "mlp": self.mlp_bias}[part]
+        return self.bias if own is None else own
+
     def with_legacy_defaults(self) -> ModelConfig:
         """This config as a model saved before defaults version 2 was built: each option whose
         default changed since (the scheme's ``legacy_defaults``) gets its old value unless set."""
@@ -188,9 +265,11 @@ class ModelConfig:
 
     def approx_num_params(self) -> int:
         """About how many parameters a decoder-only model of this config has (token table, per
-        layer ``4 d^2`` attention and ``2 d d_ff`` MLP weights, norms), before building it."""
+        layer ``4 d^2`` attention and ``2 d d_ff`` MLP weights (``3 d d_ff`` gated), norms), before
+        building it."""
         d, f = self.d_model, self.ffn_dim
-        return self.vocab_size * d + self.num_layers * (4 * d * d + 2 * d * f + 4 * d) + 2 * d
+        mlp = (3 if self.gated_mlp else 2) * d * f
+        return self.vocab_size * d + self.num_layers * (4 * d * d + mlp + 4 * d) + 2 * d
 
     def check_fits(self) -> None:
         """Refuse (``InsufficientMemoryError``, a ``ValueError``) a model whose weights would not fit
@@ -241,8 +320,17 @@ class ModelConfig:
         return cls(**data)
 
 
-def _divisors(n: int) -> list[int]:
-    return [k for k in range(1, n + 1) if n % k == 0]
+#: The largest number whose divisors an error message lists: the search takes ``sqrt(n)`` steps, and
+#: ``n`` may come from a file, so a crafted size must not make a message take unbounded time.
+_DIVISORS_UP_TO = 1 << 24
+
+
+def _divisors(n: int) -> list[int] | str:
+    """The divisors of ``n`` (``sqrt(n)`` steps), or a description of them past :data:`_DIVISORS_UP_TO`."""
+    if n > _DIVISORS_UP_TO:
+        return f"the divisors of {n}"
+    small = [k for k in range(1, math.isqrt(n) + 1) if n % k == 0]
+    return sorted({*small, *(n // k for k in small)})
 
 
 def _causal_schemes() -> list[str]:

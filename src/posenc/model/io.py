@@ -13,6 +13,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+from typing import Any
 
 import safetensors
 import safetensors.torch
@@ -24,13 +25,19 @@ from .classes import MODEL_CLASSES
 from .config import ModelConfig
 
 __all__ = [
+    "MAX_JSON_DEPTH",
     "MODEL_CLASSES",
     "build_saved",
     "config_from_metadata",
     "load_weights",
+    "parse_json",
     "read_metadata",
     "save_model_file",
 ]
+
+#: The deepest nesting of lists and objects posenc accepts in JSON it reads from a file (its own
+#: files nest 4 levels at most); deeper JSON is refused before anything recurses through it.
+MAX_JSON_DEPTH = 32
 
 
 def save_model_file(model: nn.Module, path: str | os.PathLike) -> None:
@@ -51,11 +58,55 @@ def save_model_file(model: nn.Module, path: str | os.PathLike) -> None:
     safetensors.torch.save_model(model, str(path), metadata=metadata)  # drops duplicate (tied) names
 
 
-def config_from_metadata(config_json: str, metadata: dict[str, str]) -> ModelConfig:
+def parse_json(text: str | bytes, where: str) -> Any:
+    """``text`` parsed as JSON, nested at most :data:`MAX_JSON_DEPTH` deep; a ``ValueError``
+    naming ``where`` (the file and field) for text that is not UTF-8 or not JSON, or nests deeper."""
+    try:
+        value = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{where} is not valid JSON ({err})") from None
+    except RecursionError:
+        value = None
+        depth = MAX_JSON_DEPTH + 1
+    else:
+        depth = _depth(value)
+    if depth > MAX_JSON_DEPTH:
+        raise ValueError(
+            f"{where} nests lists/objects more than {MAX_JSON_DEPTH} deep; it is not a posenc file"
+        )
+    return value
+
+
+def _depth(value: Any) -> int:
+    """How deep lists and dicts nest in ``value`` (a scalar: 0), without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, level)
+        if level <= MAX_JSON_DEPTH:
+            stack.extend((child, level + 1) for child in children)
+    return deepest
+
+
+def config_from_metadata(
+    config_json: str, metadata: dict[str, str], where: str = "the model config"
+) -> ModelConfig:
     """The :class:`ModelConfig` a file was saved with; a file from before defaults version 2 gets
-    the old values of the defaults that changed since (``PositionalScheme.legacy_defaults``)."""
-    config = ModelConfig.from_dict(json.loads(config_json))
-    return config if metadata.get("posenc_defaults") == DEFAULTS_VERSION else config.with_legacy_defaults()
+    the old values of the defaults that changed since (``PositionalScheme.legacy_defaults``).
+    ``where`` names the file and field for errors (``ValueError``: bad JSON, a wrong field)."""
+    data = parse_json(config_json, where)
+    if not isinstance(data, dict):
+        raise ValueError(f"{where} must be a JSON object of ModelConfig fields, got {type(data).__name__}")
+    try:
+        config = ModelConfig.from_dict(data)
+        return (
+            config if metadata.get("posenc_defaults") == DEFAULTS_VERSION else config.with_legacy_defaults()
+        )
+    except (TypeError, ValueError) as err:  # the field's own message: name, value and fix
+        raise ValueError(f"{where}: {err}") from None
 
 
 def read_metadata(path: str | os.PathLike, what: str = "file") -> dict[str, str]:

@@ -71,9 +71,18 @@ class AttentionPlan:
             )
         return self._rotary_tables[key]
 
-    def score_bias(self, scheme: PositionalScheme, q: torch.Tensor) -> torch.Tensor | None:
+    def score_bias(
+        self, scheme: PositionalScheme, q: torch.Tensor, k: torch.Tensor | None = None
+    ) -> torch.Tensor | None:
         """``scheme.score_bias`` for this forward's positions ``[b | 1, h, s, s_k]``; a bias that
-        does not read ``q`` is computed once and reused by every layer sharing ``scheme``."""
+        does not read ``q`` is computed once and reused by every layer sharing ``scheme``. A scheme
+        that reads the keys (``score_bias_uses_keys``) gets ``k`` ``[b, h_kv, s_k, d_h]`` (every key)
+        and this plan's mask as ``keep``."""
+        if scheme.score_bias_uses_keys:
+            if k is None:
+                raise ValueError(f"scheme {scheme.name!r} reads the keys: pass k=[b, h_kv, s_k, d_h]")
+            keep = self.keep(q.shape[-2], k.shape[-2], q.device)
+            return scheme.score_bias(self.q_positions, self.k_positions, q, k=k, keep=keep)
         if scheme.score_bias_uses_query:
             return scheme.score_bias(self.q_positions, self.k_positions, q)
         if scheme not in self._biases:

@@ -14,6 +14,7 @@ and tools to read, and is what :func:`from_pretrained` builds the model from.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -24,7 +25,7 @@ import torch
 from .._paths import write_json
 from ..base import DEFAULTS_VERSION
 from .classes import MODEL_CLASSES
-from .io import build_saved, config_from_metadata, load_weights, save_model_file
+from .io import build_saved, config_from_metadata, load_weights, parse_json, read_metadata, save_model_file
 
 __all__ = ["CONFIG_FILE", "WEIGHTS_FILE", "Pretrained", "from_pretrained", "save_pretrained"]
 
@@ -78,25 +79,53 @@ def from_pretrained(
             f"{str(folder)!r} is not a saved posenc model folder: it needs {CONFIG_FILE} and "
             f"{WEIGHTS_FILE} (written by model.save_pretrained(folder))"
         )
-    try:
-        saved = json.loads(config_path.read_text())
-        name, config_dict = saved["posenc_model"], saved["config"]
-    except (json.JSONDecodeError, KeyError, TypeError) as err:
-        raise ValueError(f"{str(config_path)!r} is not a posenc config.json ({err})") from None
-    if name not in MODEL_CLASSES:
-        raise ValueError(
-            f"{str(config_path)!r} names an unknown model class {name!r}; known: {', '.join(MODEL_CLASSES)}"
-        )
+    where = repr(str(config_path))
+    saved = parse_json(config_path.read_bytes(), where)
+    if not isinstance(saved, dict) or not {"posenc_model", "config"} <= saved.keys():
+        raise ValueError(f"{where} is not a posenc config.json: it needs 'posenc_model' and 'config'")
+    name, config_dict = saved["posenc_model"], saved["config"]
+    if not isinstance(name, str) or name not in MODEL_CLASSES:
+        raise ValueError(f"{where} names an unknown model class {name!r}; known: {', '.join(MODEL_CLASSES)}")
     if expect is not None and MODEL_CLASSES[name] is not expect:
         raise ValueError(
             f"{str(folder)!r} holds a {name}, not a {expect.__name__}; load it with "
             f"{name}.from_pretrained or posenc.load_model"
         )
+    defaults, cross = saved.get("posenc_defaults", ""), saved.get("cross_attention", True)
+    if not isinstance(defaults, str) or not isinstance(cross, bool):
+        raise ValueError(f"{where}: 'posenc_defaults' must be a string and 'cross_attention' a bool")
     config = config_from_metadata(
-        json.dumps(config_dict), {"posenc_defaults": saved.get("posenc_defaults", "")}
+        json.dumps(config_dict), {"posenc_defaults": defaults}, f"{where} field 'config'"
     )
-    model = build_saved(name, config, device, cross_attention=saved.get("cross_attention", True))
+    _check_against_weights(weights, name, config, cross)
+    model = build_saved(name, config, device, cross_attention=cross)
     return load_weights(model, weights, device, dtype).eval()
+
+
+def _check_against_weights(weights: Path, name: str, config, cross_attention: bool) -> None:
+    """``config.json`` must describe the weights: the model file carries its own class and config
+    (:func:`~posenc.model.io.save_model_file`), and a scheme with the same shapes (RoPE read as
+    NoPE or ALiBi) would otherwise load silently as another model."""
+    meta = read_metadata(weights, "model file")
+    if "posenc_config" not in meta:
+        return  # weights written by other tools: their shapes are checked when they load
+    where = f"{str(weights)!r} metadata 'posenc_config'"
+    own = config_from_metadata(meta["posenc_config"], meta, where)
+    own_cross = meta.get("cross_attention", "True") == "True"
+    if (
+        meta.get("posenc_model") != name
+        or own != config
+        or (own_cross != cross_attention and "cross_attention" in meta)
+    ):
+        a, b = dataclasses.asdict(config), dataclasses.asdict(own)
+        diff = [f"{k}: {a[k]!r} vs {b[k]!r}" for k in a if a[k] != b[k]]
+        if meta.get("posenc_model") != name:
+            diff.insert(0, f"model class: {name!r} vs {meta.get('posenc_model')!r}")
+        raise ValueError(
+            f"{str(weights.parent / CONFIG_FILE)!r} does not describe the weights in {WEIGHTS_FILE} "
+            f"({'; '.join(diff) or 'cross_attention differs'}); restore config.json or load the weights "
+            f"file alone with posenc.load_model({str(weights)!r})"
+        )
 
 
 class Pretrained:

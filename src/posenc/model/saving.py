@@ -47,7 +47,9 @@ def load_model(
     name = metadata["posenc_model"]
     if name not in MODEL_CLASSES:
         raise ValueError(f"{path} holds an unknown model class {name!r}; known: {', '.join(MODEL_CLASSES)}")
-    config = config_from_metadata(metadata["posenc_config"], metadata)
+    config = config_from_metadata(
+        metadata["posenc_config"], metadata, f"{str(path)!r} metadata 'posenc_config'"
+    )
     model = build_saved(
         name, config, device, cross_attention=metadata.get("cross_attention", "True") == "True"
     )

@@ -1,4 +1,4 @@
-"""The layers a Transformer is made of: the MLP, the block (attention + MLP with residuals), and
+"""The layers a Transformer is made of: the block (attention + MLP with residuals), and
 the two stacks, :class:`Encoder` and :class:`Decoder`, that take any positional scheme by name.
 
 The scheme is built with :func:`posenc.build_with_context` from ``config.position``: one instance
@@ -16,17 +16,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .._alloc import factory_kwargs
 from ..base import PositionalScheme
 from ..embedding import InputEmbedding
-from ..registry import build_with_context
+from ..registry import build_with_context, scheme_class
 from .attention import MultiHeadAttention
 from .cache import KVCache
 from .classes import register_model
 from .config import ModelConfig
+from .mlp import MLP
+from .norms import make_norm
 from .plan import AttentionPlan, plan_attention, plan_cross_attention
 from .pretrained import Pretrained
 
@@ -36,36 +37,29 @@ __all__ = ["MLP", "Block", "Decoder", "Encoder", "Memory"]
 _ATTENTION_HOOKS = ("rotate", "score_bias")
 
 
-class MLP(nn.Module):
-    """Position-wise feed-forward ``Linear(d, d_ff) -> GELU -> Linear(d_ff, d)``: ``[b, s, d] -> [b, s, d]``.
-
-    ``d_ff`` is ``config.ffn_dim``.
-    """
-
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        self.up = nn.Linear(config.d_model, config.ffn_dim, bias=config.bias)
-        self.down = nn.Linear(config.ffn_dim, config.d_model, bias=config.bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(F.gelu(self.up(x)))
-
-
 class Block(nn.Module):
-    """One Transformer layer: self-attention, optional cross-attention, MLP; pre- or post-LayerNorm.
+    """One Transformer layer: self-attention, optional cross-attention, MLP; pre- or post-norm.
 
-    ``pre``: ``x = x + Drop(Attn(LN(x)))``; ``post``: ``x = LN(x + Drop(Attn(x)))``, and the same
-    for cross-attention and the MLP. Shapes: ``[b, s, d] -> [b, s, d]``.
+    ``pre``: ``x = x + Drop(Attn(N(x)))``; ``post``: ``x = N(x + Drop(Attn(x)))``, and the same
+    for cross-attention and the MLP. ``N`` is ``config.norm_type`` (LayerNorm or RMSNorm). With
+    ``config.residual="parallel"``: ``x = x + Drop(Attn(N1(x))) + Drop(MLP(N2(x)))`` (GPT-NeoX);
+    ``"parallel_shared_norm"``: one norm feeds both (GPT-J). Shapes: ``[b, s, d] -> [b, s, d]``.
     """
 
     def __init__(self, config: ModelConfig, *, cross_attention: bool = False) -> None:
         super().__init__()
         self.pre_norm = config.norm == "pre"
-        self.norm1 = nn.LayerNorm(config.d_model)
+        self.parallel = config.residual != "sequential"
+        if self.parallel and cross_attention:
+            raise ValueError(
+                f"residual={config.residual!r} is a decoder-only block; a block with cross-attention "
+                "takes residual='sequential'"
+            )
+        self.norm1 = make_norm(config)
         self.attn = MultiHeadAttention(config)
-        self.norm_cross = nn.LayerNorm(config.d_model) if cross_attention else None
+        self.norm_cross = make_norm(config) if cross_attention else None
         self.cross = MultiHeadAttention(config) if cross_attention else None
-        self.norm2 = nn.LayerNorm(config.d_model)
+        self.norm2 = None if config.residual == "parallel_shared_norm" else make_norm(config)
         self.mlp = MLP(config)
         self.drop = nn.Dropout(config.dropout)
         # GPT-2 initialisation: N(0, init_std = 0.02), residual projections scaled by 1/sqrt(2 L).
@@ -94,6 +88,10 @@ class Block(nn.Module):
         if self.pre_norm:
             h = self.norm1(x)
             kv = None if memory is None else torch.cat((self.norm1(memory), h), dim=1)  # [b, m + s, d]
+            if self.parallel:  # both branches read the block's input
+                a = self.attn(h, plan, scheme, kv=kv, cache=cache, layer=layer)
+                m = self.mlp(h if self.norm2 is None else self.norm2(x))
+                return x + self.drop(a) + self.drop(m)
             x = x + self.drop(self.attn(h, plan, scheme, kv=kv, cache=cache, layer=layer))
             if self.cross is not None:
                 x = x + self.drop(self.cross(self.norm_cross(x), context_plan, None, kv=context))
@@ -156,6 +154,11 @@ class _Stack(nn.Module):
         super().__init__()
         if causal:
             config.check_causal()
+        elif not scheme_class(config.position).bidirectional_ok:
+            raise ValueError(
+                f"position={config.position!r} is defined for causal attention only, so it cannot run in an "
+                "encoder; use it in a decoder (TransformerLM), or pick another scheme for the encoder"
+            )
         self.config, self.causal = config, causal
         first = self._build_scheme()
         if first.position_dims != 1:
@@ -183,7 +186,9 @@ class _Stack(nn.Module):
         self.blocks = nn.ModuleList(
             Block(config, cross_attention=cross_attention) for _ in range(config.num_layers)
         )
-        self.norm = nn.LayerNorm(config.d_model) if config.norm == "pre" else nn.Identity()
+        if config.embed_norm:  # the input layer's LayerNorm takes the model's epsilon
+            self.embed.norm.eps = config.norm_eps
+        self.norm = make_norm(config) if config.norm == "pre" else nn.Identity()
 
     def _build_scheme(self) -> PositionalScheme:
         cfg = self.config

@@ -26,7 +26,8 @@ builds the tables once per forward pass (``RotaryEmbedding.rotary_tables``, thro
 plan) and hands them to every layer's ``rotate``.
 
 Convention for ``cos``/``sin``: **half width**, one value per rotated pair: ``[..., s, r/2]``,
-broadcastable against ``x[..., s, :r/2]``. Positions ``[s]`` give ``[s, r/2]`` (shared by the batch
+broadcastable against ``x[..., s, :r/2]`` (Hugging Face's full-width tables, each value twice,
+convert with :func:`half_width_tables`). Positions ``[s]`` give ``[s, r/2]`` (shared by the batch
 and heads); positions ``[b, s]`` give ``[b, 1, s, r/2]`` for ``x`` of shape ``[b, h, s, d_h]``.
 The attention scale of a rule (YaRN's ``0.1 ln s + 1``, LongRoPE's factor) multiplies both ``cos``
 and ``sin`` exactly as Hugging Face transformers does, so q and k are each scaled by it and the
@@ -41,7 +42,7 @@ Legend: ``b`` batch, ``h`` query heads, ``h_kv`` key/value heads, ``s`` sequence
 """
 
 from ..kernels.rope_reference import ROTARY_LAYOUTS
-from .apply import QK_LAYOUTS, apply_rotary, apply_rotary_qk
+from .apply import QK_LAYOUTS, apply_rotary, apply_rotary_qk, half_width_tables
 from .hf import hf_rope_config, permute_qk_weights, rope_from_hf
 from .modules import RotaryEmbedding
 from .scalings import ROPE_SCALINGS, RopeScaling, document_lengths, rope_cos_sin, rope_frequencies
@@ -58,6 +59,7 @@ __all__ = [
     "apply_rotary",
     "apply_rotary_qk",
     "document_lengths",
+    "half_width_tables",
     "hf_rope_config",
     "permute_qk_weights",
     "rope_cos_sin",

@@ -162,17 +162,68 @@ def _check_args(x, cos, sin, qk_layout: str, rotary_dim: int | None) -> int:
             f"x must be [..., s, d_h] and cos [..., s, r/2]; got x {tuple(x.shape)}, cos {tuple(cos.shape)}"
         )
     r = 2 * cos.shape[-1]
+    full = _FULL_WIDTH.format(w=cos.shape[-1])
     if rotary_dim is not None and check_int(rotary_dim, "rotary_dim", minimum=2, even=True) != r:
         raise ValueError(
             f"rotary_dim={rotary_dim} does not match cos/sin, which are half width (r/2 = {cos.shape[-1]}, "
             f"so r = {r}); build them for {rotary_dim // 2} pairs or drop rotary_dim"
+            + (full if cos.shape[-1] == rotary_dim else "")
         )
     if r < 2 or r > x.shape[-1]:
         raise ValueError(
             f"cos/sin cover r = {r} dims (r/2 = {cos.shape[-1]} pairs) but x has d_h = {x.shape[-1]}; "
             "cos/sin are half width: [..., s, r/2] with 2 <= r <= d_h"
+            + (full if 2 <= cos.shape[-1] <= x.shape[-1] and cos.shape[-1] % 2 == 0 else "")
         )
     return r
+
+
+_FULL_WIDTH = (
+    "; tables with {w} values per position look full width (Hugging Face's cos/sin hold each value "
+    "twice): convert them with posenc.half_width_tables(cos, sin, layout='half') (or "
+    "layout='interleaved' for GPT-J/Meta tables)"
+)
+
+
+def half_width_tables(
+    cos: torch.Tensor, sin: torch.Tensor, *, layout: str = "half", check: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Full-width tables (each angle's value twice, as Hugging Face's rotary modules return them)
+    -> posenc's half width (one value per rotated pair), views, no copy.
+
+    Args:
+        cos, sin: ``[..., s, r]``. ``layout="half"``: HF Llama/NeoX's ``cat((c, c), -1)``, read as
+            ``[..., :r/2]``; ``"interleaved"``: GPT-J/Meta's ``repeat_interleave(c, 2, -1)``, read
+            as ``[..., ::2]``.
+        check: verify that the two copies agree (one comparison pass); ``ValueError`` otherwise
+            (the tables are then not full width in this layout).
+
+    Returns:
+        ``(cos, sin)`` ``[..., s, r/2]`` each, for :func:`apply_rotary` with the same ``layout``.
+    """
+    check_choice(layout, "layout", ROTARY_LAYOUTS)
+    for name, t in (("cos", cos), ("sin", sin)):
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor [..., s, r], got {_describe(t)}")
+        if t.dim() < 1 or t.shape[-1] % 2:
+            raise ValueError(f"{name} must be [..., s, r] with r even, got {tuple(t.shape)}")
+    if cos.shape != sin.shape:
+        raise ValueError(
+            f"cos and sin must have the same shape, got {tuple(cos.shape)} and {tuple(sin.shape)}"
+        )
+    half = cos.shape[-1] // 2
+    pairs = []
+    for name, t in (("cos", cos), ("sin", sin)):
+        a, b = (t[..., :half], t[..., half:]) if layout == "half" else (t[..., 0::2], t[..., 1::2])
+        if check and not torch.equal(a, b):
+            other = "interleaved" if layout == "half" else "half"
+            raise ValueError(
+                f"{name} {tuple(t.shape)} does not hold each value twice in layout={layout!r}: it is not "
+                f"a full-width table in that layout (try layout={other!r}, or pass half-width tables as "
+                "they are)"
+            )
+        pairs.append(a)
+    return pairs[0], pairs[1]
 
 
 def check_compute_dtype(compute_dtype: object) -> torch.dtype | None:

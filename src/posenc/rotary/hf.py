@@ -67,9 +67,12 @@ def hf_rope_config(config: Any, *, layout: str | None = None) -> dict[str, Any]:
     partial = params.get(
         "partial_rotary_factor", _get(config, "partial_rotary_factor", _get(config, "rotary_pct"))
     )
+    rule_keys = (*ROPE_SCALINGS[rule].required, *ROPE_SCALINGS[rule].optional)
+    # a rule that takes the rotated fraction itself (proportional) spans the whole head
+    own_fraction = "partial_rotary_factor" in rule_keys
     if _get(config, "model_type") in HF_INTERLEAVED_MODEL_TYPES and _get(config, "rotary_dim") is not None:
         out["rotary_dim"] = _get(config, "rotary_dim")
-    elif partial is not None and partial != 1.0:
+    elif partial is not None and partial != 1.0 and not own_fraction:
         out["partial_rotary_factor"] = float(partial)
     if layout is None:
         model_type = _get(config, "model_type")
@@ -79,8 +82,9 @@ def hf_rope_config(config: Any, *, layout: str | None = None) -> dict[str, Any]:
     if rule == "default":
         out["scaling"] = None
         return out
-    rule_keys = (*ROPE_SCALINGS[rule].required, *ROPE_SCALINGS[rule].optional)
     scaling = {k: v for k, v in params.items() if k not in _HF_DROP and k in rule_keys}
+    if own_fraction:  # HF's default fraction is 1.0
+        scaling["partial_rotary_factor"] = 1.0 if partial is None else float(partial)
     max_pos = _get(config, "max_position_embeddings")
     if rule == "dynamic":  # HF's dynamic NTK measures growth against max_position_embeddings
         scaling[_L0] = max_pos

@@ -21,9 +21,11 @@ from ..positions import resolve_positions
 from .apply import (
     QK_LAYOUTS,
     _describe,
+    _is_integer,
     _seq_axis,
     _seq_mismatch,
     _wide,
+    apply_rotary,
     apply_rotary_qk,
     check_compute_dtype,
 )
@@ -40,13 +42,70 @@ from .scalings import (
 # ----------------------------------------------------------------------------------------------
 # Modules
 # ----------------------------------------------------------------------------------------------
-def _check_qk(q: torch.Tensor, k: torch.Tensor, head_dim: int, qk_layout: str = "bhsd") -> None:
+def _check_qk(
+    q: torch.Tensor,
+    k: torch.Tensor | None,
+    head_dim: int,
+    qk_layout: str = "bhsd",
+    num_heads: int | None = None,
+) -> None:
+    """Types and shapes of ``q`` and ``k`` (``k`` None: one tensor rotated alone, which may be
+    queries or keys), the head axis against ``num_heads`` when the module knows it."""
     form = f"[b, h, s, {head_dim}]" if qk_layout == "bhsd" else f"[b, s, h, {head_dim}]"
     for name, t in (("q", q), ("k", k)):
+        if t is None:
+            continue
         if not isinstance(t, torch.Tensor) or not t.is_floating_point():
             raise TypeError(f"{name} must be a floating-point tensor {form}, got {_describe(t)}")
         if t.dim() != 4 or t.shape[-1] != head_dim:
             raise ValueError(f"{name} must have shape {form}, got {tuple(t.shape)} (qk_layout={qk_layout!r})")
+        if num_heads is not None:
+            _check_heads(t, name, num_heads, qk_layout, queries=name == "q" and k is not None)
+
+
+def _check_heads(t: torch.Tensor, name: str, num_heads: int, qk_layout: str, queries: bool) -> None:
+    """The head axis of ``t`` (dim 1 for ``"bhsd"``, dim 2 for ``"bshd"``) holds ``num_heads``
+    (queries) or a divisor of it (keys, grouped-query attention); otherwise the tensor is most
+    likely laid out the other way, which positions alone cannot reveal."""
+    axis = 1 if qk_layout == "bhsd" else 2
+    n = t.shape[axis]
+    ok = n == num_heads if queries else n >= 1 and num_heads % n == 0
+    if ok:
+        return
+    form = "[b, h, s, d_h]" if qk_layout == "bhsd" else "[b, s, h, d_h]"
+    other = "bshd" if qk_layout == "bhsd" else "bhsd"
+    want = f"{num_heads}" if queries else f"{num_heads} or a divisor of it (grouped-query keys)"
+    hint = ""
+    if t.shape[3 - axis] == num_heads or (not queries and num_heads % max(t.shape[3 - axis], 1) == 0):
+        hint = f"; if {name} is laid out the other way, pass qk_layout={other!r}"
+    raise ValueError(
+        f"{name} {tuple(t.shape)} has {n} along its head axis (dim {axis}: qk_layout={qk_layout!r} "
+        f"reads {name} as {form}) but this module has num_heads={num_heads}, so it needs {want}{hint}"
+    )
+
+
+def _one_call(k, q_positions, k_positions, position_ids):
+    """``(k, q_positions, k_positions)`` of a call as written: ``position_ids`` (Hugging Face's
+    name) is ``q_positions``; an integer tensor in ``k``'s place is the positions of a tensor
+    rotated alone (``rope(x, positions)``, as torchtune's ``rope(x, input_pos=...)``)."""
+    if position_ids is not None:
+        if q_positions is not None:
+            raise ValueError(
+                "pass the positions once: q_positions or position_ids (the same argument under its "
+                "Hugging Face name), not both"
+            )
+        q_positions = position_ids
+    if isinstance(k, torch.Tensor) and _is_integer(k):
+        if q_positions is not None:
+            raise ValueError(
+                f"k is an integer tensor {tuple(k.shape)}, read as the positions of a tensor rotated "
+                "alone (rope(x, positions)), but q_positions/position_ids is given too; pass keys as a "
+                "floating-point tensor, or the positions once"
+            )
+        k, q_positions = None, k
+    if k is None and k_positions is not None:
+        raise ValueError("k_positions needs keys: pass k, or rotate one tensor alone with rope(x, positions)")
+    return k, q_positions, k_positions
 
 
 def _check_seq(positions: torch.Tensor | None, x: torch.Tensor, qk_layout: str, name: str, xname: str):
@@ -119,10 +178,19 @@ class RotaryEmbedding(PositionalScheme):
             tables eager mode builds in a call, for ``n * r`` floats of memory. Default 0: tables
             are built in each call (a model builds them once per forward for all its layers). Only
             for scalings whose frequencies do not depend on the length.
+        num_heads: ``h``, when known (a model passes it): q's head axis must hold ``h`` and k's a
+            divisor of it, so a tensor laid out the other way (``[b, s, h, d_h]`` under ``"bhsd"``)
+            is refused naming ``qk_layout``. Default None: no head check; such a tensor is then
+            caught only where positions are given (their length must match the sequence axis).
 
     Shapes: ``rotate(q [b, h, s_q, d_h], k [b, h_kv, s_k, d_h], q_positions [s_q] | [b, s_q],
     k_positions [s_k] | [b, s_k]) -> (q, k)`` of the same shapes and dtypes; with ``"bshd"``
     ``q [b, s_q, h, d_h]``, ``k [b, s_k, h_kv, d_h]``. ``rope(q, k)`` is ``rope.rotate(q, k)``.
+    One positions tensor rotates q and k at the same positions (as Hugging Face's
+    ``apply_rotary_pos_emb(q, k, cos, sin)`` and torchtune's ``input_pos``): ``rope(q, k, pos)``
+    or ``rope(q, k, position_ids=pos)``; ``k_positions`` is for keys elsewhere (a KV-cache step
+    with the whole key cache, cross attention). One tensor alone: ``rope(x, pos)`` or
+    ``rope.rotate_one(x, pos)`` -> ``x`` rotated.
 
     For length-dependent rules (``dynamic``, ``longrope``) the current length is
     ``max(q_positions, k_positions) + 1`` and ``needs_unrotated_cache`` is ``True`` on the instance:
@@ -161,9 +229,11 @@ class RotaryEmbedding(PositionalScheme):
         qk_layout: str = "bhsd",
         compute_dtype: torch.dtype | str | None = None,
         precompute: int = 0,
+        num_heads: int | None = None,
     ) -> None:
         super().__init__()
         self.qk_layout = check_choice(qk_layout, "qk_layout", QK_LAYOUTS)
+        self.num_heads = None if num_heads is None else check_int(num_heads, "num_heads")
         self.compute_dtype = check_compute_dtype(compute_dtype)
         self.head_dim = check_int(head_dim, "head_dim", minimum=2)
         self.rotary_dim = _resolve_rotary_dim(head_dim, rotary_dim, partial_rotary_factor)
@@ -268,9 +338,28 @@ class RotaryEmbedding(PositionalScheme):
         return self.qk_layout if qk_layout is None else check_choice(qk_layout, "qk_layout", QK_LAYOUTS)
 
     def _positions(self, q, k, q_positions, k_positions, qk_layout: str = "bhsd"):
-        _check_seq(q_positions, q, qk_layout, "q_positions", "q")
-        _check_seq(k_positions, k, qk_layout, "k_positions", "k")
+        """Resolved ``(q_positions, k_positions)``: each given one checked against its tensor's
+        sequence axis; one positions tensor (``q_positions`` alone) places q and k both there."""
         axis = _seq_axis(qk_layout)
+        if q_positions is None and k_positions is not None:
+            raise ValueError(
+                "k_positions is given without q_positions: pass q_positions too (e.g. "
+                f"torch.arange({q.shape[axis]}) for queries at 0..s_q-1), or pass the one positions "
+                "tensor of q and k as q_positions (position_ids)"
+            )
+        _check_seq(q_positions, q, qk_layout, "q_positions", "q")
+        if q_positions is not None and k_positions is None:
+            if isinstance(q_positions, torch.Tensor) and k.shape[axis] != q.shape[axis]:
+                raise ValueError(
+                    f"one positions tensor rotates q and k at the same positions, but q has "
+                    f"s_q = {q.shape[axis]} and k has s_k = {k.shape[axis]}: pass the keys' positions "
+                    f"as k_positions (e.g. a KV-cache step with every cached key: k_positions="
+                    f"torch.arange({k.shape[axis]}), q_positions=torch.arange({k.shape[axis] - q.shape[axis]}"
+                    f", {k.shape[axis]}))"
+                )
+            qp = resolve_positions(q_positions, q.shape[axis], q.device, name="q_positions")
+            return qp, qp
+        _check_seq(k_positions, k, qk_layout, "k_positions", "k")
         qp = resolve_positions(q_positions, q.shape[axis], q.device, name="q_positions")
         kp = resolve_positions(k_positions, k.shape[axis], k.device, name="k_positions")
         return qp, kp
@@ -305,7 +394,16 @@ class RotaryEmbedding(PositionalScheme):
         """The dtype ``x``'s tables are built in: x's, or float32 where ``compute_dtype`` widens x."""
         return torch.float32 if _wide(x, self.compute_dtype) else x.dtype
 
-    def rotary_tables(self, q, k, q_positions=None, k_positions=None, *, qk_layout=None) -> RotaryTables:
+    def rotary_tables(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        q_positions: torch.Tensor | None = None,
+        k_positions: torch.Tensor | None = None,
+        *,
+        position_ids: torch.Tensor | None = None,
+        qk_layout: str | None = None,
+    ) -> RotaryTables:
         """The cos/sin tables :meth:`rotate` needs for these positions, built once: a model builds
         them once per forward pass and passes them to every layer (``rotate(..., tables=...)``).
 
@@ -314,29 +412,50 @@ class RotaryEmbedding(PositionalScheme):
         (float32 where ``compute_dtype`` widens them).
         """
         qk_layout = self._qk_layout(qk_layout)
-        _check_qk(q, k, self.head_dim, qk_layout)
+        if k is None or (isinstance(k, torch.Tensor) and _is_integer(k)):
+            raise TypeError("rotary_tables needs q and k (floating-point tensors); positions come after them")
+        _, q_positions, k_positions = _one_call(k, q_positions, k_positions, position_ids)
+        _check_qk(q, k, self.head_dim, qk_layout, self.num_heads)
         (cq, sq), (ck, sk), _ = self._tables(q, k, q_positions, k_positions, qk_layout)
         return RotaryTables(cq, sq, ck, sk, qk_layout)
 
     def rotate(
         self,
         q: torch.Tensor,
-        k: torch.Tensor,
+        k: torch.Tensor | None = None,
         q_positions: torch.Tensor | None = None,
         k_positions: torch.Tensor | None = None,
         *,
+        position_ids: torch.Tensor | None = None,
         qk_layout: str | None = None,
         tables: RotaryTables | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotate ``q [b, h, s_q, d_h]`` and ``k [b, h_kv, s_k, d_h]`` by their positions (default
-        ``arange``; a KV-cache step passes offset positions, packing/left padding pass ``[b, s]``).
-        With ``qk_layout="bshd"`` (default: the module's) q and k are ``[b, s, h, d_h]``.
+    ) -> tuple[torch.Tensor, torch.Tensor] | torch.Tensor:
+        """Rotate ``q [b, h, s_q, d_h]`` and ``k [b, h_kv, s_k, d_h]`` by their positions.
+
+        Positions: none -> q at ``arange(s_q)``, k at ``arange(s_k)``; one tensor (``q_positions``,
+        or ``position_ids`` as Hugging Face names it) -> q and k both at those positions (``s_q``
+        must equal ``s_k``); ``q_positions`` and ``k_positions`` -> each at its own (a KV-cache
+        step that rotates the whole key cache, cross attention). Positions are ``[s]`` or
+        ``[b, s]`` (packing, left padding). With ``qk_layout="bshd"`` (default: the module's) q and
+        k are ``[b, s, h, d_h]``.
+
+        One tensor alone: ``rotate(x)``, ``rotate(x, positions)`` (an integer tensor in ``k``'s
+        place) or ``rotate(x, position_ids=positions)`` returns ``x`` rotated (:meth:`rotate_one`).
 
         ``tables``: from :meth:`rotary_tables` for the same positions (and layout), to skip building
         them again; without it they are built here. q and k are rotated in one kernel call
-        (:func:`apply_rotary_qk`)."""
+        (:func:`apply_rotary_qk`).
+
+        Returns:
+            ``(q, k)`` of the same shapes and dtypes; one tensor when ``k`` is not given.
+        """
         qk_layout = self._qk_layout(qk_layout)
-        _check_qk(q, k, self.head_dim, qk_layout)
+        k, q_positions, k_positions = _one_call(k, q_positions, k_positions, position_ids)
+        if k is None:
+            if tables is not None:
+                raise TypeError("tables apply to q and k rotated together; rotate one tensor without them")
+            return self.rotate_one(q, q_positions, qk_layout=qk_layout)
+        _check_qk(q, k, self.head_dim, qk_layout, self.num_heads)
         if tables is None:
             (cq, sq), (ck, sk), _ = self._tables(q, k, q_positions, k_positions, qk_layout)
         else:
@@ -350,12 +469,27 @@ class RotaryEmbedding(PositionalScheme):
         kw = {"layout": self.layout, "rotary_dim": self.rotary_dim, "qk_layout": qk_layout}
         return apply_rotary_qk(q, k, cq, sq, ck, sk, compute_dtype=self.compute_dtype, **kw)
 
+    def rotate_one(
+        self, x: torch.Tensor, positions: torch.Tensor | None = None, *, qk_layout: str | None = None
+    ) -> torch.Tensor:
+        """Rotate one tensor, queries or keys, by its positions (torchtune's and
+        rotary-embedding-torch's habit): the same numbers as the matching half of :meth:`rotate`.
+
+        Shapes: ``x [b, h, s, d_h]`` (``"bshd"``: ``[b, s, h, d_h]``), ``positions [s]`` or
+        ``[b, s]`` (default ``arange(s)``) -> ``[b, h, s, d_h]``, x's dtype."""
+        qk_layout = self._qk_layout(qk_layout)
+        _check_qk(x, None, self.head_dim, qk_layout, self.num_heads)
+        (cos, sin), _, _ = self._tables(x, x, positions, None, qk_layout)
+        kw = {"layout": self.layout, "rotary_dim": self.rotary_dim, "qk_layout": qk_layout}
+        return apply_rotary(x, cos, sin, compute_dtype=self.compute_dtype, **kw)
+
     def extra_repr(self) -> str:
         scaling = "" if self.scaling_rule == "default" else f", scaling={self.scaling_rule!r}"
         qk = "" if self.qk_layout == "bhsd" else f", qk_layout={self.qk_layout!r}"
         wide = "" if self.compute_dtype is None else f", compute_dtype={self.compute_dtype}"
         kept = f", precompute={self.precompute}" if self.precompute else ""
+        heads = "" if self.num_heads is None else f", num_heads={self.num_heads}"
         return (
             f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base}, "
-            f"layout={self.layout!r}{scaling}{qk}{wide}{kept}"
+            f"layout={self.layout!r}{scaling}{qk}{wide}{kept}{heads}"
         )

@@ -1,6 +1,6 @@
 """RoPE's frequencies: the scaling registry (:data:`ROPE_SCALINGS`: ``default``, ``linear``, ``ntk``,
-``dynamic``, ``yarn``, ``llama3``, ``longrope``), :func:`rope_frequencies`, :func:`rope_cos_sin` and
-:func:`document_lengths`.
+``dynamic``, ``yarn``, ``llama3``, ``longrope``, ``proportional``), :func:`rope_frequencies`,
+:func:`rope_cos_sin` and :func:`document_lengths`.
 
 Legend: ``b`` batch, ``s`` sequence length, ``r`` rotary width.
 """
@@ -150,6 +150,17 @@ def _longrope(r, base, p, seq_len, device):
     return torch.where(torch.as_tensor(seq_len, device=device) > l0, long, short), float(scale)
 
 
+def _proportional(r, base, p, seq_len, device):
+    # Proportional RoPE (Gemma 4; HF `_compute_proportional_rope_parameters`): the pairs span the whole
+    # width r, (i, i + r/2); the first int(fraction * r // 2) pairs turn at base^(-2i/r) (exponents over
+    # the whole width, unlike partial rotary's over the rotated part) and the others not at all (angle
+    # 0: cos 1, sin 0, the dims pass unchanged); every frequency is divided by `factor`.
+    inv = _default_inv_freq(r, base, device)
+    turning = int(p["partial_rotary_factor"] * r // 2)  # HF's rounding, float floor division then int
+    pair = torch.arange(r // 2, device=device)
+    return torch.where(pair < turning, inv, torch.zeros_like(inv)) / p["factor"], 1.0
+
+
 _L0 = "original_max_position_embeddings"
 
 
@@ -158,6 +169,14 @@ def _check_llama3(params: dict[str, Any]) -> None:
         raise ValueError(
             f"scaling['high_freq_factor'] ({params['high_freq_factor']}) must be > "
             f"scaling['low_freq_factor'] ({params['low_freq_factor']})"
+        )
+
+
+def _check_proportional(params: dict[str, Any]) -> None:
+    if params["partial_rotary_factor"] > 1:
+        raise ValueError(
+            f"scaling['partial_rotary_factor'] must be in (0, 1] (the fraction of pairs that turn), got "
+            f"{params['partial_rotary_factor']}"
         )
 
 
@@ -213,6 +232,15 @@ ROPE_SCALINGS: dict[str, RopeScaling] = {
         True,
         "Ding et al. 2024 (LongRoPE, Phi-3): per-pair factors, short/long by current length",
         _check_longrope,
+    ),
+    "proportional": RopeScaling(
+        _proportional,
+        ("partial_rotary_factor",),  # without it (HF's default 1.0) the rule is `linear`
+        {"factor": 1.0},
+        False,
+        "Gemma 4 (proportional): the first fraction of pairs over the whole head turn at base^(-2i/d_h), "
+        "the rest not; all / factor",
+        _check_proportional,
     ),
 }
 

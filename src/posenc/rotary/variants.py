@@ -12,8 +12,9 @@ import torch
 
 from .._precision import autocast_off
 from .._validate import check_int, check_positive_float
+from ..absolute import _angle_dtype
 from .apply import _describe, _is_integer, _seq_axis, apply_rotary
-from .modules import RotaryEmbedding, _check_qk, _for_heads
+from .modules import RotaryEmbedding, _check_qk, _for_heads, _one_call
 from .scalings import _default_inv_freq, rope_cos_sin
 
 __all__ = ["Rope2D", "XPos"]
@@ -50,14 +51,23 @@ class XPos(RotaryEmbedding):
         layout: str = "half",
         scale_base: float = 512.0,
         qk_layout: str = "bhsd",
+        num_heads: int | None = None,
     ) -> None:
-        super().__init__(head_dim, base, rotary_dim, partial_rotary_factor, layout, qk_layout=qk_layout)
+        super().__init__(
+            head_dim,
+            base,
+            rotary_dim,
+            partial_rotary_factor,
+            layout,
+            qk_layout=qk_layout,
+            num_heads=num_heads,
+        )
         self.scale_base = check_positive_float(scale_base, "scale_base")
 
     def log_zeta(self, device: torch.device | str | None = None) -> torch.Tensor:
-        """``ln zeta_i`` for the ``r/2`` pairs, float32: ``zeta_i = (2i/r + 0.4) / 1.4``."""
+        """``ln zeta_i`` for the ``r/2`` pairs, float64: ``zeta_i = (2i/r + 0.4) / 1.4``."""
         i2 = torch.arange(0, self.rotary_dim, 2, dtype=torch.float64, device=device)  # [r/2]: 2i
-        return torch.log((i2 / self.rotary_dim + 0.4) / 1.4).float()
+        return torch.log((i2 / self.rotary_dim + 0.4) / 1.4)
 
     def max_position(self, dtype: torch.dtype) -> int:
         """Largest ``|position|`` whose scale neither overflows nor underflows ``dtype``."""
@@ -75,37 +85,55 @@ class XPos(RotaryEmbedding):
                 f"{dtype} past |m| = {limit}; use float32/bf16 (not fp16), a larger scale_base, or rope"
             )
 
-    def _scale(self, positions: torch.Tensor, sign: float) -> torch.Tensor:
-        """``zeta^(sign * m / gamma)``: ``[..., s, r/2]`` float32."""
+    def _scale(
+        self, positions: torch.Tensor, sign: float, dtype: torch.dtype = torch.float32
+    ) -> torch.Tensor:
+        """``zeta^(sign * m / gamma)``: ``[..., s, r/2]`` in ``dtype`` (float32, or float64 for a
+        float64 model, whose range reaches about 8x further)."""
         with autocast_off(positions.device):
-            power = positions.float()[..., None] * (sign / self.scale_base)  # [..., s, 1]
-            return torch.exp(power * self.log_zeta(positions.device))  # [..., s, 1] * [r/2] -> [..., s, r/2]
+            power = positions.to(dtype)[..., None] * (sign / self.scale_base)  # [..., s, 1]
+            log_zeta = self.log_zeta(positions.device).to(dtype)  # [r/2]
+            return torch.exp(power * log_zeta)  # [..., s, 1] * [r/2] -> [..., s, r/2]
 
     def rotate(
         self,
         q: torch.Tensor,
-        k: torch.Tensor,
+        k: torch.Tensor | None = None,
         q_positions: torch.Tensor | None = None,
         k_positions: torch.Tensor | None = None,
         *,
+        position_ids: torch.Tensor | None = None,
         qk_layout: str | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """As :meth:`RotaryEmbedding.rotate`, with the xPos scales on q (``zeta^(n/gamma)``) and k
-        (``zeta^(-m/gamma)``)."""
+        """As :meth:`RotaryEmbedding.rotate` (positions likewise: one tensor places q and k both),
+        with the xPos scales on q (``zeta^(n/gamma)``) and k (``zeta^(-m/gamma)``). q and k are
+        always rotated together: their scales differ, so one tensor alone is ambiguous."""
         qk_layout = self._qk_layout(qk_layout)
-        _check_qk(q, k, self.head_dim, qk_layout)
+        k, q_positions, k_positions = _one_call(k, q_positions, k_positions, position_ids)
+        if k is None:
+            self.rotate_one(q)  # raises: xPos needs q and k
+        _check_qk(q, k, self.head_dim, qk_layout, self.num_heads)
         qp, kp = self._positions(q, k, q_positions, k_positions, qk_layout)
         self._check_range(qp, q.dtype, "q_positions")
         self._check_range(kp, k.dtype, "k_positions")
         inv, _ = self.frequencies(device=q.device)
         out = []
         for x, pos, sign in ((q, qp, 1.0), (k, kp, -1.0)):
-            cos, sin = rope_cos_sin(pos, inv)  # float32 [..., s, r/2]
-            scale = self._scale(pos, sign)
+            dtype = _angle_dtype(x.dtype)  # float32, float64 for a float64 x (its range reaches further)
+            cos, sin = rope_cos_sin(pos, inv, dtype=dtype)  # [..., s, r/2]
+            scale = self._scale(pos, sign, dtype)
             cos, sin = (cos * scale).to(x.dtype), (sin * scale).to(x.dtype)
             cos, sin = _for_heads(cos, pos, qk_layout), _for_heads(sin, pos, qk_layout)
             out.append(self._rotate_one(x, cos, sin, qk_layout))
         return out[0], out[1]
+
+    def rotate_one(self, x, positions=None, *, qk_layout=None):
+        """Refused: xPos scales queries by ``zeta^(n/gamma)`` and keys by ``zeta^(-m/gamma)``, so a
+        tensor rotated alone has no single meaning; call ``rotate(q, k, ...)``."""
+        raise TypeError(
+            "xpos scales queries and keys differently (zeta^(+n/gamma) and zeta^(-m/gamma)), so it "
+            "rotates q and k together: call rotate(q, k, positions)"
+        )
 
     def rotary_tables(self, q, k, q_positions=None, k_positions=None, *, qk_layout=None) -> None:
         """None: xPos scales queries and keys apart, so :meth:`rotate` builds its own tables."""
@@ -150,8 +178,17 @@ class Rope2D(RotaryEmbedding):
         layout: str = "half",
         grid: tuple[int, int] | None = None,
         qk_layout: str = "bhsd",
+        num_heads: int | None = None,
     ) -> None:
-        super().__init__(head_dim, base, rotary_dim, partial_rotary_factor, layout, qk_layout=qk_layout)
+        super().__init__(
+            head_dim,
+            base,
+            rotary_dim,
+            partial_rotary_factor,
+            layout,
+            qk_layout=qk_layout,
+            num_heads=num_heads,
+        )
         if self.rotary_dim % 4:
             raise ValueError(
                 f"rope_2d splits the rotary dims between two axes, so rotary_dim must be a multiple of 4, "
@@ -206,18 +243,50 @@ class Rope2D(RotaryEmbedding):
         """None: 2D coordinates are resolved per call by :meth:`rotate`."""
         return None
 
-    def rotate(self, q, k, q_positions=None, k_positions=None, *, qk_layout=None):
-        """Rotate by 2D patch coordinates (see the class docstring for shapes; ``qk_layout`` as
-        :meth:`RotaryEmbedding.rotate`)."""
+    def rotate(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor | None = None,
+        q_positions: torch.Tensor | None = None,
+        k_positions: torch.Tensor | None = None,
+        *,
+        position_ids: torch.Tensor | None = None,
+        qk_layout: str | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor] | torch.Tensor:
+        """Rotate by 2D patch coordinates (see the class docstring for shapes; positions and
+        ``qk_layout`` as :meth:`RotaryEmbedding.rotate`: one coordinates tensor places q and k
+        both; one tensor alone, ``rope_2d(x, coords)``, returns ``x`` rotated)."""
         qk_layout = self._qk_layout(qk_layout)
-        _check_qk(q, k, self.head_dim, qk_layout)
-        out = []
-        for x, pos, name in ((q, q_positions, "q_positions"), (k, k_positions, "k_positions")):
-            coords = self.coords(pos, x.shape[_seq_axis(qk_layout)], x.device, name)
-            cos, sin = self.cos_sin(coords, dtype=x.dtype, qk_layout=qk_layout)
-            kw = {"layout": self.layout, "rotary_dim": self.rotary_dim, "qk_layout": qk_layout}
-            out.append(apply_rotary(x, cos, sin, **kw))
-        return out[0], out[1]
+        k, q_positions, k_positions = _one_call(k, q_positions, k_positions, position_ids)
+        if k is None:
+            return self.rotate_one(q, q_positions, qk_layout=qk_layout)
+        _check_qk(q, k, self.head_dim, qk_layout, self.num_heads)
+        if q_positions is None and k_positions is not None:
+            raise ValueError("k_positions is given without q_positions: pass q_positions too")
+        if q_positions is not None and k_positions is None:
+            s_q, s_k = q.shape[_seq_axis(qk_layout)], k.shape[_seq_axis(qk_layout)]
+            if s_q != s_k:
+                raise ValueError(
+                    f"one coordinates tensor rotates q and k at the same positions, but q has s_q = {s_q} "
+                    f"and k has s_k = {s_k}: pass the keys' coordinates as k_positions"
+                )
+            k_positions = q_positions
+        return self._rotate_at(q, q_positions, "q_positions", qk_layout), self._rotate_at(
+            k, k_positions, "k_positions", qk_layout
+        )
+
+    def rotate_one(self, x, positions=None, *, qk_layout=None):
+        """One tensor ``x [b, h, s, d_h]`` rotated by its coordinates ``[s, 2]`` or ``[b, s, 2]``
+        (default: the grid) -> ``[b, h, s, d_h]``."""
+        qk_layout = self._qk_layout(qk_layout)
+        _check_qk(x, None, self.head_dim, qk_layout, self.num_heads)
+        return self._rotate_at(x, positions, "positions", qk_layout)
+
+    def _rotate_at(self, x, positions, name, qk_layout):
+        coords = self.coords(positions, x.shape[_seq_axis(qk_layout)], x.device, name)
+        cos, sin = self.cos_sin(coords, dtype=x.dtype, qk_layout=qk_layout)
+        kw = {"layout": self.layout, "rotary_dim": self.rotary_dim, "qk_layout": qk_layout}
+        return apply_rotary(x, cos, sin, **kw)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", grid={self.grid}"

@@ -1,11 +1,13 @@
 """Corpora: documents of text, a deterministic train/validation split by document, and byte views.
 
-Two sources, in the registry :data:`CORPORA` (plus any file or folder path):
+Three sources, in the registry :data:`CORPORA` (plus any file or folder path):
 
 * ``"stdlib"``: the Python standard library's own ``*.py`` source, read from the running
   interpreter (``sysconfig.get_paths()["stdlib"]``), so it exists on every machine, offline. Its
   content changes with the Python version, so :class:`CorpusInfo` records the version and a
   sha256 of the content: two runs with the same hash saw the same bytes.
+* ``"stdlib-docs"``: the documentation strings of those files (English prose, one document per
+  file), on which ``posenc encode`` trains its tokenizers so that common words stay whole.
 * a path (or several): a text file, or a folder searched recursively. Files are read as UTF-8,
   falling back to Latin-1 with a warning; binary files (a NUL byte in the first 8 KiB) are skipped
   with a warning; nothing readable -> ``ValueError``.
@@ -24,10 +26,11 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import re
 import sys
 import sysconfig
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -39,12 +42,14 @@ __all__ = [
     "DOC_SEPARATOR",
     "SPLIT_GAP_CHARS",
     "STDLIB_SKIP_DIRS",
+    "TRIPLE_QUOTED",
     "Corpus",
     "CorpusInfo",
     "Document",
     "file_documents",
     "load_corpus",
     "split_documents",
+    "stdlib_docstrings",
     "stdlib_documents",
 ]
 
@@ -56,6 +61,9 @@ DOC_SEPARATOR = "\n"
 STDLIB_SKIP_DIRS: frozenset[str] = frozenset(
     {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
 )
+
+#: A triple-quoted string (its text in group 1 or 2), read by the ``stdlib-docs`` corpus.
+TRIPLE_QUOTED = re.compile(r'"""(.*?)"""|\'\'\'(.*?)\'\'\'', re.S)
 
 _BINARY_PROBE = 8192
 
@@ -182,21 +190,55 @@ def stdlib_documents(max_chars: int | None = None) -> tuple[list[Document], str]
     Skips :data:`STDLIB_SKIP_DIRS`. Returns ``(documents, root)``. ``max_chars`` keeps the first
     files (in sorted order) until that many characters are reached: a fixed, deterministic subset.
     """
+    root = _stdlib_root()
+    docs: list[Document] = []
+    total = 0
+    for doc in _stdlib_files(root):
+        if max_chars is not None and total >= max_chars:
+            break
+        docs.append(doc)
+        total += len(doc.text)
+    return docs, str(root)
+
+
+def _stdlib_root() -> Path:
     root = Path(sysconfig.get_paths()["stdlib"])
     if not root.is_dir():  # pragma: no cover - a broken interpreter install
         raise ValueError(f"the standard library folder {str(root)!r} does not exist in this Python")
+    return root
+
+
+def _stdlib_files(root: Path) -> Iterator[Document]:
+    """The stdlib's non-empty ``*.py`` files under ``root`` as documents, sorted by relative path,
+    read one at a time (skipping :data:`STDLIB_SKIP_DIRS`)."""
     paths = sorted(
         (p for p in root.rglob("*.py") if not STDLIB_SKIP_DIRS.intersection(p.relative_to(root).parts[:-1])),
         key=lambda p: p.relative_to(root).as_posix(),
     )
-    docs: list[Document] = []
-    total = 0
     for p in paths:
-        if max_chars is not None and total >= max_chars:
-            break
         text = _read_text(p)
         if text is not None and text.strip():
-            docs.append(Document(p.relative_to(root).as_posix(), text))
+            yield Document(p.relative_to(root).as_posix(), text)
+
+
+def stdlib_docstrings(max_chars: int | None = None) -> tuple[list[Document], str]:
+    """The documentation strings (English prose) of the standard library's ``*.py`` files: one
+    document per file, its triple-quoted strings (docstrings, and the few long text literals
+    written the same way) joined by blank lines.
+
+    Every Python installation has them, so a tokenizer trained on them learns English words
+    (``cat``, ``mat``) without a download. Files in :func:`stdlib_documents`' order; ``max_chars``
+    stops once that many characters are gathered. Returns ``(documents, root)``.
+    """
+    root = _stdlib_root()
+    docs: list[Document] = []
+    total = 0
+    for doc in _stdlib_files(root):
+        if max_chars is not None and total >= max_chars:
+            break
+        text = "\n\n".join(a or b for a, b in TRIPLE_QUOTED.findall(doc.text))
+        if text.strip():
+            docs.append(Document(doc.name, text))
             total += len(text)
     return docs, str(root)
 
@@ -334,9 +376,15 @@ def _stdlib(max_chars: int | None) -> tuple[list[Document], str, list[str]]:
     return docs, root, []
 
 
+def _stdlib_docs(max_chars: int | None) -> tuple[list[Document], str, list[str]]:
+    docs, root = stdlib_docstrings(max_chars)
+    return docs, root, []
+
+
 #: corpus name -> loader ``(max_chars) -> (documents, source, skipped)``.
 CORPORA: dict[str, Callable[[int | None], tuple[list[Document], str, list[str]]]] = {
     "stdlib": _stdlib,
+    "stdlib-docs": _stdlib_docs,
 }
 
 

@@ -222,7 +222,9 @@ def run_pipeline(
     if "max_len" in config_keys(scheme) and "max_len" not in options:
         options["max_len"] = ids.numel()
     torch.manual_seed(seed)
-    module = InputEmbedding(vocab_size, d_model, scheme, dropout=dropout, scheme_options=options or None)
+    module = InputEmbedding(
+        vocab_size, d_model, scheme, layer_norm=True, dropout=dropout, scheme_options=options or None
+    )
     module.eval()
     module.token.check_ids(ids)
     steps: dict[str, Step] = {}
@@ -391,7 +393,10 @@ def format_pipeline(
         f"scales the rest by 1/(1-p) = {dt['keep_scale']:.4g}; eval is the identity"
     )
     lines += _matrix_lines(result, st["dropout_train"].tensor, digits, columns, rows)
-    lines.append(f"output [1, {s}, {d}] (eval) = posenc.InputEmbedding({V}, {d}, {m.scheme_name!r})(ids)")
+    lines.append(
+        f"output [1, {s}, {d}] (eval) = posenc.InputEmbedding({V}, {d}, {m.scheme_name!r}, layer_norm=True, "
+        f"dropout={m.dropout.p})(ids)"
+    )
     return "\n".join(lines)
 
 

@@ -108,7 +108,15 @@ class Tokenizer:
         """``text`` -> :class:`Encoding` (ids and tokens). WordPiece adds ``[CLS] ... [SEP]``."""
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
-        enc = self.hf.encode(text, add_special_tokens=add_special_tokens)
+        try:
+            enc = self.hf.encode(text, add_special_tokens=add_special_tokens)
+        except BaseException as err:  # a Rust panic (PanicException derives from BaseException)
+            if type(err).__name__ != "PanicException":
+                raise
+            raise ValueError(
+                f"the tokenizer failed on this text ({str(err).splitlines()[0][:200]}); its pre-tokenizer "
+                "(e.g. a Split regex) cannot run on it: use another tokenizer.json"
+            ) from None
         return Encoding(ids=list(enc.ids), tokens=list(enc.tokens))
 
     def encode_tensor(self, text: str, add_special_tokens: bool = True) -> torch.Tensor:
@@ -153,7 +161,14 @@ class Tokenizer:
         if path.is_dir():
             path = path / "tokenizer.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.hf.save(str(path))
+        # a temporary file renamed over the name: atomic, and a symbolic link at ``path`` is
+        # replaced, never written through (its target may lie outside the folder)
+        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+        try:
+            self.hf.save(str(tmp))
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
         return path
 
     def __repr__(self) -> str:
@@ -362,14 +377,78 @@ def _kind_of(hf_tok: Any) -> str:
     )
 
 
+#: The largest tokenizer.json read (bytes): real ones are a few MB (a 256k vocabulary: ~35 MB).
+MAX_TOKENIZER_FILE = 256 * 2**20
+#: Ids of a loaded tokenizer stay below this: ``tokenizers`` builds a table up to the largest id,
+#: so one id of 10^9 in a file would cost gigabytes (real vocabularies: up to ~256k).
+MAX_TOKEN_ID = 1 << 22
+#: The longest fixed padding or truncation length a loaded tokenizer may ask for.
+MAX_TOKENIZER_LENGTH = 1 << 20
+
+
+def _in_range(value: Any, top: int) -> bool:
+    """``value`` is an int (not a bool) in ``[0, top]``."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= top
+
+
+def _check_tokenizer_spec(spec: Any, where: str) -> None:
+    """Refuse what would make ``tokenizers`` allocate without bound or abort: ids past
+    :data:`MAX_TOKEN_ID`, fixed padding or truncation past :data:`MAX_TOKENIZER_LENGTH`, fields of
+    the wrong type. Each error names the file and the field."""
+    if not isinstance(spec, dict):
+        raise ValueError(f"{where} must hold a JSON object, got {type(spec).__name__}")
+    model = spec.get("model")
+    if model is None:
+        raise ValueError(f"{where} is not a valid tokenizer.json: it has no 'model'")
+    if not isinstance(model, dict):
+        raise ValueError(f"{where}: 'model' must be an object, got {type(model).__name__}")
+    vocab = model.get("vocab", {})
+    ids = vocab.values() if isinstance(vocab, dict) else None
+    if ids is None:
+        raise ValueError(
+            f"{where}: 'model.vocab' must be an object of token -> id, got {type(vocab).__name__}"
+        )
+    added = spec.get("added_tokens") or []
+    if not isinstance(added, list) or not all(isinstance(t, dict) for t in added):
+        raise ValueError(f"{where}: 'added_tokens' must be a list of objects")
+    for field, values in (("model.vocab", list(ids)), ("added_tokens[].id", [t.get("id") for t in added])):
+        bad = [v for v in values if not _in_range(v, MAX_TOKEN_ID - 1)]
+        if bad:
+            raise ValueError(
+                f"{where}: '{field}' holds the id {bad[0]!r}; ids are ints in [0, {MAX_TOKEN_ID:,})"
+            )
+    for field in ("padding", "truncation"):
+        part = spec.get(field)
+        if part is None:
+            continue
+        if not isinstance(part, dict):
+            raise ValueError(f"{where}: '{field}' must be an object or null, got {type(part).__name__}")
+        strategy = part.get("strategy")
+        lengths = [part.get("max_length")] if field == "truncation" else []
+        if isinstance(strategy, dict):
+            lengths.append(strategy.get("Fixed"))
+        for n in lengths:
+            if n is not None and not _in_range(n, MAX_TOKENIZER_LENGTH):
+                raise ValueError(
+                    f"{where}: '{field}' asks for length {n!r}; posenc reads lengths up to "
+                    f"{MAX_TOKENIZER_LENGTH:,}"
+                )
+
+
 def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
     """Read a ``tokenizer.json`` (a file, or a directory holding one) written by :meth:`Tokenizer.save`
     or by Hugging Face ``tokenizers``.
+
+    The file is checked before ``tokenizers`` reads it: at most :data:`MAX_TOKENIZER_FILE` bytes,
+    JSON nested at most 32 deep, ids below :data:`MAX_TOKEN_ID`, padding and truncation lengths
+    at most :data:`MAX_TOKENIZER_LENGTH`.
 
     Raises:
         ValueError: the path does not exist, or the file is not a valid tokenizer.json; the
             message names the path.
     """
+    from ..model.io import parse_json
+
     hf = _hf()
     path = Path(path)
     if path.is_dir():
@@ -379,12 +458,21 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
             f"tokenizer file {str(path)!r} does not exist; train one and save it, "
             "or use a built-in kind: " + ", ".join(TOKENIZER_KINDS)
         )
+    size = path.stat().st_size
+    if size > MAX_TOKENIZER_FILE:
+        raise ValueError(
+            f"tokenizer file {str(path)!r} is {size:,} bytes; posenc reads tokenizer.json files up to "
+            f"{MAX_TOKENIZER_FILE:,} bytes"
+        )
+    text = path.read_bytes()
+    where = f"tokenizer file {str(path)!r}"
+    _check_tokenizer_spec(parse_json(text, where), where)
     try:
-        hf_tok = hf.Tokenizer.from_file(str(path))
+        hf_tok = hf.Tokenizer.from_str(text.decode("utf-8"))
     except Exception as err:  # the Rust side raises a plain Exception for bad JSON/schema
-        raise ValueError(f"tokenizer file {str(path)!r} is not a valid tokenizer.json: {err}") from None
+        raise ValueError(f"{where} is not a valid tokenizer.json: {err}") from None
     try:
         kind = _kind_of(hf_tok)
     except ValueError as err:
-        raise ValueError(f"tokenizer file {str(path)!r}: {err}") from None
+        raise ValueError(f"{where}: {err}") from None
     return Tokenizer(hf_tok, kind)

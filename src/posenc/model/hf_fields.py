@@ -1,0 +1,137 @@
+"""What posenc reads from a Hugging Face ``config.json`` and writes into one, shared by the families:
+checked fields (activations, head sizes, RoPE, tying, sliding windows), the ModelConfig built from
+them, and the positional fields of an export.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import Any
+
+from ..rotary.hf import hf_rope_config
+from ..rotary.hf_out import hf_rope_fields
+from .config import ModelConfig
+from .hf_files import HFConfig
+
+__all__ = [
+    "ACTIVATIONS_IN",
+    "ACTIVATIONS_OUT",
+    "all_biases",
+    "build_config",
+    "check_heads",
+    "need",
+    "positions_out",
+    "read_activation",
+    "read_tie",
+    "rope_options",
+    "warn_sliding_window",
+]
+
+#: HF activation names -> ``ModelConfig.activation``.
+ACTIVATIONS_IN = {
+    "silu": "silu",
+    "swish": "silu",
+    "gelu": "gelu",
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "relu": "relu",
+}
+#: ``ModelConfig.activation`` -> the HF name written on export.
+ACTIVATIONS_OUT = {"silu": "silu", "gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}
+
+
+def build_config(c: HFConfig, **fields: Any) -> ModelConfig:
+    """``ModelConfig(**fields)``, refused before anything is allocated when its weights would not
+    fit in free memory; errors prefixed with the config file."""
+    try:
+        config = ModelConfig(**fields)
+        config.check_fits()
+        return config
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{c.source}: {err}") from None
+
+
+def read_activation(c: HFConfig, *names: str, default: str) -> str:
+    value = c.str(*names, default=default)
+    if value not in ACTIVATIONS_IN:
+        raise ValueError(
+            f"{c.source}: field {names[0]!r} = {value!r} is not an activation posenc has; "
+            f"supported: {', '.join(ACTIVATIONS_IN)}"
+        )
+    return ACTIVATIONS_IN[value]
+
+
+def check_heads(c: HFConfig, d: int, h: int, head_dim: int | None = None) -> None:
+    if d % h:
+        raise ValueError(f"{c.source}: num_attention_heads={h} does not divide hidden_size={d}")
+    if head_dim is not None and head_dim != d // h:
+        raise ValueError(
+            f"{c.source}: field 'head_dim' = {head_dim} differs from hidden_size / num_attention_heads = "
+            f"{d // h}; posenc's attention takes d_h = d_model / num_heads"
+        )
+
+
+def rope_options(c: HFConfig, head_dim: int, **extra: Any) -> dict[str, Any]:
+    """RoPE options for the model's ``position_options`` (``head_dim`` comes from the model)."""
+    try:
+        options = hf_rope_config({**c.data, "head_dim": head_dim, **extra})
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{c.source}: {err}") from None
+    options.pop("head_dim")
+    return options
+
+
+def read_tie(c: HFConfig, default: bool) -> str:
+    return "output" if c.bool("tie_word_embeddings", default=default) else "none"
+
+
+def warn_sliding_window(c: HFConfig, max_len: int) -> None:
+    window = c.get("sliding_window")
+    used = c.get("use_sliding_window", True)
+    if window is not None and used and window < max_len:
+        warnings.warn(
+            f"{c.source}: sliding_window={window} is not reproduced: posenc attends to every earlier "
+            f"token, so logits differ from the original past {window} tokens",
+            stacklevel=4,
+        )
+
+
+def need(ok: bool, family: str, why: str) -> None:
+    if not ok:
+        raise ValueError(f"{family}: {why}")
+
+
+def _is_position_table(scheme: Any, config: ModelConfig) -> bool:
+    """Whether the input layer's scheme adds one trained row per position (GPT-2's ``wpe``): an
+    additive table whose only parameter is ``weight [max_len, d]``, row ``p`` for position ``p``."""
+    if scheme is None or not getattr(scheme, "additive_table", False):
+        return False
+    params = dict(scheme.named_parameters())
+    weight = params.get("weight")
+    shape = (config.max_len, config.d_model)
+    return set(params) == {"weight"} and tuple(weight.shape) == shape and getattr(scheme, "offset", 0) == 0
+
+
+def positions_out(model: Any, family: str) -> dict[str, Any]:
+    """The positional config fields ``family`` writes for ``model``: RoPE's fields for a rotary
+    family, none for GPT-2 (its table is a weight); ``ValueError`` when the model's positions are
+    not the family's."""
+    config = model.config
+    attention, embedded = model.decoder.scheme(0), model.decoder.embed.position
+    if family == "gpt2":
+        need(
+            attention is None and _is_position_table(embedded, config),
+            family,
+            "learns one vector per position (position='learned', no padding row)",
+        )
+        return {}
+    rope = hf_rope_fields(attention, config.max_len)
+    need(rope is not None and embedded is None, family, "rotates queries and keys (position='rope')")
+    need(rope.pop("layout") == "half", family, "rotates in the half layout (position_options layout='half')")
+    need(config.share_position or config.num_layers == 1, family, "has one RoPE for all layers")
+    return rope
+
+
+def all_biases(cfg: ModelConfig) -> ModelConfig:
+    return dataclasses.replace(cfg, bias=True, qkv_bias=None, out_bias=None, mlp_bias=None)
