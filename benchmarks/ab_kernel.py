@@ -100,9 +100,10 @@ def _rope_case(dtype: str, layout: str, out: bool):
     ``x.mul_(1)``, or (``out``) out of place against a copy into an existing buffer."""
     x = torch.randn(4, 32, 2048, 128).to(torch.float32 if dtype == "fp32" else torch.bfloat16)
     angles = torch.arange(2048.0)[:, None] * torch.rand(64)  # [s, r/2]
-    # bf16once: float32 tables and arithmetic, one rounding
-    math = {"compute_dtype": torch.float32} if dtype == "bf16once" else {}
-    cos, sin = (t if math else t.to(x.dtype) for t in (angles.cos(), angles.sin()))
+    # bf16once: float32 tables and arithmetic, one rounding; otherwise x's dtype, every operation rounded
+    once = dtype == "bf16once"
+    math = {"compute_dtype": torch.float32 if once else "input"}
+    cos, sin = (t if once else t.to(x.dtype) for t in (angles.cos(), angles.sin()))
     y = x.clone()
     if out:
         return (

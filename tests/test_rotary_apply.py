@@ -279,7 +279,7 @@ def test_compute_dtype_float32_is_closer_to_the_exact_rotation():
     )
     exact = ref_rotate(x.double(), angles, "half")
     once = posenc.apply_rotary(x, angles.cos(), angles.sin(), compute_dtype=torch.float32)
-    bf16 = posenc.apply_rotary(x, angles.cos().bfloat16(), angles.sin().bfloat16())
+    bf16 = posenc.apply_rotary(x, angles.cos().bfloat16(), angles.sin().bfloat16(), compute_dtype="input")
     assert (once == exact.bfloat16()).double().mean() > 0.999
     assert (once.double() - exact).abs().mean() < 0.7 * (bf16.double() - exact).abs().mean()
 
@@ -355,3 +355,27 @@ def test_compute_dtype_float32_on_two_threads():
             assert torch.equal(posenc.apply_rotary(x, cos, sin, compute_dtype=torch.float32), want)
         finally:
             torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_bf16_default_is_within_one_rounding_of_the_float64_rotation(layout):
+    """The default for a bf16 x (float32 tables and arithmetic, one rounding): every element is within
+    half a bf16 ulp of the float64 rotation by the same float32 tables, plus the float32 arithmetic's
+    own error (two float32 roundings of the products' size, which matters only where the two products
+    nearly cancel), and nearly all of them are that rotation correctly rounded. The per-operation
+    form (compute_dtype="input", Hugging Face's bits) is off by up to several bf16 ulps of the inputs."""
+    gen = torch.Generator().manual_seed(3)
+    x = (torch.randn(2, 4, 128, 64, generator=gen) * 4).bfloat16()
+    angles = torch.arange(128, dtype=F64)[:, None] * torch.rand(32, generator=gen, dtype=F64) * 3
+    cos, sin = angles.cos().float(), angles.sin().float()  # the tables the rotation reads
+    got = posenc.apply_rotary(x, cos, sin, layout=layout)
+    assert got.dtype == torch.bfloat16
+    exact = ref_rotate(x.double(), torch.atan2(sin.double(), cos.double()), layout)  # float64
+    size = ref_rotate(x.double().abs(), torch.zeros_like(angles), layout)  # |x| per element
+    ulp = torch.where(exact == 0, 0.0, 2.0 ** (torch.floor(torch.log2(exact.abs())) - 7))  # bf16 ulp
+    bound = 0.5 * ulp + 2 * 2.0**-24 * 2 * size  # one bf16 rounding + float32 error of two products
+    err = (got.double() - exact).abs()
+    assert (err <= bound).all(), float((err - bound).max())
+    assert (got == exact.bfloat16()).double().mean() > 0.999
+    per_op = posenc.apply_rotary(x, cos.bfloat16(), sin.bfloat16(), layout=layout, compute_dtype="input")
+    assert ((per_op.double() - exact).abs() > bound).any()  # what the default avoids

@@ -173,31 +173,37 @@ def test_fixed_frequencies_materialize_after_a_meta_build():
 
 @pytest.mark.parametrize("per_row", [False, True])
 def test_compute_dtype_float32_builds_float32_tables_and_rounds_once(per_row):
-    """RotaryEmbedding(compute_dtype=torch.float32) on bf16 q/k: its tables are float32 (built once
-    by rotary_tables, shared by rotate) and rotate gives apply_rotary_qk's rounded-once numbers;
-    float32 q/k are untouched; the setting shows in repr and survives the JSON form "float32"."""
+    """RotaryEmbedding on bf16 q/k (default, or compute_dtype=torch.float32): its tables are float32
+    (built once by rotary_tables, shared by rotate) and rotate gives apply_rotary_qk's rounded-once
+    numbers; compute_dtype="input" gives other (per-operation) numbers; float32 q/k are rotated the
+    same either way; the setting shows in repr and survives the JSON forms "float32" and "input"."""
     gen = torch.Generator().manual_seed(0)
     q, k = (
         torch.randn(2, 4, 9, 16, generator=gen).bfloat16(),
         torch.randn(2, 2, 9, 16, generator=gen).bfloat16(),
     )
     pos = torch.arange(9).repeat(2, 1) + torch.tensor([[0], [5]]) if per_row else None
-    rope = RotaryEmbedding(16, compute_dtype=torch.float32)
+    rope = RotaryEmbedding(16)
     tables = rope.rotary_tables(q, k, pos, pos)
     assert tables.q_cos.dtype == torch.float32 and tables.k_cos is tables.q_cos
     got = rope.rotate(q, k, pos, pos)
     assert all(torch.equal(a, b) for a, b in zip(got, rope.rotate(q, k, pos, pos, tables=tables)))
-    want = posenc.apply_rotary_qk(q, k, tables.q_cos, tables.q_sin, compute_dtype=torch.float32)
-    assert all(torch.equal(a, b) for a, b in zip(got, want))
-    exact = RotaryEmbedding(16).rotate(q, k, pos, pos)
-    assert not torch.equal(got[0], exact[0])
-    q32, k32 = q.float(), k.float()
     assert all(
         torch.equal(a, b)
-        for a, b in zip(rope.rotate(q32, k32, pos, pos), RotaryEmbedding(16).rotate(q32, k32, pos, pos))
+        for a, b in zip(got, RotaryEmbedding(16, compute_dtype=torch.float32).rotate(q, k, pos, pos))
     )
-    assert "compute_dtype=torch.float32" in repr(rope)
-    assert RotaryEmbedding(16, compute_dtype="float32").compute_dtype == torch.float32
+    want = posenc.apply_rotary_qk(q, k, tables.q_cos, tables.q_sin, compute_dtype=torch.float32)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    per_op = RotaryEmbedding(16, compute_dtype="input")
+    assert per_op.rotary_tables(q, k, pos, pos).q_cos.dtype == torch.bfloat16
+    assert not torch.equal(got[0], per_op.rotate(q, k, pos, pos)[0])
+    q32, k32 = q.float(), k.float()
+    assert all(
+        torch.equal(a, b) for a, b in zip(rope.rotate(q32, k32, pos, pos), per_op.rotate(q32, k32, pos, pos))
+    )
+    assert "compute_dtype" not in repr(rope) and "compute_dtype='input'" in repr(per_op)
+    assert RotaryEmbedding(16, compute_dtype="float32").compute_dtype == "float32"
+    assert RotaryEmbedding(16, compute_dtype="input").compute_dtype == "input"
 
 
 def _tables_equal(a, b) -> bool:

@@ -109,18 +109,19 @@ def _inplace_impls(q, k, cos, sin, layout: str) -> list[Impl]:
     ]
 
 
-#: the layout tag of the float32-arithmetic implementations (checked against the "half" reference)
-_F32_MATH = "half, float32 math"
+#: the layout tag of the implementations that round after every operation in bf16
+#: (``compute_dtype="input"``, Hugging Face's bits; checked against the "half" reference)
+_INPUT_MATH = "half, bf16 per operation"
 #: the layout tag of the module with precomputed rows (an option: kept out of the speed-ups against
 #: peers, which compare the module as built)
 _KEPT_ROWS = "half, precomputed rows"
 
 
-def _float32_math_impls(q, k, positions, inv_freq, r: int) -> list[Impl]:
-    """bf16 only: posenc with ``compute_dtype=torch.float32`` (float32 tables and arithmetic, one
-    rounding; not HF's bits, within the case's tolerance of them): in place, and the module timed
-    next to the exact module in every round. Their own layout tag keeps them out of the speed-ups
-    against peers, which compare the exact arithmetic."""
+def _input_math_impls(q, k, positions, inv_freq, r: int) -> list[Impl]:
+    """bf16 only: posenc with ``compute_dtype="input"`` (bf16 tables, every product and sum rounded
+    to bf16, HF's bits; the default rounds once, within the case's tolerance of them): in place, and
+    the module timed next to the default module in every round. Their own layout tag keeps them out
+    of the speed-ups against peers, which compare the default."""
     import posenc
 
     if q.dtype != torch.bfloat16:
@@ -128,22 +129,36 @@ def _float32_math_impls(q, k, positions, inv_freq, r: int) -> list[Impl]:
     cos, sin = posenc.rope_cos_sin(positions, inv_freq)  # float32 [s, r/2] or [b, s, r/2]
     if positions.dim() == 2:
         cos, sin = cos[:, None], sin[:, None]  # [b, s, r/2] -> [b, 1, s, r/2]
+    # the tables rounded to bf16 outside the timing, as the default's float32 tables are made outside it
+    cos, sin = cos.to(q.dtype), sin.to(q.dtype)
     q_ip, k_ip = q.clone(), k.clone()
 
     def run(a, b):
-        kw = {"out": a, "compute_dtype": torch.float32}
+        kw = {"out": a, "compute_dtype": "input"}
         return posenc.apply_rotary(a, cos, sin, **kw), posenc.apply_rotary(b, cos, sin, **{**kw, "out": b})
 
-    rope = posenc.RotaryEmbedding(q.shape[-1], rotary_dim=r, compute_dtype=torch.float32)
+    rope = posenc.RotaryEmbedding(q.shape[-1], rotary_dim=r, compute_dtype="input")
     pos = None if positions.dim() == 1 and int(positions[0]) == 0 else positions
     return [
-        Impl("posenc_half_inplace_f32", lambda: run(q_ip, k_ip), "posenc", _F32_MATH,
-             "apply_rotary(x, cos32, sin32, out=x, compute_dtype=torch.float32)", form="in place",
-             output=lambda: run(q.clone(), k.clone())),
-        Impl("posenc_module_f32", lambda: rope.rotate(q, k, pos, pos), "posenc", _F32_MATH,
-             "RotaryEmbedding(compute_dtype=torch.float32).rotate(q, k)", form="module",
-             versus="posenc_module"),
-    ]  # fmt: skip
+        Impl(
+            "posenc_half_inplace_input",
+            lambda: run(q_ip, k_ip),
+            "posenc",
+            _INPUT_MATH,
+            'apply_rotary(x, cos16, sin16, out=x, compute_dtype="input")',
+            form="in place",
+            output=lambda: run(q.clone(), k.clone()),
+        ),
+        Impl(
+            "posenc_module_input",
+            lambda: rope.rotate(q, k, pos, pos),
+            "posenc",
+            _INPUT_MATH,
+            'RotaryEmbedding(compute_dtype="input").rotate(q, k)',
+            form="module",
+            versus="posenc_module",
+        ),
+    ]
 
 
 def _hf_module(q, k, positions, r: int, skipped: dict[str, str]) -> list[Impl]:
@@ -244,12 +259,14 @@ def _case(
     else:
         positions = torch.arange(offset, offset + s)  # [s]
     inv_freq, _ = posenc.rope_frequencies(d, rotary_dim=r)  # [r/2]
-    cos, sin = posenc.rope_cos_sin(positions, inv_freq, dtype=dtype)  # [s, r/2] or [b, s, r/2]
+    # float32 [s, r/2] or [b, s, r/2]: posenc's tables in every dtype (a bf16 x is rotated in float32)
+    cos, sin = posenc.rope_cos_sin(positions, inv_freq)
     angles = positions.float()[..., None] * inv_freq.float()  # [..., s, r/2], float32 as the peers keep it
     if per_token:
         cos, sin = cos[:, None], sin[:, None]  # [b, s, r/2] -> [b, 1, s, r/2]
-    hf_cos = torch.cat((cos, cos), -1).reshape(-1, s, r)  # [1 | b, s, r], HF's full-width tables
-    hf_sin = torch.cat((sin, sin), -1).reshape(-1, s, r)
+    # [1 | b, s, r]: HF's full-width tables, in x's dtype as HF's rotary module returns them
+    hf_cos = torch.cat((cos, cos), -1).reshape(-1, s, r).to(dtype)
+    hf_sin = torch.cat((sin, sin), -1).reshape(-1, s, r).to(dtype)
     freqs = angles.repeat_interleave(2, dim=-1)  # [..., s, r]: (2i, 2i+1) share angle i
     freqs_4d = freqs[:, None] if per_token else freqs  # rotary-embedding-torch: [s, r] or [b, 1, s, r]
     freqs_3d = freqs if per_token else freqs[None]  # x-transformers: [1 | b, s, r]
@@ -271,7 +288,7 @@ def _case(
     impls += _inplace_impls(q, k, cos, sin, "half") + _inplace_impls(q, k, cos, sin, "interleaved")
     skipped: dict[str, str] = {}
     impls += _peer_impls(q, k, (hf_cos, hf_sin, freqs_4d, freqs_3d), r, d, compile_peers, skipped)
-    impls += _module_impls(q, k, positions, r, skipped) + _float32_math_impls(q, k, positions, inv_freq, r)
+    impls += _module_impls(q, k, positions, r, skipped) + _input_math_impls(q, k, positions, inv_freq, r)
     scale = float(torch.maximum(q.abs().max(), k.abs().max()))
     atol, rtol = _tolerance(dtype, 0, scale)  # one set of float32 tables for every function
     for (
@@ -288,7 +305,7 @@ def _case(
         "positions": "[b, s]" if per_token else "[s]",
     }
     refs = {layout: _reference(q, k, cos, sin, layout, r) for layout in ("half", "interleaved")}
-    refs[_F32_MATH] = refs[_KEPT_ROWS] = refs["half"]
+    refs[_INPUT_MATH] = refs[_KEPT_ROWS] = refs["half"]
     return Case(
         name, description, nbytes, impls, params, skipped,
         reference=lambda: refs, atol=atol, rtol=rtol, dtype=dtype,

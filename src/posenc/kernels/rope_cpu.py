@@ -11,7 +11,7 @@ order, with the reference's roundings: in float32/float64 ``x1*cos - x2*sin`` is
 rounded operations (the kernel is built without FMA contraction); in bfloat16 every product and
 sum is rounded to bfloat16, exactly as PyTorch's bf16 elementwise ops round. The result is
 bit-identical to the reference path (tests check ``torch.equal``). Float32 tables with a bfloat16
-``x`` select the rounded-once arithmetic instead (``compute_dtype=torch.float32``): float32
+``x`` select the rounded-once arithmetic instead (the default of :func:`posenc.apply_rotary`): float32
 products and sums, each output rounded to bf16 once, bit-identical to
 ``(x.float() * cos - ...).to(torch.bfloat16)``. NaN encodings are not part of either contract: a
 NaN stays a NaN (here ``0x7FC0`` when rounded once, as c10's scalar conversion writes it).

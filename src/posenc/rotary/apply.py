@@ -45,7 +45,7 @@ def apply_rotary(
     rotary_dim: int | None = None,
     out: torch.Tensor | None = None,
     qk_layout: str = "bhsd",
-    compute_dtype: torch.dtype | None = None,
+    compute_dtype: torch.dtype | str | None = None,
 ) -> torch.Tensor:
     """Rotate the first ``r`` dims of ``x`` pairwise by the angles whose cos/sin are given.
 
@@ -55,8 +55,8 @@ def apply_rotary(
         cos, sin: ``[..., s, r/2]`` half-width tables (one value per pair), broadcastable against
             ``x[..., s, :r/2]`` without growing it: ``[s, r/2]`` for shared positions,
             ``[b, 1, s, r/2]`` for per-token positions. With ``qk_layout="bshd"``: ``[s, r/2]``
-            (shared; the head axis is added) or ``[b, s, 1, r/2]``. Cast to ``x.dtype`` before use
-            (to float32 with ``compute_dtype=torch.float32``).
+            (shared; the head axis is added) or ``[b, s, 1, r/2]``. Cast to float32 for a bf16/fp16
+            ``x`` (to ``x.dtype`` with ``compute_dtype="input"``, and for float32/float64 ``x``).
         layout: ``"half"`` pairs dims ``(i, i + r/2)`` (HF Llama, GPT-NeoX); ``"interleaved"``
             pairs ``(2i, 2i + 1)`` (RoFormer, GPT-J, Meta). See :func:`permute_qk_weights`.
         rotary_dim: ``r``; default ``2 * cos.shape[-1]``. Dims ``r..d_h`` are returned bit-identical.
@@ -64,13 +64,13 @@ def apply_rotary(
             tensor of ``x``'s shape and dtype. Not differentiable (``ValueError`` if ``x`` requires
             grad while grad mode is on).
         qk_layout: ``"bhsd"`` (default, sequence axis ``-2``) or ``"bshd"`` (sequence axis ``-3``).
-        compute_dtype: ``None`` (default): the arithmetic in ``x``'s dtype, rounded as PyTorch's
-            ops round it (a bf16 ``x`` gets HF transformers' bits: each product and sum rounded to
-            bf16). ``torch.float32``: the tables in float32, products and sums in float32, each
-            output rounded to ``x``'s dtype once (torchtune's and Meta's reference arithmetic):
-            closer to the exact rotation, and for bf16 on CPU faster (1.5-1.6x in place on an AVX2
-            host). A float32 or float64 ``x`` is rotated in its own dtype either way. Also
-            accepted as ``"float32"``.
+        compute_dtype: how a bf16/fp16 ``x`` is rotated (a float32 or float64 ``x`` is rotated
+            in its own dtype either way). ``torch.float32`` (default; also ``"float32"`` or
+            ``None``): the tables in float32, products and sums in float32, each output rounded to
+            ``x``'s dtype once (torchtune's, Meta's and flash-attention's arithmetic): within one
+            rounding of the exact rotation, and on CPU the faster path. ``"input"``: the arithmetic
+            in ``x``'s own dtype, every product and sum rounded as PyTorch's ops round it, which
+            gives Hugging Face transformers' bits (for parity with a model trained that way).
 
     Returns:
         ``[..., s, d_h]``, same dtype as ``x`` (``out`` when given). Linear in ``x``, so gradients
@@ -108,7 +108,7 @@ def apply_rotary_qk(
     layout: str = "half",
     rotary_dim: int | None = None,
     qk_layout: str = "bhsd",
-    compute_dtype: torch.dtype | None = None,
+    compute_dtype: torch.dtype | str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate queries and keys in one call: :func:`apply_rotary` of ``q`` by ``(cos, sin)`` and of
     ``k`` by ``(k_cos, k_sin)`` (default: the same tables), out of place.
@@ -226,26 +226,32 @@ def half_width_tables(
     return pairs[0], pairs[1]
 
 
-def check_compute_dtype(compute_dtype: object) -> torch.dtype | None:
-    """``compute_dtype`` as ``None`` or ``torch.float32`` (also given as ``"float32"``, which a
-    model's JSON configuration can hold); ``TypeError``/``ValueError`` naming it otherwise."""
-    if compute_dtype is None:
-        return None
-    if isinstance(compute_dtype, torch.dtype) and compute_dtype == torch.float32:
-        return torch.float32
-    if isinstance(compute_dtype, str) and compute_dtype == "float32":
-        return torch.float32
+#: The values ``compute_dtype`` takes once checked: float32 arithmetic rounded once (the default),
+#: or the input's own dtype with PyTorch's rounding after every operation (Hugging Face's bits).
+COMPUTE_DTYPES = ("float32", "input")
+
+
+def check_compute_dtype(compute_dtype: object) -> str:
+    """``compute_dtype`` as ``"float32"`` (``None``, ``torch.float32`` or ``"float32"``) or
+    ``"input"``; ``TypeError``/``ValueError`` naming it otherwise."""
+    if compute_dtype is None or compute_dtype == torch.float32:
+        return "float32"
+    if isinstance(compute_dtype, str) and compute_dtype in COMPUTE_DTYPES:
+        return compute_dtype
     if not isinstance(compute_dtype, (torch.dtype, str)):
-        raise TypeError(f"compute_dtype must be None or torch.float32, got {type(compute_dtype).__name__}")
+        raise TypeError(f'compute_dtype must be torch.float32 or "input", got {type(compute_dtype).__name__}')
     raise ValueError(
-        f'compute_dtype must be None (x\'s own dtype) or torch.float32 ("float32"), got {compute_dtype!r}'
+        f'compute_dtype must be torch.float32 (default: float32 arithmetic, rounded once) or "input" '
+        "(the input's own dtype, rounded after every operation as Hugging Face's code is), "
+        f"got {compute_dtype!r}"
     )
 
 
 def _wide(x: torch.Tensor, compute_dtype: object) -> bool:
-    """Whether ``x`` is rotated in float32 and rounded once: ``compute_dtype`` float32 with a
-    narrower ``x`` (bf16, fp16); a float32 or float64 ``x`` keeps its own dtype."""
-    return check_compute_dtype(compute_dtype) is not None and x.dtype in (torch.bfloat16, torch.float16)
+    """Whether ``x`` is rotated in float32 and rounded once: a narrower ``x`` (bf16, fp16) unless
+    ``compute_dtype="input"``; a float32 or float64 ``x`` keeps its own dtype."""
+    rounded_once = check_compute_dtype(compute_dtype) == "float32"  # checked whatever x's dtype
+    return rounded_once and x.dtype in (torch.bfloat16, torch.float16)
 
 
 def _in_dtype(x, cos, sin, wide: bool) -> tuple[torch.Tensor, torch.Tensor]:

@@ -167,10 +167,11 @@ class RotaryEmbedding(PositionalScheme):
         scaling: ``None`` or ``{"rope_type": ..., ...}`` as in :func:`rope_frequencies`.
         qk_layout: axis order of q and k: ``"bhsd"`` (default) or ``"bshd"`` (flash-attention,
             torchtune); each call may override it.
-        compute_dtype: ``None`` (default: q's and k's own dtype, PyTorch's roundings, HF
-            transformers' bits in bf16) or ``torch.float32`` (``"float32"``): bf16/fp16 q and k
-            are rotated with float32 tables in float32 arithmetic and rounded once, as torchtune
-            and Meta's reference code do (see :func:`apply_rotary`).
+        compute_dtype: ``torch.float32`` (default; also ``"float32"`` or ``None``): bf16/fp16 q
+            and k are rotated with float32 tables in float32 arithmetic and rounded once, as
+            torchtune, Meta's reference code and flash-attention do; ``"input"``: in q's and k's own
+            dtype with PyTorch's rounding after every operation, Hugging Face transformers' bits
+            (see :func:`apply_rotary`).
         precompute: ``n > 0`` computes the cos/sin rows of positions ``0..n-1`` when the module is
             built and whenever it moves or is cast (float32; float64 in a float64 module; never
             saved); calls whose positions all lie in ``0..n-1`` read them (the default positions of
@@ -486,7 +487,7 @@ class RotaryEmbedding(PositionalScheme):
     def extra_repr(self) -> str:
         scaling = "" if self.scaling_rule == "default" else f", scaling={self.scaling_rule!r}"
         qk = "" if self.qk_layout == "bhsd" else f", qk_layout={self.qk_layout!r}"
-        wide = "" if self.compute_dtype is None else f", compute_dtype={self.compute_dtype}"
+        wide = "" if self.compute_dtype == "float32" else f", compute_dtype={self.compute_dtype!r}"
         kept = f", precompute={self.precompute}" if self.precompute else ""
         heads = "" if self.num_heads is None else f", num_heads={self.num_heads}"
         return (
