@@ -414,5 +414,5 @@ def test_input_embedding_takes_a_token_embedding():
         want = layer.norm(layer.position.embed(weights[ids]))
     torch.testing.assert_close(layer.eval()(ids), want)
     assert {n for n, _ in layer.named_parameters()} >= {"token.weight", "position.weight", "norm.weight"}
-    with pytest.raises(TypeError, match="TokenEmbedding.from_pretrained"):
+    with pytest.raises(TypeError, match=r"TokenEmbedding\.from_pretrained"):
         InputEmbedding.from_token_embedding(weights)
