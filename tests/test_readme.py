@@ -15,7 +15,7 @@ README = Path(__file__).parents[1] / "README.md"
 
 #: what an HF-style script holds before the README's lines: the first block's q/k are
 #: [1, 8, 16, 64], which the second block's "bshd" module reads as s = 8, so positions are [8]
-PRELUDE = '''
+PRELUDE = """
 import torch, tokenizers
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
@@ -31,7 +31,7 @@ tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({"[PAD]": 0, "[UNK]": 1, 
                                                        unk_token="[UNK]"))
 with open("glove.6B.100d.txt", "w", encoding="utf-8") as f:
     f.write("the " + " ".join(["0.1"] * 100) + "\\ncat " + " ".join(["-0.2"] * 100) + "\\n")
-'''
+"""
 
 
 def _blocks(heading: str) -> str:
