@@ -61,6 +61,7 @@ def test_readme_library_examples_run_unchanged_in_a_hugging_face_style_script(tm
     assert namespace["coverage"].found == 2 and namespace["coverage"].missing == ["[PAD]", "[UNK]"]
     cos, sin = namespace["cos"], namespace["sin"]
     assert cos.shape == (1, 8, 32) and torch.equal(torch.cat((cos, cos), -1), namespace["hf_cos"])
+    assert torch.equal(torch.cat((sin, sin), -1), namespace["hf_sin"])
     assert (tmp_path / "my-lm" / "config.json").is_file()
     assert namespace["lm"].dtype == torch.bfloat16
     assert namespace["layer"].token is namespace["emb"]
