@@ -131,7 +131,7 @@ def test_rope_config_errors():
     with pytest.raises(ValueError, match=r"q must have shape \[b, h, s, 8\], got \(1, 3, 8\)"):
         rope.rotate(q[0], q)
     with pytest.raises(TypeError, match="k_positions must be an integer tensor"):
-        rope.rotate(q, q, None, torch.arange(3.0))
+        rope.rotate(q, q, torch.arange(3), torch.arange(3.0))
     with pytest.raises(ValueError, match=r"q_positions must have shape \[s\] or \[b, s\] with s = 3"):
         rope.rotate(q, q, torch.arange(4))
     with pytest.raises(TypeError, match="positions must be an integer tensor"):
