@@ -224,3 +224,10 @@ def test_reading_streams_in_about_the_tensors_memory(tmp_path):
     tracemalloc.stop()
     tensor_bytes = 4 * n * d
     assert vectors.shape == (n, d) and peak < 1.5 * tensor_bytes, peak / tensor_bytes
+
+
+def test_binary_word2vec_nan_is_refused(tmp_path):
+    path = tmp_path / "w2v.bin"
+    _write_binary(path, ["the", "cat"], torch.tensor([[1.0, 2.0], [float("nan"), 0.0]]))
+    with pytest.raises(ValueError, match=r"a value of word 2 \('cat'\) is NaN or infinite"):
+        read_word_vectors(path)

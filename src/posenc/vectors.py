@@ -20,7 +20,6 @@ Legend: ``V`` vocabulary size, ``d`` vector width, ``n`` words in the file.
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 from array import array
@@ -162,6 +161,7 @@ def _is_binary(head: bytes, width: int) -> bool:
 def _read_text(fh, name: str, header: tuple[int, int] | None, limit: int | None):
     words: list[str] = []
     values = array("f")  # float32 rows, one after another: grows by ~1/16, no per-value objects
+    lines = array("q")  # each word's line number, for the messages
     width = None if header is None else header[1]
     if width is not None and width < 1:
         raise ValueError(f"{name!r} line 1: the header says d = {width}; vectors need d >= 1")
@@ -194,18 +194,26 @@ def _read_text(fh, name: str, header: tuple[int, int] | None, limit: int | None)
             )
         word = fields[0].rstrip(" ")
         try:
-            row = [float(v) for v in fields[1:]]
+            values.extend([float(v) for v in fields[1:]])
         except ValueError:
             raise ValueError(f"{name!r} line {number}: a value is not a number") from None
-        if not all(map(math.isfinite, row)):
-            raise ValueError(f"{name!r} line {number}: a value of {word!r} is NaN or infinite")
-        values.extend(row)
         words.append(word)
+        lines.append(number)
         if limit is not None and len(words) >= limit:
             break
     if not words:
         raise ValueError(f"{name!r} holds no word vectors")
-    return words, _as_tensor(values, len(words), width)
+    vectors = _as_tensor(values, len(words), width)
+    bad = _first_non_finite(vectors)
+    if bad is not None:
+        raise ValueError(f"{name!r} line {lines[bad]}: a value of {words[bad]!r} is NaN or infinite")
+    return words, vectors
+
+
+def _first_non_finite(vectors: torch.Tensor) -> int | None:
+    """The first row of ``vectors`` ``[n, d]`` holding NaN or an infinity, or None (one pass)."""
+    finite = torch.isfinite(vectors).all(dim=1)  # [n]
+    return None if bool(finite.all()) else int((~finite).nonzero()[0, 0])
 
 
 def _read_binary(fh, name: str, header: tuple[int, int], limit: int | None):
@@ -237,17 +245,17 @@ def _read_binary(fh, name: str, header: tuple[int, int], limit: int | None):
             text = word.decode("utf-8")
         except UnicodeDecodeError:
             raise ValueError(f"{name!r}: word {index + 1} is not UTF-8 (binary word2vec)") from None
-        vector = array("f")
-        vector.frombytes(row)
-        if sys.byteorder != "little":
-            vector.byteswap()
-        if not all(map(math.isfinite, vector)):
-            raise ValueError(f"{name!r}: a value of word {index + 1} ({text!r}) is NaN or infinite")
-        values.extend(vector)
+        values.frombytes(row)
         words.append(text)
     if not words:
         raise ValueError(f"{name!r} holds no word vectors")
-    return words, _as_tensor(values, len(words), width)
+    if sys.byteorder != "little":
+        values.byteswap()
+    vectors = _as_tensor(values, len(words), width)
+    bad = _first_non_finite(vectors)
+    if bad is not None:
+        raise ValueError(f"{name!r}: a value of word {bad + 1} ({words[bad]!r}) is NaN or infinite")
+    return words, vectors
 
 
 def _as_tensor(values: array, n: int, width: int) -> torch.Tensor:
