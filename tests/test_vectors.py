@@ -231,3 +231,12 @@ def test_binary_word2vec_nan_is_refused(tmp_path):
     _write_binary(path, ["the", "cat"], torch.tensor([[1.0, 2.0], [float("nan"), 0.0]]))
     with pytest.raises(ValueError, match=r"a value of word 2 \('cat'\) is NaN or infinite"):
         read_word_vectors(path)
+
+
+def test_the_finite_check_finds_the_first_bad_row_across_blocks():
+    from posenc.vectors import _first_non_finite
+
+    t = torch.zeros(10, 3)
+    assert _first_non_finite(t, block=4) is None
+    t[7, 2], t[9, 0] = float("inf"), float("nan")
+    assert _first_non_finite(t, block=4) == 7 and _first_non_finite(t) == 7

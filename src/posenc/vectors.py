@@ -210,10 +210,15 @@ def _read_text(fh, name: str, header: tuple[int, int] | None, limit: int | None)
     return words, vectors
 
 
-def _first_non_finite(vectors: torch.Tensor) -> int | None:
-    """The first row of ``vectors`` ``[n, d]`` holding NaN or an infinity, or None (one pass)."""
-    finite = torch.isfinite(vectors).all(dim=1)  # [n]
-    return None if bool(finite.all()) else int((~finite).nonzero()[0, 0])
+def _first_non_finite(vectors: torch.Tensor, block: int = 1 << 20) -> int | None:
+    """The first row of ``vectors`` ``[n, d]`` holding NaN or an infinity, or None: one pass in
+    blocks of about ``block`` values (``isfinite`` makes temporaries of its input's size)."""
+    rows = max(1, block // max(vectors.shape[1], 1))
+    for start in range(0, vectors.shape[0], rows):
+        finite = torch.isfinite(vectors[start : start + rows]).all(dim=1)  # [rows]
+        if not bool(finite.all()):
+            return start + int((~finite).nonzero()[0, 0])
+    return None
 
 
 def _read_binary(fh, name: str, header: tuple[int, int], limit: int | None):
