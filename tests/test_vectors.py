@@ -240,3 +240,12 @@ def test_the_finite_check_finds_the_first_bad_row_across_blocks():
     assert _first_non_finite(t, block=4) is None
     t[7, 2], t[9, 0] = float("inf"), float("nan")
     assert _first_non_finite(t, block=4) == 7 and _first_non_finite(t) == 7
+
+
+def test_a_binary_header_larger_than_the_file_is_refused_before_reading(tmp_path):
+    path = tmp_path / "w2v.bin"
+    _write_binary(path, ["the"], torch.ones(1, 4))
+    data = path.read_bytes()
+    path.write_bytes(b"1 1000000000000\n" + data[data.index(b"\n") + 1 :])
+    with pytest.raises(ValueError, match="the header says d = 1000000000000, but the file holds"):
+        read_word_vectors(path)

@@ -225,6 +225,12 @@ def _read_binary(fh, name: str, header: tuple[int, int], limit: int | None):
     count, width = header
     if width < 1:
         raise ValueError(f"{name!r}: the header says d = {width}; vectors need d >= 1")
+    size_left = os.fstat(fh.fileno()).st_size - fh.tell()
+    if 4 * width > size_left:  # a header no vector fits: never read (allocate) 4 d bytes for it
+        raise ValueError(
+            f"{name!r}: the header says d = {width}, but the file holds {size_left} bytes after it: "
+            "not one vector of 4 d bytes (binary word2vec)"
+        )
     n = count if limit is None else min(count, limit)
     size = 4 * width
     words: list[str] = []
