@@ -119,6 +119,28 @@ def test_read_study_pairs_the_trained_scheme_with_its_own_initialisation(study):
     assert torch.equal(_params(again.trained.scheme), trained)
 
 
+def test_a_study_at_seed_3_is_paired_with_seed_3s_initialisation(corpus, tmp_path):
+    """A study whose seed is not 0: the initial weights are those its own seed drew (a pairing with
+    seed 0's initialisation passed every test while the only study had seed 0)."""
+    from posenc.lab.extrapolate import run_study
+
+    out = tmp_path / "seed3"
+    config = tiny_study(corpus, schemes=("t5",), steps=1, lr=1e-9, min_lr=1e-9, eval_lens=(8,), variants=(),
+                        seeds=(3,))  # fmt: skip
+    run_study(config, out=out, log=None, workers=1)
+    assert (out / "checkpoints" / "t5-seed3.safetensors").is_file()
+    (t5,) = read_study(out)
+    results = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    model_config = ModelConfig(**results["model_configs"]["t5"])
+    built = {}
+    for seed in (0, 3):
+        torch.manual_seed(seed)
+        built[seed] = _params(_first_scheme(TransformerLM(model_config)))
+    initial = _params(t5.initial.scheme)
+    assert torch.equal(built[3], initial) and not torch.equal(built[0], initial)
+    assert float((_params(t5.trained.scheme) - initial).abs().max()) <= 1e-6  # lr 1e-9: still its init
+
+
 def test_read_study_skips_schemes_without_checkpoints_unless_asked(study, tmp_path):
     copy = tmp_path / "study"
     shutil.copytree(study, copy)

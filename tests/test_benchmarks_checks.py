@@ -27,6 +27,17 @@ def test_compare_outputs():
         compare_outputs("x", a, 0, 0)
 
 
+def test_a_nan_on_one_side_only_never_agrees():
+    """NaN against a number (either side, any tolerance) is a disagreement: NaN > bound is False, so
+    a check that only compared the difference with the tolerance would pass it."""
+    nan, num = torch.tensor([float("nan"), 1.0]), torch.tensor([0.0, 1.0])
+    for out, ref in ((nan, num), (num, nan)):
+        for atol, rtol in ((0.0, 0.0), (1e3, 1e3)):
+            ok, err, why = compare_outputs(out, ref, atol, rtol)
+            assert not ok and err == float("inf") and "1 of 2 elements" in why
+    assert compare_outputs(nan, nan.clone(), 0.0, 0.0)[0]  # NaN where the reference has NaN: agreed
+
+
 def test_a_wrong_implementation_stops_the_run_before_timing():
     x = torch.randn(64)
     timed = []

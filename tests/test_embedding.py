@@ -395,6 +395,10 @@ def test_input_layer_defaults_are_the_models():
     assert alone.dropout.p == inside.dropout.p == 0.0
     assert alone.token.scale == inside.token.scale == 32**0.5
     assert alone.token.init_std == inside.token.init_std == pytest.approx(32**-0.5)
+    unscaled = TransformerLM(
+        ModelConfig(vocab_size=64, d_model=32, num_layers=1, num_heads=2, embed_scale=None)
+    )
+    assert InputEmbedding(64, 32, scale=None).token.init_std == unscaled.decoder.embed.token.init_std
     ids = torch.randint(0, 64, (2, 7))
     inside.token.weight.data.copy_(alone.token.weight)
     assert torch.equal(alone.train()(ids), inside.train()(ids))  # the same layer, in training too
@@ -414,5 +418,5 @@ def test_input_embedding_takes_a_token_embedding():
         want = layer.norm(layer.position.embed(weights[ids]))
     torch.testing.assert_close(layer.eval()(ids), want)
     assert {n for n, _ in layer.named_parameters()} >= {"token.weight", "position.weight", "norm.weight"}
-    with pytest.raises(TypeError, match="TokenEmbedding.from_pretrained"):
+    with pytest.raises(TypeError, match=r"TokenEmbedding\.from_pretrained"):
         InputEmbedding.from_token_embedding(weights)

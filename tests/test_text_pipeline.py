@@ -59,7 +59,9 @@ def test_seed_002_sentence_shapes(result):
 def test_matches_input_embedding(result):
     ids = result.ids
     torch.manual_seed(0)  # the same seed builds the same weights
-    emb = posenc.InputEmbedding(result.module.token.vocab_size, 16, "sinusoidal", dropout=0.1)
+    emb = posenc.InputEmbedding(
+        result.module.token.vocab_size, 16, "sinusoidal", layer_norm=True, dropout=0.1
+    )
     assert torch.equal(emb.token.weight, result.module.token.weight)
     # InputEmbedding runs the layer in one pass on CPU (kernels.input_cpu), whose LayerNorm sums in
     # float64: the pipeline's step-by-step values up to float32 rounding, and the same dropout mask

@@ -224,3 +224,28 @@ def test_reading_streams_in_about_the_tensors_memory(tmp_path):
     tracemalloc.stop()
     tensor_bytes = 4 * n * d
     assert vectors.shape == (n, d) and peak < 1.5 * tensor_bytes, peak / tensor_bytes
+
+
+def test_binary_word2vec_nan_is_refused(tmp_path):
+    path = tmp_path / "w2v.bin"
+    _write_binary(path, ["the", "cat"], torch.tensor([[1.0, 2.0], [float("nan"), 0.0]]))
+    with pytest.raises(ValueError, match=r"a value of word 2 \('cat'\) is NaN or infinite"):
+        read_word_vectors(path)
+
+
+def test_the_finite_check_finds_the_first_bad_row_across_blocks():
+    from posenc.vectors import _first_non_finite
+
+    t = torch.zeros(10, 3)
+    assert _first_non_finite(t, block=4) is None
+    t[7, 2], t[9, 0] = float("inf"), float("nan")
+    assert _first_non_finite(t, block=4) == 7 and _first_non_finite(t) == 7
+
+
+def test_a_binary_header_larger_than_the_file_is_refused_before_reading(tmp_path):
+    path = tmp_path / "w2v.bin"
+    _write_binary(path, ["the"], torch.ones(1, 4))
+    data = path.read_bytes()
+    path.write_bytes(b"1 1000000000000\n" + data[data.index(b"\n") + 1 :])
+    with pytest.raises(ValueError, match="the header says d = 1000000000000, but the file holds"):
+        read_word_vectors(path)

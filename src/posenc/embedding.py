@@ -257,10 +257,11 @@ class InputEmbedding(nn.Module):
 
     Its defaults are :class:`~posenc.model.ModelConfig`'s, so a layer built alone and the input
     layer of a posenc model are the same: the token embedding times ``sqrt(d_model)`` (Vaswani et
-    al. 2017), initialised at ``1 / sqrt(d_model)`` so the scaled embedding starts at unit
-    variance; no LayerNorm on the sum (Vaswani et al. 2017, GPT-2 and Llama normalise inside each
-    block; BERT's LayerNorm is ``layer_norm=True``); no dropout (Llama, Touvron et al. 2023, and
-    every model posenc trains; Vaswani et al.'s and GPT-2's 0.1 is ``dropout=0.1``).
+    al. 2017), initialised at ``1 / sqrt(d_model)`` whatever the scale (so the default scaled
+    embedding starts at unit variance); no LayerNorm on the sum (Vaswani et al. 2017, GPT-2 and
+    Llama normalise inside each block; BERT's LayerNorm is ``layer_norm=True``); no dropout (Llama,
+    Touvron et al. 2023, and every model posenc trains; Vaswani et al.'s and GPT-2's 0.1 is
+    ``dropout=0.1``).
 
     Args:
         vocab_size: ``V``.
@@ -270,7 +271,10 @@ class InputEmbedding(nn.Module):
         layer_norm: apply LayerNorm after the sum (BERT-style; default False: models that
             normalise inside each block).
         dropout: dropout rate after the (normalised) sum; default 0.
-        scale, padding_idx, init_std: passed to :class:`TokenEmbedding`.
+        scale, padding_idx: passed to :class:`TokenEmbedding`.
+        init_std: std of the token table's initialisation; default ``1 / sqrt(d_model)`` whatever
+            the scale (as :class:`~posenc.model.ModelConfig`'s ``embed_init_std``; with the
+            default scale that is ``1 / scale``, a unit-variance scaled embedding).
         scheme_options: extra options for a scheme given by name (e.g. ``{"max_len": 512}``).
         device, dtype: factory kwargs for every parameter (token table, positional table, LayerNorm).
 
@@ -303,6 +307,8 @@ class InputEmbedding(nn.Module):
     ) -> None:
         super().__init__()
         factory = factory_kwargs(device, dtype)
+        if init_std is None and isinstance(d_model, int) and not isinstance(d_model, bool) and d_model > 0:
+            init_std = 1.0 / math.sqrt(d_model)  # ModelConfig's rule, whatever the scale
         self.token = TokenEmbedding(vocab_size, d_model, scale, padding_idx, init_std, **factory)
         if isinstance(scheme, PositionalScheme):
             if scheme_options:

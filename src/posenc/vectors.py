@@ -20,7 +20,6 @@ Legend: ``V`` vocabulary size, ``d`` vector width, ``n`` words in the file.
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 from array import array
@@ -162,6 +161,7 @@ def _is_binary(head: bytes, width: int) -> bool:
 def _read_text(fh, name: str, header: tuple[int, int] | None, limit: int | None):
     words: list[str] = []
     values = array("f")  # float32 rows, one after another: grows by ~1/16, no per-value objects
+    lines = array("q")  # each word's line number, for the messages
     width = None if header is None else header[1]
     if width is not None and width < 1:
         raise ValueError(f"{name!r} line 1: the header says d = {width}; vectors need d >= 1")
@@ -194,24 +194,43 @@ def _read_text(fh, name: str, header: tuple[int, int] | None, limit: int | None)
             )
         word = fields[0].rstrip(" ")
         try:
-            row = [float(v) for v in fields[1:]]
+            values.extend([float(v) for v in fields[1:]])
         except ValueError:
             raise ValueError(f"{name!r} line {number}: a value is not a number") from None
-        if not all(map(math.isfinite, row)):
-            raise ValueError(f"{name!r} line {number}: a value of {word!r} is NaN or infinite")
-        values.extend(row)
         words.append(word)
+        lines.append(number)
         if limit is not None and len(words) >= limit:
             break
     if not words:
         raise ValueError(f"{name!r} holds no word vectors")
-    return words, _as_tensor(values, len(words), width)
+    vectors = _as_tensor(values, len(words), width)
+    bad = _first_non_finite(vectors)
+    if bad is not None:
+        raise ValueError(f"{name!r} line {lines[bad]}: a value of {words[bad]!r} is NaN or infinite")
+    return words, vectors
+
+
+def _first_non_finite(vectors: torch.Tensor, block: int = 1 << 20) -> int | None:
+    """The first row of ``vectors`` ``[n, d]`` holding NaN or an infinity, or None: one pass in
+    blocks of about ``block`` values (``isfinite`` makes temporaries of its input's size)."""
+    rows = max(1, block // max(vectors.shape[1], 1))
+    for start in range(0, vectors.shape[0], rows):
+        finite = torch.isfinite(vectors[start : start + rows]).all(dim=1)  # [rows]
+        if not bool(finite.all()):
+            return start + int((~finite).nonzero()[0, 0])
+    return None
 
 
 def _read_binary(fh, name: str, header: tuple[int, int], limit: int | None):
     count, width = header
     if width < 1:
         raise ValueError(f"{name!r}: the header says d = {width}; vectors need d >= 1")
+    size_left = os.fstat(fh.fileno()).st_size - fh.tell()
+    if 4 * width > size_left:  # a header no vector fits: never read (allocate) 4 d bytes for it
+        raise ValueError(
+            f"{name!r}: the header says d = {width}, but the file holds {size_left} bytes after it: "
+            "not one vector of 4 d bytes (binary word2vec)"
+        )
     n = count if limit is None else min(count, limit)
     size = 4 * width
     words: list[str] = []
@@ -237,17 +256,17 @@ def _read_binary(fh, name: str, header: tuple[int, int], limit: int | None):
             text = word.decode("utf-8")
         except UnicodeDecodeError:
             raise ValueError(f"{name!r}: word {index + 1} is not UTF-8 (binary word2vec)") from None
-        vector = array("f")
-        vector.frombytes(row)
-        if sys.byteorder != "little":
-            vector.byteswap()
-        if not all(map(math.isfinite, vector)):
-            raise ValueError(f"{name!r}: a value of word {index + 1} ({text!r}) is NaN or infinite")
-        values.extend(vector)
+        values.frombytes(row)
         words.append(text)
     if not words:
         raise ValueError(f"{name!r} holds no word vectors")
-    return words, _as_tensor(values, len(words), width)
+    if sys.byteorder != "little":
+        values.byteswap()
+    vectors = _as_tensor(values, len(words), width)
+    bad = _first_non_finite(vectors)
+    if bad is not None:
+        raise ValueError(f"{name!r}: a value of word {bad + 1} ({words[bad]!r}) is NaN or infinite")
+    return words, vectors
 
 
 def _as_tensor(values: array, n: int, width: int) -> torch.Tensor:
