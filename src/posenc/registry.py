@@ -32,6 +32,7 @@ from .fire import FIRE
 from .kerple import KerpleLog, KerplePower
 from .relative import ShawRelative, TransformerXLRelative
 from .rotary.modules import RotaryEmbedding
+from .rotary.mrope import MultimodalRope
 from .rotary.variants import Rope2D, XPos
 
 __all__ = [
@@ -68,6 +69,7 @@ def register(cls: type[PositionalScheme], *, name: str | None = None) -> type[Po
 _BUILTIN = (
     NoPE, SinusoidalPE, ScaledSinusoidalPE, LearnedPE, Sinusoidal2D, Sinusoidal3D,  # absolute(_nd).py
     RotaryEmbedding, XPos, Rope2D,  # rotary.py
+    MultimodalRope,  # rotary/mrope.py
     ALiBi, T5RelativeBias,  # bias.py
     ShawRelative, TransformerXLRelative,  # relative.py
     FIRE,  # fire.py
