@@ -70,6 +70,7 @@ _EXPORTS: dict[str, str] = {
     "FIRE": "fire",
     "KerpleLog": "kerple",
     "KerplePower": "kerple",
+    "QueryTemperature": "temperature",
     # relative
     "ShawRelative": "relative",
     "TransformerXLRelative": "relative",
@@ -101,7 +102,8 @@ _EXPORTS: dict[str, str] = {
 #: subpackages and modules reachable as attributes (``posenc.registry.SCHEMES``, ``posenc.text``)
 _SUBMODULES = (
     "absolute", "analysis", "base", "bias", "benchmarks", "cli", "cope", "embedding", "fire", "kernels",
-    "kerple", "lab", "model", "positions", "registry", "relative", "rotary", "text", "vectors",
+    "kerple", "lab", "model", "positions", "registry", "relative", "rotary", "temperature", "text",
+    "vectors",
 )  # fmt: skip
 
 
@@ -132,6 +134,7 @@ __all__ = [
     "MultimodalRope",
     "NoPE",
     "PositionalScheme",
+    "QueryTemperature",
     "Rope2D",
     "RotaryEmbedding",
     "ScaledSinusoidalPE",

@@ -34,6 +34,7 @@ from .relative import ShawRelative, TransformerXLRelative
 from .rotary.modules import RotaryEmbedding
 from .rotary.mrope import MultimodalRope
 from .rotary.variants import Rope2D, XPos
+from .temperature import QueryTemperature
 
 __all__ = [
     "SCHEMES",
@@ -75,6 +76,7 @@ _BUILTIN = (
     FIRE,  # fire.py
     KerpleLog, KerplePower,  # kerple.py
     CoPE,  # cope.py
+    QueryTemperature,  # temperature.py
 )  # fmt: skip
 for _cls in _BUILTIN:
     register(_cls)
