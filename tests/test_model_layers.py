@@ -82,6 +82,7 @@ def test_pattern_model_invariants_compile_and_float64():
         "layer_position_options": {"nope_temperature": {"floor_scale": 2.0}},
     }
     check_all("nope", perturb, **fields)
+    check_compiled(tiny_lm("nope", perturb, **fields))
     check_compiled(tiny_lm("alibi", perturb, layer_positions=["alibi", "nope"]))
 
 

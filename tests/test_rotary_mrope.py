@@ -104,6 +104,15 @@ def test_matches_the_float64_formula_and_text_is_plain_rope():
     assert torch.equal(both, rope.rotate(q, q)[0])
 
 
+def test_compiles_to_the_eager_numbers():
+    scheme = MultimodalRope(16, mrope_section=[2, 3, 3], interleaved=True)
+    coords = grid_positions(2, (1, 2, 3), 2)[:, 0].T  # [s, 3]
+    q = torch.randn(2, 2, coords.shape[0], 16)
+    compiled = torch.compile(scheme.rotate, fullgraph=True, dynamic=False, backend="aot_eager")  # one graph
+    for a, b in zip(compiled(q, q, coords, coords), scheme.rotate(q, q, coords, coords)):
+        torch.testing.assert_close(a, b)
+
+
 def test_registered_verified_and_validated():
     assert posenc.describe("mrope")["hooks"] == ["rotate"]
     scheme = posenc.build("mrope", head_dim=128)
