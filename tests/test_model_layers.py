@@ -88,6 +88,7 @@ def test_pattern_model_invariants_compile_and_float64():
 
 def test_patterns_sharing_and_saving(tmp_path):
     assert parse_layer_pattern("rope*3, nope_temperature") == ["rope"] * 3 + ["nope_temperature"]
+    assert parse_layer_pattern("rope*2+alibi") == ["rope", "rope", "alibi"]
     cfg = ModelConfig(
         vocab_size=11, d_model=32, num_heads=4, num_layers=5, position="t5", layer_positions=["t5", "rope"]
     )

@@ -1,10 +1,12 @@
 """A scheme per layer: the pattern of ``ModelConfig.layer_positions`` (Llama 4: RoPE in three layers
 of four, none with a query temperature in the fourth), read, checked and built.
 
-A pattern is a list of scheme names, or a string of comma-separated names each with an optional
-repeat count (``"rope*3,nope_temperature"``); it repeats over the layers, so layer ``i`` uses entry
-``i mod len(pattern)``. Entries act in attention only (the input layer uses ``position``), so a
-scheme with the ``embed`` hook, or one that encodes grids, is refused with the reason.
+A pattern is a list of scheme names, or a string of names separated by ``,`` or ``+`` each with an
+optional repeat count (``"rope*3,nope_temperature"``, or ``"rope*3+nope_temperature"`` where commas
+already separate a list, as in a command line's list of schemes); it repeats over the layers, so
+layer ``i`` uses entry ``i mod len(pattern)``. Entries act in attention only (the input layer uses
+``position``), so a scheme with the ``embed`` hook, or one that encodes grids, is refused with the
+reason.
 
 Legend: ``L`` layers.
 """
@@ -30,9 +32,10 @@ MAX_PATTERN = 4096
 
 
 def parse_layer_pattern(text: str) -> list[str]:
-    """``"rope*3,nope_temperature"`` -> ``["rope", "rope", "rope", "nope_temperature"]``."""
+    """``"rope*3,nope_temperature"`` (or ``"rope*3+nope_temperature"``) -> ``["rope", "rope", "rope",
+    "nope_temperature"]``."""
     out: list[str] = []
-    for part in text.split(","):
+    for part in text.replace("+", ",").split(","):
         name, star, count = part.strip().partition("*")
         name = name.strip()
         if not name:
