@@ -130,6 +130,8 @@ def test_registered_verified_and_validated():
         scheme.rotate(torch.randn(1, 1, 2, 128), torch.randn(1, 1, 2, 128), torch.zeros(2, 3))
     with pytest.raises(ValueError, match=r"position_ids must be \[3, b, s\]"):
         mrope_positions_from_hf(torch.zeros(2, 5, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"mrope_section \[2, 3, 3\]: a multimodal RoPE .*mrope_from_hf"):
+        posenc.rope_from_hf({"head_dim": 16, "rope_parameters": {"mrope_section": [2, 3, 3]}})
     with pytest.raises(ValueError, match="no mrope_section"):
         mrope_from_hf({"head_dim": 64, "rope_parameters": {"rope_type": "default"}})
     with pytest.raises(ValueError, match="grids, not token sequences"):
