@@ -126,6 +126,12 @@ def test_registered_verified_and_validated():
     with pytest.raises(ValueError, match="could be \\[b, s\\] text positions or \\[s, 3\\] coordinates"):
         x = torch.randn(3, 1, 3, 128)
         scheme.rotate(x, x, torch.zeros(3, 3, dtype=torch.long))
+    with pytest.raises(
+        ValueError, match=r"must be \[s\], \[b, s\], \[s, 3\] or \[b, s, 3\] with s = 2, got \(5, 3\)"
+    ):
+        scheme.rotate(
+            torch.randn(1, 1, 2, 128), torch.randn(1, 1, 2, 128), torch.zeros(5, 3, dtype=torch.long)
+        )
     with pytest.raises(TypeError, match="integer tensor"):
         scheme.rotate(torch.randn(1, 1, 2, 128), torch.randn(1, 1, 2, 128), torch.zeros(2, 3))
     with pytest.raises(ValueError, match=r"position_ids must be \[3, b, s\]"):
