@@ -30,10 +30,9 @@ from ._precision import autocast_off
 from ._validate import check_choice, check_positive_float
 from .base import PositionalScheme
 from .positions import resolve_positions
+from .rotary.apply import QK_LAYOUTS
 
 __all__ = ["QueryTemperature", "query_temperature"]
-
-QK_LAYOUTS = ("bhsd", "bshd")
 
 
 def query_temperature(positions: torch.Tensor, floor_scale: float, attn_scale: float, dtype: torch.dtype):
