@@ -76,6 +76,8 @@ def check_compiled(model: TransformerLM) -> None:
     compiled = torch.compile(model, fullgraph=True, dynamic=False, backend="aot_eager")
     torch.testing.assert_close(compiled(ids).logits, model(ids).logits)
     scheme = model.decoder.schemes[0]
+    if "score_bias" not in scheme.hooks:
+        return
     pos = torch.arange(8)
     q = torch.randn(2, 4, 8, 8, generator=torch.Generator().manual_seed(9))
     kw = {"k": q[:, ::2]} if scheme.score_bias_uses_keys else {}

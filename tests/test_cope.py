@@ -124,6 +124,12 @@ def test_encoder_refuses_and_bad_inputs_raise():
         scheme.score_bias(pos, pos, q, k=torch.randn(1, 3, 3, 8))
     with pytest.raises(ValueError, match=r"q must have shape \[b, 2, s, 8\]"):
         scheme.score_bias(pos, pos, torch.randn(1, 2, 3, 4))
+    with pytest.raises(ValueError, match="q and k must have the same batch size, got 1 and 2"):
+        scheme.score_bias(pos, pos, q, k=torch.randn(2, 2, 3, 8))
+    with pytest.raises(ValueError, match=r"keep must be a bool mask .* got torch.int64 \(3, 3\)"):
+        scheme.score_bias(pos, pos, q, k=q, keep=torch.ones(3, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"keep must be a bool mask .* got torch.bool \(3, 2\)"):
+        scheme.score_bias(pos, pos, q, k=q, keep=torch.ones(3, 2, dtype=torch.bool))
     with pytest.raises(ValueError, match="max_pos must be >= 2"):
         CoPE(8, num_heads=2, max_pos=1)
 

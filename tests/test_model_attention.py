@@ -278,7 +278,9 @@ def test_nope_attention_matches_torch_multihead_attention():
     torch.testing.assert_close(got, want)
 
 
-@pytest.mark.parametrize("position", ["alibi", "t5", "transformer_xl", "toy_content", "toy_alibi"])
+@pytest.mark.parametrize(
+    "position", ["alibi", "t5", "transformer_xl", "toy_content", "toy_alibi", "fire", "kerple_log"]
+)
 def test_blocked_cpu_bias_path_equals_the_full_table_path(position, monkeypatch):
     """The model's blocked causal attention (kernels.attention_cpu, 256 queries per block) gives the
     logits and gradients of the full-table path (POSENC_C_KERNELS=0), for a sequence of three blocks

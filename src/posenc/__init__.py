@@ -65,6 +65,12 @@ _EXPORTS: dict[str, str] = {
     "describe": "registry",
     "register": "registry",
     "schemes": "registry",
+    # contextual, functional and kernelized biases
+    "CoPE": "cope",
+    "FIRE": "fire",
+    "KerpleLog": "kerple",
+    "KerplePower": "kerple",
+    "QueryTemperature": "temperature",
     # relative
     "ShawRelative": "relative",
     "TransformerXLRelative": "relative",
@@ -79,6 +85,9 @@ _EXPORTS: dict[str, str] = {
     "apply_rotary_qk": "rotary",
     "half_width_tables": "rotary",
     "hf_rope_config": "rotary",
+    "MultimodalRope": "rotary",
+    "mrope_from_hf": "rotary",
+    "mrope_positions_from_hf": "rotary",
     "permute_qk_weights": "rotary",
     "rope_cos_sin": "rotary",
     "rope_frequencies": "rotary",
@@ -93,8 +102,9 @@ _EXPORTS: dict[str, str] = {
 
 #: subpackages and modules reachable as attributes (``posenc.registry.SCHEMES``, ``posenc.text``)
 _SUBMODULES = (
-    "absolute", "analysis", "base", "bias", "benchmarks", "cli", "embedding", "kernels", "lab",
-    "model", "positions", "registry", "relative", "rotary", "text", "vectors",
+    "absolute", "analysis", "base", "bias", "benchmarks", "cli", "cope", "embedding", "fire", "kernels",
+    "kerple", "lab", "model", "positions", "registry", "relative", "rotary", "temperature", "text",
+    "vectors",
 )  # fmt: skip
 
 
@@ -102,24 +112,30 @@ __getattr__, __dir__ = lazy_attributes(__name__, _EXPORTS, _SUBMODULES)
 
 
 __all__ = [
+    "FIRE",
     "HOOKS",
     "QK_LAYOUTS",
     "ROPE_SCALINGS",
     "ROTARY_LAYOUTS",
     "TIE_STRATEGIES",
     "ALiBi",
+    "CoPE",
     "Decoder",
     "Encoder",
     "EncoderDecoder",
     "InputEmbedding",
     "KVCache",
+    "KerpleLog",
+    "KerplePower",
     "LMOutput",
     "LearnedPE",
     "Memory",
     "ModelConfig",
     "MultiHeadAttention",
+    "MultimodalRope",
     "NoPE",
     "PositionalScheme",
+    "QueryTemperature",
     "Rope2D",
     "RotaryEmbedding",
     "ScaledSinusoidalPE",
@@ -148,6 +164,8 @@ __all__ = [
     "half_width_tables",
     "hf_rope_config",
     "load_model",
+    "mrope_from_hf",
+    "mrope_positions_from_hf",
     "permute_qk_weights",
     "positions_from_cu_seqlens",
     "positions_from_mask",

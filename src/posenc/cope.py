@@ -132,6 +132,19 @@ class CoPE(PositionalScheme):
         self._check(q, k)
         if keep is None:
             keep = (rel <= 0)[:, None]  # [b|1, 1, s_q, s_k]: keys at or before the query
+        elif (
+            not isinstance(keep, torch.Tensor)
+            or keep.dtype != torch.bool
+            or keep.shape[-2:] != rel.shape[-2:]
+            or keep.dim() > 4
+        ):
+            what = (
+                f"{keep.dtype} {tuple(keep.shape)}" if isinstance(keep, torch.Tensor) else type(keep).__name__
+            )
+            raise ValueError(
+                "cope: keep must be a bool mask [b | 1, 1 | h, s_q, s_k] with s_q, s_k = "
+                f"{tuple(rel.shape[-2:])} (True where attention may look), got {what}"
+            )
         with autocast_off(q.device):
             pos = self.positions(q, k, keep)  # [b, h, s_q, s_k]
             acc = pos.dtype

@@ -32,7 +32,9 @@ from .fire import FIRE
 from .kerple import KerpleLog, KerplePower
 from .relative import ShawRelative, TransformerXLRelative
 from .rotary.modules import RotaryEmbedding
+from .rotary.mrope import MultimodalRope
 from .rotary.variants import Rope2D, XPos
+from .temperature import QueryTemperature
 
 __all__ = [
     "SCHEMES",
@@ -68,11 +70,13 @@ def register(cls: type[PositionalScheme], *, name: str | None = None) -> type[Po
 _BUILTIN = (
     NoPE, SinusoidalPE, ScaledSinusoidalPE, LearnedPE, Sinusoidal2D, Sinusoidal3D,  # absolute(_nd).py
     RotaryEmbedding, XPos, Rope2D,  # rotary.py
+    MultimodalRope,  # rotary/mrope.py
     ALiBi, T5RelativeBias,  # bias.py
     ShawRelative, TransformerXLRelative,  # relative.py
     FIRE,  # fire.py
     KerpleLog, KerplePower,  # kerple.py
     CoPE,  # cope.py
+    QueryTemperature,  # temperature.py
 )  # fmt: skip
 for _cls in _BUILTIN:
     register(_cls)

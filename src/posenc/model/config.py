@@ -16,6 +16,7 @@ from typing import Any
 from .._validate import check_choice, check_fields, check_int, check_positive_float, check_probability
 from ..embedding import TIE_STRATEGIES
 from ..registry import config_keys, scheme_class, schemes
+from .layers import check_layer_positions
 
 __all__ = ["ACTIVATION_NAMES", "NORMS", "NORM_TYPES", "RESIDUALS", "ModelConfig"]
 
@@ -87,6 +88,13 @@ class ModelConfig:
         src_vocab_size: source vocabulary of an encoder-decoder; ``None`` = ``vocab_size``.
         qk_layout: the axis order queries and keys are rotated in: ``"bhsd"`` (``[b, h, s, d_h]``,
             default) or ``"bshd"`` (``[b, s, h, d_h]``); the same numbers either way.
+        layer_positions: the scheme of each layer's attention, a pattern of names repeated over the
+            layers (a list, or a string such as ``"rope*3,nope_temperature"``: Llama 4's three RoPE
+            layers and one without positions); ``None`` = ``position`` in every layer. ``position``
+            stays the input layer's scheme (its ``embed`` hook); pattern entries act in attention
+            only, so an ``embed`` scheme there is refused. See :mod:`posenc.model.layers`.
+        layer_position_options: options per pattern name (``{"rope": {"base": 5e5}}``); a name
+            without an entry takes ``position_options`` when it is ``position``, else its defaults.
 
     The block (defaults: the GPT-2-style block above; a Llama block is ``norm_type="rmsnorm",
     activation="silu", gated_mlp=True``):
@@ -143,6 +151,8 @@ class ModelConfig:
     qk_norm: bool = False
     output_bias: bool = False
     d_head: int | None = None
+    layer_positions: list[str] | str | None = None
+    layer_position_options: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_int(self.vocab_size, "vocab_size")
@@ -205,6 +215,7 @@ class ModelConfig:
                 f"position_options {shown} disagree with the model; drop them: the model "
                 "gives the scheme its own sizes"
             )
+        self.layer_positions = check_layer_positions(self, self.layer_positions, self.layer_position_options)
         if (
             keys.get("max_len", None) is inspect.Parameter.empty
             and self.max_len is None

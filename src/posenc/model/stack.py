@@ -2,8 +2,10 @@
 the two stacks, :class:`Encoder` and :class:`Decoder`, that take any positional scheme by name.
 
 The scheme is built with :func:`posenc.build_with_context` from ``config.position``: one instance
-shared by all layers (``share_position=True``) or one per layer. A scheme's ``embed`` hook runs in
-the input layer, its ``rotate``/``score_bias``/``relative_values`` inside every attention layer.
+shared by all layers (``share_position=True``) or one per layer; with ``config.layer_positions``
+each layer's attention takes its entry of the pattern (:mod:`posenc.model.layers`). A scheme's
+``embed`` hook runs in the input layer, its ``rotate``/``score_bias``/``relative_values`` inside
+every attention layer.
 
 Legend: ``b`` batch, ``s`` sequence length, ``d`` model width, ``m`` memory length, ``L`` layers.
 """
@@ -26,6 +28,7 @@ from .attention import MultiHeadAttention
 from .cache import KVCache
 from .classes import register_model
 from .config import ModelConfig
+from .layers import build_layer_schemes
 from .mlp import MLP
 from .norms import make_norm
 from .plan import AttentionPlan, plan_attention, plan_cross_attention
@@ -168,11 +171,16 @@ class _Stack(nn.Module):
             )
         acts_in_attention = bool(set(first.hooks) & set(_ATTENTION_HOOKS)) or first.has_relative_values
         per_layer = not config.share_position and acts_in_attention
-        # Schemes acting in attention live here (one, or one per layer); an embed-only scheme lives in the
-        # input layer alone, so its parameters are not listed twice.
+        # Schemes acting in attention live here (one, one per layer, or a pattern's); an embed-only scheme
+        # lives in the input layer alone, so its parameters are not listed twice.
         schemes = (
             [first] + [self._build_scheme() for _ in range(config.num_layers - 1)] if per_layer else [first]
         )
+        #: per layer, the index of its scheme in self.schemes (None: one scheme, or one per layer)
+        self._layer_index: list[int] | None = None
+        if config.layer_positions is not None:
+            schemes, self._layer_index = build_layer_schemes(config, causal)
+            acts_in_attention = True
         self.schemes = nn.ModuleList(schemes if acts_in_attention else [])
         self.embed = InputEmbedding(
             vocab_size,
@@ -198,6 +206,8 @@ class _Stack(nn.Module):
         """The scheme acting in layer ``layer``'s attention (None for embed-only schemes)."""
         if len(self.schemes) == 0:
             return None
+        if self._layer_index is not None:
+            return self.schemes[self._layer_index[layer]]
         return self.schemes[layer if len(self.schemes) > 1 else 0]
 
     def check_length(self, plan: AttentionPlan) -> None:

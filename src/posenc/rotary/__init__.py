@@ -45,6 +45,7 @@ from ..kernels.rope_reference import ROTARY_LAYOUTS
 from .apply import QK_LAYOUTS, apply_rotary, apply_rotary_qk, half_width_tables
 from .hf import hf_rope_config, permute_qk_weights, rope_from_hf
 from .modules import RotaryEmbedding
+from .mrope import MultimodalRope, mrope_from_hf, mrope_positions_from_hf
 from .scalings import ROPE_SCALINGS, RopeScaling, document_lengths, rope_cos_sin, rope_frequencies
 from .variants import Rope2D, XPos
 
@@ -52,6 +53,7 @@ __all__ = [
     "QK_LAYOUTS",
     "ROPE_SCALINGS",
     "ROTARY_LAYOUTS",
+    "MultimodalRope",
     "Rope2D",
     "RopeScaling",
     "RotaryEmbedding",
@@ -61,6 +63,8 @@ __all__ = [
     "document_lengths",
     "half_width_tables",
     "hf_rope_config",
+    "mrope_from_hf",
+    "mrope_positions_from_hf",
     "permute_qk_weights",
     "rope_cos_sin",
     "rope_frequencies",

@@ -59,6 +59,11 @@ def hf_rope_config(config: Any, *, layout: str | None = None) -> dict[str, Any]:
             f"config has per-layer-type rope_parameters ({sorted(params)}); pass one entry, e.g. "
             "rope_from_hf({**config, 'rope_parameters': config['rope_parameters']['full_attention']})"
         )
+    if "mrope_section" in params:  # Qwen2-VL / Qwen3-VL: plain RoPE would be wrong on image positions
+        raise ValueError(
+            f"config has mrope_section {params['mrope_section']}: a multimodal RoPE (three position axes); "
+            "use posenc.mrope_from_hf(config)"
+        )
     rule = params.get("rope_type", params.get("type", "default"))
     if rule not in ROPE_SCALINGS:
         raise ValueError(f"unsupported HF rope_type {rule!r}; posenc supports: {', '.join(ROPE_SCALINGS)}")
