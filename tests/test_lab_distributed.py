@@ -21,3 +21,19 @@ def test_configure_threads():
             configure_threads(0)
     finally:
         torch.set_num_threads(old)
+
+
+@pytest.mark.parametrize("threads", [100_000, 5000])
+def test_too_many_threads_are_refused_before_torch_sees_them(threads, capsys, tmp_path):
+    """--threads 100000 crashed torch's thread pool (segfault) and 5000 took minutes."""
+    from posenc.cli import main
+    from posenc.lab.distributed import MAX_THREADS_PER_CPU
+
+    old = torch.get_num_threads()
+    with pytest.raises(ValueError, match=f"--threads {threads} is more than {MAX_THREADS_PER_CPU} per CPU"):
+        configure_threads(threads)
+    assert torch.get_num_threads() == old
+    assert main(["train", "--out", str(tmp_path / "run"), "--threads", str(threads), "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--threads {threads} is more than" in err
+    assert not (tmp_path / "run").exists()
