@@ -10,6 +10,7 @@ reachable under several names) are stored once and re-tied by the model's constr
 
 from __future__ import annotations
 
+import errno
 import inspect
 import json
 import os
@@ -33,11 +34,26 @@ __all__ = [
     "parse_json",
     "read_metadata",
     "save_model_file",
+    "write_error",
 ]
 
 #: The deepest nesting of lists and objects posenc accepts in JSON it reads from a file (its own
 #: files nest 4 levels at most); deeper JSON is refused before anything recurses through it.
 MAX_JSON_DEPTH = 32
+
+
+def write_error(err: Exception, path: str | os.PathLike) -> OSError:
+    """A ``safetensors`` write failure (its ``SafetensorError`` wraps the OS error in text) as an
+    ``OSError`` naming ``path``: the disk full (``ENOSPC``), or another input/output error."""
+    text = str(err)
+    full = "No space left" in text or "StorageFull" in text or getattr(err, "errno", None) == errno.ENOSPC
+    if full:
+        return OSError(errno.ENOSPC, "no space left on device", str(path))
+    return OSError(
+        errno.EIO,
+        f"cannot write the file ({text.splitlines()[0][:200] if text else type(err).__name__})",
+        str(path),
+    )
 
 
 def save_model_file(model: nn.Module, path: str | os.PathLike) -> None:
@@ -55,7 +71,10 @@ def save_model_file(model: nn.Module, path: str | os.PathLike) -> None:
     extra = {"cross_attention": str(model.cross_attention)} if hasattr(model, "cross_attention") else {}
     metadata = {"format": "pt", "posenc_model": name, "posenc_config": config_json,
                 "posenc_defaults": DEFAULTS_VERSION, **extra}  # fmt: skip
-    safetensors.torch.save_model(model, str(path), metadata=metadata)  # drops duplicate (tied) names
+    try:
+        safetensors.torch.save_model(model, str(path), metadata=metadata)  # drops duplicate (tied) names
+    except safetensors.SafetensorError as err:
+        raise write_error(err, path) from None
 
 
 def parse_json(text: str | bytes, where: str) -> Any:
