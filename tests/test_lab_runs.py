@@ -187,6 +187,7 @@ def test_an_artifact_that_is_a_symlink_out_of_the_folder_is_refused(tmp_path, na
     (out / name).symlink_to(elsewhere)
     refused = f"{name} is a symbolic link; posenc writes a run only inside"
     for flags in ({}, {"overwrite": True}, {"resume": True}):
-        with pytest.raises(ValueError, match=refused), RunFolder(out, ["results.json", "checkpoints"], **flags):
+        folder = RunFolder(out, ["results.json", "checkpoints"], **flags)
+        with pytest.raises(ValueError, match=refused), folder:
             pass
     assert elsewhere.is_dir() and (out / name).is_symlink()
