@@ -82,8 +82,8 @@ def parse_json(text: str | bytes, where: str) -> Any:
     naming ``where`` (the file and field) for text that is not UTF-8 or not JSON, or nests deeper."""
     try:
         value = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{where} is not valid JSON ({err})") from None
+    except ValueError as err:  # not JSON, not UTF-8, an integer of more than 4300 digits
+        raise ValueError(f"{where} is not valid JSON ({str(err)[:200]})") from None
     except RecursionError:
         value = None
         depth = MAX_JSON_DEPTH + 1
@@ -155,7 +155,10 @@ def load_weights(
 ) -> nn.Module:
     """Load the safetensors file at ``path`` into ``model`` (tied weights stored once), first cast
     to ``dtype`` (default: the floating dtype the weights were saved in). Returns ``model``."""
-    state = safetensors.torch.load_file(str(path), device=str(device))
+    try:
+        state = safetensors.torch.load_file(str(path), device=str(device))
+    except Exception as err:  # safetensors' own error types: random bytes, a truncated file
+        raise ValueError(f"{str(path)!r} is not a readable safetensors file ({err})") from None
     if dtype is None:
         saved = {t.dtype for t in state.values() if t.is_floating_point()}
         dtype = saved.pop() if len(saved) == 1 else None
@@ -187,4 +190,11 @@ def _load_tied(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
                     f"the file's {found[0]} has shape {tuple(saved.shape)}, the model's "
                     f"{tuple(target.shape)}: the file's config does not describe its weights"
                 )
+            if target.is_floating_point() and not saved.is_floating_point():
+                raise ValueError(
+                    f"the file's {found[0]} is {saved.dtype}, not a floating-point tensor: it is not a "
+                    "posenc model's weights"
+                )
+            if saved.is_floating_point() and saved.isnan().any():
+                raise ValueError(f"the file's {found[0]} holds NaN values: the weights are broken")
             target.copy_(saved)
