@@ -16,8 +16,10 @@ __all__ = [
     "DistInfo",
     "configure_threads",
     "dist_info",
+    "env_int",
     "free_cores",
     "init_distributed",
+    "is_lock_holder",
 ]
 
 
@@ -81,13 +83,33 @@ class DistInfo:
         return self.rank == 0
 
 
+def env_int(name: str, default: int, *, minimum: int = 0) -> int:
+    """The integer environment variable ``name`` (set by ``torchrun``), ``default`` when unset; a
+    ``ValueError`` naming the variable when it is not an integer >= ``minimum``."""
+    text = os.environ.get(name)
+    if text is None or text == "":
+        return default
+    if not text.strip().isdigit() or len(text.strip()) > 9 or int(text) < minimum:
+        raise ValueError(
+            f"the environment variable {name}={text!r} is not an integer >= {minimum}; torchrun sets it: "
+            "unset it, or launch with torchrun"
+        )
+    return int(text)
+
+
+def is_lock_holder() -> bool:
+    """Whether this process takes a run folder's lock: rank 0 of a ``torchrun`` group, or a process
+    outside one (a ``RANK`` left in the environment without ``WORLD_SIZE > 1`` does not count)."""
+    return env_int("WORLD_SIZE", 1, minimum=1) <= 1 or env_int("RANK", 0) == 0
+
+
 def dist_info() -> DistInfo:
     """The current process group's rank and size (``DistInfo()`` when not distributed)."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return DistInfo(
             torch.distributed.get_rank(),
             torch.distributed.get_world_size(),
-            int(os.environ.get("LOCAL_RANK", torch.distributed.get_rank())),
+            env_int("LOCAL_RANK", torch.distributed.get_rank()),
         )
     return DistInfo()
 
@@ -102,10 +124,10 @@ def init_distributed(device: str | torch.device = "cpu") -> tuple[DistInfo, torc
         ``(info, device)``: this process's rank/world and the device it must use.
     """
     device = torch.device(device)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = env_int("WORLD_SIZE", 1, minimum=1)
     if world <= 1:
         return dist_info(), device
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_rank = env_int("LOCAL_RANK", 0)
     if device.type == "cuda":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
