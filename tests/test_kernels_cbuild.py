@@ -101,3 +101,16 @@ def test_the_build_folders_of_killed_builds_are_removed(cache):
     assert _cbuild._build("posenc_test", SOURCE).posenc_test_answer() == 42
     assert not left.exists() and mine.exists()
     assert [p.name for p in cache.iterdir() if p.name.startswith(".build-")] == [mine.name]
+
+
+def test_status_says_the_build_failed_when_the_cache_is_not_writable(tmp_path, monkeypatch):
+    """An unwritable cache was reported as "no compiler"."""
+    if _cbuild._compiler() is None:
+        pytest.skip("no C compiler")
+    blocked = tmp_path / "a_file"
+    blocked.write_text("the cache path is a file")
+    monkeypatch.setenv("POSENC_KERNEL_CACHE", str(blocked / "kernels"))
+    monkeypatch.setattr(_cbuild, "_loaded", {})
+    with pytest.warns(RuntimeWarning):
+        assert _cbuild.load("posenc_test", SOURCE) is None
+    assert _cbuild.status("posenc_test").startswith("build failed (")

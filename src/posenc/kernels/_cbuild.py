@@ -54,6 +54,7 @@ _BASE_FLAGS = (
 )
 _lock = threading.Lock()
 _loaded: dict[str, ctypes.CDLL | None] = {}
+_why: dict[str, str] = {}  # why a kernel is not loaded, by name
 
 
 _INCLUDE = re.compile(r'^#include "([\w.]+\.c)"$', re.MULTILINE)
@@ -156,10 +157,13 @@ def _compile(cc: str, flags: tuple[str, ...], source: str, name: str, path: Path
 
 def _build(name: str, source: str) -> ctypes.CDLL | None:
     if platform.system() not in ("Linux", "Darwin"):
+        _why[name] = f"no C kernels on {platform.system()}"
         return None
     cc = _compiler()
     if cc is None:
+        _why[name] = "no compiler"
         return None
+    _why[name] = "build failed"
     arch = ("-march=native",) if platform.machine() in ("x86_64", "AMD64") else ("-mcpu=native",)
     version = _version(cc)
     errors = []
@@ -184,6 +188,7 @@ def _build(name: str, source: str) -> ctypes.CDLL | None:
                 return lib
             errors.append(f"{path} loads but lacks {missing}")  # a stale or foreign file: rebuilt
             path.unlink(missing_ok=True)
+    _why[name] = f"build failed ({(errors[-1] if errors else '?').splitlines()[0][:120]})"
     warnings.warn(
         f"posenc: could not build the C kernel {name!r}; using the PyTorch reference path "
         f"(set POSENC_C_KERNELS=0 to silence). Compiler said: {errors[-1] if errors else '?'}",
@@ -195,12 +200,13 @@ def _build(name: str, source: str) -> ctypes.CDLL | None:
 
 def status(name: str) -> str:
     """Why kernel ``name`` is or is not in use: ``"loaded"``, ``"disabled"`` (``POSENC_C_KERNELS=0``),
-    ``"no compiler"`` (it could not be built or loaded here) or ``"not built yet"``."""
+    ``"not built yet"``, ``"no compiler"``, or ``"build failed (...)"`` with the first line of the
+    reason (an unwritable cache folder, a compiler error)."""
     if not enabled():
         return "disabled"
     if name not in _loaded:
         return "not built yet"
-    return "loaded" if _loaded[name] is not None else "no compiler"
+    return "loaded" if _loaded[name] is not None else _why.get(name, "no compiler")
 
 
 def load(name: str, source: str) -> ctypes.CDLL | None:
@@ -217,6 +223,7 @@ def load(name: str, source: str) -> ctypes.CDLL | None:
             try:
                 _loaded[name] = _build(name, source)
             except (OSError, subprocess.SubprocessError) as err:
+                _why[name] = f"build failed ({str(err)[:120]})"
                 warnings.warn(
                     f"posenc: C kernel {name!r} unavailable ({err}); using the reference path",
                     RuntimeWarning,
