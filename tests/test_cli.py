@@ -326,7 +326,12 @@ def test_ctrl_c_and_sigterm_end_a_command_with_one_line(raise_it, code, line, mo
     import signal
     import time
 
+    import threading
+
     import posenc.cli as cli
+
+    if code == 143 and threading.current_thread() is not threading.main_thread():
+        pytest.skip("SIGTERM is turned into an exception only in the main thread")
 
     def run(args):
         raise_it()
