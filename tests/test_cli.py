@@ -324,9 +324,8 @@ def test_verify_prints_a_compact_matrix_and_details_with_verbose(capsys):
 )  # fmt: skip
 def test_ctrl_c_and_sigterm_end_a_command_with_one_line(raise_it, code, line, monkeypatch, capsys):
     import signal
-    import time
-
     import threading
+    import time
 
     import posenc.cli as cli
 
