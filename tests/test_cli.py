@@ -328,9 +328,13 @@ def test_verify_prints_a_compact_matrix_and_details_with_verbose(capsys):
 )  # fmt: skip
 def test_ctrl_c_and_sigterm_end_a_command_with_one_line(raise_it, code, line, monkeypatch, capsys):
     import signal
+    import threading
     import time
 
     import posenc.cli as cli
+
+    if code == 143 and threading.current_thread() is not threading.main_thread():
+        pytest.skip("SIGTERM is turned into an exception only in the main thread")
 
     def run(args):
         raise_it()
@@ -343,3 +347,49 @@ def test_ctrl_c_and_sigterm_end_a_command_with_one_line(raise_it, code, line, mo
     err = capsys.readouterr().err
     assert err.startswith(line) and err.count("\n") == 1 and "Traceback" not in err
     assert signal.getsignal(signal.SIGTERM) is before  # the command's handler is gone again
+
+
+_FULL = (  # what safetensors raises when the disk is full
+    'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })'
+)
+
+
+@pytest.mark.parametrize("where", ["checkpoint", "json"])
+def test_a_full_disk_is_one_line_not_a_traceback(where, tmp_path, monkeypatch, capsys):
+    """`train` ended in a SafetensorError traceback when the disk filled up."""
+    import errno
+    import os
+
+    import safetensors
+    import safetensors.torch
+
+    from _lab_toys import text_corpus_in
+
+    (tmp_path / "corpus").mkdir()
+    corpus = text_corpus_in(tmp_path / "corpus")
+    if where == "checkpoint":
+
+        def full(*args, **kwargs):
+            raise safetensors.SafetensorError(_FULL)
+
+        monkeypatch.setattr(safetensors.torch, "save_file", full)
+    else:
+        real_fsync = os.fsync
+
+        def full_fsync(fd):
+            if os.readlink(f"/proc/self/fd/{fd}").endswith(".json.tmp" + str(os.getpid())):
+                raise OSError(errno.ENOSPC, "No space left on device")
+            real_fsync(fd)
+
+        monkeypatch.setattr(os, "fsync", full_fsync)
+    out = tmp_path / "run"
+    argv = ["train", "--corpus", str(corpus), "--out", str(out), "--steps", "2", "--train-len", "8",
+            "--batch-size", "2", "--d-model", "16", "--layers", "1", "--heads", "2", "--threads", "1",
+            "--no-progress", "--checkpoint-every", "1"]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("posenc train: error: ") and "o space left on device" in err
+    if where == "checkpoint":
+        assert str(out / "checkpoint.safetensors") in err
+    assert not [p for p in out.rglob("*") if ".tmp" in p.name]  # no temporary left

@@ -74,3 +74,43 @@ def test_source_inlines_the_csrc_files_a_kernel_includes():
     )
     rope = _cbuild.source("rope_cpu")  # the shipped kernel: its per-instruction-set loops inlined
     assert '#include "' not in rope and "body2_once_half" in rope and "body_bf16_half" in rope
+
+
+def test_a_cached_library_without_the_kernels_functions_is_rebuilt(cache):
+    """A cached file that loads but lacks the functions (another build's, a stale one) raised
+    AttributeError in every later process and was never rebuilt."""
+    assert _answer_in_a_new_process(cache) == "42"
+    (built,) = list(cache.glob("posenc_test-*.so"))
+    other = cache / "other.c"
+    other.write_text("int posenc_something_else(void) { return 7; }\n")
+    cc = _cbuild._compiler()
+    subprocess.run([cc, "-shared", "-fPIC", str(other), "-o", str(cache / "other.so")], check=True)
+    os.replace(cache / "other.so", built)
+    assert _answer_in_a_new_process(cache) == "42"
+    assert _cbuild.exported(SOURCE) == ["posenc_test_answer"]
+
+
+def test_the_build_folders_of_killed_builds_are_removed(cache):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    left = cache / f".build-{dead.pid}-abc123"
+    left.mkdir()
+    (left / "rope_cpu.c").write_text("half a build")
+    mine = cache / f".build-{os.getpid()}-def456"  # a live process's build: kept
+    mine.mkdir()
+    assert _cbuild._build("posenc_test", SOURCE).posenc_test_answer() == 42
+    assert not left.exists() and mine.exists()
+    assert [p.name for p in cache.iterdir() if p.name.startswith(".build-")] == [mine.name]
+
+
+def test_status_says_the_build_failed_when_the_cache_is_not_writable(tmp_path, monkeypatch):
+    """An unwritable cache was reported as "no compiler"."""
+    if _cbuild._compiler() is None:
+        pytest.skip("no C compiler")
+    blocked = tmp_path / "a_file"
+    blocked.write_text("the cache path is a file")
+    monkeypatch.setenv("POSENC_KERNEL_CACHE", str(blocked / "kernels"))
+    monkeypatch.setattr(_cbuild, "_loaded", {})
+    with pytest.warns(RuntimeWarning):
+        assert _cbuild.load("posenc_test", SOURCE) is None
+    assert _cbuild.status("posenc_test").startswith("build failed (")

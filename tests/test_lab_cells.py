@@ -188,3 +188,60 @@ def test_a_cell_of_another_posenc_or_torch_version_is_run_again(corpus_dir, tmp_
     monkeypatch.undo()
     monkeypatch.setattr(posenc, "__version__", "0.0.0")
     assert cells_mod.finished_cell(cell_file, cells_mod.full_key(config, cell, data, cpu)) is None
+
+
+def test_a_cell_run_again_in_the_same_run_continues_its_own_checkpoint(corpus_dir, tmp_path, monkeypatch):
+    """On a cluster, a cell whose worker died is run again by Dask without resume: it continues
+    the checkpoint its own run wrote instead of failing with "a checkpoint already exists"."""
+    from posenc.lab.runs import RunFolder, writing_for
+
+    config = tiny_study(corpus_dir, checkpoint_every=2, steps=4)
+    kw = dict(out=tmp_path, device=torch.device("cpu"), resume=False, progress=False)
+    real_train = cells_mod.train
+
+    def dies_at_step_2(*args, **kwargs):
+        real_train(*args, **{**kwargs, "stop_at": 2})
+        raise KeyboardInterrupt("the worker died")
+
+    with RunFolder(tmp_path, ["results.json"]) as run, writing_for(tmp_path, run.run_id):
+        monkeypatch.setattr(cells_mod, "train", dies_at_step_2)
+        with pytest.raises(KeyboardInterrupt):
+            run_cell(config, Cell("alibi", 0), **kw)
+        monkeypatch.setattr(cells_mod, "train", real_train)
+        assert (tmp_path / "checkpoints" / "alibi-seed0.safetensors").is_file()
+        record = run_cell(config, Cell("alibi", 0), **kw)  # Dask's rerun: resume=False
+        assert record["train"]["resumed_from"] == 2 and record["train"]["steps"] == 4
+        assert record["run_id"] == run.run_id
+    again = RunFolder(tmp_path, ["results.json"], resume=True)
+    refused = pytest.raises(ValueError, match="a checkpoint already exists")  # another run's checkpoint
+    with again as other, writing_for(tmp_path, other.run_id), refused:
+        run_cell(config, Cell("alibi", 0), **kw)
+
+
+def test_a_scheduler_lost_mid_study_is_a_one_line_error(corpus_dir, monkeypatch):
+    import contextlib
+    from concurrent.futures import Future
+
+    class GoneExecutor:
+        def submit(self, *args):
+            future = Future()
+            future.cancel()  # what Dask does to every future when its scheduler dies
+            future.set_running_or_notify_cancel()
+            return future
+
+    monkeypatch.setattr(cells_mod, "_dask_executor", lambda cluster: contextlib.nullcontext(GoneExecutor()))
+    config = tiny_study(corpus_dir)
+    with pytest.raises(ValueError, match=r"the Dask scheduler went away .* rerun with --resume"):
+        list(iter_cells(config, study_cells(config), out=None, device=torch.device("cpu"), resume=False,
+                        progress=False, cluster="tcp://127.0.0.1:1"))  # fmt: skip
+
+
+@pytest.mark.xdist_group("ports")
+def test_a_scheduler_without_workers_is_a_clear_error_after_a_timeout(corpus_dir, monkeypatch):
+    distributed = pytest.importorskip("distributed")
+    monkeypatch.setattr(cells_mod, "WORKER_WAIT_S", 1.0)
+    config = tiny_study(corpus_dir)
+    refused = pytest.raises(ValueError, match=r"has no workers after 1 s; start some \(dask worker tcp://")
+    with distributed.LocalCluster(n_workers=0, protocol="tcp", dashboard_address=None) as cluster, refused:
+        list(iter_cells(config, study_cells(config), out=None, device=torch.device("cpu"), resume=False,
+                        progress=False, cluster=cluster.scheduler_address))  # fmt: skip

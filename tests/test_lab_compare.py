@@ -71,3 +71,22 @@ def test_read_results_names_the_flag(tmp_path):
     (tmp_path / "results.json").write_text("{}")
     with pytest.raises(ValueError, match=r"--from: .* is not a results\.json of posenc extrapolate"):
         read_results(str(tmp_path), "--from")
+
+
+@pytest.mark.parametrize(
+    ("content", "match"),
+    [
+        ("[" * 100_000 + "]" * 100_000, "nests lists/objects more than 32 deep"),
+        ('{"config": [], "runs": [], "eval": {}, "summary": []}', "field 'config' is not a dict"),
+        ('{"config": {}, "runs": {}, "eval": {}, "summary": []}', "field 'runs' is not a list"),
+        (b'{"config": "\xff"}', "is not valid JSON"),
+    ],
+)
+def test_a_crafted_results_json_is_one_line_naming_the_file(tmp_path, content, match):
+    from posenc.lab.compare import read_results
+
+    path = tmp_path / "results.json"
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(ValueError, match=match) as err:
+        read_results(str(tmp_path), "--from")
+    assert str(path) in str(err.value) and "--from" in str(err.value)

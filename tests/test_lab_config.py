@@ -145,3 +145,23 @@ def test_t5_in_a_study_trains_every_bucket():
 
         assert buckets(train_len) == buckets(64 * train_len)
     assert TransformerLM(study_model_config(config, "alibi")).decoder.scheme(0).causal is True
+
+
+@pytest.mark.parametrize("m", [2**20 + 1, 100_000_000, 2**60, 2**100])
+def test_randomized_positions_are_capped_before_any_allocation(m):
+    """--randomized-positions 100000000 allocated 12.8 GB per step; 2^60 overflowed in torch."""
+    from posenc.lab.config import StudyConfig, TrainConfig
+
+    with pytest.raises(ValueError, match=f"randomized_positions={m} is larger than 1,048,576"):
+        StudyConfig(randomized_positions=m)
+    with pytest.raises(ValueError, match=f"random_positions={m} is larger than 1,048,576"):
+        TrainConfig(random_positions=m)
+    assert StudyConfig(randomized_positions=2**20).randomized_positions == 2**20
+
+
+def test_randomized_positions_cap_is_one_line_in_the_cli(capsys):
+    from posenc.cli import main
+
+    assert main(["extrapolate", "--randomized-positions", "100000000", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "randomized_positions=100000000 is larger than" in err

@@ -176,3 +176,18 @@ def test_safetensors_own_temporaries_of_a_killed_write_are_removed_by_the_lock_h
     (tmp_path / "results.json").write_text("{}")
     with RunFolder(tmp_path, ["results.json"], resume=True):
         assert not left.exists() and all(p.exists() for p in kept)
+
+
+@pytest.mark.parametrize("name", ["checkpoints", "results.json"])
+def test_an_artifact_that_is_a_symlink_out_of_the_folder_is_refused(tmp_path, name):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / name).symlink_to(elsewhere)
+    refused = f"{name} is a symbolic link; posenc writes a run only inside"
+    for flags in ({}, {"overwrite": True}, {"resume": True}):
+        folder = RunFolder(out, ["results.json", "checkpoints"], **flags)
+        with pytest.raises(ValueError, match=refused), folder:
+            pass
+    assert elsewhere.is_dir() and (out / name).is_symlink()

@@ -57,18 +57,19 @@ def test_killing_a_two_worker_study_leaves_no_process(tmp_path, sig):
            "--layers", "1", "--heads", "2", "--seeds", "0", "--threads", "1", "--workers", "2",
            "--checkpoint-every", "1", "--no-progress", "--out", str(out)]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(SRC)}
-    pipes = dict(stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    main = subprocess.Popen(cmd, env=env, start_new_session=True, **pipes)
+    log = tmp_path / "stderr.txt"  # a file, not a pipe: a surviving worker would hold a pipe open
+    with open(log, "wb") as err:
+        main = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=err)
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and len(list((out / "checkpoints").glob("*.safetensors"))) < 2:
-            assert main.poll() is None, main.stderr.read().decode()
+            assert main.poll() is None, log.read_text()
             time.sleep(0.2)
         workers = _group(main.pid, but=main.pid)
         assert len(list((out / "checkpoints").glob("*.safetensors"))) == 2 and len(workers) >= 2
         main.send_signal(sig)
         code = main.wait(timeout=30)
-        stderr = main.stderr.read().decode()
+        stderr = log.read_text()
         left = _gone_within(workers, 10)
         assert left == [], f"left alive: {left}"
         if sig == signal.SIGTERM:

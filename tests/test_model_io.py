@@ -61,3 +61,44 @@ def test_files_saved_before_a_default_changed_load_as_they_were_trained(tmp_path
     assert old.decoder.scheme(0).max_distance == 128
     assert old.config.position_options == {"max_distance": 128}
     assert json.loads(meta["posenc_config"])["position_options"] == {}
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (lambda t: t.update({"decoder.embed.token.weight": t["decoder.embed.token.weight"] * float("nan")}),
+         r"decoder\.embed\.token\.weight holds NaN values"),
+        (lambda t: t.update({"decoder.embed.token.weight": t["decoder.embed.token.weight"].long()}),
+         r"decoder\.embed\.token\.weight is torch\.int64, not a floating-point tensor"),
+        (lambda t: t.update({"decoder.embed.token.weight": t["decoder.embed.token.weight"] > 0}),
+         r"is torch\.bool, not a floating-point tensor"),
+    ],
+)  # fmt: skip
+def test_weights_that_are_nan_int_or_bool_are_refused(tmp_path, change, match):
+    import safetensors
+    import safetensors.torch
+
+    path = tmp_path / "m.safetensors"
+    save_model(TransformerLM(config(position="rope")), path)
+    tensors = safetensors.torch.load_file(str(path))
+    with safetensors.safe_open(str(path), framework="pt") as f:
+        meta = f.metadata()
+    change(tensors)
+    safetensors.torch.save_file(tensors, str(path), metadata=meta)
+    with pytest.raises(ValueError, match=match):
+        load_model(path)
+
+
+def test_cut_weights_and_huge_integers_are_errors_naming_the_file(tmp_path):
+    from posenc.model.io import parse_json
+
+    with pytest.raises(ValueError, match=r"'the field' is not valid JSON \(Exceeds the limit"):
+        parse_json('{"d_model": ' + "9" * 5000 + "}", "'the field'")
+    with pytest.raises(ValueError, match=r"'f' is not valid JSON \(.*utf-8"):
+        parse_json(b'{"a": "\xff\xfe"}', "'f'")
+    path = tmp_path / "m.safetensors"
+    save_model(TransformerLM(config(position="rope")), path)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])  # the header reads, the data is cut
+    with pytest.raises(ValueError, match=f"'{path}' is not a readable safetensors file"):
+        load_model(path)

@@ -31,3 +31,18 @@ def test_encode_shows_what_attention_schemes_do(capsys):
     assert "alibi adds a bias to the attention logits" in step6
     first = re.findall(r"[-+]\d\.\d+", step6.splitlines()[2])  # the second query: keys 0, 1, ...
     assert float(first[0]) < 0 and float(first[1]) == 0.0  # distance 1 penalised, distance 0 not
+
+
+def test_encode_refuses_a_text_too_long_to_show_before_building_anything(capsys, monkeypatch):
+    """A 40 KB text with alibi built a 13 GB [s, s] bias table."""
+    import posenc.text.pipeline as pipeline
+    from posenc.text.commands import MAX_ENCODE_TOKENS
+
+    def built(*args, **kwargs):
+        raise AssertionError("the pipeline ran")
+
+    monkeypatch.setattr(pipeline, "encode_text", built)
+    text = "ab " * (MAX_ENCODE_TOKENS + 1)
+    assert main(["encode", text, "--tokenizer", "byte", "--scheme", "alibi"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"TEXT has {3 * (MAX_ENCODE_TOKENS + 1):,} tokens" in err

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
+import errno
 import importlib
 import os
 import re
@@ -245,6 +246,10 @@ def _flag_error(extras: list[str], sub: Parser | None) -> str:
     return f"unrecognized {what}: {' '.join(extras)}{hint}"
 
 
+#: OS errors of the storage rather than of posenc: the disk full, the quota used, a read-only disk.
+_STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised in the main thread like Ctrl-C's ``KeyboardInterrupt``: the same cleanup runs
     (worker processes stopped, temporary files removed), then one line and exit code 143."""
@@ -305,6 +310,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except OSError as err:  # after BrokenPipeError, one of its subclasses
+        if err.errno in _STORAGE_ERRNOS:  # the disk full or read-only: the user's to fix, one line
+            where = f": {err.filename!r}" if err.filename else ""
+            print(f"posenc {args.command}: error: {err.strerror or err}{where}; free space or write "
+                  "elsewhere (a run folder continues with --resume)", file=sys.stderr)  # fmt: skip
+            return 2
         if err.filename is None:  # not about a path the user gave: a bug, keep its traceback
             raise
         print(

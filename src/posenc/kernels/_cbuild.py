@@ -11,6 +11,10 @@ processes load the cached library directly.
   exactly as PyTorch's elementwise ops round them, so a kernel can give bit-identical results to
   the reference path (callers also check that on first use, see ``rope_cpu``).
 * OpenMP when the compiler has it (the process then shares PyTorch's ``libgomp``), else serial.
+* A cached library is used only when it loads and exports every ``posenc_*`` function its source
+  defines (a kernel's exported functions are named ``posenc_*``); otherwise it is rebuilt once.
+* A build runs in a temporary folder ``.build-<PID>-*`` of the cache; the folders of builds whose
+  process is gone (killed mid-build) are removed by the next build.
 * No compiler, a failed build, or ``POSENC_C_KERNELS=0`` in the environment: :func:`load` returns
   ``None`` and the callers use their reference (pure PyTorch) path. ``POSENC_KERNEL_CACHE`` sets the
   cache directory (default ``$XDG_CACHE_HOME/posenc/kernels`` or ``~/.cache/posenc/kernels``).
@@ -50,6 +54,7 @@ _BASE_FLAGS = (
 )
 _lock = threading.Lock()
 _loaded: dict[str, ctypes.CDLL | None] = {}
+_why: dict[str, str] = {}  # why a kernel is not loaded, by name
 
 
 _INCLUDE = re.compile(r'^#include "([\w.]+\.c)"$', re.MULTILINE)
@@ -106,10 +111,39 @@ def _version(cc: str) -> str:
         return ""
 
 
+#: The functions a kernel's source exports: non-static definitions named ``posenc_*`` at a line start.
+_EXPORTED = re.compile(r"^(?!static\b)[A-Za-z_][\w \t*]*?\b(posenc_\w+)\s*\(", re.MULTILINE)
+_BUILD_DIR = re.compile(r"^\.build-(\d+)-")
+
+
+def exported(source: str) -> list[str]:
+    """The ``posenc_*`` functions ``source`` defines (what a cached library must export)."""
+    return sorted(set(_EXPORTED.findall(source)))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def _remove_dead_builds(folder: Path) -> None:
+    """Remove the build folders (``.build-<PID>-*``) of processes that are gone."""
+    for entry in folder.glob(".build-*"):
+        match = _BUILD_DIR.match(entry.name)
+        if match and entry.is_dir() and not entry.is_symlink() and not _alive(int(match.group(1))):
+            shutil.rmtree(entry, ignore_errors=True)
+
+
 def _compile(cc: str, flags: tuple[str, ...], source: str, name: str, path: Path) -> str | None:
     """Compile ``source`` into ``path`` (atomically); the compiler's error, or None on success."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+    _remove_dead_builds(path.parent)
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".build-{os.getpid()}-") as tmp:
         src, lib = Path(tmp) / f"{name}.c", Path(tmp) / f"{name}.so"
         src.write_text(source)
         proc = subprocess.run(
@@ -123,10 +157,13 @@ def _compile(cc: str, flags: tuple[str, ...], source: str, name: str, path: Path
 
 def _build(name: str, source: str) -> ctypes.CDLL | None:
     if platform.system() not in ("Linux", "Darwin"):
+        _why[name] = f"no C kernels on {platform.system()}"
         return None
     cc = _compiler()
     if cc is None:
+        _why[name] = "no compiler"
         return None
+    _why[name] = "build failed"
     arch = ("-march=native",) if platform.machine() in ("x86_64", "AMD64") else ("-mcpu=native",)
     version = _version(cc)
     errors = []
@@ -141,10 +178,17 @@ def _build(name: str, source: str) -> ctypes.CDLL | None:
                     errors.append(error)
                     break  # this flag set does not compile here: try the next one
             try:
-                return ctypes.CDLL(str(path))
+                lib = ctypes.CDLL(str(path))
             except OSError as err:
                 errors.append(str(err))
                 path.unlink(missing_ok=True)
+                continue
+            missing = [f for f in exported(source) if not hasattr(lib, f)]
+            if not missing:
+                return lib
+            errors.append(f"{path} loads but lacks {missing}")  # a stale or foreign file: rebuilt
+            path.unlink(missing_ok=True)
+    _why[name] = f"build failed ({(errors[-1] if errors else '?').splitlines()[0][:120]})"
     warnings.warn(
         f"posenc: could not build the C kernel {name!r}; using the PyTorch reference path "
         f"(set POSENC_C_KERNELS=0 to silence). Compiler said: {errors[-1] if errors else '?'}",
@@ -156,12 +200,13 @@ def _build(name: str, source: str) -> ctypes.CDLL | None:
 
 def status(name: str) -> str:
     """Why kernel ``name`` is or is not in use: ``"loaded"``, ``"disabled"`` (``POSENC_C_KERNELS=0``),
-    ``"no compiler"`` (it could not be built or loaded here) or ``"not built yet"``."""
+    ``"not built yet"``, ``"no compiler"``, or ``"build failed (...)"`` with the first line of the
+    reason (an unwritable cache folder, a compiler error)."""
     if not enabled():
         return "disabled"
     if name not in _loaded:
         return "not built yet"
-    return "loaded" if _loaded[name] is not None else "no compiler"
+    return "loaded" if _loaded[name] is not None else _why.get(name, "no compiler")
 
 
 def load(name: str, source: str) -> ctypes.CDLL | None:
@@ -178,6 +223,7 @@ def load(name: str, source: str) -> ctypes.CDLL | None:
             try:
                 _loaded[name] = _build(name, source)
             except (OSError, subprocess.SubprocessError) as err:
+                _why[name] = f"build failed ({str(err)[:120]})"
                 warnings.warn(
                     f"posenc: C kernel {name!r} unavailable ({err}); using the reference path",
                     RuntimeWarning,

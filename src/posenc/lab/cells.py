@@ -53,6 +53,7 @@ __all__ = [
     "finished_cell",
     "full_key",
     "iter_cells",
+    "own_checkpoint",
     "run_cell",
     "study_cells",
     "study_data",
@@ -328,6 +329,21 @@ def finished_cell(cell_file: Path | None, key: dict[str, Any]) -> dict[str, Any]
     return {**record, "reused": True} if record.get("key") == key else None
 
 
+def own_checkpoint(ckpt: Path | None) -> bool:
+    """``ckpt`` was written by this run (its run id is this process's, see
+    :func:`~posenc.lab.runs.writing_for`): a cell started again on a cluster after its worker
+    died continues it instead of refusing it."""
+    from .checkpoint import read_checkpoint_meta
+
+    run_id = current_run_id()
+    if not run_id or ckpt is None or not ckpt.is_file():
+        return False
+    try:
+        return read_checkpoint_meta(ckpt).get("run_id") == run_id
+    except ValueError:  # unreadable: train() refuses or resumes it with its own message
+        return False
+
+
 def cell_model_config(config: StudyConfig, cell: Cell, data: StudyData):
     """The cell's :class:`~posenc.model.ModelConfig`: the study's for its scheme, with its setting's
     fields; trained at randomized positions from ``[0, M)``, its nominal length is ``M``."""
@@ -400,7 +416,7 @@ def _train_cell(
         tc,
         device=device,
         checkpoint=ckpt,
-        resume=resume,
+        resume=resume or own_checkpoint(ckpt),
         progress=progress,
         desc=cell.name,
         data_id=data.data_id or None,
@@ -466,7 +482,7 @@ def iter_cells(
                     config, cell, out=out, device=device, resume=resume, progress=progress, threads=threads
                 )
         return
-    from concurrent.futures import as_completed
+    from concurrent.futures import CancelledError, as_completed
 
     from .workers import process_pool
 
@@ -480,10 +496,21 @@ def iter_cells(
         try:
             for future in as_completed(futures):
                 yield future.result()
+        except CancelledError:  # Dask cancels every future when the scheduler goes away
+            if cluster is None:
+                raise
+            raise ValueError(
+                f"--cluster {cluster!r}: the Dask scheduler went away before the study finished; the "
+                "finished cells are kept: start it again and rerun with --resume"
+            ) from None
         except BaseException:  # one cell failed (or Ctrl-C): do not wait for the queued ones
             for future in futures:
                 future.cancel()
             raise
+
+
+#: How long a study waits for a Dask scheduler to have at least one worker (seconds).
+WORKER_WAIT_S = 60.0
 
 
 @contextlib.contextmanager
@@ -499,6 +526,13 @@ def _dask_executor(cluster: Any):
         return
     _check_scheduler(cluster)  # before a Client exists: a failed one lingers (its __del__ blocks 60 s)
     with distributed.Client(cluster) as client:
+        try:
+            client.wait_for_workers(1, timeout=WORKER_WAIT_S)
+        except (TimeoutError, distributed.TimeoutError):
+            raise ValueError(
+                f"--cluster {cluster!r}: the Dask scheduler has no workers after {WORKER_WAIT_S:g} s; "
+                f"start some (dask worker {cluster}) and run again"
+            ) from None
         yield client.get_executor()
 
 

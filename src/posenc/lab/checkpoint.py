@@ -160,13 +160,19 @@ def _state_tensors(model: nn.Module, opt: dict[str, Any], aliases: dict[str, str
 
 def _write_atomically(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
     """A temporary file in the same folder, flushed to disk, renamed over ``path`` (atomic on POSIX)."""
+    import safetensors
     import safetensors.torch
 
     check_owner(path)  # a process of a run that lost its folder writes nothing into it
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
-        safetensors.torch.save_file(tensors, str(tmp), metadata=metadata)
+        try:
+            safetensors.torch.save_file(tensors, str(tmp), metadata=metadata)
+        except safetensors.SafetensorError as err:  # the disk full, among others: an OSError naming the file
+            from ..model.io import write_error
+
+            raise write_error(err, path) from None
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, path)

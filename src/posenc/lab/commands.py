@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -134,7 +133,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 def _setup(args: argparse.Namespace):
     import torch
 
-    from .distributed import configure_threads, init_distributed
+    from .distributed import configure_threads, env_int, init_distributed
 
     try:
         torch.device(args.device)
@@ -143,7 +142,7 @@ def _setup(args: argparse.Namespace):
     info, device = init_distributed(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda but torch sees no CUDA device; use --device cpu")
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", info.world_size))
+    local = env_int("LOCAL_WORLD_SIZE", info.world_size, minimum=1)
     threads = configure_threads(args.threads, world_size=local) if device.type == "cpu" else None
     return info, device, threads
 
@@ -416,6 +415,7 @@ def train_run(args: argparse.Namespace) -> int:
     import dataclasses
 
     from .config import StudyConfig
+    from .distributed import is_lock_holder
     from .runs import RunFolder, writing_for
 
     fields = {"schemes": (args.scheme,), "variants": (), **_overrides(args)}
@@ -430,7 +430,7 @@ def train_run(args: argparse.Namespace) -> int:
         TRAIN_ARTIFACTS,
         resume=args.resume,
         overwrite=args.overwrite,
-        lock=int(os.environ.get("RANK", "0")) == 0,
+        lock=is_lock_holder(),
     )  # checks the path before any work
     info, device, threads = _setup(args)
     try:

@@ -11,7 +11,6 @@ Legend: ``K`` windows.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +26,19 @@ def read_results(spec: str, flag: str = "--compare") -> dict[str, Any]:
     path = Path(spec)
     if path.is_dir():
         path = path / "results.json"
+    from ..model.io import parse_json
+
     try:
-        results = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
+        text = path.read_bytes()
+    except OSError as err:
         raise ValueError(f"{flag}: cannot read a study from {spec!r}: {err}") from None
+    results = parse_json(text, f"{flag} {str(path)!r}")
     if not isinstance(results, dict) or not {"config", "runs", "eval", "summary"} <= results.keys():
         raise ValueError(f"{flag}: {str(path)!r} is not a results.json of posenc extrapolate")
+    types = {"config": dict, "runs": list, "eval": dict, "summary": list}
+    wrong = [k for k, kind in types.items() if not isinstance(results[k], kind)]
+    if wrong:
+        raise ValueError(f"{flag}: {str(path)!r} field {wrong[0]!r} is not a {types[wrong[0]].__name__}")
     return results
 
 

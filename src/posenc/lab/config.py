@@ -21,12 +21,14 @@ __all__ = [
     "AUTOCAST_MODES",
     "DEFAULT_SCHEMES",
     "IGNORE_INDEX",
+    "MAX_RANDOM_POSITIONS",
     "MODES",
     "PRESETS",
     "TASK_DEFAULTS",
     "BatchFn",
     "StudyConfig",
     "TrainConfig",
+    "check_random_positions",
     "study_model_config",
 ]
 
@@ -49,6 +51,21 @@ BatchFn = Callable[[int, int, int], "tuple[torch.Tensor, torch.Tensor]"]
 # ----------------------------------------------------------------------------------------------
 # Configuration
 # ----------------------------------------------------------------------------------------------
+#: The largest range of randomized training positions: each step draws one key per position of
+#: ``[0, M)`` for every row (``[batch, M]`` floats), and a learned table has ``M`` rows.
+MAX_RANDOM_POSITIONS = 1 << 20
+
+
+def check_random_positions(value: int, name: str) -> None:
+    """``value`` (already an int >= 0) at most :data:`MAX_RANDOM_POSITIONS`, else a ``ValueError``."""
+    if value > MAX_RANDOM_POSITIONS:
+        raise ValueError(
+            f"{name}={value} is larger than {MAX_RANDOM_POSITIONS:,}: each training step draws a key for "
+            f"every position of the range ([batch, {name}] floats); use a few times the longest "
+            "evaluation length"
+        )
+
+
 @dataclass
 class TrainConfig:
     """How to train: budget, batch, optimizer, schedule, checkpoints.
@@ -125,6 +142,7 @@ class TrainConfig:
         check_choice(self.autocast, "autocast", AUTOCAST_MODES)
         check_positive_float(self.position_lr_scale, "position_lr_scale")
         check_int(self.random_positions, "random_positions", minimum=0)
+        check_random_positions(self.random_positions, "random_positions")
         if 0 < self.random_positions < self.seq_len:
             raise ValueError(
                 f"random_positions={self.random_positions} must be 0 (off) or >= seq_len={self.seq_len}: "
@@ -340,6 +358,7 @@ class StudyConfig:
                 raise ValueError(
                     f"{name}={value} applies to language-model studies (mode 'lm'), not {self.mode!r}"
                 )
+        check_random_positions(self.randomized_positions, "randomized_positions")
         if 0 < self.randomized_positions < self.train_len:
             raise ValueError(
                 f"randomized_positions={self.randomized_positions} must be >= train_len="

@@ -11,14 +11,32 @@ import torch
 
 from .._validate import check_int
 
-__all__ = ["DistInfo", "configure_threads", "dist_info", "free_cores", "init_distributed"]
+__all__ = [
+    "MAX_THREADS_PER_CPU",
+    "DistInfo",
+    "configure_threads",
+    "dist_info",
+    "env_int",
+    "free_cores",
+    "init_distributed",
+    "is_lock_holder",
+]
+
+
+#: ``--threads`` may oversubscribe the CPUs this process may run on by this factor at most: more
+#: threads only contend (and 100,000 crashed torch's thread pool; 5,000 took minutes to start).
+MAX_THREADS_PER_CPU = 4
+
+
+def _cpus() -> int:
+    """The CPUs this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def free_cores(world_size: int = 1) -> int:
     """The CPUs this process may run on, divided among ``world_size`` local processes, minus the
     cores other processes keep busy (1-minute load average); at least 1."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    cpus = max(1, cpus // max(1, world_size))
+    cpus = max(1, _cpus() // max(1, world_size))
     try:
         busy = max(0.0, os.getloadavg()[0] - 1.0)  # the load of everything but ourselves, roughly
     except OSError:  # pragma: no cover - no load average on this platform
@@ -38,6 +56,12 @@ def configure_threads(num_threads: int | None = None, *, world_size: int = 1) ->
     if num_threads is None:
         num_threads = free_cores(world_size)
     check_int(num_threads, "num_threads")
+    most = MAX_THREADS_PER_CPU * _cpus()
+    if num_threads > most:
+        raise ValueError(
+            f"--threads {num_threads} is more than {MAX_THREADS_PER_CPU} per CPU this process may run on "
+            f"({_cpus()} CPUs): give at most {most}, or leave it out to use the free cores"
+        )
     torch.set_num_threads(num_threads)
     return num_threads
 
@@ -59,13 +83,33 @@ class DistInfo:
         return self.rank == 0
 
 
+def env_int(name: str, default: int, *, minimum: int = 0) -> int:
+    """The integer environment variable ``name`` (set by ``torchrun``), ``default`` when unset; a
+    ``ValueError`` naming the variable when it is not an integer >= ``minimum``."""
+    text = os.environ.get(name)
+    if text is None or text == "":
+        return default
+    if not text.strip().isdigit() or len(text.strip()) > 9 or int(text) < minimum:
+        raise ValueError(
+            f"the environment variable {name}={text!r} is not an integer >= {minimum}; torchrun sets it: "
+            "unset it, or launch with torchrun"
+        )
+    return int(text)
+
+
+def is_lock_holder() -> bool:
+    """Whether this process takes a run folder's lock: rank 0 of a ``torchrun`` group, or a process
+    outside one (a ``RANK`` left in the environment without ``WORLD_SIZE > 1`` does not count)."""
+    return env_int("WORLD_SIZE", 1, minimum=1) <= 1 or env_int("RANK", 0) == 0
+
+
 def dist_info() -> DistInfo:
     """The current process group's rank and size (``DistInfo()`` when not distributed)."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return DistInfo(
             torch.distributed.get_rank(),
             torch.distributed.get_world_size(),
-            int(os.environ.get("LOCAL_RANK", torch.distributed.get_rank())),
+            env_int("LOCAL_RANK", torch.distributed.get_rank()),
         )
     return DistInfo()
 
@@ -80,10 +124,10 @@ def init_distributed(device: str | torch.device = "cpu") -> tuple[DistInfo, torc
         ``(info, device)``: this process's rank/world and the device it must use.
     """
     device = torch.device(device)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = env_int("WORLD_SIZE", 1, minimum=1)
     if world <= 1:
         return dist_info(), device
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_rank = env_int("LOCAL_RANK", 0)
     if device.type == "cuda":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)

@@ -29,7 +29,16 @@ from typing import Any
 
 import torch
 
-from .cells import Cell, _evaluate, _record, cell_model_config, finished_cell, full_key, study_data
+from .cells import (
+    Cell,
+    _evaluate,
+    _record,
+    cell_model_config,
+    finished_cell,
+    full_key,
+    own_checkpoint,
+    study_data,
+)
 from .config import StudyConfig, TrainConfig
 from .distributed import dist_info
 from .evaluate import EVALUATORS
@@ -161,7 +170,7 @@ def run_finetune(
     ckpt = out / "checkpoints" / f"{ft.name}.safetensors"
     seed_everything(ft.seed)
     model = TransformerLM(mc).to(device)
-    if dist_info().is_main and not (resume and ckpt.is_file()):
+    if dist_info().is_main and not ((resume or own_checkpoint(ckpt)) and ckpt.is_file()):
         _start_from_base(out / "checkpoints" / f"{ft.base.name}.safetensors", ckpt, model, tc, data.data_id)
     if dist_info().world_size > 1:
         torch.distributed.barrier()

@@ -136,6 +136,12 @@ class RunFolder:
         if self.lock:
             self._acquire()
         try:
+            linked = [name for name in self.artifacts if (self.path / name).is_symlink()]
+            if linked:  # a write would land wherever the link points, outside the folder
+                raise ValueError(
+                    f"{self.flag} {str(self.path)!r}: {', '.join(linked)} is a symbolic link; posenc writes "
+                    "a run only inside its folder: remove the link or choose another folder"
+                )
             found = self.existing()
             if found and not (self.resume or self.overwrite):
                 raise ValueError(

@@ -10,6 +10,7 @@ reachable under several names) are stored once and re-tied by the model's constr
 
 from __future__ import annotations
 
+import errno
 import inspect
 import json
 import os
@@ -33,11 +34,26 @@ __all__ = [
     "parse_json",
     "read_metadata",
     "save_model_file",
+    "write_error",
 ]
 
 #: The deepest nesting of lists and objects posenc accepts in JSON it reads from a file (its own
 #: files nest 4 levels at most); deeper JSON is refused before anything recurses through it.
 MAX_JSON_DEPTH = 32
+
+
+def write_error(err: Exception, path: str | os.PathLike) -> OSError:
+    """A ``safetensors`` write failure (its ``SafetensorError`` wraps the OS error in text) as an
+    ``OSError`` naming ``path``: the disk full (``ENOSPC``), or another input/output error."""
+    text = str(err)
+    full = "No space left" in text or "StorageFull" in text or getattr(err, "errno", None) == errno.ENOSPC
+    if full:
+        return OSError(errno.ENOSPC, "no space left on device", str(path))
+    return OSError(
+        errno.EIO,
+        f"cannot write the file ({text.splitlines()[0][:200] if text else type(err).__name__})",
+        str(path),
+    )
 
 
 def save_model_file(model: nn.Module, path: str | os.PathLike) -> None:
@@ -55,7 +71,10 @@ def save_model_file(model: nn.Module, path: str | os.PathLike) -> None:
     extra = {"cross_attention": str(model.cross_attention)} if hasattr(model, "cross_attention") else {}
     metadata = {"format": "pt", "posenc_model": name, "posenc_config": config_json,
                 "posenc_defaults": DEFAULTS_VERSION, **extra}  # fmt: skip
-    safetensors.torch.save_model(model, str(path), metadata=metadata)  # drops duplicate (tied) names
+    try:
+        safetensors.torch.save_model(model, str(path), metadata=metadata)  # drops duplicate (tied) names
+    except safetensors.SafetensorError as err:
+        raise write_error(err, path) from None
 
 
 def parse_json(text: str | bytes, where: str) -> Any:
@@ -63,8 +82,8 @@ def parse_json(text: str | bytes, where: str) -> Any:
     naming ``where`` (the file and field) for text that is not UTF-8 or not JSON, or nests deeper."""
     try:
         value = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{where} is not valid JSON ({err})") from None
+    except ValueError as err:  # not JSON, not UTF-8, an integer of more than 4300 digits
+        raise ValueError(f"{where} is not valid JSON ({str(err)[:200]})") from None
     except RecursionError:
         value = None
         depth = MAX_JSON_DEPTH + 1
@@ -136,7 +155,10 @@ def load_weights(
 ) -> nn.Module:
     """Load the safetensors file at ``path`` into ``model`` (tied weights stored once), first cast
     to ``dtype`` (default: the floating dtype the weights were saved in). Returns ``model``."""
-    state = safetensors.torch.load_file(str(path), device=str(device))
+    try:
+        state = safetensors.torch.load_file(str(path), device=str(device))
+    except Exception as err:  # safetensors' own error types: random bytes, a truncated file
+        raise ValueError(f"{str(path)!r} is not a readable safetensors file ({err})") from None
     if dtype is None:
         saved = {t.dtype for t in state.values() if t.is_floating_point()}
         dtype = saved.pop() if len(saved) == 1 else None
@@ -168,4 +190,11 @@ def _load_tied(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
                     f"the file's {found[0]} has shape {tuple(saved.shape)}, the model's "
                     f"{tuple(target.shape)}: the file's config does not describe its weights"
                 )
+            if target.is_floating_point() and not saved.is_floating_point():
+                raise ValueError(
+                    f"the file's {found[0]} is {saved.dtype}, not a floating-point tensor: it is not a "
+                    "posenc model's weights"
+                )
+            if saved.is_floating_point() and saved.isnan().any():
+                raise ValueError(f"the file's {found[0]} holds NaN values: the weights are broken")
             target.copy_(saved)

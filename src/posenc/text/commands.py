@@ -94,6 +94,11 @@ def resolve_tokenizer(spec: str, vocab_size: int = DEFAULT_VOCAB, train_chars: i
     return tok, f"{tok.kind} loaded from {spec}, V={tok.vocab_size}"
 
 
+#: The most tokens ``posenc encode`` takes: the attention step of a bias scheme is an ``[s, s]``
+#: table (a 40 KB text was a 13 GB one); 2048 tokens make it 16 MB.
+MAX_ENCODE_TOKENS = 2048
+
+
 def encode_args(p: argparse.ArgumentParser) -> None:
     """Arguments of ``posenc encode``."""
     p.add_argument("text", help='the text to encode, e.g. "The cat sat on the mat."')
@@ -136,6 +141,12 @@ def encode_run(args: argparse.Namespace) -> int:
 
         plot_path(args.plot)  # checked before the tokenizer trains
     tok, how = resolve_tokenizer(args.tokenizer, vocab_size=args.vocab_size)
+    count = len(tok.encode(args.text).ids)
+    if count > MAX_ENCODE_TOKENS:
+        raise ValueError(
+            f"TEXT has {count:,} tokens; posenc encode walks through at most {MAX_ENCODE_TOKENS:,} (a scheme "
+            "acting inside attention is shown as its [tokens, tokens] table): give a shorter text"
+        )
     print(f"tokenizer: {how}")
     result = encode_text(
         args.text, tok, scheme=args.scheme, d_model=args.d_model, dropout=args.dropout, seed=args.seed
