@@ -81,7 +81,7 @@ def test_page_order_labels_and_plain_words(report):
     for name in names:
         assert f"<tr><th>{name}</th>" in html and f"id='{name}'" in html
     assert "Built without training (fast mode)" in html and "initialisation</span>" in html
-    for section in ("The positional kernel of every scheme", "The input layer, end to end", "Explore"):
+    for section in ("the positional kernel of every scheme", "The input layer, end to end", "Explore"):
         assert section in html
     assert "0.0128" in html and "0.024543" in html  # the numbers usually quoted, next to the measured
     assert not re.search(r"DESIGN\.md|seed notes?|seed 0\d\d|issue \d", html)
