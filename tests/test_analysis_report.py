@@ -115,14 +115,17 @@ def test_every_scheme_is_taught_with_maths_a_worked_example_and_its_own_captions
             assert owner.setdefault(caption, name) == name, f"{name} and {owner[caption]} share: {caption}"
     # the page reads as a course: the input layer, then the schemes (no position, added, rotated,
     # biased), then the comparisons
-    order = [
-        "The input layer, end to end",
+    groups = [
         "The problem: no positional signal",
         "Added to the input",
         "Rotating queries and keys",
         "Biasing the attention logits",
-        "Side by side",
-        "Which scheme?",
+    ]
+    order = [
+        "<h2 id='input'>",
+        *(f"<h3 class='group'>{g}</h3>" for g in groups),
+        "<h2 id='kernels'>",
+        "<h2 id='which'>",
     ]
     assert [html.index(t) for t in order] == sorted(html.index(t) for t in order)
 
