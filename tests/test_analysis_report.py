@@ -194,7 +194,7 @@ def test_report_with_a_study(tmp_path):
         tmp_path / "rep", ["sinusoidal", "t5", "nope"], context=SMALL, study=tmp_path / "study"
     )
     html = path.read_text(encoding="utf-8")
-    assert "From the study in" in html and "over 2 seeds" in html
+    assert "From the study <code>study</code>" in html and "over 2 seeds" in html
     assert re.search(r"<td class='num'>[+-]\d\.\d{3} ±\d\.\d{3}</td>", html)  # deltas with intervals
     assert "study" in dict(SPEC.findall(html)) and "trained-t5" in html
     assert "sinusoidal encodings let a model read inputs longer than it was trained on" in html

@@ -232,9 +232,9 @@ def _overview(names: list[str], parts: list[dict[str, Any]], trained: dict[str, 
     caption = (
         f"One panel per scheme, colour by where it acts ({legend}); each curve is scaled to a largest "
         "|K| of 1 so shapes compare on shared axes (hover for values, drag to zoom one panel and all "
-        "follow). Learnable schemes show their trained kernel, with the initialisation dotted. "
-        "Notice the families: sinusoids oscillate, rotations decay with ripples, biases fall smoothly "
-        "(ALiBi linearly), and a scheme without position has no kernel at all."
+        "follow). Learnable schemes show their trained kernel, with the initialisation dotted. A "
+        "scheme without position has no panel: its kernel is zero. What each shape means is in that "
+        "scheme's section above, written from its own numbers."
     )
     return interactive("overview", overview_figure(panels), caption)
 
