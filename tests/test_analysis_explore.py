@@ -111,6 +111,7 @@ def test_bias_explorer_starts_with_the_contexts_form_and_shows_at_most_16_heads(
     assert labels == [str(h) for h in range(0, 64, 4)]  # 16 heads, evenly spread
     assert len(fig["data"]) == 2 * 16
     assert fig["layout"]["updatemenus"][0]["active"] == 0  # causal
+    assert "autorange" not in fig["layout"]["yaxis"]  # position 0 at the bottom left, as in every heatmap
     shown = [i for i, t in enumerate(fig["data"]) if t["visible"]]
     assert shown == [0]  # causal, head 0
     # head 60 of 64: slope 2^(-8 * 61 / 64), bidirectional entry (0, 10)

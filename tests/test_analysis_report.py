@@ -81,7 +81,7 @@ def test_page_order_labels_and_plain_words(report):
     for name in names:
         assert f"<tr><th>{name}</th>" in html and f"id='{name}'" in html
     assert "Built without training (fast mode)" in html and "initialisation</span>" in html
-    for section in ("The positional kernel of every scheme", "The input layer, end to end", "Explore"):
+    for section in ("the positional kernel of every scheme", "The input layer, end to end", "Explore"):
         assert section in html
     assert "0.0128" in html and "0.024543" in html  # the numbers usually quoted, next to the measured
     assert not re.search(r"DESIGN\.md|seed notes?|seed 0\d\d|issue \d", html)
@@ -115,14 +115,17 @@ def test_every_scheme_is_taught_with_maths_a_worked_example_and_its_own_captions
             assert owner.setdefault(caption, name) == name, f"{name} and {owner[caption]} share: {caption}"
     # the page reads as a course: the input layer, then the schemes (no position, added, rotated,
     # biased), then the comparisons
-    order = [
-        "The input layer, end to end",
+    groups = [
         "The problem: no positional signal",
         "Added to the input",
         "Rotating queries and keys",
         "Biasing the attention logits",
-        "Side by side",
-        "Which scheme?",
+    ]
+    order = [
+        "<h2 id='input'>",
+        *(f"<h3 class='group'>{g}</h3>" for g in groups),
+        "<h2 id='kernels'>",
+        "<h2 id='which'>",
     ]
     assert [html.index(t) for t in order] == sorted(html.index(t) for t in order)
 
@@ -191,7 +194,7 @@ def test_report_with_a_study(tmp_path):
         tmp_path / "rep", ["sinusoidal", "t5", "nope"], context=SMALL, study=tmp_path / "study"
     )
     html = path.read_text(encoding="utf-8")
-    assert "From the study in" in html and "over 2 seeds" in html
+    assert "From the study <code>study</code>" in html and "over 2 seeds" in html
     assert re.search(r"<td class='num'>[+-]\d\.\d{3} ±\d\.\d{3}</td>", html)  # deltas with intervals
     assert "study" in dict(SPEC.findall(html)) and "trained-t5" in html
     assert "sinusoidal encodings let a model read inputs longer than it was trained on" in html

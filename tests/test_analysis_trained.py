@@ -203,6 +203,7 @@ print("trained", t.steps)
 """
 
 
+@pytest.mark.slow  # two fresh Python processes importing torch and training: 45 s at load 11
 def test_two_reports_sharing_a_cache_both_succeed(corpus, tmp_path):
     """The second waits for the first's training, then reuses it: both exit 0, one trains."""
     import subprocess

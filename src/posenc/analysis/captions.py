@@ -54,7 +54,13 @@ def _neighbours(probe: Probe, n: int) -> float:
 def trained_table_note(initial: Probe, trained: Probe, train_len: int) -> str:
     """How alike neighbouring positions' vectors are before and after training (from the tables)."""
     before, after = _neighbours(initial, train_len), _neighbours(trained, train_len)
-    change = "more alike" if after > before else "no more alike"
+    change = (
+        "about as alike as before"
+        if abs(after - before) < 0.005
+        else "more alike"
+        if after > before
+        else "less alike"
+    )
     return (
         f"<i>{esc(trained.name)}</i>: the mean cosine between neighbouring positions' vectors goes from "
         f"{before:.2f} at initialisation to {after:.2f} after training: neighbours end up {change}."

@@ -217,9 +217,8 @@ def _heads(name: str, ctx: dict[str, Any]) -> dict[str, Any]:
                 }
             ]
     layout = {
-        "xaxis": {"title": {"text": "key position n"}},
+        "xaxis": {"title": {"text": "key position n"}, "constrain": "domain"},
         "yaxis": {"title": {"text": "query position m"}, "scaleanchor": "x", "constrain": "domain"},
-        "xaxis_constrain": "domain",
         "height": 470,
     }
     start = ("causal" if ctx.get("causal") else "bidirectional", "0")

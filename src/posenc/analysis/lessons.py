@@ -237,7 +237,8 @@ EXAMPLE_CONTEXT: dict[str, Any] = {"d_model": 8, "num_heads": 2, "head_dim": 4, 
 
 
 def _fmt(x: float) -> str:
-    return f"{x:+.3f}".replace("-", "−")
+    """Three significant digits, signed (small initial values stay readable)."""
+    return f"{x:+.3g}".replace("-", "−")
 
 
 def _same(a: float, b: float) -> bool:
@@ -253,9 +254,10 @@ def worked_example(name: str) -> str:
         return f"<p class='muted'>No worked example: {esc(err)}</p>"
     if probe.scheme.position_dims != 1:
         return _grid_example(probe)
+    state = "; its trainable values at initialisation, random" if probe.trainable else ""
     parts = [
         f"<p><b>Worked example</b> (posenc builds <code>{esc(name)}</code> with d = {probe.d_model}, "
-        f"{probe.num_heads} heads of d<sub>h</sub> = {probe.head_dim}, causal):</p>"
+        f"{probe.num_heads} heads of d<sub>h</sub> = {probe.head_dim}, causal{state}):</p>"
     ]
     if "embed" in probe.hooks:
         pe = encodings(probe, 6).double()  # [6, d]

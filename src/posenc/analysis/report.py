@@ -1,14 +1,17 @@
 """One self-contained HTML page that shows every registered scheme, checks it, and teaches it.
 
-:func:`build_report` builds every scheme from :data:`~posenc.analysis.kernel.DEFAULT_CONTEXT` (or the
+:func:`build_report` builds every scheme from :data:`REPORT_CONTEXT` (causal; or the
 sizes given), runs every property check, trains one small model per learnable scheme (or reads a
 study's checkpoints, or skips training in the fast mode), and writes ``DIR/index.html``: static
 images as base64 ``data:`` URIs and interactive figures drawn by plotly.js, embedded in the page,
 so the single file opens offline and fetches nothing. ``posenc report`` calls it.
 
-Sections, in order: how to read the page; which scheme (a study's verdicts); the kernel of every
-scheme (small multiples); learnable schemes trained; explore (sliders); the input layer end to
-end; every scheme in detail; the property checks; common claims, measured.
+Sections, in order, as a course: how to read the page; the input layer end to end; every scheme
+explained (the problem, typeset maths, a worked example, captions from its own numbers; grouped
+from no position through added, rotated and biased); learnable schemes trained; explore (sliders);
+the kernels side by side; which scheme (a study's verdicts: the user's, or the summary posenc
+ships); the property checks; common claims, measured. Every value read from a file is escaped
+(:func:`~posenc.analysis.page.esc`); the page is written atomically.
 """
 
 from __future__ import annotations
@@ -229,9 +232,9 @@ def _overview(names: list[str], parts: list[dict[str, Any]], trained: dict[str, 
     caption = (
         f"One panel per scheme, colour by where it acts ({legend}); each curve is scaled to a largest "
         "|K| of 1 so shapes compare on shared axes (hover for values, drag to zoom one panel and all "
-        "follow). Learnable schemes show their trained kernel, with the initialisation dotted. "
-        "Notice the families: sinusoids oscillate, rotations decay with ripples, biases fall smoothly "
-        "(ALiBi linearly), and a scheme without position has no kernel at all."
+        "follow). Learnable schemes show their trained kernel, with the initialisation dotted. A "
+        "scheme without position has no panel: its kernel is zero. What each shape means is in that "
+        "scheme's section above, written from its own numbers."
     )
     return interactive("overview", overview_figure(panels), caption)
 

@@ -137,8 +137,8 @@ def train_for_report(
     config = report_study(schemes, **(overrides or {}))
     out = Path(cache_dir) / f"study-{_study_key(config)}"
     workers = min(2, os.cpu_count() or 1, len(schemes)) if workers is None else workers
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with _cache_lock(out.with_name(out.name + ".lock"), log):
+    out.mkdir(parents=True, exist_ok=True)
+    with _cache_lock(out / ".report-training.lock", log):  # inside: the cache holds study folders only
         run_study(config, out=out, resume=True, progress=progress, log=log, workers=workers)
     return read_study(out, schemes)
 
@@ -163,7 +163,7 @@ def _cache_lock(path: Path, log: Callable[[str], None] | None) -> Iterator[None]
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             if log is not None:
-                log(f"another posenc report is training the models cached in {path.parent}; waiting for it")
+                log("another posenc report is training the same models in this cache; waiting for it")
             fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield
