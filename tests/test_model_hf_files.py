@@ -196,3 +196,48 @@ def test_hfweights_ignores_only_whole_name_parts():
         {"h.0.attn.bias": torch.zeros(1), "h.0.attn.c_attn.bias": torch.zeros(1)}, "f", ("attn.bias",)
     )
     assert sorted(w.tensors) == ["h.0.attn.c_attn.bias"]
+
+
+def test_an_absent_tie_field_keeps_a_llama_output_layer(tmp_path):
+    """LlamaConfig (and Mistral, Qwen2/3, Phi-3) default to untied embeddings: a config.json without
+    tie_word_embeddings keeps the file's own lm_head.weight; a config that says tied while the file
+    holds a different output layer is refused rather than the layer dropped."""
+    tensors = _llama_tensors()
+    tensors["lm_head.weight"] = torch.randn(11, 8, generator=torch.Generator().manual_seed(5))
+    config = {k: v for k, v in LLAMA.items() if k != "tie_word_embeddings"}
+    model = from_transformers(_folder(tmp_path / "absent", config, tensors))
+    assert model.config.tie == "none"
+    assert torch.equal(model.lm_head.weight, tensors["lm_head.weight"])
+    with pytest.raises(ValueError, match=r"holds an lm_head\.weight that differs from the token embedding"):
+        from_transformers(_folder(tmp_path / "tied", LLAMA, tensors))
+
+
+def test_a_large_shard_index_is_read_in_linear_time(tmp_path):
+    """200,000 shard names (a 5 MB index, under the size limit): one pass, not a quadratic scan."""
+    import time
+
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA))
+    names = {f"t{i}": f"s{i}.safetensors" for i in range(200_000)}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": names}))
+    start = time.perf_counter()
+    with pytest.raises(
+        ValueError, match=r"s0\.safetensors' listed in model\.safetensors\.index\.json is missing"
+    ):
+        read_hf_folder(tmp_path)
+    assert time.perf_counter() - start < 10  # the list scan took minutes
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[" * 100_000 + "]" * 100_000, "nests lists/objects more than"),
+        (json.dumps({**LLAMA, "sliding_window": "4096"}), "sliding_window"),
+        (json.dumps({**LLAMA, "use_sliding_window": "yes", "sliding_window": 4}), "use_sliding_window"),
+    ],
+)
+def test_hostile_config_text_is_one_error_naming_the_file(tmp_path, text, message):
+    _folder(tmp_path)
+    (tmp_path / "config.json").write_text(text)
+    with pytest.raises(ValueError, match=message) as err:
+        from_transformers(tmp_path)
+    assert "config.json" in str(err.value)

@@ -16,7 +16,6 @@ Legend: ``L`` trained length, ``E`` evaluation length, ``K`` windows.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -38,16 +37,12 @@ def load_pretrained(
     checkpoint folder, as a posenc ``TransformerLM`` in eval mode."""
     from ..model import load_model
     from ..model.hf import from_transformers
+    from ..model.hf_files import read_json
 
     path = Path(path)
     config = path / "config.json"
-    if path.is_dir() and config.is_file():
-        try:
-            posenc_folder = "posenc_model" in json.loads(config.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise ValueError(f"{str(config)!r} is not valid JSON ({err})") from None
-        if not posenc_folder:
-            return from_transformers(path, device=device, dtype=dtype)
+    if path.is_dir() and config.is_file() and "posenc_model" not in read_json(config):
+        return from_transformers(path, device=device, dtype=dtype)
     return load_model(path, device=device, dtype=dtype)
 
 

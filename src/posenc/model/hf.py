@@ -95,6 +95,13 @@ def from_transformers(
         tensor = weights.take(link.hf, link.hf_shape(part_shapes))
         state.update(zip(link.posenc, link.to_posenc(tensor, part_shapes)))
     if model_config.tie == "output":
+        head = weights.tensors.get("lm_head.weight")
+        if head is not None and not torch.equal(head, state[TOKEN_TABLE]):
+            raise ValueError(
+                f"{config.source}: tie_word_embeddings is true (or absent, whose default is tied for "
+                f"this family) but {weights.source} holds an lm_head.weight that differs from the "
+                "token embedding: set tie_word_embeddings to false to keep the trained output layer"
+            )
         weights.drop("lm_head.weight")  # a tied output layer saved beside the embedding
         state["lm_head.weight"] = state[TOKEN_TABLE]
     weights.finish()

@@ -83,8 +83,9 @@ def read_tie(c: HFConfig, default: bool) -> str:
 
 
 def warn_sliding_window(c: HFConfig, max_len: int) -> None:
-    window = c.get("sliding_window")
-    used = c.get("use_sliding_window", True)
+    # each read with its type checked, only where present (HF writes null for "no window")
+    window = None if c.get("sliding_window") is None else c.int("sliding_window", minimum=0)
+    used = True if c.get("use_sliding_window") is None else c.bool("use_sliding_window")
     if window is not None and used and window < max_len:
         warnings.warn(
             f"{c.source}: sliding_window={window} is not reproduced: posenc attends to every earlier "

@@ -11,7 +11,6 @@ Legend: ``V`` vocabulary, ``d`` model width.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Iterable, Mapping
@@ -23,6 +22,7 @@ import safetensors.torch
 import torch
 
 from .._paths import write_json
+from .io import parse_json
 
 __all__ = ["HFConfig", "HFWeights", "read_hf_folder", "write_hf_folder"]
 
@@ -34,16 +34,15 @@ _MAX_JSON_BYTES = 16 << 20
 _MISSING = object()
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from ``path`` (a ``config.json`` or an index), at most 16 MiB and nested at most
+    :data:`~posenc.model.io.MAX_JSON_DEPTH` deep; a one-line ``ValueError`` naming the file otherwise."""
     size = path.stat().st_size
     if size > _MAX_JSON_BYTES:
         raise ValueError(
             f"{str(path)!r} is {size} bytes, too large for a {path.name} (limit {_MAX_JSON_BYTES})"
         )
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"{str(path)!r} is not valid JSON ({err})") from None
+    data = parse_json(path.read_bytes(), repr(str(path)))
     if not isinstance(data, dict):
         raise ValueError(f"{str(path)!r} must hold a JSON object, got {type(data).__name__}")
     return data
@@ -169,16 +168,14 @@ def _shard_paths(folder: Path) -> list[Path]:
     if (folder / WEIGHTS_FILE).is_file():
         return [folder / WEIGHTS_FILE]
     if index.is_file():
-        weight_map = _read_json(index).get("weight_map")
+        weight_map = read_json(index).get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise ValueError(f"{str(index)!r}: field 'weight_map' must be a non-empty object of name -> file")
-        names = []
         for shard in weight_map.values():
             # a shard is a file of this folder: no separators, no parent references
             if not isinstance(shard, str) or Path(shard).name != shard or shard in ("", ".", ".."):
                 raise ValueError(f"{str(index)!r}: shard {shard!r} is not a file name inside the folder")
-            if shard not in names:
-                names.append(shard)
+        names = dict.fromkeys(weight_map.values())  # each shard once, in order (hashing: linear time)
         return [folder / n for n in names]
     pickles = [n for n in ("pytorch_model.bin", "pytorch_model.bin.index.json") if (folder / n).exists()]
     hint = (
@@ -201,7 +198,7 @@ def read_hf_folder(folder: str | os.PathLike) -> tuple[HFConfig, HFWeights]:
     config_path = folder / CONFIG_FILE
     if not config_path.is_file():
         raise ValueError(f"{str(folder)!r} has no {CONFIG_FILE}")
-    config = HFConfig(_read_json(config_path), str(config_path))
+    config = HFConfig(read_json(config_path), str(config_path))
     tensors: dict[str, torch.Tensor] = {}
     paths = _shard_paths(folder)
     for path in paths:

@@ -49,7 +49,7 @@ def _llama_in(c: HFConfig, w: HFWeights) -> ModelConfig:
         activation=read_activation(c, "hidden_act", default="silu"),
         gated_mlp=True,
         embed_scale=None,
-        tie=read_tie(c, default=not fused and c.get("model_type") != "qwen3"),
+        tie=read_tie(c, default=False),  # LlamaConfig, Mistral, Qwen2/3 and Phi-3 default to untied
         qkv_bias=w.has(f"model.layers.0.{q}.bias"),
         out_bias=w.has("model.layers.0.self_attn.o_proj.bias"),
         mlp_bias=w.has("model.layers.0.mlp.down_proj.bias"),
