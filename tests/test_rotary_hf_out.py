@@ -13,7 +13,6 @@ from posenc.rotary.hf_out import hf_rope_fields
 SCALINGS = [
     None,
     {"rope_type": "linear", "factor": 2.0},
-    {"rope_type": "ntk", "factor": 2.0},
     {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
     {
         "rope_type": "llama3",
@@ -51,3 +50,11 @@ def test_other_schemes_have_no_rope_fields():
     assert hf_rope_fields(posenc.build("xpos", head_dim=8), 64) is None
     assert hf_rope_fields(posenc.build("alibi", num_heads=4), 64) is None
     assert hf_rope_fields(None, 64) is None
+
+
+def test_static_ntk_has_no_hf_rope_type_and_is_refused():
+    """transformers has no "ntk" rope_type (its loader raises KeyError on one): the export refuses it
+    and says how to write the same rotation."""
+    rope = posenc.build("rope", head_dim=16, scaling={"rope_type": "ntk", "factor": 2.0})
+    with pytest.raises(ValueError, match=r"'ntk' .* has no Hugging Face rope_type.*base b \* s\^"):
+        hf_rope_fields(rope, 64)

@@ -30,6 +30,12 @@ def hf_rope_fields(scheme: object, max_len: int | None) -> dict[str, Any] | None
     if type(scheme) is not RotaryEmbedding:
         return None
     rule = scheme.scaling_rule
+    if rule == "ntk":  # the one posenc rule transformers has no rope_type for
+        raise ValueError(
+            "RoPE scaling 'ntk' (static NTK-aware) has no Hugging Face rope_type, so transformers "
+            "could not load the export; it is plain RoPE with base b * s^(r/(r-2)): build the model "
+            "with that base and no scaling to export it"
+        )
     # written always: families default it differently (GPT-NeoX 0.25, Llama 1.0)
     params: dict[str, Any] = {
         "rope_type": rule,
