@@ -66,6 +66,21 @@ def test_equals_the_reference(dtype, layout, d, r, mode):
     assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize(("d", "r"), [(16, 16), (20, 8)])
+def test_float32_tables_round_once_like_the_default(dtype, layout, d, r):
+    """Float32 tables with a bf16/fp16 x: float32 arithmetic, each output rounded once, bit for bit
+    apply_rotary's default on the CPU reference path, so a CUDA model keeps the kernel by default."""
+    gen = torch.Generator().manual_seed(d * r)
+    x = torch.randn(2, 3, 19, d, generator=gen).to(DEVICE, dtype)
+    cos, sin = tables(torch.rand(19, r // 2, generator=gen, dtype=torch.float64) * 300, torch.float32)
+    want = posenc.apply_rotary(x.cpu(), cos.cpu(), sin.cpu(), layout=layout).to(x.device)  # default
+    assert torch.equal(rope_triton.rotate(x, cos, sin, layout), want)
+    per_op = reference(x, cos, sin, layout)  # the tables cast to x's dtype, every operation rounded
+    assert not torch.equal(want, per_op)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_nan_and_inf_are_carried_as_the_reference_carries_them(dtype):
     """A NaN must stay NaN through the bfloat16 rounding (NVIDIA's canonical NaN 0x7FFFFFFF would

@@ -49,6 +49,7 @@ def _rows(
     sign,
     INTERLEAVED: tl.constexpr,
     ROUND: tl.constexpr,
+    ONCE: tl.constexpr,
     COPY_REST: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
     BLOCK_PAIRS: tl.constexpr,
@@ -75,8 +76,12 @@ def _rows(
     bb = tl.load(x_ptr + x_off[:, None] + ib[None, :], mask=m, other=0.0).to(tl.float32)
     c = tl.load(c_ptr + c_off[:, None] + p[None, :], mask=m, other=0.0).to(tl.float32)
     sn = tl.load(s_ptr + c_off[:, None] + p[None, :], mask=m, other=0.0).to(tl.float32) * sign
-    ya = _rnd(_rnd(a * c, ROUND) - _rnd(bb * sn, ROUND), ROUND)
-    yb = _rnd(_rnd(bb * c, ROUND) + _rnd(a * sn, ROUND), ROUND)
+    if ONCE:  # float32 tables and arithmetic, each output rounded to x's dtype once
+        ya = _rnd(a * c - bb * sn, ROUND)
+        yb = _rnd(bb * c + a * sn, ROUND)
+    else:  # every product and sum rounded to x's dtype, as PyTorch's elementwise ops round them
+        ya = _rnd(_rnd(a * c, ROUND) - _rnd(bb * sn, ROUND), ROUND)
+        yb = _rnd(_rnd(bb * c, ROUND) + _rnd(a * sn, ROUND), ROUND)
     tl.store(o_ptr + o_off[:, None] + ia[None, :], ya.to(o_ptr.dtype.element_ty), mask=m)
     tl.store(o_ptr + o_off[:, None] + ib[None, :], yb.to(o_ptr.dtype.element_ty), mask=m)
     if COPY_REST:  # partial rotary into a new tensor: dims r..d pass through
@@ -127,6 +132,7 @@ def rope_pair_kernel(
     sign,
     INTERLEAVED: tl.constexpr,
     ROUND: tl.constexpr,
+    ONCE: tl.constexpr,
     COPY_REST: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
     BLOCK_PAIRS: tl.constexpr,
@@ -158,6 +164,7 @@ def rope_pair_kernel(
             sign,
             INTERLEAVED,
             ROUND,
+            ONCE,
             COPY_REST,
             BLOCK_ROWS,
             BLOCK_PAIRS,
@@ -188,6 +195,7 @@ def rope_pair_kernel(
             sign,
             INTERLEAVED,
             ROUND,
+            ONCE,
             COPY_REST,
             BLOCK_ROWS,
             BLOCK_PAIRS,

@@ -4,7 +4,9 @@ Used by :func:`posenc.apply_rotary` for CUDA tensors when Triton is installed (o
 and by :func:`rotate_pair` (``q`` and ``k`` in one launch). It computes what the PyTorch reference
 computes, in the same order and with the same roundings: each product and each sum of
 ``x1*cos - x2*sin`` / ``x2*cos + x1*sin`` is rounded to the tensor's dtype, as PyTorch's elementwise
-ops round each result, and the compiler is told not to fuse multiplies and adds (no FMA). Pairs
+ops round each result, and the compiler is told not to fuse multiplies and adds (no FMA); with
+float32 tables and a bf16/fp16 tensor (:func:`posenc.apply_rotary`'s default) the products and
+sums stay float32 and each output is rounded once, as the reference's rounded-once path. Pairs
 are ``(i, i + r/2)`` ("half") or ``(2i, 2i + 1)`` ("interleaved"); dims ``r..d_h`` pass through
 (copied when the output is a new tensor); the tables may broadcast over any of the leading dims
 (shared positions ``[s, r/2]``, per-token positions ``[b, 1, s, r/2]``, packed/varlen sequences
@@ -80,14 +82,22 @@ def _as4(t: torch.Tensor) -> torch.Tensor:
 def _operands(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor) -> list:
     """Pointers, sizes and element strides of one tensor's rotation, in the kernel's argument order."""
     half = cos.shape[-1]
-    # tables in x's dtype (as the reference casts them), broadcast to x's rows without copying
-    c = cos.to(x.dtype).expand(*x.shape[:-1], half)
-    s = sin.to(x.dtype).expand(*x.shape[:-1], half)
+    # tables in the dtype the arithmetic reads (float32 rounded once, else x's, as the reference
+    # casts them), broadcast to x's rows without copying
+    dtype = torch.float32 if _rounded_once(x, cos) else x.dtype
+    c = cos.to(dtype).expand(*x.shape[:-1], half)
+    s = sin.to(dtype).expand(*x.shape[:-1], half)
     if c.stride() != s.stride() or c.stride(-1) != 1:
         c, s = c.contiguous(), s.contiguous()
     x4, o4, c4 = _as4(x), _as4(out), _as4(c)
     b, h, n_s, _ = x4.shape
     return [x4, o4, c4, _as4(s), b * h * n_s, h, n_s, *x4.stride()[:3], *o4.stride()[:3], *c4.stride()[:3]]
+
+
+def _rounded_once(x: torch.Tensor, cos: torch.Tensor) -> bool:
+    """Float32 tables with a bf16/fp16 ``x`` select float32 arithmetic rounded once (the default of
+    :func:`posenc.apply_rotary`), as on the CPU kernel; tables in ``x``'s dtype, every operation rounded."""
+    return x.dtype in (torch.bfloat16, torch.float16) and cos.dtype == torch.float32
 
 
 def _launch(
@@ -113,6 +123,7 @@ def _launch(
             float(sign),
             INTERLEAVED=_LAYOUTS[layout] == 1,
             ROUND=_DTYPES[x.dtype],
+            ONCE=_rounded_once(x, cos),
             COPY_REST=copy_rest,
             BLOCK_ROWS=_BLOCK_ROWS,
             BLOCK_PAIRS=triton.next_power_of_2(half),
@@ -209,6 +220,12 @@ def _self_check(device: torch.device) -> bool:
             want = torch.cat((ROTARY_LAYOUTS[layout](x, cos, sin, 26), x[..., 26:]), dim=-1)
             if not same_values(out, want):
                 return False
+            if dtype != torch.float32:  # rounded once: float32 tables, the float32 expression cast once
+                c32, s32 = cos.float(), sin.float()
+                _launch([(x, c32, s32, out)], layout, 1.0)
+                once = ROTARY_LAYOUTS[layout](x.float(), c32, s32, 26).to(dtype)
+                if not same_values(out, torch.cat((once, x[..., 26:]), dim=-1)):
+                    return False
     return True
 
 

@@ -89,7 +89,7 @@ def apply_rotary(
         _rope_cpu.check_out(x, out)
     if _rope_cpu.usable(x, cos, sin):
         return _rope_cpu.rotate(x, cos, sin, layout, out)  # one pass, same numbers as below
-    if x.is_cuda and not wide and _rope_triton.usable(x, cos, sin):
+    if x.is_cuda and _rope_triton.usable(x, cos, sin):
         return _rope_triton.rotate(x, cos, sin, layout, out)  # Triton, same numbers (self-checked)
     y = rotate(x.float(), cos, sin, r).to(x.dtype) if wide else rotate(x, cos, sin, r)  # [..., s, r]
     if r < x.shape[-1]:
