@@ -34,6 +34,8 @@ def test_every_spelling_of_off(monkeypatch, value):
     assert not enabled()
 
 
+# torch.jit.trace is deprecated, but posenc still guards its fast paths against it: the call is the test
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace` is deprecated:DeprecationWarning")
 def test_eager_accepts_plain_tensors_only():
     x = torch.ones(3)
     assert _settings.eager(x, torch.zeros(2))

@@ -1,6 +1,6 @@
 """The code's shape, checked: imports go one way (no cycle, never from a lower layer to a higher one),
-files and functions stay small, and no module outside a scheme's own file and the registry tells
-schemes apart by name. Read with :mod:`ast`; nothing is imported."""
+every long file and function is listed with its reason, and no module outside a scheme's own file
+and the registry tells schemes apart by name. Read with :mod:`ast`; nothing is imported."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
      "posenc._lazy",
      "posenc.positions", "posenc.kernels"),
     ("posenc.base", "posenc.absolute", "posenc.absolute_nd", "posenc.rotary", "posenc.bias",
-     "posenc.relative", "posenc.registry"),
+     "posenc.relative", "posenc.fire", "posenc.kerple", "posenc.cope", "posenc.temperature",
+     "posenc.registry"),
     ("posenc.embedding", "posenc.vectors"),
     ("posenc.model",),
     ("posenc.text",),
@@ -26,8 +27,15 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("posenc.cli", "posenc.__main__"),
 )  # fmt: skip
 
-#: Files allowed past 500 lines, each with the reason (to be split, not to grow).
-LONG_FILES: dict[str, str] = {}
+#: Files past 500 lines, each with the reason. A length is a smell to look at, never a limit to cut
+#: to: a file is split where it holds two concepts, and otherwise stays whole and listed here.
+LONG_FILES: dict[str, str] = {
+    "model/transformer.py": "two model classes (decoder-only, encoder-decoder) with their shared "
+    "HF-style habits; generation (sampling, stopping) is a concept of its own, to move out",
+    "lab/config.py": "the study's configuration, to be composed from TrainConfig and ModelConfig",
+    "lab/cells.py": "one cell's run (train, evaluate, record, resume checks), to be cut by concept "
+    "with the lab's configuration",
+}
 
 #: Functions allowed past 60 lines (body and docstring), with the reason.
 LONG_FUNCTIONS: dict[str, str] = {
@@ -42,6 +50,11 @@ LONG_FUNCTIONS: dict[str, str] = {
     "text/projection.py:plot_embedding_space": "one figure",
     "model/config.py:__post_init__": "one check per field",
     "bias.py:t5_relative_bucket": "T5's bucket formula with its argument checks, as in the paper's code",
+    "kernels/_rope_triton_jit.py:_rows": "a Triton kernel body: one compiled function",
+    "benchmarks/embedding.py:_case": "one benchmark table: each implementation set up and checked in line",
+    "analysis/interactive.py:overview_figure": "one figure: a panel per scheme and its layout",
+    "analysis/lessons.py:worked_example": "one worked example, each hook's numbers in turn",
+    "analysis/sections.py:study_section": "one section: the two tables of a study and its figure",
 }
 
 

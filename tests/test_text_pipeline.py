@@ -183,10 +183,14 @@ def test_cli_encode_numbers_match_input_embedding(tok, tmp_path, capsys):
     assert "8. LayerNorm over d=16" in out and "9. dropout p=0.1" in out
 
 
-def test_cli_encode_default_wordpiece_and_byte(capsys):
-    assert main(["encode", TEXT]) == 0  # trains a WordPiece on the stdlib's source
+def test_cli_encode_default_wordpiece_and_byte(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # an empty tokenizer cache
+    assert main(["encode", TEXT]) == 0  # trains a WordPiece on the stdlib's docstrings
     out = capsys.readouterr().out
     assert "wordpiece trained in" in out and "[CLS] the" in out and "[SEP]" in out
+    assert main(["encode", TEXT]) == 0  # the second run reads the first one's tokenizer
+    again = capsys.readouterr().out
+    assert "read from the cache" in again and again.split("ids")[1] == out.split("ids")[1]
     assert main(["encode", "héllo", "--tokenizer", "byte"]) == 0
     out = capsys.readouterr().out
     assert f"ids [s=6]: {list('héllo'.encode())}" in out
@@ -201,7 +205,7 @@ def test_cli_encode_errors(tmp_path, capsys):
     bad = tmp_path / "bad.json"
     bad.write_text("not json")
     assert main(["encode", "hi", "--tokenizer", str(bad)]) == 2
-    assert "is not a valid tokenizer.json" in capsys.readouterr().err
+    assert f"tokenizer file {str(bad)!r} is not valid JSON" in capsys.readouterr().err
     assert main(["encode", "hi", "--tokenizer", "byte", "--dropout", "1.5"]) == 2
     assert "dropout must be in [0, 1), got 1.5" in capsys.readouterr().err
 

@@ -165,7 +165,7 @@ def llama4_layers(config: Any) -> dict[str, Any]:
     names = ["rope" if flag else without for flag in flags]
     rope = hf_rope_config(config, layout="interleaved")
     rope.pop("head_dim")
-    options: dict[str, dict[str, Any]] = {"rope": rope} if "rope" in names else {}
-    if tuned and without in names:
+    options: dict[str, dict[str, Any]] = {"rope": rope} if any(flags) else {}
+    if tuned and not all(flags):  # some layer is position-free, with the temperature
         options[without] = {"floor_scale": float(get("floor_scale")), "attn_scale": float(get("attn_scale"))}
     return {"layer_positions": names, "layer_position_options": options}
