@@ -86,6 +86,8 @@ def _scaling_config(rule: str, factor: float, L: int, rotary_pairs: int) -> dict
         return {"rope_type": "linear", "factor": factor}
     if rule == "ntk":
         return {"rope_type": "ntk", "factor": factor}
+    if rule == "proportional":  # the fraction of turning pairs is the model's own; half shows the form
+        return {"rope_type": "proportional", "factor": factor, "partial_rotary_factor": 0.5}
     if rule == "llama3":
         return {
             "rope_type": "llama3",
@@ -108,7 +110,7 @@ def _scaling_config(rule: str, factor: float, L: int, rotary_pairs: int) -> dict
 
 #: Scalings offered by the rotary explorer: every rule posenc's RoPE takes (``none`` is drawn as a
 #: grey reference in every view).
-SCALING_RULES = ("linear", "ntk", "dynamic", "yarn", "llama3", "longrope")
+SCALING_RULES = ("linear", "ntk", "dynamic", "yarn", "llama3", "longrope", "proportional")
 
 
 def _curve_trace(probe, n: int, step: int, label: str, color: str = "#d62728") -> dict[str, Any]:

@@ -206,6 +206,76 @@ LESSONS: dict[str, Lesson] = {
         "<i>“u and v are positional.”</i> u multiplies the key's content only: it is a content prior "
         "that posenc declares apart from the position terms.",
     ),
+    "fire": Lesson(
+        "FIRE (Li et al. 2024) learns the bias as a small network of the distance, on a log scale and "
+        "divided by the query's own (log) position, so the network's input stays in [0, 1] however "
+        "long the input: a longer context reuses the range seen in training instead of distances "
+        "never seen.",
+        (
+            r"$b_h(m, n) = f_\theta\!\left(\frac{\psi(m - n)}{\psi(\max(m, L)) + \epsilon}\right)_h,"
+            r"\quad \psi(x) = \ln(1 + c\,|x|)$",
+        ),
+        "f<sub>θ</sub> is an MLP 1 → 32 → H with a ReLU; c and the threshold L are learned (L starts "
+        "at 512); below L the divisor is fixed, so the bias is a function of the distance alone.",
+        "<i>“FIRE is translation invariant, like T5.”</i> Only below its threshold: past it the bias "
+        "of the same distance changes with the query's position (posenc promises FIRE no "
+        "translation invariance, and <code>posenc verify fire</code> checks what it promises).",
+    ),
+    "kerple_log": Lesson(
+        "KERPLE (Chi et al. 2022) reads the bias as a kernel of the distance and learns its shape: "
+        "the log variant subtracts a penalty that grows like the logarithm of the distance, two "
+        "learned positive numbers per head.",
+        (r"$b_h(m, n) = -r_{1,h}\,\ln(1 + r_{2,h}\,|m - n|),\quad r_{1,h},\, r_{2,h} > 0$",),
+        "r<sub>1</sub> sets the penalty's height and r<sub>2</sub> how soon it bends; both are "
+        "trained (kept at or above 0.01).",
+        "<i>“A logarithmic penalty is no penalty far away.”</i> It still grows without bound, only "
+        "slowly: at 1 000 tokens back it is −r<sub>1</sub>·ln(1 + 1000 r<sub>2</sub>), which the "
+        "figures below draw per head.",
+    ),
+    "kerple_power": Lesson(
+        "KERPLE's power variant subtracts a learned power of the distance; with the exponent 1 and "
+        "fixed slopes it is ALiBi, so it can learn ALiBi or bend away from it.",
+        (r"$b_h(m, n) = -r_{1,h}\,|m - n|^{\,r_{2,h}},\quad 0 < r_{2,h} \leq 2$",),
+        "r<sub>1</sub> (the slope) and r<sub>2</sub> (the exponent) are trained per head.",
+        "<i>“KERPLE power is ALiBi with learned slopes.”</i> Only where r<sub>2</sub> = 1: an "
+        "exponent below 1 penalises far tokens less than linearly, above 1 more.",
+    ),
+    "cope": Lesson(
+        "CoPE (Golovneva et al. 2024) counts positions in the content instead of in tokens: each key "
+        "opens a gate from its logit, and a key's position seen from a query is the sum of the gates "
+        "between them, so a query can look for “the third sentence back” when the gates open on "
+        "sentence ends.",
+        (
+            r"$g_{mt} = \sigma(q_m^{\top} k_t / \sqrt{d_h}),\quad p_{mn} = \sum_{t=n}^{m} g_{mt}$",
+            r"$b(m, n) = (1 - w)\, q_m^{\top} e_{\lfloor p_{mn} \rfloor} + w\, q_m^{\top} "
+            r"e_{\lceil p_{mn} \rceil},\quad w = p_{mn} - \lfloor p_{mn} \rfloor$",
+        ),
+        "e is a table of learned position vectors shared by the heads; the gates follow the "
+        "attention mask, so CoPE is causal only (an encoder refuses it).",
+        "<i>“CoPE's positions are token indices with noise.”</i> They are counts of opened gates: "
+        "with every gate open they are token distances plus one, with gates open only on some "
+        "tokens they count those tokens.",
+    ),
+    "mrope": Lesson(
+        "Multimodal RoPE (Qwen2-VL) gives each token three coordinates, time, row and column, and "
+        "shares the rotated pairs out among them, so two image patches interact through their row "
+        "and column offsets while text keeps plain RoPE.",
+        (r"$\phi_i = c_{a(i)}\, \theta_i,\quad (c_t, c_y, c_x) = (p, p, p)\;\mathrm{for\ text}$",),
+        "a(i) is the axis pair i belongs to (mrope_section splits the pairs into three runs; "
+        "Qwen3-VL interleaves them); θ<sub>i</sub> are RoPE's frequencies.",
+        "<i>“Multimodal RoPE changes text.”</i> For a text token all three coordinates are its "
+        "index, so every pair turns by p: plain RoPE, bit for bit (tested).",
+    ),
+    "nope_temperature": Lesson(
+        "Llama 4's layers without positions: no rotation at all, but each query is multiplied by a "
+        "factor that grows slowly with its position, which sharpens attention again as more keys "
+        "share the softmax at long lengths.",
+        (r"$q_m \leftarrow q_m \left(\beta \ln\!\left(1 + \lfloor (m + 1)/F \rfloor\right) + 1\right)$",),
+        "F = floor_scale (8192) and β = attn_scale (0.1) in Llama 4; keys are not touched.",
+        "<i>“The temperature is a positional encoding.”</i> It never tells two positions apart "
+        "inside a window of F tokens (the factor is exactly 1 below F − 1), so order must still "
+        "come from the causal mask and the other layers.",
+    ),
 }
 
 
