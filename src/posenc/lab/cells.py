@@ -139,6 +139,8 @@ def _study_data(key: str) -> StudyData:
         config.split_seed,
         doc_names=[d.name for d in corpus.val],
         doc_starts=corpus.val_starts,
+        train_tokens=corpus.train_bytes,
+        score_len=config.targets_per_window,
     )
     record = {
         "corpus": dataclasses.asdict(corpus.info),

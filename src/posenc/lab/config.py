@@ -207,7 +207,8 @@ class StudyConfig:
         val_fraction: share of the corpus held out for validation, by document (one document:
             its last part, see :func:`posenc.text.split_documents`).
         d_model, num_layers, num_heads, dropout: the model (:class:`~posenc.model.ModelConfig`).
-        eval_windows: ``K``, evaluation windows sampled across the validation documents.
+        eval_windows: ``K``, evaluation windows sampled across the validation documents (256:
+            enough documents for the cluster bootstrap, no document above 3%; :mod:`posenc.lab.evalset`).
         score_len: ``S``, the last targets of each window that the paired delta and the
             sliding-window score use; ``None`` = half of the shortest of ``L`` and the eval lengths.
         variants: evaluation-time variants (RoPE: scalings ``linear``, ``ntk``, ``yarn``, ...), each
@@ -255,7 +256,7 @@ class StudyConfig:
     num_layers: int = 4
     num_heads: int = 4
     dropout: float = 0.0
-    eval_windows: int = 32
+    eval_windows: int = 256
     score_len: int | None = None
     variants: tuple[str, ...] = ("linear", "ntk", "yarn")
     position_options: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)

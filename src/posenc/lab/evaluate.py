@@ -7,7 +7,7 @@ of every target, from which come:
 * ``bpb_window``: bits per byte over the **last ``S`` targets** of each window (context
   ``E - S .. E - 1``): the same bytes at every length, Press et al.'s sliding-window score;
 * the **paired delta** (:func:`paired_deltas`): per window, ``bpb_window`` at ``E`` minus at the
-  training length ``L`` (short context), averaged, with a bootstrap interval over windows. This is
+  training length ``L`` (short context), averaged, with a bootstrap interval over documents. This is
   the lab's answer to "does the model degrade past L": positive = worse with the longer window;
 * ``bpb_all`` and ``bpb_beyond``: over all positions, and over positions ``>= L`` of the window
   (secondary: at different ``E`` they cover different bytes);
@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from .evalset import EvalSet
 from .memory import available_memory, check_memory, estimate_memory
-from .stats import bootstrap_interval
+from .stats import paired_bootstrap
 
 __all__ = [
     "EVALUATORS",
@@ -204,9 +204,12 @@ def evaluate_lm(
     )
 
 
-def paired_deltas(points: list[EvalPoint], train_len: int, *, seed: int = 0) -> None:
+def paired_deltas(
+    points: list[EvalPoint], train_len: int, *, seed: int = 0, clusters: list[int] | None = None
+) -> None:
     """Fill each point's ``delta``: per window, its ``bpb_window`` minus the same window's at
-    ``E = L``, with a bootstrap interval over windows (in place; needs the point at ``L``)."""
+    ``E = L``, with a bootstrap interval and p-value that resample documents (``clusters[i]``:
+    window ``i``'s document; ``None`` = windows) (in place; needs the point at ``L``)."""
     base = next((p for p in points if p.length == train_len and p.window_bits), None)
     if base is None:
         raise ValueError(f"paired deltas need the evaluation at the training length L={train_len}")
@@ -214,7 +217,7 @@ def paired_deltas(points: list[EvalPoint], train_len: int, *, seed: int = 0) -> 
     for p in points:
         if p.length != train_len and p.window_bits:
             diff = torch.tensor(p.window_bits, dtype=torch.float64) - ref  # [K], same targets
-            p.delta = bootstrap_interval(diff, seed=seed).to_dict()
+            p.delta = paired_bootstrap(diff, clusters, seed=seed).to_dict()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -316,7 +319,9 @@ class LMEvaluator:
 
     def finish(self, points: list[EvalPoint]) -> None:
         if any(p.window_bits for p in points):
-            paired_deltas(points, self.config.train_len, seed=self.config.split_seed)
+            paired_deltas(
+                points, self.config.train_len, seed=self.config.split_seed, clusters=self.evalset.clusters
+            )
 
 
 class TaskEvaluator:

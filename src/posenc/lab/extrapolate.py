@@ -42,7 +42,7 @@ from .distributed import dist_info
 from .finetune import finetune_cells, finetune_summary
 from .grid import settings_summary
 from .runs import RunFolder, write_json, writing_for
-from .stats import format_interval, seed_interval
+from .stats import format_interval, paired_bootstrap, seed_interval
 
 __all__ = ["STUDY_ARTIFACTS", "SUMMARY_METRICS", "format_table", "run_study", "summarize", "training_summary"]
 
@@ -220,8 +220,13 @@ def _collect(results: dict[str, Any], ordered: list[dict[str, Any]], config: Stu
         for r in ordered
         for run in r["runs"]
     ]
-    results["summary"] = summarize(results["runs"])
+    clusters = results.get("eval", {}).get("window_documents")
+    results["summary"] = summarize(results["runs"], clusters, config.train_len if config.lm else None)
     results["training"] = training_summary(results["cells"])
+    if config.lm:
+        from .compare import scheme_comparisons
+
+        results["comparisons"] = scheme_comparisons(results)
     if config.vary or config.randomized_positions:
         results["settings"] = settings_summary(results)
     if config.finetune_len:
@@ -260,8 +265,16 @@ def _corpus_line(record: dict[str, Any]) -> str:
         f"corpus {c['name']!r}: {c['n_documents']} documents ({c['n_train']} train, {c['n_val']} val), "
         f"sha256 {c['sha256'][:12]}; evaluation: {e['windows']} windows from {e['n_documents']} "
         f"documents (largest share {e['largest_document_share']:.0%}), "
-        f"last {e['score_len']} targets of each scored"
+        f"last {e['score_len']} targets of each scored{_duplicates_note(e)}"
     )
+
+
+def _duplicates_note(e: dict[str, Any]) -> str:
+    d = e.get("near_duplicates")
+    if not d:
+        return ""
+    kept = f", {d['kept']} kept (too few others)" if d["kept"] else ""
+    return f"; near-duplicates of the training bytes: {d['found']} of {d['candidates']} candidates{kept}"
 
 
 def _cell_line(record: dict[str, Any], config: StudyConfig) -> str:
@@ -279,10 +292,14 @@ def _cell_line(record: dict[str, Any], config: StudyConfig) -> str:
 # ----------------------------------------------------------------------------------------------
 # Across seeds
 # ----------------------------------------------------------------------------------------------
-def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def summarize(
+    runs: list[dict[str, Any]], clusters: list[int] | None = None, train_len: int | None = None
+) -> list[dict[str, Any]]:
     """Per (run name, length): each metric's mean and 95% interval across the seeds that measured
-    it (:func:`~posenc.lab.stats.seed_interval`). With one seed, the paired delta keeps its
-    bootstrap interval over windows (``delta_over``: ``"seeds"`` or ``"windows"``)."""
+    it. ``bpb_window`` and the paired ``delta`` (with per-window values and ``train_len``) take
+    :func:`~posenc.lab.stats.paired_bootstrap` over seeds and documents (``clusters[i]``: window
+    ``i``'s document); the other metrics Student's t over seeds
+    (:func:`~posenc.lab.stats.seed_interval`). ``delta_over`` names what the delta's interval covers."""
     by_name: dict[str, list[dict[str, Any]]] = {}
     for run in runs:
         by_name.setdefault(run["name"], []).append(run)
@@ -304,11 +321,26 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 if metric == "delta":
                     values = [v["mean"] for v in values]
                 row[metric] = seed_interval(values).to_dict() if values else None
-            row["delta_over"] = "seeds" if row["delta"] and row["delta"]["n"] > 1 else "windows"
-            if row["delta"] is not None and row["delta"]["n"] == 1:
-                row["delta"] = points[0]["delta"]  # one seed: the bootstrap interval over windows
+            _window_intervals(row, group, i, clusters, train_len)
+            row["delta_over"] = row["delta"]["over"] if row["delta"] and row["delta"].get("over") else "seeds"
             summary.append(row)
     return summary
+
+
+def _window_intervals(row, group, i, clusters, train_len) -> None:
+    """Replace ``row``'s ``bpb_window`` and ``delta`` by intervals over seeds and documents when
+    every seed kept its per-window values (``[R, K]``)."""
+    bits = [r["eval"][i].get("window_bits") or [] for r in group]
+    if not all(bits) or len({len(b) for b in bits}) != 1:
+        return
+    seed = 0 if train_len is None else train_len
+    row["bpb_window"] = paired_bootstrap(bits, clusters, seed=seed).to_dict()
+    if train_len is None or row["length"] == train_len:
+        return
+    base = [next((p.get("window_bits") for p in r["eval"] if p["length"] == train_len), None) for r in group]
+    if all(base) and all(len(b) == len(bits[0]) for b in base):
+        diffs = (torch.tensor(bits, dtype=torch.float64) - torch.tensor(base, dtype=torch.float64)).tolist()
+        row["delta"] = paired_bootstrap(diffs, clusters, seed=seed).to_dict()
 
 
 def training_summary(cells: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -439,6 +471,14 @@ def _diagnostic_sections(L: int) -> list[tuple[str, bool, str]]:
     ]
 
 
+def _interval_cover(rows: list[dict[str, Any]], metric: str, n_seeds: int) -> str:
+    """What the intervals of ``metric`` cover, as the summary rows say (older results: seeds)."""
+    over = next((r[metric]["over"] for r in rows if r.get(metric) and r[metric].get("over")), None)
+    if over is None:
+        return f"{n_seeds} seeds" if n_seeds > 1 else "windows (1 seed)"
+    return over.replace("seeds", f"{n_seeds} seeds") if n_seeds > 1 else f"{over} (1 seed)"
+
+
 def format_table(results: dict[str, Any], markdown: bool = False) -> str:
     """The study as tables of ``mean ±half-width`` (95%): the paired delta and the sliding-window
     bits/byte first, all-position and beyond-``L`` bits/byte after (``lm``); or exact-match
@@ -448,7 +488,7 @@ def format_table(results: dict[str, Any], markdown: bool = False) -> str:
     rows = results["summary"]
     names = list(dict.fromkeys(r["name"] for r in rows))
     n_seeds = len(cfg["seeds"])
-    over = f"over {n_seeds} seeds" if n_seeds > 1 else "over windows (1 seed)"
+    over = f"over {_interval_cover(rows, 'delta', n_seeds)}"
     width = max([8, *(len(n) for n in names)])
     col = 16
     head = f"{'scheme':<{width}}" + "".join(f"{e:>{col}}" for e in lens)
@@ -487,6 +527,10 @@ def format_table(results: dict[str, Any], markdown: bool = False) -> str:
     lines += _settings_table(results.get("settings", []), lens, markdown, width, col)
     lines += _finetune_table(results.get("finetune", []), lens, markdown, width, col)
     lines += _training_table(results.get("training", {}), markdown)
+    if results.get("comparisons"):
+        from .compare import format_scheme_comparisons
+
+        lines += format_scheme_comparisons(results["comparisons"], markdown)
     if cfg["mode"] != "lm":
         from .tasks import format_ranking, task_ranking
 

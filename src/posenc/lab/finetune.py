@@ -207,10 +207,11 @@ def _cost(config: StudyConfig, tc: TrainConfig, ft: FinetuneCell) -> dict[str, A
 def finetune_summary(results: dict[str, Any]) -> list[dict[str, Any]]:
     """Per fine-tuned run: its paired difference from the same weights before fine-tuning (the
     run named in ``before``), per length, on the same bytes (:func:`~posenc.lab.compare.paired_rows`:
-    t interval over seeds, or bootstrap over windows with one seed), and the cost."""
+    a bootstrap over seeds and documents), and the cost."""
     from .compare import paired_rows
 
     runs = {(r["name"], r["seed"]): r for r in results["runs"]}
+    clusters = results["eval"].get("window_documents")
     out: dict[str, dict[str, Any]] = {}
     for cell in (c for c in results["cells"] if "finetune" in c):
         cost = cell["finetune"]
@@ -220,6 +221,6 @@ def finetune_summary(results: dict[str, Any]) -> list[dict[str, Any]]:
             entry = out.setdefault(after["name"], {"run": after["name"], **cost, "pairs": []})
             entry["pairs"].append((before, after))
     return [
-        {**{k: v for k, v in e.items() if k != "pairs"}, "rows": paired_rows(e["run"], e["pairs"])}
+        {**{k: v for k, v in e.items() if k != "pairs"}, "rows": paired_rows(e["run"], e["pairs"], clusters)}
         for e in out.values()
     ]
