@@ -109,9 +109,11 @@ def paired_rows(
         if not both:
             continue
         # [R, K] per-window differences: the same bytes, B's model minus A's, one row per seed
+        f64 = torch.float64
         diffs = torch.stack(
-            [torch.tensor(pb["window_bits"]) - torch.tensor(pa["window_bits"]) for pa, pb, _ in both]
-        ).double()
+            [torch.tensor(pb["window_bits"], dtype=f64) - torch.tensor(pa["window_bits"], dtype=f64)
+             for pa, pb, _ in both]
+        )  # fmt: skip
         diff = paired_bootstrap(diffs, clusters, seed=length)
         rows.append(
             {
