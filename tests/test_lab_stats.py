@@ -10,7 +10,15 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from posenc.lab.stats import T_975, Interval, bootstrap_interval, holm, paired_bootstrap, seed_interval
+from posenc.lab.stats import (
+    T_975,
+    Interval,
+    bootstrap_interval,
+    holm,
+    paired_bootstrap,
+    seed_interval,
+    wilson_interval,
+)
 
 
 def test_t_table_matches_scipy():
@@ -174,3 +182,18 @@ def test_holm_matches_its_definition():
     assert holm([0.5, 0.5, 0.5]) == pytest.approx([1.0, 1.0, 1.0])
     with pytest.raises(ValueError, match="must be in \\[0, 1\\]"):
         holm([1.5])
+
+
+def test_wilson_matches_closed_forms():
+    """At 0 and n successes Wilson's bounds have closed forms, z^2 / (n + z^2) and n / (n + z^2)
+    (z = 1.96); 1/10 gives the textbook [0.0179, 0.4042]."""
+    z2 = 1.959963984540054**2
+    cases = [(0, 50, 0.0, z2 / (50 + z2)), (1, 10, 0.0179, 0.4042), (50, 50, 50 / (50 + z2), 1.0)]
+    for k, n, low, high in cases:
+        got = wilson_interval(k, n)
+        assert (got.low, got.high) == (pytest.approx(low, abs=6e-5), pytest.approx(high, abs=6e-5))
+        assert got.mean == k / n and got.n == n
+    with pytest.raises(ValueError, match="successes=3 is more than n=2"):
+        wilson_interval(3, 2)
+    with pytest.raises(ValueError, match="n must be >= 1"):
+        wilson_interval(0, 0)

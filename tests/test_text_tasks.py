@@ -105,3 +105,17 @@ def test_errors():
         exact_match(b.tokens[:1], b.tokens, b.answer_mask)
     with pytest.raises(TypeError, match="answer_mask must be a bool tensor"):
         exact_match(b.tokens, b.tokens, b.answer_mask.long())
+
+
+def test_score_answers_separates_digits_from_the_end_token():
+    """Teacher-forced predictions of two copy answers: one right, one ending after 2 of 3 digits."""
+    from posenc.text.tasks import EOS, score_answers
+
+    ex = generate_task("copy", 2, 3, seed=0)
+    tokens, mask = ex.tokens[:, 1:], ex.answer_mask[:, 1:]  # targets [2, s - 1]
+    pred = tokens.clone()
+    third = mask[1].nonzero()[2].item()  # example 1's third answer digit
+    pred[1, third] = EOS
+    sc = score_answers(pred, tokens, mask)
+    assert sc.exact.tolist() == [True, False] and sc.digits.tolist() == [3, 3]
+    assert sc.digits_right.tolist() == [3, 2] and sc.early_end.tolist() == [-1, 2]

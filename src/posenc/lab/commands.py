@@ -288,6 +288,10 @@ def _study_config(args: argparse.Namespace):
         fields["schemes"] = parse_list(args.schemes, flag="--schemes")
     if args.eval_lens is not None:
         fields["eval_lens"] = parse_list(args.eval_lens, int, flag="--eval-lens")
+    elif args.task != "lm":
+        from .tasks import task_eval_lens
+
+        fields["eval_lens"] = task_eval_lens(fields["train_len"])
     if args.seed is not None and args.seeds is not None:
         raise ValueError("give --seed or --seeds, not both")
     if args.seed is not None:

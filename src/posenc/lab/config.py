@@ -460,7 +460,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 #: budget with which copy, reverse and addition reach >= 95% exact match at L (docs/lab.md).
 TASK_DEFAULTS: dict[str, Any] = {
     "train_len": 8,
-    "eval_lens": (8, 12, 16, 24),
+    "eval_lens": (8, 9, 10, 11, 12, 13, 14, 15, 16, 24),  # posenc extrapolate: lab.tasks.task_eval_lens(L)
     "batch_size": 64,
     "d_model": 64,
     "num_layers": 4,

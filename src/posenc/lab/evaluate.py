@@ -16,7 +16,9 @@ of every target, from which come:
 **Synthetic tasks** (:func:`evaluate_task`, modes ``copy``, ``reverse``, ``addition``, ``sort``,
 ``parity``):
 exact-match accuracy on fresh examples of question length ``n`` (teacher-forced argmax, which
-equals greedy decoding's exact match).
+equals greedy decoding's exact match), with the answer digits scored separately from the end
+token (per-digit accuracy, and how often the model ends early, at the length it trained on) and
+Wilson intervals over the examples.
 
 Legend: ``K`` windows, ``b`` windows per forward pass, ``E`` evaluation length, ``L`` training
 length, ``S`` scored targets per window, ``V`` vocabulary.
@@ -74,6 +76,12 @@ class EvalPoint:
         wall_s: evaluation time.
         attn_entropy, attn_distance, attn_beyond: attention diagnostics (:mod:`posenc.lab.diagnostics`),
             means over layers and heads; ``attention`` holds them per layer and head.
+        digit_accuracy: task modes: the share of answer digits (``[EOS]`` excluded) predicted right.
+        early_end: task modes: the share of examples where the model predicted ``[EOS]`` before
+            the answer's end; ``stopped_at_L``: where that first early end came right after the
+            answer length of a trained-length question (the model stopped at what it trained on).
+        wilson: task modes: per metric (``accuracy``, ``digit_accuracy``, ``early_end``,
+            ``stopped_at_L``), Wilson's 95% interval over the examples (digits for digit accuracy).
     """
 
     length: int
@@ -92,6 +100,10 @@ class EvalPoint:
     attn_distance: float | None = None
     attn_beyond: float | None = None
     attention: dict | None = None
+    digit_accuracy: float | None = None
+    early_end: float | None = None
+    stopped_at_L: float | None = None
+    wilson: dict | None = None
 
     @property
     def measured(self) -> bool:
@@ -266,28 +278,71 @@ def evaluate_task(
     examples: int,
     seed: int,
     device: str | torch.device | None = None,
+    train_len: int | None = None,
+    positions: Callable[[int, int], torch.Tensor] | None = None,
 ) -> EvalPoint:
-    """Exact-match accuracy of ``model`` on ``examples`` fresh examples of ``task`` with question
-    length ``n`` (teacher-forced argmax over the answer tokens and ``[EOS]``), and the share of
-    those tokens predicted right (``token_accuracy``: partial credit where exact match is 0)."""
-    from ..text.tasks import exact_match, generate_task
+    """Score ``model`` on ``examples`` fresh examples of ``task`` with question length ``n``
+    (teacher-forced argmax over the answer tokens and ``[EOS]``, which equals greedy decoding's
+    exact match).
+
+    Args:
+        train_len: ``L``, the longest trained question: ``stopped_at_L`` counts examples whose first
+            early ``[EOS]`` follows exactly the answer length of a question of ``L`` (``None``: not
+            measured).
+        positions: ``(batch, seq) -> [batch, seq]`` position ids to feed the model (randomized
+            positions re-sampled at test time); ``None`` = ``0 .. s - 1``.
+
+    Returns:
+        an :class:`EvalPoint` with ``accuracy`` (exact match), ``token_accuracy`` (answer tokens and
+        ``[EOS]`` right), ``digit_accuracy``, ``early_end``, ``stopped_at_L`` and their ``wilson``
+        intervals.
+    """
+    from ..text.tasks import generate_task, score_answers
+    from .stats import wilson_interval
 
     t0 = time.perf_counter()
     if device is None:
         device = next(model.parameters()).device
     ex = generate_task(task, examples, n, seed=seed)  # [n_ex, s], all the same length
-    correct, right_tokens = [], 0
+    trained_answer = None
+    if train_len is not None:
+        trained_answer = int(generate_task(task, 1, train_len, seed=0).answer_mask.sum()) - 1  # digits
+    exact = digits_right = digits = early = at_l = right_tokens = 0
     model.eval()
     for i in range(0, examples, 64):
         tokens, mask = ex.tokens[i : i + 64].to(device), ex.answer_mask[i : i + 64].to(device)  # [b, s]
-        out = model(tokens[:, :-1])
+        ids = tokens[:, :-1]
+        if positions is None:
+            out = model(ids)
+        else:
+            out = model(ids, positions=positions(ids.shape[0], ids.shape[1]).to(device))
         pred = out.logits.argmax(-1)  # [b, s - 1]: prediction for position t + 1
-        correct.append(exact_match(pred, tokens[:, 1:], mask[:, 1:]).cpu())
+        sc = score_answers(pred, tokens[:, 1:], mask[:, 1:])
+        exact += int(sc.exact.sum())
+        digits_right += int(sc.digits_right.sum())
+        digits += int(sc.digits.sum())
+        early += int((sc.early_end >= 0).sum())
+        if trained_answer is not None:
+            at_l += int((sc.early_end == trained_answer).sum())
         right_tokens += int(((pred == tokens[:, 1:]) & mask[:, 1:]).sum())
-    acc = float(torch.cat(correct).float().mean())
-    token_acc = right_tokens / int(ex.answer_mask.sum())
-    return EvalPoint(length=n, accuracy=acc, token_accuracy=token_acc, n_scored=examples,
-                     wall_s=time.perf_counter() - t0)  # fmt: skip
+    wilson = {
+        "accuracy": wilson_interval(exact, examples).to_dict(),
+        "digit_accuracy": wilson_interval(digits_right, digits).to_dict() if digits else None,
+        "early_end": wilson_interval(early, examples).to_dict(),
+    }
+    if trained_answer is not None:
+        wilson["stopped_at_L"] = wilson_interval(at_l, examples).to_dict()
+    return EvalPoint(
+        length=n,
+        accuracy=exact / examples,
+        token_accuracy=right_tokens / int(ex.answer_mask.sum()),
+        digit_accuracy=digits_right / digits if digits else None,
+        early_end=early / examples,
+        stopped_at_L=at_l / examples if trained_answer is not None else None,
+        wilson=wilson,
+        n_scored=examples,
+        wall_s=time.perf_counter() - t0,
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -337,7 +392,13 @@ class TaskEvaluator:
     def __call__(self, model: torch.nn.Module, length: int) -> EvalPoint:
         c = self.config
         return evaluate_task(
-            model, c.mode, length, c.eval_examples, seed=c.split_seed + 1_000_003 + length, device=self.device
+            model,
+            c.mode,
+            length,
+            c.eval_examples,
+            seed=c.split_seed + 1_000_003 + length,
+            device=self.device,
+            train_len=c.train_len,
         )
 
     def finish(self, points: list[EvalPoint]) -> None:

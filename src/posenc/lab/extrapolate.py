@@ -67,6 +67,9 @@ SUMMARY_METRICS = (
     "bpb_beyond",
     "accuracy",
     "token_accuracy",
+    "digit_accuracy",
+    "early_end",
+    "stopped_at_L",
     "attn_entropy",
     "attn_distance",
     "attn_beyond",
@@ -322,9 +325,18 @@ def summarize(
                     values = [v["mean"] for v in values]
                 row[metric] = seed_interval(values).to_dict() if values else None
             _window_intervals(row, group, i, clusters, train_len)
+            _wilson_intervals(row, points)
             row["delta_over"] = row["delta"]["over"] if row["delta"] and row["delta"].get("over") else "seeds"
             summary.append(row)
     return summary
+
+
+def _wilson_intervals(row: dict[str, Any], points: list[dict[str, Any]]) -> None:
+    """One seed of a task study: each rate's interval is Wilson's over the examples."""
+    if len(points) == 1 and points[0].get("wilson"):
+        for metric, interval in points[0]["wilson"].items():
+            if interval is not None and row.get(metric) is not None:
+                row[metric] = interval
 
 
 def _window_intervals(row, group, i, clusters, train_len) -> None:
@@ -517,9 +529,13 @@ def format_table(results: dict[str, Any], markdown: bool = False) -> str:
             (
                 "accuracy",
                 False,
-                f"exact-match accuracy, task {cfg['mode']!r}, trained on lengths 1..{L} (higher is better)",
+                f"exact-match accuracy, task {cfg['mode']!r}, trained on lengths 1..{L} (higher is better; "
+                f"95% intervals over {_interval_cover(rows, 'accuracy', n_seeds)})",
             ),
             ("token_accuracy", False, "answer tokens right (teacher-forced; partial credit)"),
+            ("digit_accuracy", False, "answer digits right (the end token scored apart)"),
+            ("early_end", False, "examples where the model ends the answer early (predicts the end token)"),
+            ("stopped_at_L", False, f"examples ending early right after the answer length of L={L}"),
         ]
     lines = []
     for metric, signed, title in sections:

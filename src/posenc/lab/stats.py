@@ -38,6 +38,7 @@ __all__ = [
     "holm",
     "paired_bootstrap",
     "seed_interval",
+    "wilson_interval",
 ]
 
 #: Two-sided 95% quantiles of Student's t, ``t_{0.975, df}`` for ``df = 1 .. 30`` (standard
@@ -193,3 +194,19 @@ def seed_interval(values: Sequence[float] | torch.Tensor) -> Interval:
     t = T_975[n - 2] if n - 1 <= len(T_975) else 1.96
     half = t * float(x.std(unbiased=True)) / math.sqrt(n)
     return Interval(mean, mean - half, mean + half, n, "seeds")
+
+
+def wilson_interval(successes: int, n: int) -> Interval:
+    """Wilson's 95% score interval of a proportion ``successes / n`` (``n`` examples): unlike the
+    normal approximation it stays inside ``[0, 1]`` and is not empty at 0% or 100%."""
+    check_int(n, "n")
+    check_int(successes, "successes", minimum=0)
+    if successes > n:
+        raise ValueError(f"successes={successes} is more than n={n}")
+    z = 1.959963984540054
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    low = 0.0 if successes == 0 else max(0.0, centre - half)  # exact at the ends (no rounding residue)
+    high = 1.0 if successes == n else min(1.0, centre + half)
+    return Interval(p, low, high, n, "examples (Wilson)")

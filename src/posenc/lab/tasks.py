@@ -17,10 +17,16 @@ from typing import Any
 
 from .stats import Interval, seed_interval
 
-__all__ = ["LEARNED_AT", "format_ranking", "task_ranking"]
+__all__ = ["LEARNED_AT", "format_ranking", "task_eval_lens", "task_ranking"]
 
 #: Exact match at the training length from which a run counts as having learned the task.
 LEARNED_AT = 0.95
+
+
+def task_eval_lens(train_len: int) -> tuple[int, ...]:
+    """The default evaluation lengths of a task study: ``L``, every length ``L+1 .. L+8`` (where
+    small models still differ: exact match at ``2L`` is 0 for all of them) and ``2L``, ``3L``."""
+    return tuple(sorted({train_len, *range(train_len + 1, train_len + 9), 2 * train_len, 3 * train_len}))
 
 
 def _accuracies(run: dict[str, Any], keep, metric: str = "accuracy") -> list[float]:
