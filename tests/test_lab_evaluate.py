@@ -95,7 +95,7 @@ def test_paired_delta_is_zero_for_a_model_blind_to_context():
     assert points[0].delta is None  # the reference length
     for p in points[1:]:
         assert p.window_bits == points[0].window_bits  # the very same bytes, the same losses
-        assert p.delta == {"mean": 0.0, "low": 0.0, "high": 0.0, "n": 5}
+        assert p.delta == {"mean": 0.0, "low": 0.0, "high": 0.0, "n": 5, "over": "windows", "p_value": 1.0}
 
 
 def test_evaluation_records_no_gradients():

@@ -13,7 +13,7 @@ import pytest
 from _lab_toys import TINY, tiny_study, torchrun_command, write_corpus
 from posenc.cli import main
 from posenc.lab.extrapolate import format_table, run_study, summarize, training_summary
-from posenc.lab.stats import seed_interval
+from posenc.lab.stats import paired_bootstrap, seed_interval
 
 
 @pytest.fixture(scope="module")
@@ -85,13 +85,21 @@ def test_summary_is_the_mean_of_the_runs_with_a_t_interval(corpus_dir):
     results = run_study(config, log=None, progress=False, threads=1)
     row = next(r for r in results["summary"] if r["name"] == "alibi" and r["length"] == 32)
     runs = [next(p for p in r["eval"] if p["length"] == 32) for r in results["runs"]]
-    for metric in ("bpb_window", "bpb_all", "bpb_beyond"):
+    for metric in ("bpb_all", "bpb_beyond"):  # no per-window values: a t interval over seeds
         values = [p[metric] for p in runs]
         assert row[metric]["mean"] == pytest.approx(statistics.mean(values), abs=1e-12)
-        assert row[metric] == pytest.approx(seed_interval(values).to_dict())
+        assert {k: v for k, v in row[metric].items() if k != "over"} == pytest.approx(
+            {k: v for k, v in seed_interval(values).to_dict().items() if k != "over"}
+        )
+    # per-window values: the bootstrap over seeds and documents of the same windows
+    bits = [p["window_bits"] for p in runs]
+    clusters = results["eval"]["window_documents"]
+    assert row["bpb_window"] == paired_bootstrap(bits, clusters, seed=8).to_dict()
+    assert row["bpb_window"]["mean"] == pytest.approx(statistics.mean(p["bpb_window"] for p in runs), abs=1e-12)
     deltas = [p["delta"]["mean"] for p in runs]
     assert row["delta"]["mean"] == pytest.approx(statistics.mean(deltas), abs=1e-12)
-    assert row["delta_over"] == "seeds" and row["delta"]["n"] == 2 and row["seeds"] == [0, 1]
+    assert row["delta_over"] == "seeds and documents" and row["seeds"] == [0, 1]
+    assert row["delta"]["n"] == results["eval"]["n_documents"] and row["delta"]["p_value"] is not None
 
 
 def test_one_seed_keeps_the_bootstrap_interval_over_windows():
@@ -107,7 +115,7 @@ def test_one_seed_keeps_the_bootstrap_interval_over_windows():
     base = {**point, "length": 8, "delta": None, "bpb_beyond": None}
     rows = summarize([{"name": "rope", "scheme": "rope", "variant": None, "seed": 0, "eval": [base, point]}])
     assert rows[1]["delta"] == point["delta"] and rows[1]["delta_over"] == "windows"
-    assert rows[1]["bpb_window"] == {"mean": 2.0, "low": None, "high": None, "n": 1}
+    assert rows[1]["bpb_window"] == {"mean": 2.0, "low": None, "high": None, "n": 1, "over": "seeds", "p_value": None}
     assert rows[0]["delta"] is None and rows[0]["bpb_beyond"] is None
 
 

@@ -94,7 +94,7 @@ def test_a_study_fine_tunes_compares_and_resumes(corpus_dir, tmp_path):
         linear["batch_size"],
     ) == (2, 16, 2)
     assert linear["tokens"] == 2 * 2 * 16 and linear["train_tokens"] == 4 * 4 * 8
-    assert [r["length"] for r in linear["rows"]] == [8, 16, 32] and linear["rows"][0]["over"] == "seeds"
+    assert [r["length"] for r in linear["rows"]] == [8, 16, 32] and linear["rows"][0]["over"] == "seeds and documents"
     assert results["model_configs"]["rope+linear+ft16"]["position_options"]["scaling"]["factor"] == 2.0
     cells = [c for c in results["cells"] if "finetune" in c]
     assert len(cells) == 4 and all(c["train"]["steps"] == 2 for c in cells)

@@ -181,6 +181,12 @@ def extrapolate_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="compare two finished studies (results.json files or folders) on the same bytes; trains nothing",
     )
+    p.add_argument(
+        "--regenerate",
+        default=None,
+        metavar="PAGE",
+        help="refill the <!-- posenc-results: PATH --> blocks of a Markdown page from results files; trains nothing",
+    )
     p.add_argument("--out", default=None, help="folder for results.json, extrapolation.png/svg, checkpoints")
     p.add_argument(
         "--task",
@@ -330,6 +336,10 @@ def _workers(args: argparse.Namespace, info, device, cells: int) -> int:
 
 def extrapolate_run(args: argparse.Namespace) -> int:
     """Run ``posenc extrapolate``: train, evaluate, print the table, write the JSON and plot."""
+    if args.regenerate is not None:
+        from .doctables import regenerate_run
+
+        return regenerate_run(args.regenerate)
     if args.compare is not None:
         from .compare import compare_run
 

@@ -264,8 +264,8 @@ def sample_eval_set(
     if train_tokens is not None:
         share = TrainingShingles(train_tokens).share(tokens, candidates, score_len)  # [C]
         keep = share < DUPLICATE_SHARE
-        if int(keep.sum()) < n_windows:  # a small corpus: keep the least-overlapping, and say so
-            keep[share.argsort(stable=True)[:n_windows]] = True
+        if int(keep.sum()) < n_windows:  # a small corpus: keep the least-overlapping (ties too), say so
+            keep = share <= share.sort().values[n_windows - 1]
         selection["near_duplicates"] = {
             "rule": f"dropped when >= {DUPLICATE_SHARE:.0%} of the {score_len} scored targets' "
             f"{SHINGLE}-byte shingles occur in the training bytes",

@@ -53,6 +53,9 @@ __all__ = [
     "task_seq_len",
 ]
 
+#: Bytes of the random string of the effective-context probe (:mod:`posenc.lab.probe`).
+PROBE_STRING = 16
+
 #: Points in the stored loss-by-position curve of one length (positions are averaged in bins).
 CURVE_POINTS = 64
 
@@ -82,6 +85,8 @@ class EvalPoint:
             answer length of a trained-length question (the model stopped at what it trained on).
         wilson: task modes: per metric (``accuracy``, ``digit_accuracy``, ``early_end``,
             ``stopped_at_L``), Wilson's 95% interval over the examples (digits for digit accuracy).
+        probe: ``lm`` mode, at the longest length: the repeated-string effective-context probe
+            per distance (:func:`~posenc.lab.probe.repeated_string_probe`).
     """
 
     length: int
@@ -104,6 +109,7 @@ class EvalPoint:
     early_end: float | None = None
     stopped_at_L: float | None = None
     wilson: dict | None = None
+    probe: list[dict] | None = None
 
     @property
     def measured(self) -> bool:
@@ -350,7 +356,8 @@ def evaluate_task(
 # ----------------------------------------------------------------------------------------------
 class LMEvaluator:
     """Mode ``lm``: :func:`evaluate_lm` at each length on one :class:`EvalSet`, then the paired
-    deltas against ``L``."""
+    deltas against ``L``; at the longest length also the repeated-string probe
+    (:mod:`posenc.lab.probe`), at every distance that fits."""
 
     def __init__(self, config, evalset: EvalSet, device: torch.device) -> None:
         self.config, self.evalset, self.device = config, evalset, device
@@ -361,7 +368,7 @@ class LMEvaluator:
 
     def __call__(self, model: torch.nn.Module, length: int) -> EvalPoint:
         c = self.config
-        return evaluate_lm(
+        point = evaluate_lm(
             model,
             self.evalset,
             length,
@@ -371,6 +378,16 @@ class LMEvaluator:
             device=self.device,
             autocast=self.device.type == "cuda",
         )
+        if length == max(c.eval_lens):  # the effective-context probe, with the longest reach
+            from .probe import probe_distances, repeated_string_probe
+
+            distances = probe_distances(length, PROBE_STRING)
+            if distances:
+                point.probe = repeated_string_probe(
+                    model, self.evalset.tokens, distances, string_len=PROBE_STRING, seed=c.split_seed,
+                    device=self.device,
+                )  # fmt: skip
+        return point
 
     def finish(self, points: list[EvalPoint]) -> None:
         if any(p.window_bits for p in points):

@@ -229,7 +229,10 @@ def _collect(results: dict[str, Any], ordered: list[dict[str, Any]], config: Stu
     if config.lm:
         from .compare import scheme_comparisons
 
+        from .probe import probe_summary
+
         results["comparisons"] = scheme_comparisons(results)
+        results["probe"] = probe_summary(results["runs"])
     if config.vary or config.randomized_positions:
         results["settings"] = settings_summary(results)
     if config.finetune_len:
@@ -324,11 +327,21 @@ def summarize(
                 if metric == "delta":
                     values = [v["mean"] for v in values]
                 row[metric] = seed_interval(values).to_dict() if values else None
+            if row["delta"] is not None and row["delta"]["n"] == 1:
+                row["delta"] = points[0]["delta"]  # one seed: the point's own bootstrap interval
             _window_intervals(row, group, i, clusters, train_len)
             _wilson_intervals(row, points)
-            row["delta_over"] = row["delta"]["over"] if row["delta"] and row["delta"].get("over") else "seeds"
+            row["delta_over"] = _delta_over(row["delta"], len(group))
             summary.append(row)
     return summary
+
+
+def _delta_over(delta: dict[str, Any] | None, n_seeds: int) -> str:
+    """What the delta's interval covers (older results without ``over``: a t interval over the
+    seeds when it counts them, else the one seed's bootstrap over windows)."""
+    if delta is None:
+        return "seeds"
+    return delta.get("over") or ("seeds" if n_seeds > 1 and delta["n"] == n_seeds else "windows")
 
 
 def _wilson_intervals(row: dict[str, Any], points: list[dict[str, Any]]) -> None:
@@ -474,6 +487,30 @@ def _training_table(training: dict[str, Any], markdown: bool) -> list[str]:
     return [title, *(f"{r:<{width}}{c:>16}" for r, c in cells.items()), ""]
 
 
+def _probe_table(rows: list[dict[str, Any]], markdown: bool) -> list[str]:
+    """The effective-context probe: bits/byte on the second copy of a random string, by distance."""
+    if not rows:
+        return []
+    names = list(dict.fromkeys(r["name"] for r in rows))
+    dists = sorted({r["distance"] for r in rows})
+    title = (
+        "effective-context probe: bits/byte on the second copy of a random 16-byte string, by distance "
+        "between the copies (about 8 = not retrieved, near 0 = copied; 95% interval)"
+    )
+    table = [(n, [_cell(next((r["bits"] for r in rows if r["name"] == n and r["distance"] == d), None),
+                        False, "-") for d in dists]) for n in names]  # fmt: skip
+    return _grid(title, "run", table, dists, markdown)
+
+
+def _grid(title: str, first: str, table, columns, markdown: bool) -> list[str]:
+    if markdown:
+        head = [f"| {first} | " + " | ".join(map(str, columns)) + " |", "|---" * (len(columns) + 1) + "|"]
+        return [f"**{title}**", "", *head, *(f"| {n} | " + " | ".join(c) + " |" for n, c in table), ""]
+    w = max(8, *(len(n) for n, _ in table))
+    head = f"{first:<{w}}" + "".join(f"{c:>16}" for c in columns)
+    return [title, head, *(f"{n:<{w}}" + "".join(f"{c:>16}" for c in cells) for n, cells in table), ""]
+
+
 def _diagnostic_sections(L: int) -> list[tuple[str, bool, str]]:
     what = "attention over the scored queries, mean of layers and heads"
     return [
@@ -543,6 +580,7 @@ def format_table(results: dict[str, Any], markdown: bool = False) -> str:
     lines += _settings_table(results.get("settings", []), lens, markdown, width, col)
     lines += _finetune_table(results.get("finetune", []), lens, markdown, width, col)
     lines += _training_table(results.get("training", {}), markdown)
+    lines += _probe_table(results.get("probe", []), markdown)
     if results.get("comparisons"):
         from .compare import format_scheme_comparisons
 
