@@ -69,7 +69,11 @@ def bidirectional_scheme():
             "vary field 'nrom' is not a model setting; did you mean 'norm'",
         ),
         ({"randomized_positions": 64}, ValueError, "randomized_positions=64 must be >= train_len=128"),
-        ({"mode": "copy", "randomized_positions": 64}, ValueError, "applies to language-model studies"),
+        (
+            {"mode": "copy", "train_len": 8, "randomized_positions": 12},
+            ValueError,
+            "randomized_positions=12 must be >= 18, the input length of a 8-digit copy example",
+        ),
         ({"finetune_len": 256}, ValueError, "finetune_len and finetune_steps go together"),
         (
             {"finetune_len": 128, "finetune_steps": 5},

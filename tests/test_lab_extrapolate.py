@@ -280,3 +280,21 @@ def test_training_curves_prefer_the_mean_of_each_ten_steps():
     train = {"final_loss_nats": 2.0, "loss_every_10_steps": [9.0, 9.0], "loss_mean_10_steps": [5.0, 3.0]}
     summary = training_summary([{"scheme": "alibi", "run": "alibi", "seed": 0, "train": train}])
     assert summary["alibi"]["curve"]["mean"] == [5.0, 3.0]
+
+
+def test_randomized_positions_in_task_mode_with_both_test_protocols():
+    """Trained at positions drawn from [0, 32): scored at ordinary positions and, as Ruoss et al.
+    do, at positions re-sampled from [0, 32) (n/a where an example needs more than 32)."""
+    from posenc.lab.config import StudyConfig
+
+    config = StudyConfig(("nope",), mode="copy", train_len=4, eval_lens=(4, 5, 20), steps=3, batch_size=8,
+                         d_model=16, num_layers=1, num_heads=2, eval_examples=16, randomized_positions=32,
+                         checkpoint_every=0)  # fmt: skip
+    results = run_study(config, log=None, progress=False, threads=1)
+    names = {r["name"] for r in results["runs"]}
+    assert {"nope", "nope[random_positions=32]", "nope[random_positions=32]+resampled"} <= names
+    again = next(r for r in results["runs"] if r["name"].endswith("+resampled"))
+    by_len = {p["length"]: p for p in again["eval"]}
+    assert by_len[4]["accuracy"] is not None and by_len[4]["note"] == "positions re-sampled from [0, 32)"
+    assert by_len[20]["accuracy"] is None and by_len[20]["note"].startswith("n/a: 42 positions")
+    assert by_len[5]["wilson"]["accuracy"]["n"] == 16 and by_len[5]["digit_accuracy"] is not None

@@ -224,7 +224,9 @@ class StudyConfig:
             with every combination (:mod:`posenc.lab.grid`), runs named ``rope[norm=post]``.
         randomized_positions: ``M > 0``: every scheme (and setting) is also trained at positions
             drawn sorted without replacement from ``[0, M)`` (Ruoss et al. 2023) and evaluated at
-            ordinary positions; its model's nominal length (``max_len``) is ``M``. 0 = off.
+            ordinary positions; in task modes also with positions re-sampled from ``[0, M)`` at test
+            time, as the paper does (runs named ``...+resampled``); its model's nominal length
+            (``max_len``) is ``M``. 0 = off.
         finetune_len, finetune_steps: ``E_ft > L`` and ``N``: after training, each model whose scheme
             declares evaluation-time variants (RoPE's scalings) is fine-tuned at ``E_ft`` for ``N``
             steps, once plainly and once per variant with factor ``E_ft / L``, then evaluated
@@ -332,7 +334,6 @@ class StudyConfig:
         for name in ("randomized_positions", "finetune_len", "finetune_steps", "diagnostic_windows"):
             check_int(getattr(self, name), name, minimum=0)
         extras = {
-            "randomized_positions": self.randomized_positions,
             "finetune_len": self.finetune_len,
             "diagnostic_windows": self.diagnostic_windows,
         }
@@ -346,6 +347,15 @@ class StudyConfig:
                 f"randomized_positions={self.randomized_positions} must be >= train_len="
                 f"{self.train_len} (each window draws train_len distinct positions from it)"
             )
+        if self.randomized_positions and not self.lm:
+            from .evaluate import task_seq_len
+
+            seq = task_seq_len(self.mode, self.train_len) - 1  # the longest training example's input
+            if self.randomized_positions < seq:
+                raise ValueError(
+                    f"randomized_positions={self.randomized_positions} must be >= {seq}, the input length "
+                    f"of a {self.train_len}-digit {self.mode} example (each draws that many positions)"
+                )
         if bool(self.finetune_len) != bool(self.finetune_steps):
             raise ValueError(
                 "finetune_len and finetune_steps go together: give both (e.g. 256 and 100) or neither"

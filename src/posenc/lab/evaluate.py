@@ -418,6 +418,30 @@ class TaskEvaluator:
             train_len=c.train_len,
         )
 
+    def resampled(self, model: torch.nn.Module, length: int, max_position: int) -> EvalPoint:
+        """Ruoss et al.'s test protocol for a model trained at randomized positions: the same
+        examples as :meth:`__call__`, read at positions drawn sorted from ``[0, max_position)``
+        (n/a when the example needs more positions than that)."""
+        from ..positions import randomized_positions
+
+        c = self.config
+        s = self.positions_needed(length)
+        if s > max_position:
+            return EvalPoint(length, note=f"n/a: {s} positions do not fit in [0, {max_position})")
+        g = torch.Generator().manual_seed(c.split_seed + 7_919 + length)
+        point = evaluate_task(
+            model,
+            c.mode,
+            length,
+            c.eval_examples,
+            seed=c.split_seed + 1_000_003 + length,
+            device=self.device,
+            train_len=c.train_len,
+            positions=lambda b, seq: randomized_positions(b, seq, max_position, generator=g),
+        )
+        point.note = f"positions re-sampled from [0, {max_position})"
+        return point
+
     def finish(self, points: list[EvalPoint]) -> None:
         pass
 
