@@ -85,7 +85,7 @@ def bidirectional_scheme():
             ValueError,
             r"none of \['alibi'\] has any; add e.g. rope",
         ),
-        ({"diagnostic_windows": 40}, ValueError, "diagnostic_windows=40 must be <= eval_windows=32"),
+        ({"diagnostic_windows": 300}, ValueError, "diagnostic_windows=300 must be <= eval_windows=256"),
         ({"diagnostic_windows": -1}, ValueError, "diagnostic_windows must be >= 0"),
     ],
 )
