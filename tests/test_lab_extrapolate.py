@@ -60,7 +60,7 @@ def test_tiny_study_with_two_seeds_end_to_end(tmp_path, corpus_dir, capsys):
         assert by_len[8]["delta"] is None and all(0 < by_len[e]["bpb_window"] < 16 for e in (8, 16, 32))
         for e in (16, 32):
             d = by_len[e]["delta"]
-            assert d["n"] == 6 and d["low"] <= d["mean"] <= d["high"]
+            assert d["n"] == results["eval"]["n_documents"] and d["low"] <= d["mean"] <= d["high"]
             diffs = [a - b for a, b in zip(by_len[e]["window_bits"], by_len[8]["window_bits"])]
             assert d["mean"] == pytest.approx(statistics.mean(diffs), abs=1e-9)
     assert len(results["cells"]) == 6 and all(c["train"]["steps"] == 6 for c in results["cells"])

@@ -435,9 +435,19 @@ def _finetune_table(entries: list[dict[str, Any]], lens, markdown: bool, width: 
         f"helps; 95% interval over {e0['rows'][0]['over'] if e0['rows'] else 'seeds'}); cost: "
         f"{e0['steps']} steps at length {e0['length']}, {e0['tokens']:,} tokens ({share:.0%} of training)"
     )
-    return _paired_table(
+    lines = _paired_table(
         title, [(f"{e['run']} - {e['before']}", e["rows"]) for e in entries], lens, markdown, width, col
     )
+    against = [(f"{e['run']} - {e['against_control']}", e["rows_vs_control"])
+               for e in entries if e.get("rows_vs_control")]  # fmt: skip
+    if against:
+        title = (
+            "fine-tuned minus the control (the same steps and tokens continued at the training length), "
+            "sliding-window bits/byte on the same bytes (< 0: fine-tuning at the longer length helps "
+            "beyond more training; at L: its cost)"
+        )
+        lines += _paired_table(title, against, lens, markdown, width, col)
+    return lines
 
 
 def _settings_table(entries: list[dict[str, Any]], lens, markdown: bool, width: int, col: int) -> list[str]:
