@@ -42,6 +42,7 @@ def test_a_model_that_cannot_retrieve_scores_8_bits():
     assert [r["distance"] for r in rows] == [32, 64] and [r["length"] for r in rows] == [PREFIX + 48, PREFIX + 80]
     for r in rows:
         assert r["bits"]["mean"] == pytest.approx(8.0) and len(r["trial_bits"]) == 8
+        assert r["gain"]["mean"] == pytest.approx(0.0, abs=1e-9)  # nothing retrieved
 
 
 def test_retrieval_is_found_at_its_distance_only():
@@ -49,6 +50,7 @@ def test_retrieval_is_found_at_its_distance_only():
     assert rows[64]["accuracy"]["mean"] == 1.0 and rows[64]["bits"]["mean"] < 1e-6
     assert rows[32]["accuracy"]["mean"] < 0.1 and rows[128]["accuracy"]["mean"] < 0.1
     assert rows[32]["bits"]["mean"] > 8  # confidently wrong costs more than uniform
+    assert rows[64]["gain"]["mean"] > 25 and abs(rows[32]["gain"]["mean"]) < 5  # retrieval at 64 only
 
 
 def test_the_same_trials_for_every_model_and_a_summary_across_seeds():

@@ -504,10 +504,11 @@ def _probe_table(rows: list[dict[str, Any]], markdown: bool) -> list[str]:
     names = list(dict.fromkeys(r["name"] for r in rows))
     dists = sorted({r["distance"] for r in rows})
     title = (
-        "effective-context probe: bits/byte on the second copy of a random 16-byte string, by distance "
-        "between the copies (about 8 = not retrieved, near 0 = copied; 95% interval)"
+        "effective-context probe: retrieval gain in bits/byte on the second copy of a random 16-byte "
+        "string, by distance between the copies (the same text with a different first string minus "
+        "with the same; 0 = nothing retrieved; 95% interval)"
     )
-    table = [(n, [_cell(next((r["bits"] for r in rows if r["name"] == n and r["distance"] == d), None),
+    table = [(n, [_cell(next((r.get("gain") for r in rows if r["name"] == n and r["distance"] == d), None),
                         False, "-") for d in dists]) for n in names]  # fmt: skip
     return _grid(title, "run", table, dists, markdown)
 

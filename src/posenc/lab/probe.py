@@ -3,8 +3,10 @@
 A random byte string of ``m`` bytes is written into ordinary text twice, the second copy starting
 ``d`` bytes after the first. Random bytes cannot be predicted from language (about 8 bits each),
 so the model's loss on the second copy (its first byte aside: nothing says a copy starts) measures
-retrieval alone: near 0 bits where the model attends back ``d`` tokens and copies, about 8 where
-it cannot. It needs no task training, so any language model takes it, and it is scored by
+retrieval alone: near 0 bits where the model attends back ``d`` tokens and copies, and where it
+cannot, what it pays on bytes it has never seen. The **gain** pairs each trial with a control
+whose first copy is a different random string (nothing to retrieve): control bits minus copy
+bits, 0 = no retrieval at that distance, up to the control's bits = perfect copying. It needs no task training, so any language model takes it, and it is scored by
 distance: the largest ``d`` at which a scheme still retrieves is its effective context.
 
 Each trial draws its own text (a random window of the validation bytes) and string; the same
@@ -65,8 +67,8 @@ def repeated_string_probe(
         seed: the trials' seed (the split seed: the same trials for every model).
 
     Returns:
-        one dict per distance: ``distance``, ``length`` (``E``), ``bits`` and ``accuracy``
-        (Interval dicts over trials) and the per-trial ``trial_bits``.
+        one dict per distance: ``distance``, ``length`` (``E``), ``bits``, ``accuracy`` and
+        ``gain`` (Interval dicts over trials) and the per-trial ``trial_bits``.
     """
     check_int(string_len, "string_len", minimum=2)
     check_int(trials, "trials")
@@ -84,26 +86,36 @@ def repeated_string_probe(
         starts = torch.randint(0, text.numel() - e, (trials,), generator=g)  # [T]
         window = text[starts[:, None] + torch.arange(e)].long()  # [T, E]
         string = torch.randint(0, 256, (trials, string_len), generator=g)  # [T, m]
-        window[:, PREFIX : PREFIX + string_len] = string
+        other = torch.randint(0, 256, (trials, string_len), generator=g)  # [T, m] the control's first string
         window[:, e - string_len :] = string
+        control = window.clone()
+        window[:, PREFIX : PREFIX + string_len] = string
+        control[:, PREFIX : PREFIX + string_len] = other  # nothing to retrieve: the model's own prior
         model.eval()
-        out = model(window[:, :-1].to(device))
-        logits = out.logits if hasattr(out, "logits") else out  # [T, E - 1, V]
-        logits = logits[:, e - string_len : e - 1].double()  # predictions of copy bytes 2..m
-        target = window[:, e - string_len + 1 :].to(logits.device)  # [T, m - 1]
-        nats = F.cross_entropy(logits.transpose(1, 2), target, reduction="none")  # [T, m - 1]
-        bits = (nats.mean(dim=1) / math.log(2)).cpu()  # [T]
-        right = (logits.argmax(-1) == target).double().mean(dim=1).cpu()  # [T]
+        bits, right = _second_copy(model, window, string_len, device)  # [T], [T]
+        baseline, _ = _second_copy(model, control, string_len, device)
         rows.append(
             {
                 "distance": d,
                 "length": e,
                 "bits": bootstrap_interval(bits, seed=d).to_dict(),
                 "accuracy": bootstrap_interval(right, seed=d).to_dict(),
+                "gain": bootstrap_interval(baseline - bits, seed=d).to_dict(),
                 "trial_bits": bits.tolist(),
             }
         )
     return rows
+
+
+def _second_copy(model, window: torch.Tensor, m: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per trial, bits/byte and the share right (argmax) on bytes 2..m of the last ``m`` bytes."""
+    e = window.shape[1]
+    out = model(window[:, :-1].to(device))
+    logits = out.logits if hasattr(out, "logits") else out  # [T, E - 1, V]
+    logits = logits[:, e - m : e - 1].double()  # predictions of the copy's bytes 2..m
+    target = window[:, e - m + 1 :].to(logits.device)  # [T, m - 1]
+    nats = F.cross_entropy(logits.transpose(1, 2), target, reduction="none")  # [T, m - 1]
+    return (nats.mean(dim=1) / math.log(2)).cpu(), (logits.argmax(-1) == target).double().mean(dim=1).cpu()
 
 
 def probe_summary(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -119,7 +131,9 @@ def probe_summary(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for i, row in enumerate(group[0][1]):
             rows = [probe[i] for _, probe in group]
             entry = {"name": name, "distance": row["distance"], "seeds": [seed for seed, _ in group]}
-            for metric in ("bits", "accuracy"):
+            for metric in ("bits", "accuracy", "gain"):
+                if any(metric not in r for r in rows):
+                    continue
                 values = [r[metric]["mean"] for r in rows]
                 entry[metric] = rows[0][metric] if len(rows) == 1 else seed_interval(values).to_dict()
             out.append(entry)
