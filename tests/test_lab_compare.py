@@ -80,7 +80,13 @@ def _study(runs: dict[str, list[list[float]]], docs: list[int]) -> dict:
     return {
         "eval": {"window_documents": docs},
         "runs": [
-            {"name": name, "variant": None, "seed": seed, "setting": {}, "eval": [{"length": 8, "window_bits": bits}]}
+            {
+                "name": name,
+                "variant": None,
+                "seed": seed,
+                "setting": {},
+                "eval": [{"length": 8, "window_bits": bits}],
+            }
             for name, per_seed in runs.items()
             for seed, bits in enumerate(per_seed)
         ],

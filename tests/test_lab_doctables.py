@@ -13,7 +13,15 @@ from posenc.lab.doctables import regenerate
 def _results(delta: float) -> dict:
     iv = {"mean": 2.5, "low": 2.4, "high": 2.6, "n": 40, "over": "seeds and documents", "p_value": None}
     d = {"mean": delta, "low": delta - 0.01, "high": delta + 0.01, "n": 40, "over": "seeds and documents"}
-    row = {"name": "alibi", "length": 16, "note": "", "bpb_window": iv, "delta": d, "bpb_all": iv, "bpb_beyond": iv}
+    row = {
+        "name": "alibi",
+        "length": 16,
+        "note": "",
+        "bpb_window": iv,
+        "delta": d,
+        "bpb_all": iv,
+        "bpb_beyond": iv,
+    }
     return {
         "config": {"mode": "lm", "train_len": 8, "eval_lens": [16], "seeds": [0, 1, 2]},
         "eval": {"score_len": 4},
@@ -46,9 +54,12 @@ def test_a_missing_file_leaves_the_page_unchanged(tmp_path, monkeypatch, capsys)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "a.json").write_text(json.dumps(_results(0.1)))
     page = tmp_path / "lab.md"
-    original = "<!-- posenc-results: a.json -->\n<!-- /posenc-results -->\n<!-- posenc-results: gone.json -->\n<!-- /posenc-results -->\n"
+    original = (
+        "<!-- posenc-results: a.json -->\n<!-- /posenc-results -->\n"
+        "<!-- posenc-results: gone.json -->\n<!-- /posenc-results -->\n"
+    )
     page.write_text(original)
-    with pytest.raises(ValueError, match="posenc-results: gone.json.*cannot read a study"):
+    with pytest.raises(ValueError, match=r"posenc-results: gone\.json.*cannot read a study"):
         regenerate(page)
     assert page.read_text() == original
     (tmp_path / "plain.md").write_text("# nothing to fill\n")

@@ -126,7 +126,9 @@ def test_no_document_holds_more_than_its_share():
     assert record["largest_document_share"] <= 0.03 and record["n_documents"] == 41
     # window_documents: one index per window, equal for windows of the same document
     wd = record["window_documents"]
-    assert len(wd) == 100 and all((a == b) == (x == y) for a, x in zip(wd, es.documents) for b, y in zip(wd, es.documents))
+    assert len(wd) == 100 and all(
+        (a == b) == (x == y) for a, x in zip(wd, es.documents) for b, y in zip(wd, es.documents)
+    )
     # too few documents for the share: the cap rises only as far as needed
     few = sample_eval_set(tokens[:62_000], 100, 64, seed=0, doc_names=names[:3], doc_starts=starts[:3])
     counts = sorted(few.record()["documents"].values())

@@ -201,7 +201,9 @@ def test_task_scores_digits_apart_from_the_end_token():
     assert w["digit_accuracy"]["n"] == 450 and w["early_end"]["over"] == "examples (Wilson)"
     # ending early elsewhere is not "stopped at L"
     other = evaluate_task(StopsAtTrained(5), "copy", 9, 50, seed=0, train_len=8)
-    assert other.early_end == 1.0 and other.stopped_at_L == 0.0 and other.digit_accuracy == pytest.approx(8 / 9)
+    assert (
+        other.early_end == 1.0 and other.stopped_at_L == 0.0 and other.digit_accuracy == pytest.approx(8 / 9)
+    )
 
 
 def test_task_positions_are_passed_to_the_model():

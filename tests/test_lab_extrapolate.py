@@ -95,7 +95,9 @@ def test_summary_is_the_mean_of_the_runs_with_a_t_interval(corpus_dir):
     bits = [p["window_bits"] for p in runs]
     clusters = results["eval"]["window_documents"]
     assert row["bpb_window"] == paired_bootstrap(bits, clusters, seed=8).to_dict()
-    assert row["bpb_window"]["mean"] == pytest.approx(statistics.mean(p["bpb_window"] for p in runs), abs=1e-12)
+    assert row["bpb_window"]["mean"] == pytest.approx(
+        statistics.mean(p["bpb_window"] for p in runs), abs=1e-12
+    )
     deltas = [p["delta"]["mean"] for p in runs]
     assert row["delta"]["mean"] == pytest.approx(statistics.mean(deltas), abs=1e-12)
     assert row["delta_over"] == "seeds and documents" and row["seeds"] == [0, 1]
@@ -115,7 +117,14 @@ def test_one_seed_keeps_the_bootstrap_interval_over_windows():
     base = {**point, "length": 8, "delta": None, "bpb_beyond": None}
     rows = summarize([{"name": "rope", "scheme": "rope", "variant": None, "seed": 0, "eval": [base, point]}])
     assert rows[1]["delta"] == point["delta"] and rows[1]["delta_over"] == "windows"
-    assert rows[1]["bpb_window"] == {"mean": 2.0, "low": None, "high": None, "n": 1, "over": "seeds", "p_value": None}
+    assert rows[1]["bpb_window"] == {
+        "mean": 2.0,
+        "low": None,
+        "high": None,
+        "n": 1,
+        "over": "seeds",
+        "p_value": None,
+    }
     assert rows[0]["delta"] is None and rows[0]["bpb_beyond"] is None
 
 
@@ -287,9 +296,20 @@ def test_randomized_positions_in_task_mode_with_both_test_protocols():
     do, at positions re-sampled from [0, 32) (n/a where an example needs more than 32)."""
     from posenc.lab.config import StudyConfig
 
-    config = StudyConfig(("nope",), mode="copy", train_len=4, eval_lens=(4, 5, 20), steps=3, batch_size=8,
-                         d_model=16, num_layers=1, num_heads=2, eval_examples=16, randomized_positions=32,
-                         checkpoint_every=0)  # fmt: skip
+    config = StudyConfig(
+        ("nope",),
+        mode="copy",
+        train_len=4,
+        eval_lens=(4, 5, 20),
+        steps=3,
+        batch_size=8,
+        d_model=16,
+        num_layers=1,
+        num_heads=2,
+        eval_examples=16,
+        randomized_positions=32,
+        checkpoint_every=0,
+    )
     results = run_study(config, log=None, progress=False, threads=1)
     names = {r["name"] for r in results["runs"]}
     assert {"nope", "nope[random_positions=32]", "nope[random_positions=32]+resampled"} <= names

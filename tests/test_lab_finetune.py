@@ -36,7 +36,12 @@ def test_cells_per_variant_the_scheme_declares_with_controls_for_every_scheme(co
     cells = finetune_cells(config, study_cells(config))
     names = [c.name for c in cells]
     assert names[:4] == ["alibi+ft16-seed0", "alibi+cont8-seed0", "alibi+ft16-seed1", "alibi+cont8-seed1"]
-    assert names[4:8] == ["rope+ft16-seed0", "rope+linear+ft16-seed0", "rope+yarn+ft16-seed0", "rope+cont8-seed0"]
+    assert names[4:8] == [
+        "rope+ft16-seed0",
+        "rope+linear+ft16-seed0",
+        "rope+yarn+ft16-seed0",
+        "rope+cont8-seed0",
+    ]
     assert names[-2:] == ["learned+cont8-seed0", "learned+cont8-seed1"] and len(names) == 14
     assert [c.before for c in cells[4:8]] == ["rope", "rope+linear", "rope+yarn", "rope"]
     control = cells[7]
@@ -98,12 +103,18 @@ def test_a_study_fine_tunes_compares_and_resumes(corpus_dir, tmp_path):
         linear["batch_size"],
     ) == (2, 16, 2)
     assert linear["tokens"] == 2 * 2 * 16 and linear["train_tokens"] == 4 * 4 * 8
-    assert [r["length"] for r in linear["rows"]] == [8, 16, 32] and linear["rows"][0]["over"] == "seeds and documents"
+    assert [r["length"] for r in linear["rows"]] == [8, 16, 32] and linear["rows"][0][
+        "over"
+    ] == "seeds and documents"
     assert results["model_configs"]["rope+linear+ft16"]["position_options"]["scaling"]["factor"] == 2.0
     cells = [c for c in results["cells"] if "finetune" in c]
     assert len(cells) == 10 and all(c["train"]["steps"] == 2 for c in cells)
     # against the control: the same weights continued at L for the same steps and tokens
-    assert linear["against_control"] == "rope+cont8" and [r["length"] for r in linear["rows_vs_control"]] == [8, 16, 32]
+    assert linear["against_control"] == "rope+cont8" and [r["length"] for r in linear["rows_vs_control"]] == [
+        8,
+        16,
+        32,
+    ]
     runs = {(r["name"], r["seed"]): r for r in results["runs"]}
     a, c = runs["rope+linear+ft16", 0]["eval"][0], runs["rope+cont8", 0]["eval"][0]
     d0 = sum(x - y for x, y in zip(a["window_bits"], c["window_bits"])) / len(a["window_bits"])

@@ -39,7 +39,10 @@ def _text() -> torch.Tensor:
 
 def test_a_model_that_cannot_retrieve_scores_8_bits():
     rows = repeated_string_probe(Uniform(), _text(), [32, 64], trials=8)
-    assert [r["distance"] for r in rows] == [32, 64] and [r["length"] for r in rows] == [PREFIX + 48, PREFIX + 80]
+    assert [r["distance"] for r in rows] == [32, 64] and [r["length"] for r in rows] == [
+        PREFIX + 48,
+        PREFIX + 80,
+    ]
     for r in rows:
         assert r["bits"]["mean"] == pytest.approx(8.0) and len(r["trial_bits"]) == 8
         assert r["gain"]["mean"] == pytest.approx(0.0, abs=1e-9)  # nothing retrieved

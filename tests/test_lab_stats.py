@@ -105,7 +105,9 @@ def _clustered(n_docs: int, per_doc: int, doc_sd: float, seed: int = 0) -> tuple
     """Windows whose values share a per-document offset: ``[n_docs * per_doc]`` and their documents."""
     g = torch.Generator().manual_seed(seed)
     doc = torch.randn(n_docs, generator=g, dtype=torch.float64) * doc_sd
-    values = doc.repeat_interleave(per_doc) + 0.1 * torch.randn(n_docs * per_doc, generator=g, dtype=torch.float64)
+    values = doc.repeat_interleave(per_doc) + 0.1 * torch.randn(
+        n_docs * per_doc, generator=g, dtype=torch.float64
+    )
     return values, [i // per_doc for i in range(n_docs * per_doc)]
 
 
@@ -138,7 +140,9 @@ def test_paired_bootstrap_matches_a_plain_reference():
             picked = [v for d in drawn[b].tolist() for v, dd in zip(values[r].tolist(), docs) if dd == d]
             per_seed.append(sum(picked) / len(picked))
         means.append(sum(per_seed) / len(per_seed))
-    low, high = torch.quantile(torch.tensor(means, dtype=torch.float64), torch.tensor([0.025, 0.975]).double())
+    low, high = torch.quantile(
+        torch.tensor(means, dtype=torch.float64), torch.tensor([0.025, 0.975]).double()
+    )
     assert got.over == "seeds and documents" and got.mean == pytest.approx(float(values.mean()))
     assert (got.low, got.high) == (pytest.approx(float(low)), pytest.approx(float(high)))
     assert got.p_value == pytest.approx(2 * (0 + 1) / 101)  # every resample is > 0

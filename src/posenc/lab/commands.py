@@ -185,7 +185,8 @@ def extrapolate_args(p: argparse.ArgumentParser) -> None:
         "--regenerate",
         default=None,
         metavar="PAGE",
-        help="refill the <!-- posenc-results: PATH --> blocks of a Markdown page from results files; trains nothing",
+        help="refill the <!-- posenc-results: PATH --> blocks of a Markdown page from results files; "
+        "trains nothing",
     )
     p.add_argument("--out", default=None, help="folder for results.json, extrapolation.png/svg, checkpoints")
     p.add_argument(

@@ -111,9 +111,11 @@ def paired_rows(
         # [R, K] per-window differences: the same bytes, B's model minus A's, one row per seed
         f64 = torch.float64
         diffs = torch.stack(
-            [torch.tensor(pb["window_bits"], dtype=f64) - torch.tensor(pa["window_bits"], dtype=f64)
-             for pa, pb, _ in both]
-        )  # fmt: skip
+            [
+                torch.tensor(pb["window_bits"], dtype=f64) - torch.tensor(pa["window_bits"], dtype=f64)
+                for pa, pb, _ in both
+            ]
+        )
         diff = paired_bootstrap(diffs, clusters, seed=length)
         rows.append(
             {
@@ -192,8 +194,17 @@ def format_scheme_comparisons(comparisons: dict[str, Any], markdown: bool = Fals
         low = "-" if d["low"] is None else f"[{d['low']:+.3f}, {d['high']:+.3f}]"
         p = "-" if d["p_value"] is None else f"{d['p_value']:.3g}"
         holm_p = "-" if r["p_holm"] is None else f"{r['p_holm']:.3g}"
-        table.append((f"{r['b']} - {r['a']}", str(r["length"]), f"{d['mean']:+.3f}", low, p, holm_p,
-                      f"{r['b']} {r['verdict']}"))  # fmt: skip
+        table.append(
+            (
+                f"{r['b']} - {r['a']}",
+                str(r["length"]),
+                f"{d['mean']:+.3f}",
+                low,
+                p,
+                holm_p,
+                f"{r['b']} {r['verdict']}",
+            )
+        )
     head = ("B - A", "length", "mean", "95% interval", "p", "Holm p", "verdict")
     if markdown:
         lines = [f"**{title}**", "", "| " + " | ".join(head) + " |", "|---" * len(head) + "|"]

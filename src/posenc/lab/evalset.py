@@ -86,6 +86,7 @@ def shingle_hashes(tokens: torch.Tensor | np.ndarray, n: int = SHINGLE) -> np.nd
     count = x.shape[0] - n + 1
     if count <= 0:
         return np.zeros(0, dtype=np.uint64)
+
     # h_w[i] = sum_j (x[i + j] + 1) * base^(w - 1 - j) over a span of w bytes, modulo 2^64. Spans
     # join: h_(a+b)[i] = h_a[i] * base^b + h_b[i + a]; spans of 1, 2, 4, ... are built by doubling
     # and joined along the binary digits of n (2 log2(n) passes instead of n).

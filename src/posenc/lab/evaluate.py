@@ -384,9 +384,13 @@ class LMEvaluator:
             distances = probe_distances(length, PROBE_STRING)
             if distances:
                 point.probe = repeated_string_probe(
-                    model, self.evalset.tokens, distances, string_len=PROBE_STRING, seed=c.split_seed,
+                    model,
+                    self.evalset.tokens,
+                    distances,
+                    string_len=PROBE_STRING,
+                    seed=c.split_seed,
                     device=self.device,
-                )  # fmt: skip
+                )
         return point
 
     def finish(self, points: list[EvalPoint]) -> None:

@@ -228,7 +228,6 @@ def _collect(results: dict[str, Any], ordered: list[dict[str, Any]], config: Stu
     results["training"] = training_summary(results["cells"])
     if config.lm:
         from .compare import scheme_comparisons
-
         from .probe import probe_summary
 
         results["comparisons"] = scheme_comparisons(results)
@@ -438,8 +437,11 @@ def _finetune_table(entries: list[dict[str, Any]], lens, markdown: bool, width: 
     lines = _paired_table(
         title, [(f"{e['run']} - {e['before']}", e["rows"]) for e in entries], lens, markdown, width, col
     )
-    against = [(f"{e['run']} - {e['against_control']}", e["rows_vs_control"])
-               for e in entries if e.get("rows_vs_control")]  # fmt: skip
+    against = [
+        (f"{e['run']} - {e['against_control']}", e["rows_vs_control"])
+        for e in entries
+        if e.get("rows_vs_control")
+    ]
     if against:
         title = (
             "fine-tuned minus the control (the same steps and tokens continued at the training length), "
@@ -499,7 +501,7 @@ def _training_table(training: dict[str, Any], markdown: bool) -> list[str]:
 
 def _probe_table(rows: list[dict[str, Any]], markdown: bool) -> list[str]:
     """The effective-context probe: bits/byte on the second copy of a random string, by distance."""
-    if not rows:
+    if not any(r.get("gain") for r in rows):
         return []
     names = list(dict.fromkeys(r["name"] for r in rows))
     dists = sorted({r["distance"] for r in rows})
@@ -508,8 +510,20 @@ def _probe_table(rows: list[dict[str, Any]], markdown: bool) -> list[str]:
         "string, by distance between the copies (the same text with a different first string minus "
         "with the same; 0 = nothing retrieved; 95% interval)"
     )
-    table = [(n, [_cell(next((r.get("gain") for r in rows if r["name"] == n and r["distance"] == d), None),
-                        False, "-") for d in dists]) for n in names]  # fmt: skip
+    table = [
+        (
+            n,
+            [
+                _cell(
+                    next((r.get("gain") for r in rows if r["name"] == n and r["distance"] == d), None),
+                    False,
+                    "-",
+                )
+                for d in dists
+            ],
+        )
+        for n in names
+    ]
     return _grid(title, "run", table, dists, markdown)
 
 

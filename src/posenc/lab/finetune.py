@@ -3,7 +3,8 @@
 
 Every trained model gets one **fine-tuning cell** without a variant and, when its scheme declares
 evaluation-time variants (RoPE's scalings; the lab asks the scheme,
-:attr:`~posenc.base.PositionalScheme.eval_variants`), one per variant of the study: the variant's positional maths at the fixed
+:attr:`~posenc.base.PositionalScheme.eval_variants`), one per variant of the study: the
+variant's positional maths at the fixed
 factor ``E_ft / L`` (position interpolation, YaRN, ...) or the plain scheme, trained at ``E_ft``.
 A fine-tuning cell starts from the trained cell's checkpoint (weights, AdamW moments and RNG
 states) and runs the second phase of a study, after every trained cell has finished, through
@@ -256,7 +257,13 @@ def finetune_summary(results: dict[str, Any]) -> list[dict[str, Any]]:
         control_name = None if cost.get("control") else controls.get(cost.get("trained"))
         control = runs.get((control_name, cell["seed"])) if control_name else None
         if after is not None and before is not None:
-            fields = {"run": after["name"], **cost, "against_control": control_name, "pairs": [], "cpairs": []}
+            fields = {
+                "run": after["name"],
+                **cost,
+                "against_control": control_name,
+                "pairs": [],
+                "cpairs": [],
+            }
             entry = out.setdefault(after["name"], fields)
             entry["pairs"].append((before, after))
             if control is not None:

@@ -6,7 +6,8 @@ so the model's loss on the second copy (its first byte aside: nothing says a cop
 retrieval alone: near 0 bits where the model attends back ``d`` tokens and copies, and where it
 cannot, what it pays on bytes it has never seen. The **gain** pairs each trial with a control
 whose first copy is a different random string (nothing to retrieve): control bits minus copy
-bits, 0 = no retrieval at that distance, up to the control's bits = perfect copying. It needs no task training, so any language model takes it, and it is scored by
+bits, 0 = no retrieval at that distance, up to the control's bits = perfect copying. It needs no
+task training, so any language model takes it, and it is scored by
 distance: the largest ``d`` at which a scheme still retrieves is its effective context.
 
 Each trial draws its own text (a random window of the validation bytes) and string; the same
@@ -78,7 +79,9 @@ def repeated_string_probe(
     for d in distances:
         check_int(d, "distance")
         if d < string_len:
-            raise ValueError(f"distance {d} is shorter than string_len={string_len}: the copies would overlap")
+            raise ValueError(
+                f"distance {d} is shorter than string_len={string_len}: the copies would overlap"
+            )
         e = PREFIX + d + string_len  # window length
         if text.numel() < e + 1:
             raise ValueError(f"the text has {text.numel()} bytes, too few for a probe window of {e}")
@@ -119,7 +122,8 @@ def _second_copy(model, window: torch.Tensor, m: int, device) -> tuple[torch.Ten
 
 
 def probe_summary(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per run name and distance (from the evaluation point that carries a ``probe``), across seeds: mean bits and accuracy on the second copy (a t
+    """Per run name and distance (from the evaluation point that carries a ``probe``), across
+    seeds: mean bits, accuracy and gain on the second copy (a t
     interval of the per-seed means; one seed keeps its bootstrap over trials)."""
     by_name: dict[str, list[tuple[int, list[dict[str, Any]]]]] = {}
     for run in runs:

@@ -141,7 +141,9 @@ def paired_bootstrap(
     r, k = x.shape
     ids = torch.arange(k) if clusters is None else torch.as_tensor(list(clusters), dtype=torch.long)
     if ids.shape != (k,) or (k and int(ids.min()) < 0):
-        raise ValueError(f"clusters must hold one non-negative document index per window ({k}), got {ids.shape}")
+        raise ValueError(
+            f"clusters must hold one non-negative document index per window ({k}), got {ids.shape}"
+        )
     _, ids = torch.unique(ids, return_inverse=True)  # [K] -> 0 .. C - 1
     c = int(ids.max()) + 1
     sums = torch.zeros(r, c, dtype=torch.float64).index_add_(1, ids, x)  # [R, C]

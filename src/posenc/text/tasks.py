@@ -36,7 +36,15 @@ import torch
 
 from .._validate import check_int
 
-__all__ = ["TASKS", "TASK_VOCAB", "AnswerScores", "TaskBatch", "exact_match", "generate_task", "score_answers"]
+__all__ = [
+    "TASKS",
+    "TASK_VOCAB",
+    "AnswerScores",
+    "TaskBatch",
+    "exact_match",
+    "generate_task",
+    "score_answers",
+]
 
 #: The shared vocabulary of every task: 4 special tokens, the digits, and "+".
 TASK_VOCAB: tuple[str, ...] = ("[PAD]", "[BOS]", "[SEP]", "[EOS]", *"0123456789", "+")
