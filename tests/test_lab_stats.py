@@ -197,6 +197,7 @@ def test_wilson_matches_closed_forms():
         got = wilson_interval(k, n)
         assert (got.low, got.high) == (pytest.approx(low, abs=6e-5), pytest.approx(high, abs=6e-5))
         assert got.mean == k / n and got.n == n
+    assert wilson_interval(0, 50).format() == "0.000 [0.000, 0.071]"  # lopsided: both ends shown
     with pytest.raises(ValueError, match="successes=3 is more than n=2"):
         wilson_interval(3, 2)
     with pytest.raises(ValueError, match="n must be >= 1"):

@@ -75,7 +75,11 @@ class Interval:
     def format(self, signed: bool = False) -> str:
         """``"2.345 +- 0.012"`` (``"+0.012 [-0.003, +0.020]"`` style bounds are in ``to_dict``)."""
         mean = f"{self.mean:+.3f}" if signed else f"{self.mean:.3f}"
-        return mean if self.half_width is None else f"{mean} ±{self.half_width:.3f}"
+        if self.half_width is None:
+            return mean
+        if self.over.endswith("(Wilson)"):  # a rate near 0 or 1: its interval is lopsided, give both ends
+            return f"{mean} [{self.low:.3f}, {self.high:.3f}]"
+        return f"{mean} ±{self.half_width:.3f}"
 
     def to_dict(self) -> dict:
         return asdict(self)
