@@ -37,7 +37,8 @@ def test_answers_are_right(task, n, seed):
         else:
             plus = q.index("+")
             x, y = int("".join(q[:plus])), int("".join(q[plus + 1 :]))
-            assert plus == n and len(a) == n + 1 and int("".join(a)) == x + y
+            answer = a[::-1] if task == "addition_reversed" else a  # least-significant digit first
+            assert plus == n and len(a) == n + 1 and int("".join(answer)) == x + y
         # the mask covers exactly the answer and [EOS]
         mask = batch.answer_mask[i]
         assert int(mask.sum()) == len(a) + 1
@@ -89,7 +90,7 @@ def test_exact_match():
 
 
 def test_errors():
-    valid = "copy, reverse, addition, sort, parity"
+    valid = "copy, reverse, addition, addition_reversed, sort, parity"
     with pytest.raises(ValueError, match=f"unknown task 'scan'; valid tasks: {valid}"):
         generate_task("scan", 1, 3)
     with pytest.raises(ValueError, match="length must be >= 1, got 0"):

@@ -170,6 +170,7 @@ MODES: dict[str, str] = {
     "addition": "add two n-digit numbers; exact-match accuracy vs n",
     "sort": "sort n digits; exact-match accuracy vs n",
     "parity": "the parity of n bits; exact-match accuracy vs n",
+    "addition_reversed": "add two n-digit numbers, answer least-significant digit first; exact match vs n",
 }
 
 

@@ -458,4 +458,5 @@ EVALUATORS: dict[str, type] = {
     "addition": TaskEvaluator,
     "sort": TaskEvaluator,
     "parity": TaskEvaluator,
+    "addition_reversed": TaskEvaluator,
 }

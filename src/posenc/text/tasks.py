@@ -77,6 +77,12 @@ def _addition(
     return [*map(str, a), "+", *map(str, b)], answer
 
 
+def _addition_reversed(rng: random.Random, n: int, **_: object) -> tuple[list[str], list[str]]:
+    """Addition with the answer written least-significant digit first: each answer digit then
+    depends on digits already read and one carry, the order a left-to-right model can compute."""
+    return _addition(rng, n, reverse_answer=True)
+
+
 def _sort(rng: random.Random, n: int, **_: object) -> tuple[list[str], list[str]]:
     q = [str(x) for x in _digits(rng, n)]
     return q, sorted(q)
@@ -92,6 +98,7 @@ TASKS: dict[str, Callable[..., tuple[list[str], list[str]]]] = {
     "copy": _copy,
     "reverse": _reverse,
     "addition": _addition,
+    "addition_reversed": _addition_reversed,
     "sort": _sort,
     "parity": _parity,
 }
