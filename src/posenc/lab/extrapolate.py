@@ -237,9 +237,10 @@ def _collect(results: dict[str, Any], ordered: list[dict[str, Any]], config: Stu
     if config.finetune_len:
         results["finetune"] = finetune_summary(results)
     if not config.lm:
-        from .tasks import task_ranking
+        from .tasks import ranking_by_length, task_ranking
 
         results["ranking"] = task_ranking(results["runs"], config.train_len)
+        results["ranking_by_length"] = ranking_by_length(results["summary"], config.train_len)
 
 
 def _write_study(out_dir: Path, results: dict[str, Any], say: Callable[[str], None]) -> None:
@@ -611,9 +612,10 @@ def format_table(results: dict[str, Any], markdown: bool = False) -> str:
 
         lines += format_scheme_comparisons(results["comparisons"], markdown)
     if cfg["mode"] != "lm":
-        from .tasks import format_ranking, task_ranking
+        from .tasks import format_ranking, format_ranking_by_length, ranking_by_length, task_ranking
 
         lines += format_ranking(task_ranking(results["runs"], L), L, markdown)
+        lines += format_ranking_by_length(ranking_by_length(rows, L), markdown)
     seeds = ",".join(map(str, cfg["seeds"]))
     lines.append(
         f"L = {L}; seeds {seeds}; '-' = not defined at this length; n/a = the scheme cannot run so long"
