@@ -318,3 +318,21 @@ def test_randomized_positions_in_task_mode_with_both_test_protocols():
     assert by_len[4]["accuracy"] is not None and by_len[4]["note"] == "positions re-sampled from [0, 32)"
     assert by_len[20]["accuracy"] is None and by_len[20]["note"].startswith("n/a: 42 positions")
     assert by_len[5]["wilson"]["accuracy"]["n"] == 16 and by_len[5]["digit_accuracy"] is not None
+
+
+def test_task_tables_widen_for_intervals_with_both_ends():
+    """Wilson intervals print both ends: the columns widen so that cells never run together."""
+    from posenc.lab.stats import wilson_interval
+
+    def row(length, k):
+        rate = wilson_interval(k, 200).to_dict()
+        return {"name": "alibi", "length": length, "note": "", "accuracy": rate, "token_accuracy": None}
+
+    results = {
+        "config": {"mode": "copy", "train_len": 8, "eval_lens": [8, 9], "seeds": [0]},
+        "runs": [],
+        "summary": [row(8, 200), row(9, 169)],
+    }
+    lines = format_table(results).splitlines()
+    assert lines[2].split() == ["alibi", "1.000", "[0.981,", "1.000]", "0.845", "[0.788,", "0.889]"]
+    assert len(lines[1]) == len(lines[2])  # the header's columns line up with the cells

@@ -410,17 +410,20 @@ def _metric_table(rows, names, lens, metric, signed, title, markdown, head, widt
             "| scheme | " + " | ".join(map(str, lens)) + " |",
             "|---" * (len(lens) + 1) + "|",
         ]
-    else:
-        lines = [title, head]
+    table = []
     for name in names:
         cells = []
         for r in (r for r in rows if r["name"] == name):
             missing = "n/a" if r["note"].startswith("n/a") else "-"
             cells.append(_cell(r.get(metric), signed, missing))
-        if markdown:
-            lines.append(f"| {name} | " + " | ".join(cells) + " |")
-        else:
-            lines.append(f"{name:<{width}}" + "".join(f"{c:>{col}}" for c in cells))
+        table.append((name, cells))
+    if markdown:
+        return [*lines, *(f"| {name} | " + " | ".join(cells) + " |" for name, cells in table), ""]
+    if any(len(c) + 2 > col for _, cells in table for c in cells):  # intervals with both ends are wider
+        col = max(len(c) + 2 for _, cells in table for c in cells)
+        head = f"{'scheme':<{width}}" + "".join(f"{e:>{col}}" for e in lens)
+    lines = [title, head]
+    lines += [f"{name:<{width}}" + "".join(f"{c:>{col}}" for c in cells) for name, cells in table]
     return [*lines, ""]
 
 
