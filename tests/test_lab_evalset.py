@@ -124,6 +124,7 @@ def test_no_document_holds_more_than_its_share():
     record = es.record()
     assert record["windows"] == 100 and record["document_cap"] == 3
     assert record["largest_document_share"] <= 0.03 and record["n_documents"] == 41
+    assert "resamples of the documents" in record["intervals"]
     # window_documents: one index per window, equal for windows of the same document
     wd = record["window_documents"]
     assert len(wd) == 100 and all(

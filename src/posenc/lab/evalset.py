@@ -64,6 +64,13 @@ DUPLICATE_SHARE = 0.5
 #: Default largest share of the windows one document may hold: 3% puts the windows of a
 #: 256-window set in at least 34 documents (the cluster bootstrap needs many documents).
 MAX_DOCUMENT_SHARE = 0.03
+#: How the lab's intervals on these windows are made, for the record (:mod:`posenc.lab.stats`).
+INTERVALS = (
+    "95% percentile bootstrap, 2000 resamples of the documents (clusters of windows, "
+    "window_documents); across seeds, seeds and documents resampled independently, so the interval "
+    "covers both; each interval's 'over' names what it covers; numbers without per-window values "
+    "take Student's t over seeds"
+)
 #: Candidates drawn per window kept when duplicates or documents are checked.
 OVERSAMPLE = 4
 
@@ -187,6 +194,7 @@ class EvalSet:
             "largest_document_share": max(counts.values()) / len(self.documents) if counts else None,
             "window_documents": self.clusters,
             **self.selection,
+            "intervals": INTERVALS,
         }
 
 
