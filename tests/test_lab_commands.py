@@ -51,7 +51,7 @@ def text_corpus(tmp_path_factory) -> Path:
         (["--finetune-len", "256"], "finetune_len and finetune_steps go together"),
         (["--finetune-len", "256", "--finetune-steps", "9"], "none of ['alibi'] has any; add e.g. rope"),
         (["--randomized-positions", "8"], "randomized_positions=8 must be >= train_len=128"),
-        (["--diagnostics", "100"], "diagnostic_windows=100 must be <= eval_windows=32"),
+        (["--diagnostics", "300"], "diagnostic_windows=300 must be <= eval_windows=256"),
     ],
 )
 def test_cli_errors(argv, message, capsys):
@@ -230,7 +230,10 @@ def test_task_mode_defaults_are_the_budget_that_learns():
     c = _study(["--task", "copy"])
     budget = (c.d_model, c.num_layers, c.num_heads, c.batch_size, c.steps, c.curriculum_steps)
     assert budget == (64, 4, 4, 64, 2500, 600)
-    assert (c.train_len, c.eval_lens, c.seeds) == (8, (8, 12, 16, 24), (0, 1, 2))  # 1.5x..3x L
+    # L, every length just past it (where schemes differ), 2L and 3L
+    assert (c.train_len, c.eval_lens, c.seeds) == (8, (8, 9, 10, 11, 12, 13, 14, 15, 16, 24), (0, 1, 2))
+    assert _study(["--task", "copy", "--train-len", "4"]).eval_lens == (4, 5, 6, 7, 8, 9, 10, 11, 12)
+    assert _study(["--task", "copy", "--eval-lens", "8,12"]).eval_lens == (8, 12)  # given: kept
     assert _study(["--task", "sort", "--steps", "50"]).curriculum_steps == 50  # the default, within --steps
     assert _study(["--task", "copy", "--curriculum-steps", "0"]).curriculum_steps == 0
     lm = _study([])

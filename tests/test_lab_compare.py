@@ -1,6 +1,6 @@
 """Tests of posenc.lab.compare: two studies on the same bytes compared seed for seed (B - A with a
-t interval over seeds), from the command line and compare_studies; studies that scored different
-bytes are refused."""
+bootstrap over seeds and documents), from the command line and compare_studies; studies that scored
+different bytes are refused; scheme-vs-scheme tests within a study, Holm-corrected, with verdicts."""
 
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ def test_compare_two_studies_on_the_same_bytes(tmp_path, corpus_dir, capsys):
     capsys.readouterr()
     assert main(["extrapolate", "--compare", str(tmp_path / "a"), str(tmp_path / "b" / "results.json")]) == 0
     printed = capsys.readouterr().out
-    assert printed.startswith("B - A, sliding-window bits/byte on the same bytes") and "over seeds" in printed
+    assert printed.startswith("B - A, sliding-window bits/byte on the same bytes")
+    assert "over seeds and documents" in printed
     a, b = (json.loads((tmp_path / x / "results.json").read_text()) for x in ("a", "b"))
     from posenc.lab.compare import compare_studies
 
@@ -38,7 +39,8 @@ def test_compare_two_studies_on_the_same_bytes(tmp_path, corpus_dir, capsys):
             for ra, rb in zip(a["runs"], b["runs"])
         ]
         assert rows[e]["diff"]["mean"] == pytest.approx(statistics.mean(per_seed), abs=1e-6)
-        assert rows[e]["seeds"] == [0, 1] and rows[e]["over"] == "seeds"
+        assert rows[e]["seeds"] == [0, 1] and rows[e]["over"] == "seeds and documents"
+        assert 0 < rows[e]["diff"]["p_value"] <= 1
     # other evaluation windows: not the same bytes, refused
     assert main([*common, "--split-seed", "1", "--out", str(tmp_path / "c")]) == 0
     capsys.readouterr()
@@ -50,7 +52,7 @@ def test_compare_two_studies_on_the_same_bytes(tmp_path, corpus_dir, capsys):
 
 def test_paired_rows_pair_two_runs_seed_for_seed():
     from posenc.lab.compare import paired_rows
-    from posenc.lab.stats import seed_interval
+    from posenc.lab.stats import paired_bootstrap
 
     def run(seed, bits):
         return {"seed": seed, "eval": [{"length": 8, "window_bits": bits}, {"length": 16, "window_bits": []}]}
@@ -58,11 +60,11 @@ def test_paired_rows_pair_two_runs_seed_for_seed():
     pairs = [(run(0, [1.0, 2.0]), run(0, [0.5, 1.5])), (run(1, [1.0, 1.0]), run(1, [0.8, 0.8]))]
     rows = paired_rows("b", pairs)
     assert len(rows) == 1 and rows[0]["length"] == 8 and rows[0]["seeds"] == [0, 1]  # 16: not measured
-    assert (
-        rows[0]["diff"] == pytest.approx(seed_interval([-0.5, -0.2]).to_dict()) and rows[0]["over"] == "seeds"
-    )
-    one = paired_rows("b", pairs[:1])[0]
-    assert one["over"] == "windows" and one["diff"]["mean"] == pytest.approx(-0.5)
+    expected = paired_bootstrap([[0.5 - 1.0, 1.5 - 2.0], [0.8 - 1.0, 0.8 - 1.0]], seed=8).to_dict()
+    assert rows[0]["diff"] == expected and rows[0]["over"] == "seeds and windows"
+    assert rows[0]["diff"]["mean"] == pytest.approx(-0.35)
+    one = paired_rows("b", pairs[:1], clusters=[0, 1])[0]
+    assert one["over"] == "documents" and one["diff"]["mean"] == pytest.approx(-0.5)
 
 
 def test_read_results_names_the_flag(tmp_path):
@@ -90,3 +92,62 @@ def test_a_crafted_results_json_is_one_line_naming_the_file(tmp_path, content, m
     with pytest.raises(ValueError, match=match) as err:
         read_results(str(tmp_path), "--from")
     assert str(path) in str(err.value) and "--from" in str(err.value)
+
+
+def _study(runs: dict[str, list[list[float]]], docs: list[int]) -> dict:
+    """A results dict with one run per (name, seed): ``runs[name][seed]`` are its window bits at 8."""
+    return {
+        "eval": {"window_documents": docs},
+        "runs": [
+            {
+                "name": name,
+                "variant": None,
+                "seed": seed,
+                "setting": {},
+                "eval": [{"length": 8, "window_bits": bits}],
+            }
+            for name, per_seed in runs.items()
+            for seed, bits in enumerate(per_seed)
+        ],
+    }
+
+
+def test_scheme_comparisons_are_paired_tests_with_holm_and_verdicts():
+    """B clearly better than A (every window 0.3 lower), C equal to A up to noise: the verdict
+    words follow the corrected p-values, and the family is every pair at every length."""
+    import torch
+
+    from posenc.lab.compare import format_scheme_comparisons, scheme_comparisons
+    from posenc.lab.stats import holm
+
+    g = torch.Generator().manual_seed(0)
+    docs = [i // 4 for i in range(80)]  # 20 documents of 4 windows
+    base = [(2 + torch.rand(80, generator=g, dtype=torch.float64)).tolist() for _ in range(3)]
+    noise = [(0.01 * torch.randn(80, generator=g, dtype=torch.float64)).tolist() for _ in range(3)]
+    study = _study(
+        {
+            "a": base,
+            "b": [[x - 0.3 for x in s] for s in base],
+            "c": [[x + e for x, e in zip(s, n)] for s, n in zip(base, noise)],
+        },
+        docs,
+    )
+    out = scheme_comparisons(study)
+    rows = {(r["a"], r["b"]): r for r in out["rows"]}
+    assert set(rows) == {("a", "b"), ("a", "c"), ("b", "c")} and out["family"] == 3
+    assert rows["a", "b"]["diff"]["mean"] == pytest.approx(-0.3) and rows["a", "b"]["verdict"] == "better"
+    assert rows["b", "c"]["verdict"] == "worse" and rows["a", "c"]["verdict"] == "no difference shown"
+    assert rows["a", "b"]["diff"]["over"] == "seeds and documents" and rows["a", "b"]["seeds"] == [0, 1, 2]
+    raw = [r["diff"]["p_value"] for r in out["rows"]]
+    assert [r["p_holm"] for r in out["rows"]] == pytest.approx(holm(raw))
+    assert "Holm-corrected over the 3 comparisons" in out["method"]
+    table = "\n".join(format_scheme_comparisons(out, markdown=True))
+    assert "| b - a | 8 | -0.300 |" in table and "b better" in table and "c no difference shown" in table
+
+
+def test_verdict_needs_the_corrected_p_value():
+    from posenc.lab.compare import verdict
+
+    assert verdict({"mean": -0.1}, 0.01) == "better" and verdict({"mean": 0.1}, 0.01) == "worse"
+    assert verdict({"mean": -0.1}, 0.05) == "no difference shown"  # at alpha: not below it
+    assert verdict({"mean": -0.1}, None) == "no difference shown"

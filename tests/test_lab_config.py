@@ -69,7 +69,11 @@ def bidirectional_scheme():
             "vary field 'nrom' is not a model setting; did you mean 'norm'",
         ),
         ({"randomized_positions": 64}, ValueError, "randomized_positions=64 must be >= train_len=128"),
-        ({"mode": "copy", "randomized_positions": 64}, ValueError, "applies to language-model studies"),
+        (
+            {"mode": "copy", "train_len": 8, "randomized_positions": 12},
+            ValueError,
+            "randomized_positions=12 must be >= 18, the input length of a 8-digit copy example",
+        ),
         ({"finetune_len": 256}, ValueError, "finetune_len and finetune_steps go together"),
         (
             {"finetune_len": 128, "finetune_steps": 5},
@@ -81,7 +85,7 @@ def bidirectional_scheme():
             ValueError,
             r"none of \['alibi'\] has any; add e.g. rope",
         ),
-        ({"diagnostic_windows": 40}, ValueError, "diagnostic_windows=40 must be <= eval_windows=32"),
+        ({"diagnostic_windows": 300}, ValueError, "diagnostic_windows=300 must be <= eval_windows=256"),
         ({"diagnostic_windows": -1}, ValueError, "diagnostic_windows must be >= 0"),
     ],
 )

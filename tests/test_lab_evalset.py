@@ -8,7 +8,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from _lab_toys import write_corpus
-from posenc.lab.evalset import sample_eval_set
+from posenc.lab.evalset import SHINGLE, TrainingShingles, sample_eval_set, shingle_hashes
 from posenc.text import load_corpus
 
 
@@ -66,3 +66,81 @@ def test_errors():
         es.windows(64)
     with pytest.raises(TypeError, match="n_windows must be an int"):
         sample_eval_set(tokens, 2.0, 32, seed=0)
+
+
+# ----------------------------------------------------------------------------------------------
+# Near-duplicates of the training bytes, the document cap, the record
+# ----------------------------------------------------------------------------------------------
+def _random_bytes(n: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, 256, (n,), generator=torch.Generator().manual_seed(seed)).to(torch.uint8)
+
+
+def test_shingle_hashes_match_a_plain_reference():
+    x = _random_bytes(300, 0)
+    for n in (1, 2, 3, 5, 32):
+        ref = []
+        for i in range(300 - n + 1):
+            h = 0
+            for j in range(n):
+                h = (h * 0x100000001B3 + int(x[i + j]) + 1) % 2**64
+            ref.append(h)
+        assert shingle_hashes(x, n).tolist() == ref
+    assert shingle_hashes(x[:10], 32).size == 0
+
+
+def test_windows_copied_from_training_are_dropped_and_counted():
+    """Half the validation text repeats training bytes: no window whose scored targets lie there
+    survives, and the record counts what was found."""
+    train = _random_bytes(20_000, 1)
+    fresh = _random_bytes(20_000, 2)
+    val = torch.cat([train[5_000:15_000], fresh[:10_000]])  # [20000]: copied half, then new bytes
+    es = sample_eval_set(val, 32, 64, seed=0, train_tokens=train, score_len=16)
+    assert bool((es.anchors >= 10_000 + SHINGLE).all())  # every window scores new bytes
+    share = TrainingShingles(train).share(val, es.anchors, 16)
+    assert float(share.max()) == 0.0
+    dup = es.record()["near_duplicates"]
+    assert dup["candidates"] == 128 and dup["kept"] == 0
+    assert 55 <= dup["found"] <= 70 and dup["found"] == dup["dropped"]  # about half the candidates
+    # without the training bytes the copied half is sampled too
+    assert bool((sample_eval_set(val, 32, 64, seed=0).anchors < 10_000).any())
+
+
+def test_a_small_corpus_keeps_its_least_copied_windows_and_says_so():
+    train = _random_bytes(5_000, 3)
+    val = torch.cat([train[:3_000], _random_bytes(40, 4)])  # only the last 40 bytes are new
+    es = sample_eval_set(val, 8, 64, seed=0, train_tokens=train, score_len=8)
+    dup = es.record()["near_duplicates"]
+    assert es.anchors.numel() == 8 and dup["kept"] >= 1 and dup["found"] > dup["dropped"]
+
+
+def test_no_document_holds_more_than_its_share():
+    """One document of 60% of the bytes: stratified sampling alone gives it ~60% of the windows;
+    the cap keeps it to 3% of 100 windows (3)."""
+    sizes = [60_000] + [1_000] * 40  # one large file, 40 small ones
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    names = [f"doc{i}" for i in range(len(sizes))]
+    tokens = _random_bytes(sum(sizes), 5)
+    es = sample_eval_set(tokens, 100, 64, seed=0, doc_names=names, doc_starts=starts)
+    record = es.record()
+    assert record["windows"] == 100 and record["document_cap"] == 3
+    assert record["largest_document_share"] <= 0.03 and record["n_documents"] == 41
+    assert "resamples of the documents" in record["intervals"]
+    # window_documents: one index per window, equal for windows of the same document
+    wd = record["window_documents"]
+    assert len(wd) == 100 and all(
+        (a == b) == (x == y) for a, x in zip(wd, es.documents) for b, y in zip(wd, es.documents)
+    )
+    # too few documents for the share: the cap rises only as far as needed
+    few = sample_eval_set(tokens[:62_000], 100, 64, seed=0, doc_names=names[:3], doc_starts=starts[:3])
+    counts = sorted(few.record()["documents"].values())
+    assert sum(counts) == 100 and few.record()["document_cap"] == counts[-1] and counts[-1] < 100
+
+
+def test_hostile_arguments():
+    tokens = _random_bytes(2_000, 6)
+    with pytest.raises(ValueError, match="max_document_share=0 must be in \\(0, 1\\]"):
+        sample_eval_set(tokens, 4, 32, seed=0, doc_names=["a"], doc_starts=[0], max_document_share=0)
+    with pytest.raises(ValueError, match="score_len is needed"):
+        sample_eval_set(tokens, 4, 32, seed=0, train_tokens=tokens)
+    with pytest.raises(ValueError, match="doc_names \\(2\\) and doc_starts \\(1\\) differ"):
+        sample_eval_set(tokens, 4, 32, seed=0, doc_names=["a", "b"], doc_starts=[0])

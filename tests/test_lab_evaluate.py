@@ -95,7 +95,7 @@ def test_paired_delta_is_zero_for_a_model_blind_to_context():
     assert points[0].delta is None  # the reference length
     for p in points[1:]:
         assert p.window_bits == points[0].window_bits  # the very same bytes, the same losses
-        assert p.delta == {"mean": 0.0, "low": 0.0, "high": 0.0, "n": 5}
+        assert p.delta == {"mean": 0.0, "low": 0.0, "high": 0.0, "n": 5, "over": "windows", "p_value": 1.0}
 
 
 def test_evaluation_records_no_gradients():
@@ -169,6 +169,47 @@ def test_evaluate_task_aligns_predictions_with_answers():
     wrong = evaluate_task(CopyOracle(wrong_at=3), "copy", 6, 20, seed=0)
     assert wrong.accuracy == 0.0 and wrong.token_accuracy == pytest.approx(6 / 7)  # 6 digits + EOS, one wrong
     assert evaluate_task(CopyOracle(), "copy", 6, 20, seed=0).token_accuracy == 1.0
+
+
+class StopsAtTrained(CopyOracle):
+    """Copies the question but predicts ``[EOS]`` after ``stop`` answer digits (what a small model
+    trained on ``stop``-digit questions does one digit past them); positions given are recorded."""
+
+    def __init__(self, stop: int) -> None:
+        super().__init__()
+        self.stop, self.seen_positions = stop, []
+
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        self.seen_positions.append(positions)
+        logits = super().forward(ids).logits  # [b, s, V]
+        n = (ids.shape[1] - 2) // 2
+        if n > self.stop:  # position n + stop predicts answer digit `stop`: the end token instead
+            logits[:, n + 1 + self.stop] = nn.functional.one_hot(torch.tensor(EOS), len(TASK_VOCAB)).float()
+        return LMOutput(logits)
+
+
+def test_task_scores_digits_apart_from_the_end_token():
+    """A model that ends after the 8 digits it trained on: exact match 0 at 9 digits, but 8 of 9
+    digits right, every example ended early, exactly at the trained length; Wilson intervals."""
+    at_l = evaluate_task(StopsAtTrained(8), "copy", 8, 50, seed=0, train_len=8)
+    assert at_l.accuracy == 1.0 and at_l.early_end == 0.0 and at_l.stopped_at_L == 0.0
+    past = evaluate_task(StopsAtTrained(8), "copy", 9, 50, seed=0, train_len=8)
+    assert past.accuracy == 0.0 and past.digit_accuracy == pytest.approx(8 / 9)
+    assert past.early_end == 1.0 and past.stopped_at_L == 1.0
+    w = past.wilson
+    assert w["accuracy"]["low"] == 0.0 and 0.05 < w["accuracy"]["high"] < 0.09  # Wilson at 0/50: [0, 0.071]
+    assert w["digit_accuracy"]["n"] == 450 and w["early_end"]["over"] == "examples (Wilson)"
+    # ending early elsewhere is not "stopped at L"
+    other = evaluate_task(StopsAtTrained(5), "copy", 9, 50, seed=0, train_len=8)
+    assert (
+        other.early_end == 1.0 and other.stopped_at_L == 0.0 and other.digit_accuracy == pytest.approx(8 / 9)
+    )
+
+
+def test_task_positions_are_passed_to_the_model():
+    model = StopsAtTrained(8)
+    evaluate_task(model, "copy", 4, 10, seed=0, positions=lambda b, s: torch.arange(s).expand(b, s) * 3)
+    assert model.seen_positions[0].shape == (10, 10) and int(model.seen_positions[0][0, 1]) == 3
 
 
 def test_task_batches_score_answers_only():

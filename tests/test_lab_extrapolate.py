@@ -13,7 +13,7 @@ import pytest
 from _lab_toys import TINY, tiny_study, torchrun_command, write_corpus
 from posenc.cli import main
 from posenc.lab.extrapolate import format_table, run_study, summarize, training_summary
-from posenc.lab.stats import seed_interval
+from posenc.lab.stats import paired_bootstrap, seed_interval
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +60,7 @@ def test_tiny_study_with_two_seeds_end_to_end(tmp_path, corpus_dir, capsys):
         assert by_len[8]["delta"] is None and all(0 < by_len[e]["bpb_window"] < 16 for e in (8, 16, 32))
         for e in (16, 32):
             d = by_len[e]["delta"]
-            assert d["n"] == 6 and d["low"] <= d["mean"] <= d["high"]
+            assert d["n"] == results["eval"]["n_documents"] and d["low"] <= d["mean"] <= d["high"]
             diffs = [a - b for a, b in zip(by_len[e]["window_bits"], by_len[8]["window_bits"])]
             assert d["mean"] == pytest.approx(statistics.mean(diffs), abs=1e-9)
     assert len(results["cells"]) == 6 and all(c["train"]["steps"] == 6 for c in results["cells"])
@@ -85,13 +85,23 @@ def test_summary_is_the_mean_of_the_runs_with_a_t_interval(corpus_dir):
     results = run_study(config, log=None, progress=False, threads=1)
     row = next(r for r in results["summary"] if r["name"] == "alibi" and r["length"] == 32)
     runs = [next(p for p in r["eval"] if p["length"] == 32) for r in results["runs"]]
-    for metric in ("bpb_window", "bpb_all", "bpb_beyond"):
+    for metric in ("bpb_all", "bpb_beyond"):  # no per-window values: a t interval over seeds
         values = [p[metric] for p in runs]
         assert row[metric]["mean"] == pytest.approx(statistics.mean(values), abs=1e-12)
-        assert row[metric] == pytest.approx(seed_interval(values).to_dict())
+        assert {k: v for k, v in row[metric].items() if k != "over"} == pytest.approx(
+            {k: v for k, v in seed_interval(values).to_dict().items() if k != "over"}
+        )
+    # per-window values: the bootstrap over seeds and documents of the same windows
+    bits = [p["window_bits"] for p in runs]
+    clusters = results["eval"]["window_documents"]
+    assert row["bpb_window"] == paired_bootstrap(bits, clusters, seed=8).to_dict()
+    assert row["bpb_window"]["mean"] == pytest.approx(
+        statistics.mean(p["bpb_window"] for p in runs), abs=1e-12
+    )
     deltas = [p["delta"]["mean"] for p in runs]
     assert row["delta"]["mean"] == pytest.approx(statistics.mean(deltas), abs=1e-12)
-    assert row["delta_over"] == "seeds" and row["delta"]["n"] == 2 and row["seeds"] == [0, 1]
+    assert row["delta_over"] == "seeds and documents" and row["seeds"] == [0, 1]
+    assert row["delta"]["n"] == results["eval"]["n_documents"] and row["delta"]["p_value"] is not None
 
 
 def test_one_seed_keeps_the_bootstrap_interval_over_windows():
@@ -107,7 +117,14 @@ def test_one_seed_keeps_the_bootstrap_interval_over_windows():
     base = {**point, "length": 8, "delta": None, "bpb_beyond": None}
     rows = summarize([{"name": "rope", "scheme": "rope", "variant": None, "seed": 0, "eval": [base, point]}])
     assert rows[1]["delta"] == point["delta"] and rows[1]["delta_over"] == "windows"
-    assert rows[1]["bpb_window"] == {"mean": 2.0, "low": None, "high": None, "n": 1}
+    assert rows[1]["bpb_window"] == {
+        "mean": 2.0,
+        "low": None,
+        "high": None,
+        "n": 1,
+        "over": "seeds",
+        "p_value": None,
+    }
     assert rows[0]["delta"] is None and rows[0]["bpb_beyond"] is None
 
 
@@ -272,3 +289,50 @@ def test_training_curves_prefer_the_mean_of_each_ten_steps():
     train = {"final_loss_nats": 2.0, "loss_every_10_steps": [9.0, 9.0], "loss_mean_10_steps": [5.0, 3.0]}
     summary = training_summary([{"scheme": "alibi", "run": "alibi", "seed": 0, "train": train}])
     assert summary["alibi"]["curve"]["mean"] == [5.0, 3.0]
+
+
+def test_randomized_positions_in_task_mode_with_both_test_protocols():
+    """Trained at positions drawn from [0, 32): scored at ordinary positions and, as Ruoss et al.
+    do, at positions re-sampled from [0, 32) (n/a where an example needs more than 32)."""
+    from posenc.lab.config import StudyConfig
+
+    config = StudyConfig(
+        ("nope",),
+        mode="copy",
+        train_len=4,
+        eval_lens=(4, 5, 20),
+        steps=3,
+        batch_size=8,
+        d_model=16,
+        num_layers=1,
+        num_heads=2,
+        eval_examples=16,
+        randomized_positions=32,
+        checkpoint_every=0,
+    )
+    results = run_study(config, log=None, progress=False, threads=1)
+    names = {r["name"] for r in results["runs"]}
+    assert {"nope", "nope[random_positions=32]", "nope[random_positions=32]+resampled"} <= names
+    again = next(r for r in results["runs"] if r["name"].endswith("+resampled"))
+    by_len = {p["length"]: p for p in again["eval"]}
+    assert by_len[4]["accuracy"] is not None and by_len[4]["note"] == "positions re-sampled from [0, 32)"
+    assert by_len[20]["accuracy"] is None and by_len[20]["note"].startswith("n/a: 42 positions")
+    assert by_len[5]["wilson"]["accuracy"]["n"] == 16 and by_len[5]["digit_accuracy"] is not None
+
+
+def test_task_tables_widen_for_intervals_with_both_ends():
+    """Wilson intervals print both ends: the columns widen so that cells never run together."""
+    from posenc.lab.stats import wilson_interval
+
+    def row(length, k):
+        rate = wilson_interval(k, 200).to_dict()
+        return {"name": "alibi", "length": length, "note": "", "accuracy": rate, "token_accuracy": None}
+
+    results = {
+        "config": {"mode": "copy", "train_len": 8, "eval_lens": [8, 9], "seeds": [0]},
+        "runs": [],
+        "summary": [row(8, 200), row(9, 169)],
+    }
+    lines = format_table(results).splitlines()
+    assert lines[2].split() == ["alibi", "1.000", "[0.981,", "1.000]", "0.845", "[0.788,", "0.889]"]
+    assert len(lines[1]) == len(lines[2])  # the header's columns line up with the cells

@@ -29,18 +29,27 @@ def _config(corpus, **kw):
     return tiny_study(corpus, **{**fields, **kw})
 
 
-def test_cells_per_variant_the_scheme_declares(corpus_dir):
-    config = _config(corpus_dir, variants=("linear", "yarn"))
+def test_cells_per_variant_the_scheme_declares_with_controls_for_every_scheme(corpus_dir):
+    """Every scheme gets the same fine-tuning budget (learned positions cannot reach 16: only its
+    control), and every trained cell a control continued at L=8."""
+    config = _config(corpus_dir, schemes=("alibi", "rope", "learned"), variants=("linear", "yarn"))
     cells = finetune_cells(config, study_cells(config))
-    assert [c.name for c in cells] == [
+    names = [c.name for c in cells]
+    assert names[:4] == ["alibi+ft16-seed0", "alibi+cont8-seed0", "alibi+ft16-seed1", "alibi+cont8-seed1"]
+    assert names[4:8] == [
         "rope+ft16-seed0",
         "rope+linear+ft16-seed0",
         "rope+yarn+ft16-seed0",
-        "rope+ft16-seed1",
-        "rope+linear+ft16-seed1",
-        "rope+yarn+ft16-seed1",
+        "rope+cont8-seed0",
     ]
-    assert [c.before for c in cells[:3]] == ["rope", "rope+linear", "rope+yarn"]
+    assert names[-2:] == ["learned+cont8-seed0", "learned+cont8-seed1"] and len(names) == 14
+    assert [c.before for c in cells[4:8]] == ["rope", "rope+linear", "rope+yarn", "rope"]
+    control = cells[7]
+    assert control.control and control.length == 8
+    # the same tokens per step: the control trains B windows of L, fine-tuning B L / E_ft of E_ft
+    tc_ft, tc_control = finetune_config(config, 0), finetune_config(config, 0, 8)
+    assert tc_ft.batch_size * tc_ft.seq_len == tc_control.batch_size * tc_control.seq_len == 4 * 8
+    assert tc_control.steps == tc_ft.steps == 2
     assert finetune_cells(_config(corpus_dir, finetune_len=0, finetune_steps=0), study_cells(config)) == []
 
 
@@ -85,7 +94,7 @@ def test_a_study_fine_tunes_compares_and_resumes(corpus_dir, tmp_path):
     config = _config(corpus_dir)
     results = run_study(config, out=tmp_path, log=None)
     names = {r["name"] for r in results["summary"]}
-    assert {"rope+ft16", "rope+linear+ft16"} <= names and not any("alibi+" in n for n in names)
+    assert {"rope+ft16", "rope+linear+ft16", "alibi+ft16", "alibi+cont8", "rope+cont8"} <= names
     entries = {e["run"]: e for e in results["finetune"]}
     linear = entries["rope+linear+ft16"]
     assert linear["before"] == "rope+linear" and (
@@ -94,13 +103,29 @@ def test_a_study_fine_tunes_compares_and_resumes(corpus_dir, tmp_path):
         linear["batch_size"],
     ) == (2, 16, 2)
     assert linear["tokens"] == 2 * 2 * 16 and linear["train_tokens"] == 4 * 4 * 8
-    assert [r["length"] for r in linear["rows"]] == [8, 16, 32] and linear["rows"][0]["over"] == "seeds"
+    assert [r["length"] for r in linear["rows"]] == [8, 16, 32] and linear["rows"][0][
+        "over"
+    ] == "seeds and documents"
     assert results["model_configs"]["rope+linear+ft16"]["position_options"]["scaling"]["factor"] == 2.0
     cells = [c for c in results["cells"] if "finetune" in c]
-    assert len(cells) == 4 and all(c["train"]["steps"] == 2 for c in cells)
+    assert len(cells) == 10 and all(c["train"]["steps"] == 2 for c in cells)
+    # against the control: the same weights continued at L for the same steps and tokens
+    assert linear["against_control"] == "rope+cont8" and [r["length"] for r in linear["rows_vs_control"]] == [
+        8,
+        16,
+        32,
+    ]
+    runs = {(r["name"], r["seed"]): r for r in results["runs"]}
+    a, c = runs["rope+linear+ft16", 0]["eval"][0], runs["rope+cont8", 0]["eval"][0]
+    d0 = sum(x - y for x, y in zip(a["window_bits"], c["window_bits"])) / len(a["window_bits"])
+    a1, c1 = runs["rope+linear+ft16", 1]["eval"][0], runs["rope+cont8", 1]["eval"][0]
+    d1 = sum(x - y for x, y in zip(a1["window_bits"], c1["window_bits"])) / len(a1["window_bits"])
+    assert linear["rows_vs_control"][0]["diff"]["mean"] == pytest.approx((d0 + d1) / 2, abs=1e-9)
+    assert entries["alibi+ft16"]["against_control"] == "alibi+cont8" and entries["alibi+cont8"]["control"]
     assert "rope+ft16" not in results["training"]  # training curves: the trained runs only
     text = format_table(results)
     assert "fine-tuned minus not fine-tuned" in text and "rope+linear+ft16 - rope+linear" in text
+    assert "fine-tuned minus the control" in text and "rope+linear+ft16 - rope+cont8" in text
     again = run_study(config, out=tmp_path, resume=True, log=None)
     assert all(c.get("reused") for c in again["cells"])
     assert again["finetune"] == results["finetune"]
@@ -132,5 +157,5 @@ def test_the_whole_grid_gives_the_same_numbers_in_local_processes(corpus_dir, tm
         {(r["name"], r["seed"]): [p["window_bits"] for p in r["eval"]] for r in s["runs"]}
         for s in (here, there)
     ]
-    assert len(numbers[0]) == 8 and numbers[0] == numbers[1]
+    assert len(numbers[0]) == 10 and numbers[0] == numbers[1]
     assert here["finetune"] == there["finetune"]

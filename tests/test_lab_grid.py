@@ -138,6 +138,6 @@ def test_a_study_trains_every_scheme_with_every_setting(corpus_dir):
     diff = sum(a - b for a, b in zip(post["window_bits"], pre["window_bits"])) / len(pre["window_bits"])
     assert (
         entry["rows"][0]["diff"]["mean"] == pytest.approx(diff, abs=1e-6)
-        and entry["rows"][0]["over"] == "windows"
+        and entry["rows"][0]["over"] == "documents"
     )
     assert "each setting minus the first setting of the grid" in format_table(results)

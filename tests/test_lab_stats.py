@@ -10,7 +10,15 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from posenc.lab.stats import T_975, Interval, bootstrap_interval, seed_interval
+from posenc.lab.stats import (
+    T_975,
+    Interval,
+    bootstrap_interval,
+    holm,
+    paired_bootstrap,
+    seed_interval,
+    wilson_interval,
+)
 
 
 def test_t_table_matches_scipy():
@@ -32,7 +40,7 @@ def test_seed_interval_matches_scipy():
 def test_one_value_has_no_interval():
     for make in (seed_interval, bootstrap_interval):
         one = make([1.5])
-        assert one == Interval(1.5, None, None, 1) and one.half_width is None
+        assert (one.mean, one.low, one.high, one.n) == (1.5, None, None, 1) and one.half_width is None
         assert one.format() == "1.500" and not one.contains(1.5)
 
 
@@ -88,3 +96,109 @@ def test_format_interval_reads_an_interval_dict():
     assert format_interval({"mean": 0.1234, "low": 0.1, "high": 0.15, "n": 3}, signed=True) == "+0.123 ±0.025"
     assert format_interval({"mean": 2.0, "low": None, "high": None, "n": 1}) == "2.000"
     assert format_interval(None, missing="n/a") == "n/a"
+
+
+# ----------------------------------------------------------------------------------------------
+# The paired bootstrap: documents (and seeds) resampled, a p-value; Holm's correction
+# ----------------------------------------------------------------------------------------------
+def _clustered(n_docs: int, per_doc: int, doc_sd: float, seed: int = 0) -> tuple[torch.Tensor, list[int]]:
+    """Windows whose values share a per-document offset: ``[n_docs * per_doc]`` and their documents."""
+    g = torch.Generator().manual_seed(seed)
+    doc = torch.randn(n_docs, generator=g, dtype=torch.float64) * doc_sd
+    values = doc.repeat_interleave(per_doc) + 0.1 * torch.randn(
+        n_docs * per_doc, generator=g, dtype=torch.float64
+    )
+    return values, [i // per_doc for i in range(n_docs * per_doc)]
+
+
+def test_paired_bootstrap_resamples_documents_not_windows():
+    """Windows of one document move together: resampling windows as if independent gives an
+    interval several times too narrow; resampling documents does not."""
+    values, docs = _clustered(8, 25, doc_sd=1.0)
+    by_window = paired_bootstrap(values)
+    by_document = paired_bootstrap(values, docs)
+    assert by_window.over == "windows" and by_document.over == "documents" and by_document.n == 8
+    assert by_document.half_width > 3 * by_window.half_width
+    # the document means' own spread: the interval is about +-1.96 sd / sqrt(8) of them
+    doc_means = values.reshape(8, 25).mean(dim=1)
+    expected = 1.96 * float(doc_means.std()) / 8**0.5
+    assert by_document.half_width == pytest.approx(expected, rel=0.35)
+
+
+def test_paired_bootstrap_matches_a_plain_reference():
+    """One resample drawn by hand in Python (documents, then seeds) gives the same statistic."""
+    values = torch.tensor([[1.0, 2.0, 4.0, 8.0], [0.0, 1.0, 1.0, 3.0]], dtype=torch.float64)  # [R=2, K=4]
+    docs = [0, 0, 1, 2]
+    got = paired_bootstrap(values, docs, resamples=100, seed=5)
+    g = torch.Generator().manual_seed(5)
+    drawn = torch.randint(0, 3, (100, 3), generator=g)
+    rows = torch.randint(0, 2, (100, 2), generator=g)
+    means = []
+    for b in range(100):
+        per_seed = []
+        for r in rows[b].tolist():
+            picked = [v for d in drawn[b].tolist() for v, dd in zip(values[r].tolist(), docs) if dd == d]
+            per_seed.append(sum(picked) / len(picked))
+        means.append(sum(per_seed) / len(per_seed))
+    low, high = torch.quantile(
+        torch.tensor(means, dtype=torch.float64), torch.tensor([0.025, 0.975]).double()
+    )
+    assert got.over == "seeds and documents" and got.mean == pytest.approx(float(values.mean()))
+    assert (got.low, got.high) == (pytest.approx(float(low)), pytest.approx(float(high)))
+    assert got.p_value == pytest.approx(2 * (0 + 1) / 101)  # every resample is > 0
+
+
+def test_paired_bootstrap_p_value_tracks_the_interval():
+    """p < 0.05 exactly when the interval excludes 0; a mean of 0 gives p near 1."""
+    for shift in (0.0, 0.02, 0.05, 0.3):
+        values, docs = _clustered(30, 5, doc_sd=0.2, seed=1)
+        got = paired_bootstrap(values - values.mean() + shift, docs)
+        excludes = got.low > 0 or got.high < 0
+        assert (got.p_value < 0.05) == excludes, (shift, got)
+    centred = paired_bootstrap(values - values.mean(), docs)
+    assert centred.p_value > 0.8
+
+
+def test_seed_variation_widens_the_interval():
+    """Seeds that disagree (the same windows, shifted) widen the interval; identical seeds do not."""
+    values, docs = _clustered(20, 5, doc_sd=0.2, seed=2)
+    same = paired_bootstrap(torch.stack([values, values, values]), docs)
+    apart = paired_bootstrap(torch.stack([values - 0.5, values, values + 0.5]), docs)
+    assert apart.half_width > 2 * same.half_width and apart.over == "seeds and documents"
+
+
+def test_paired_bootstrap_errors():
+    with pytest.raises(ValueError, match="one non-negative document index per window"):
+        paired_bootstrap([1.0, 2.0, 3.0], [0, 1])
+    with pytest.raises(ValueError, match="must be \\[K\\] or \\[R, K\\]"):
+        paired_bootstrap(torch.zeros(2, 2, 2))
+    with pytest.raises(ValueError, match="non-finite"):
+        paired_bootstrap([1.0, float("nan")])
+    one = paired_bootstrap([1.0, 2.0], [0, 0])  # one document, one seed: no interval, no p-value
+    assert one.low is None and one.p_value is None and one.n == 1
+
+
+def test_holm_matches_its_definition():
+    """Holm's adjusted p-values (checked by hand): sorted 0.01, 0.03, 0.04, 0.5 times 4, 3, 2, 1,
+    made monotone."""
+    assert holm([0.01, 0.04, 0.03, 0.5]) == pytest.approx([0.04, 0.09, 0.09, 0.5])
+    assert holm([0.3, 0.9]) == pytest.approx([0.6, 0.9]) and holm([]) == []
+    assert holm([0.5, 0.5, 0.5]) == pytest.approx([1.0, 1.0, 1.0])
+    with pytest.raises(ValueError, match="must be in \\[0, 1\\]"):
+        holm([1.5])
+
+
+def test_wilson_matches_closed_forms():
+    """At 0 and n successes Wilson's bounds have closed forms, z^2 / (n + z^2) and n / (n + z^2)
+    (z = 1.96); 1/10 gives the textbook [0.0179, 0.4042]."""
+    z2 = 1.959963984540054**2
+    cases = [(0, 50, 0.0, z2 / (50 + z2)), (1, 10, 0.0179, 0.4042), (50, 50, 50 / (50 + z2), 1.0)]
+    for k, n, low, high in cases:
+        got = wilson_interval(k, n)
+        assert (got.low, got.high) == (pytest.approx(low, abs=6e-5), pytest.approx(high, abs=6e-5))
+        assert got.mean == k / n and got.n == n
+    assert wilson_interval(0, 50).format() == "0.000 [0.000, 0.071]"  # lopsided: both ends shown
+    with pytest.raises(ValueError, match="successes=3 is more than n=2"):
+        wilson_interval(3, 2)
+    with pytest.raises(ValueError, match="n must be >= 1"):
+        wilson_interval(0, 0)

@@ -57,8 +57,44 @@ def test_ties_in_exact_match_are_broken_by_the_tokens_right():
     runs[0]["eval"][1]["token_accuracy"] = 0.1
     ranking = task_ranking(runs, train_len=8)
     assert [r["name"] for r in ranking] == ["t5", "rope"]
-    assert ranking[0]["beyond_L_tokens"] == {"mean": 0.4, "low": None, "high": None, "n": 1}
+    assert ranking[0]["beyond_L_tokens"] == {
+        "mean": 0.4,
+        "low": None,
+        "high": None,
+        "n": 1,
+        "over": "seeds",
+        "p_value": None,
+    }
     old = [
         {**r, "eval": [{"length": p["length"], "accuracy": p["accuracy"]} for p in r["eval"]]} for r in runs
     ]
     assert task_ranking(old, train_len=8)[0]["beyond_L_tokens"] is None  # results of older versions
+
+
+def test_ranking_per_length_orders_the_runs_with_their_intervals():
+    """Just past L the schemes separate; the order is per length, best first, intervals kept."""
+    from posenc.lab.stats import wilson_interval
+    from posenc.lab.tasks import format_ranking_by_length, ranking_by_length
+
+    def row(name, n, k):
+        return {"name": name, "length": n, "accuracy": wilson_interval(k, 200).to_dict()}
+
+    summary = [
+        row("nope", 8, 200),
+        row("rope", 8, 200),
+        row("alibi", 8, 199),
+        row("nope", 9, 200),
+        row("alibi", 9, 169),
+        row("rope", 9, 11),
+        row("nope", 10, 193),
+        row("alibi", 10, 0),
+        row("rope", 10, 0),
+        {"name": "learned", "length": 9, "accuracy": None},
+    ]
+    by_length = ranking_by_length(summary, 8)
+    assert [r["length"] for r in by_length] == [9, 10]
+    assert [e["name"] for e in by_length[0]["order"]] == ["nope", "alibi", "rope"]
+    assert by_length[0]["order"][1]["accuracy"]["mean"] == 169 / 200
+    lines = format_ranking_by_length(by_length)
+    assert lines[0].endswith("NoPE > T5 > ALiBi ~ RoPE > absolute")
+    assert lines[1].startswith("9: nope 1.000 [0.981, 1.000] > alibi 0.845 [")

@@ -37,7 +37,8 @@ def test_answers_are_right(task, n, seed):
         else:
             plus = q.index("+")
             x, y = int("".join(q[:plus])), int("".join(q[plus + 1 :]))
-            assert plus == n and len(a) == n + 1 and int("".join(a)) == x + y
+            answer = a[::-1] if task == "addition_reversed" else a  # least-significant digit first
+            assert plus == n and len(a) == n + 1 and int("".join(answer)) == x + y
         # the mask covers exactly the answer and [EOS]
         mask = batch.answer_mask[i]
         assert int(mask.sum()) == len(a) + 1
@@ -89,7 +90,7 @@ def test_exact_match():
 
 
 def test_errors():
-    valid = "copy, reverse, addition, sort, parity"
+    valid = "copy, reverse, addition, addition_reversed, sort, parity"
     with pytest.raises(ValueError, match=f"unknown task 'scan'; valid tasks: {valid}"):
         generate_task("scan", 1, 3)
     with pytest.raises(ValueError, match="length must be >= 1, got 0"):
@@ -105,3 +106,17 @@ def test_errors():
         exact_match(b.tokens[:1], b.tokens, b.answer_mask)
     with pytest.raises(TypeError, match="answer_mask must be a bool tensor"):
         exact_match(b.tokens, b.tokens, b.answer_mask.long())
+
+
+def test_score_answers_separates_digits_from_the_end_token():
+    """Teacher-forced predictions of two copy answers: one right, one ending after 2 of 3 digits."""
+    from posenc.text.tasks import EOS, score_answers
+
+    ex = generate_task("copy", 2, 3, seed=0)
+    tokens, mask = ex.tokens[:, 1:], ex.answer_mask[:, 1:]  # targets [2, s - 1]
+    pred = tokens.clone()
+    third = mask[1].nonzero()[2].item()  # example 1's third answer digit
+    pred[1, third] = EOS
+    sc = score_answers(pred, tokens, mask)
+    assert sc.exact.tolist() == [True, False] and sc.digits.tolist() == [3, 3]
+    assert sc.digits_right.tolist() == [3, 2] and sc.early_end.tolist() == [-1, 2]

@@ -140,6 +140,8 @@ def _study_data(key: str) -> StudyData:
         config.split_seed,
         doc_names=[d.name for d in corpus.val],
         doc_starts=corpus.val_starts,
+        train_tokens=corpus.train_bytes,
+        score_len=config.targets_per_window,
     )
     record = {
         "corpus": dataclasses.asdict(corpus.info),
@@ -291,6 +293,10 @@ def run_cell(
         record["runs"] = [{"name": cell.run, "variant": None, "eval": [p.to_dict() for p in points]}]
         if config.lm:
             record["runs"] += _variant_runs(config, cell, evaluator, model, mc, device)
+        m = split_setting(cell.setting)[1].get("random_positions", 0)
+        if m and not config.lm:  # Ruoss et al.'s protocol too: positions re-sampled at test time
+            again = [evaluator.resampled(model, e, m).to_dict() for e in config.eval_lens]
+            record["runs"].append({"name": f"{cell.run}+resampled", "variant": "resampled", "eval": again})
         if cell_file is not None:
             write_json(cell_file, record)
     if info.world_size > 1:

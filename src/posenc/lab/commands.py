@@ -180,6 +180,13 @@ def extrapolate_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="compare two finished studies (results.json files or folders) on the same bytes; trains nothing",
     )
+    p.add_argument(
+        "--regenerate",
+        default=None,
+        metavar="PAGE",
+        help="refill the <!-- posenc-results: PATH --> blocks of a Markdown page from results files; "
+        "trains nothing",
+    )
     p.add_argument("--out", default=None, help="folder for results.json, extrapolation.png/svg, checkpoints")
     p.add_argument(
         "--task",
@@ -287,6 +294,10 @@ def _study_config(args: argparse.Namespace):
         fields["schemes"] = parse_list(args.schemes, flag="--schemes")
     if args.eval_lens is not None:
         fields["eval_lens"] = parse_list(args.eval_lens, int, flag="--eval-lens")
+    elif args.task != "lm":
+        from .tasks import task_eval_lens
+
+        fields["eval_lens"] = task_eval_lens(fields["train_len"])
     if args.seed is not None and args.seeds is not None:
         raise ValueError("give --seed or --seeds, not both")
     if args.seed is not None:
@@ -325,6 +336,10 @@ def _workers(args: argparse.Namespace, info, device, cells: int) -> int:
 
 def extrapolate_run(args: argparse.Namespace) -> int:
     """Run ``posenc extrapolate``: train, evaluate, print the table, write the JSON and plot."""
+    if args.regenerate is not None:
+        from .doctables import regenerate_run
+
+        return regenerate_run(args.regenerate)
     if args.compare is not None:
         from .compare import compare_run
 

@@ -1,12 +1,19 @@
-"""Two studies side by side: is B better than A on the same bytes, seed for seed?
+"""Comparisons are tests: is B better than A on the same bytes, seed for seed?
 
-For every run name and length both studies measured, the difference B - A of the sliding-window
-bits/byte (the same windows: the studies must share the corpus and the evaluation anchors), one
-value per seed both ran, summarised with a t interval over seeds; with one common seed, a
-bootstrap interval over windows instead. Use it for ablations (``--position-lr-scale 1`` against
-the default, ``--option t5.max_distance=128`` against the default).
+Every comparison is a **paired difference** B - A of the sliding-window bits/byte on the same
+windows and seeds: per seed, per window, B's bits minus A's; its mean, 95% interval and
+two-sided p-value come from :func:`~posenc.lab.stats.paired_bootstrap`, which resamples
+documents and, with several seeds, seeds (so the interval covers both).
 
-Legend: ``K`` windows.
+* Within one study, :func:`scheme_comparisons` compares every pair of schemes at every length
+  and corrects the p-values for the number of comparisons the study reports (Holm,
+  :func:`~posenc.lab.stats.holm`); :func:`verdict` turns each into words ("better", "worse",
+  "no difference shown") from those numbers alone.
+* Across two studies (:func:`compare_studies`, ``posenc extrapolate --compare A B``), the same
+  run names are paired: ablations (``--position-lr-scale 1`` against the default,
+  ``--option t5.max_distance=128`` against the default).
+
+Legend: ``K`` windows, ``R`` seeds.
 """
 
 from __future__ import annotations
@@ -16,9 +23,22 @@ from typing import Any
 
 import torch
 
-from .stats import bootstrap_interval, format_interval, seed_interval
+from .stats import format_interval, holm, paired_bootstrap
 
-__all__ = ["compare_run", "compare_studies", "format_comparison", "paired_rows", "read_results"]
+__all__ = [
+    "ALPHA",
+    "compare_run",
+    "compare_studies",
+    "format_comparison",
+    "format_scheme_comparisons",
+    "paired_rows",
+    "read_results",
+    "scheme_comparisons",
+    "verdict",
+]
+
+#: Family-wise error rate of a study's comparisons (Holm-corrected p-values below it are claims).
+ALPHA = 0.05
 
 
 def read_results(spec: str, flag: str = "--compare") -> dict[str, Any]:
@@ -69,40 +89,135 @@ def _point(run: dict[str, Any], length: int) -> dict[str, Any] | None:
 
 
 def compare_studies(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
-    """Rows ``{"name", "length", "seeds", "diff", "over"}``: B - A in bits/byte (``diff`` an
-    Interval dict over the seeds both studies ran, or over windows when they share one seed)."""
+    """Rows ``{"name", "length", "seeds", "diff", "over"}``: B - A in bits/byte, paired over the
+    seeds both studies ran (:func:`paired_rows`)."""
     _check_same_bytes(a, b)
     runs_a = {(r["name"], r["seed"]): r for r in a["runs"]}
     pairs: dict[str, list[tuple[dict, dict]]] = {}  # run name -> [(run in A, run in B)] per common seed
     for rb in b["runs"]:
         if (rb["name"], rb["seed"]) in runs_a:
             pairs.setdefault(rb["name"], []).append((runs_a[rb["name"], rb["seed"]], rb))
-    return [row for name, seed_pairs in pairs.items() for row in paired_rows(name, seed_pairs)]
+    clusters = a["eval"].get("window_documents")
+    return [row for name, seed_pairs in pairs.items() for row in paired_rows(name, seed_pairs, clusters)]
 
 
-def paired_rows(name: str, seed_pairs: list[tuple[dict, dict]]) -> list[dict[str, Any]]:
-    """Per length, run B minus run A on the same windows, one ``(A, B)`` pair of runs per seed: a
-    t interval over the seeds' mean differences, or with one seed a bootstrap over windows."""
+def paired_rows(
+    name: str, seed_pairs: list[tuple[dict, dict]], clusters: list[int] | None = None
+) -> list[dict[str, Any]]:
+    """Per length, run B minus run A on the same windows, one ``(A, B)`` pair of runs per seed:
+    :func:`~posenc.lab.stats.paired_bootstrap` of the ``[R, K]`` per-window differences
+    (``clusters[i]``: window ``i``'s document; ``None`` = windows). Rows ``{"name", "length",
+    "seeds", "diff", "over"}``; ``diff`` holds the interval and the p-value."""
     rows = []
     for length in (p["length"] for p in seed_pairs[0][1]["eval"]):
         both = [(_point(ra, length), _point(rb, length), rb["seed"]) for ra, rb in seed_pairs]
         both = [(pa, pb, seed) for pa, pb, seed in both if pa and pb]
         if not both:
             continue
-        # [K] per-window differences of each common seed: the same bytes, B's model minus A's
-        diffs = [torch.tensor(pb["window_bits"]) - torch.tensor(pa["window_bits"]) for pa, pb, _ in both]
-        many = len(diffs) > 1
-        diff = seed_interval([float(d.mean()) for d in diffs]) if many else bootstrap_interval(diffs[0])
+        # [R, K] per-window differences: the same bytes, B's model minus A's, one row per seed
+        f64 = torch.float64
+        diffs = torch.stack(
+            [
+                torch.tensor(pb["window_bits"], dtype=f64) - torch.tensor(pa["window_bits"], dtype=f64)
+                for pa, pb, _ in both
+            ]
+        )
+        diff = paired_bootstrap(diffs, clusters, seed=length)
         rows.append(
             {
                 "name": name,
                 "length": length,
                 "seeds": [seed for *_, seed in both],
                 "diff": diff.to_dict(),
-                "over": "seeds" if many else "windows",
+                "over": diff.over,
             }
         )
     return rows
+
+
+def verdict(diff: dict[str, Any], p_adjusted: float | None, alpha: float = ALPHA) -> str:
+    """B's verdict against A from a difference B - A in bits/byte (lower is better) and its
+    corrected p-value: ``"better"`` / ``"worse"`` when ``p_adjusted < alpha``, else ``"no
+    difference shown"`` (also without a p-value: one seed on one document has none)."""
+    if p_adjusted is None or p_adjusted >= alpha:
+        return "no difference shown"
+    return "better" if diff["mean"] < 0 else "worse"
+
+
+def scheme_comparisons(results: dict[str, Any], alpha: float = ALPHA) -> dict[str, Any]:
+    """Every pair of schemes of a language-modelling study (plain runs: no evaluation-time variant,
+    no fine-tuning, the grid's first setting), B - A at every length on the same bytes and seeds,
+    Holm-corrected over all of them.
+
+    Returns:
+        ``{"method", "alpha", "family", "rows"}``; each row ``{"a", "b", "length", "seeds", "diff"
+        (mean, low, high, n documents, over, p_value), "p_holm", "verdict"}`` where ``verdict``
+        is B's (:func:`verdict`).
+    """
+    clusters = results["eval"].get("window_documents")
+    plain = [r for r in results["runs"] if not r.get("variant") and not r.get("finetune")]
+    first_setting = plain[0].get("setting", {}) if plain else {}
+    plain = [r for r in plain if r.get("setting", {}) == first_setting]
+    by_name: dict[str, dict[int, dict]] = {}
+    for r in plain:
+        by_name.setdefault(r["name"], {})[r["seed"]] = r
+    names = list(by_name)
+    rows = []
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            seeds = [s for s in by_name[b] if s in by_name[a]]
+            pairs = [(by_name[a][s], by_name[b][s]) for s in seeds]
+            if pairs:
+                rows += [{"a": a, "b": b, **r} for r in paired_rows(b, pairs, clusters)]
+    adjusted = holm([r["diff"]["p_value"] for r in rows if r["diff"]["p_value"] is not None])
+    it = iter(adjusted)
+    for r in rows:
+        r.pop("name")
+        r["p_holm"] = next(it) if r["diff"]["p_value"] is not None else None
+        r["verdict"] = verdict(r["diff"], r["p_holm"], alpha)
+    over = rows[0]["over"] if rows else "documents"
+    return {
+        "method": f"paired bootstrap of B - A per window (2000 resamples of {over}); two-sided p-values, "
+        f"Holm-corrected over the {len(adjusted)} comparisons below",
+        "alpha": alpha,
+        "family": len(adjusted),
+        "rows": rows,
+    }
+
+
+def format_scheme_comparisons(comparisons: dict[str, Any], markdown: bool = False) -> list[str]:
+    """The comparisons as lines (or a Markdown table): B - A with its interval, p, Holm p, verdict."""
+    rows = comparisons.get("rows", [])
+    if not rows:
+        return []
+    title = (
+        f"scheme vs scheme: B - A sliding-window bits/byte on the same bytes and seeds (< 0: B is "
+        f"better); {comparisons['method']}; verdict at Holm p < {comparisons['alpha']}"
+    )
+    table = []
+    for r in rows:
+        d = r["diff"]
+        low = "-" if d["low"] is None else f"[{d['low']:+.3f}, {d['high']:+.3f}]"
+        p = "-" if d["p_value"] is None else f"{d['p_value']:.3g}"
+        holm_p = "-" if r["p_holm"] is None else f"{r['p_holm']:.3g}"
+        table.append(
+            (
+                f"{r['b']} - {r['a']}",
+                str(r["length"]),
+                f"{d['mean']:+.3f}",
+                low,
+                p,
+                holm_p,
+                f"{r['b']} {r['verdict']}",
+            )
+        )
+    head = ("B - A", "length", "mean", "95% interval", "p", "Holm p", "verdict")
+    if markdown:
+        lines = [f"**{title}**", "", "| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+        return [*lines, *("| " + " | ".join(t) + " |" for t in table), ""]
+    widths = [max(len(x) for x in col) for col in zip(head, *table)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return [title, fmt.format(*head), *(fmt.format(*t) for t in table), ""]
 
 
 def format_comparison(rows: list[dict[str, Any]], lens: list[int]) -> str:

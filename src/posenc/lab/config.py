@@ -188,6 +188,7 @@ MODES: dict[str, str] = {
     "addition": "add two n-digit numbers; exact-match accuracy vs n",
     "sort": "sort n digits; exact-match accuracy vs n",
     "parity": "the parity of n bits; exact-match accuracy vs n",
+    "addition_reversed": "add two n-digit numbers, answer least-significant digit first; exact match vs n",
 }
 
 
@@ -225,7 +226,8 @@ class StudyConfig:
         val_fraction: share of the corpus held out for validation, by document (one document:
             its last part, see :func:`posenc.text.split_documents`).
         d_model, num_layers, num_heads, dropout: the model (:class:`~posenc.model.ModelConfig`).
-        eval_windows: ``K``, evaluation windows sampled across the validation documents.
+        eval_windows: ``K``, evaluation windows sampled across the validation documents (256:
+            enough documents for the cluster bootstrap, no document above 3%; :mod:`posenc.lab.evalset`).
         score_len: ``S``, the last targets of each window that the paired delta and the
             sliding-window score use; ``None`` = half of the shortest of ``L`` and the eval lengths.
         variants: evaluation-time variants (RoPE: scalings ``linear``, ``ntk``, ``yarn``, ...), each
@@ -241,7 +243,9 @@ class StudyConfig:
             with every combination (:mod:`posenc.lab.grid`), runs named ``rope[norm=post]``.
         randomized_positions: ``M > 0``: every scheme (and setting) is also trained at positions
             drawn sorted without replacement from ``[0, M)`` (Ruoss et al. 2023) and evaluated at
-            ordinary positions; its model's nominal length (``max_len``) is ``M``. 0 = off.
+            ordinary positions; in task modes also with positions re-sampled from ``[0, M)`` at test
+            time, as the paper does (runs named ``...+resampled``); its model's nominal length
+            (``max_len``) is ``M``. 0 = off.
         finetune_len, finetune_steps: ``E_ft > L`` and ``N``: after training, each model whose scheme
             declares evaluation-time variants (RoPE's scalings) is fine-tuned at ``E_ft`` for ``N``
             steps, once plainly and once per variant with factor ``E_ft / L``, then evaluated
@@ -273,7 +277,7 @@ class StudyConfig:
     num_layers: int = 4
     num_heads: int = 4
     dropout: float = 0.0
-    eval_windows: int = 32
+    eval_windows: int = 256
     score_len: int | None = None
     variants: tuple[str, ...] = ("linear", "ntk", "yarn")
     position_options: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
@@ -349,7 +353,6 @@ class StudyConfig:
         for name in ("randomized_positions", "finetune_len", "finetune_steps", "diagnostic_windows"):
             check_int(getattr(self, name), name, minimum=0)
         extras = {
-            "randomized_positions": self.randomized_positions,
             "finetune_len": self.finetune_len,
             "diagnostic_windows": self.diagnostic_windows,
         }
@@ -364,6 +367,15 @@ class StudyConfig:
                 f"randomized_positions={self.randomized_positions} must be >= train_len="
                 f"{self.train_len} (each window draws train_len distinct positions from it)"
             )
+        if self.randomized_positions and not self.lm:
+            from .evaluate import task_seq_len
+
+            seq = task_seq_len(self.mode, self.train_len) - 1  # the longest training example's input
+            if self.randomized_positions < seq:
+                raise ValueError(
+                    f"randomized_positions={self.randomized_positions} must be >= {seq}, the input length "
+                    f"of a {self.train_len}-digit {self.mode} example (each draws that many positions)"
+                )
         if bool(self.finetune_len) != bool(self.finetune_steps):
             raise ValueError(
                 "finetune_len and finetune_steps go together: give both (e.g. 256 and 100) or neither"
@@ -478,7 +490,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 #: budget with which copy, reverse and addition reach >= 95% exact match at L (docs/lab.md).
 TASK_DEFAULTS: dict[str, Any] = {
     "train_len": 8,
-    "eval_lens": (8, 12, 16, 24),
+    "eval_lens": (8, 9, 10, 11, 12, 13, 14, 15, 16, 24),  # posenc extrapolate: lab.tasks.task_eval_lens(L)
     "batch_size": 64,
     "d_model": 64,
     "num_layers": 4,

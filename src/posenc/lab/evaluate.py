@@ -7,7 +7,7 @@ of every target, from which come:
 * ``bpb_window``: bits per byte over the **last ``S`` targets** of each window (context
   ``E - S .. E - 1``): the same bytes at every length, Press et al.'s sliding-window score;
 * the **paired delta** (:func:`paired_deltas`): per window, ``bpb_window`` at ``E`` minus at the
-  training length ``L`` (short context), averaged, with a bootstrap interval over windows. This is
+  training length ``L`` (short context), averaged, with a bootstrap interval over documents. This is
   the lab's answer to "does the model degrade past L": positive = worse with the longer window;
 * ``bpb_all`` and ``bpb_beyond``: over all positions, and over positions ``>= L`` of the window
   (secondary: at different ``E`` they cover different bytes);
@@ -16,7 +16,9 @@ of every target, from which come:
 **Synthetic tasks** (:func:`evaluate_task`, modes ``copy``, ``reverse``, ``addition``, ``sort``,
 ``parity``):
 exact-match accuracy on fresh examples of question length ``n`` (teacher-forced argmax, which
-equals greedy decoding's exact match).
+equals greedy decoding's exact match), with the answer digits scored separately from the end
+token (per-digit accuracy, and how often the model ends early, at the length it trained on) and
+Wilson intervals over the examples.
 
 Legend: ``K`` windows, ``b`` windows per forward pass, ``E`` evaluation length, ``L`` training
 length, ``S`` scored targets per window, ``V`` vocabulary.
@@ -36,7 +38,7 @@ import torch.nn.functional as F
 
 from .evalset import EvalSet
 from .memory import available_memory, check_memory, estimate_memory
-from .stats import bootstrap_interval
+from .stats import paired_bootstrap
 
 __all__ = [
     "EVALUATORS",
@@ -50,6 +52,9 @@ __all__ = [
     "task_batch_fn",
     "task_seq_len",
 ]
+
+#: Bytes of the random string of the effective-context probe (:mod:`posenc.lab.probe`).
+PROBE_STRING = 16
 
 #: Points in the stored loss-by-position curve of one length (positions are averaged in bins).
 CURVE_POINTS = 64
@@ -74,6 +79,14 @@ class EvalPoint:
         wall_s: evaluation time.
         attn_entropy, attn_distance, attn_beyond: attention diagnostics (:mod:`posenc.lab.diagnostics`),
             means over layers and heads; ``attention`` holds them per layer and head.
+        digit_accuracy: task modes: the share of answer digits (``[EOS]`` excluded) predicted right.
+        early_end: task modes: the share of examples where the model predicted ``[EOS]`` before
+            the answer's end; ``stopped_at_L``: where that first early end came right after the
+            answer length of a trained-length question (the model stopped at what it trained on).
+        wilson: task modes: per metric (``accuracy``, ``digit_accuracy``, ``early_end``,
+            ``stopped_at_L``), Wilson's 95% interval over the examples (digits for digit accuracy).
+        probe: ``lm`` mode, at the longest length: the repeated-string effective-context probe
+            per distance (:func:`~posenc.lab.probe.repeated_string_probe`).
     """
 
     length: int
@@ -92,6 +105,11 @@ class EvalPoint:
     attn_distance: float | None = None
     attn_beyond: float | None = None
     attention: dict | None = None
+    digit_accuracy: float | None = None
+    early_end: float | None = None
+    stopped_at_L: float | None = None
+    wilson: dict | None = None
+    probe: list[dict] | None = None
 
     @property
     def measured(self) -> bool:
@@ -204,9 +222,12 @@ def evaluate_lm(
     )
 
 
-def paired_deltas(points: list[EvalPoint], train_len: int, *, seed: int = 0) -> None:
+def paired_deltas(
+    points: list[EvalPoint], train_len: int, *, seed: int = 0, clusters: list[int] | None = None
+) -> None:
     """Fill each point's ``delta``: per window, its ``bpb_window`` minus the same window's at
-    ``E = L``, with a bootstrap interval over windows (in place; needs the point at ``L``)."""
+    ``E = L``, with a bootstrap interval and p-value that resample documents (``clusters[i]``:
+    window ``i``'s document; ``None`` = windows) (in place; needs the point at ``L``)."""
     base = next((p for p in points if p.length == train_len and p.window_bits), None)
     if base is None:
         raise ValueError(f"paired deltas need the evaluation at the training length L={train_len}")
@@ -214,7 +235,7 @@ def paired_deltas(points: list[EvalPoint], train_len: int, *, seed: int = 0) -> 
     for p in points:
         if p.length != train_len and p.window_bits:
             diff = torch.tensor(p.window_bits, dtype=torch.float64) - ref  # [K], same targets
-            p.delta = bootstrap_interval(diff, seed=seed).to_dict()
+            p.delta = paired_bootstrap(diff, clusters, seed=seed).to_dict()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -263,28 +284,71 @@ def evaluate_task(
     examples: int,
     seed: int,
     device: str | torch.device | None = None,
+    train_len: int | None = None,
+    positions: Callable[[int, int], torch.Tensor] | None = None,
 ) -> EvalPoint:
-    """Exact-match accuracy of ``model`` on ``examples`` fresh examples of ``task`` with question
-    length ``n`` (teacher-forced argmax over the answer tokens and ``[EOS]``), and the share of
-    those tokens predicted right (``token_accuracy``: partial credit where exact match is 0)."""
-    from ..text.tasks import exact_match, generate_task
+    """Score ``model`` on ``examples`` fresh examples of ``task`` with question length ``n``
+    (teacher-forced argmax over the answer tokens and ``[EOS]``, which equals greedy decoding's
+    exact match).
+
+    Args:
+        train_len: ``L``, the longest trained question: ``stopped_at_L`` counts examples whose first
+            early ``[EOS]`` follows exactly the answer length of a question of ``L`` (``None``: not
+            measured).
+        positions: ``(batch, seq) -> [batch, seq]`` position ids to feed the model (randomized
+            positions re-sampled at test time); ``None`` = ``0 .. s - 1``.
+
+    Returns:
+        an :class:`EvalPoint` with ``accuracy`` (exact match), ``token_accuracy`` (answer tokens and
+        ``[EOS]`` right), ``digit_accuracy``, ``early_end``, ``stopped_at_L`` and their ``wilson``
+        intervals.
+    """
+    from ..text.tasks import generate_task, score_answers
+    from .stats import wilson_interval
 
     t0 = time.perf_counter()
     if device is None:
         device = next(model.parameters()).device
     ex = generate_task(task, examples, n, seed=seed)  # [n_ex, s], all the same length
-    correct, right_tokens = [], 0
+    trained_answer = None
+    if train_len is not None:
+        trained_answer = int(generate_task(task, 1, train_len, seed=0).answer_mask.sum()) - 1  # digits
+    exact = digits_right = digits = early = at_l = right_tokens = 0
     model.eval()
     for i in range(0, examples, 64):
         tokens, mask = ex.tokens[i : i + 64].to(device), ex.answer_mask[i : i + 64].to(device)  # [b, s]
-        out = model(tokens[:, :-1])
+        ids = tokens[:, :-1]
+        if positions is None:
+            out = model(ids)
+        else:
+            out = model(ids, positions=positions(ids.shape[0], ids.shape[1]).to(device))
         pred = out.logits.argmax(-1)  # [b, s - 1]: prediction for position t + 1
-        correct.append(exact_match(pred, tokens[:, 1:], mask[:, 1:]).cpu())
+        sc = score_answers(pred, tokens[:, 1:], mask[:, 1:])
+        exact += int(sc.exact.sum())
+        digits_right += int(sc.digits_right.sum())
+        digits += int(sc.digits.sum())
+        early += int((sc.early_end >= 0).sum())
+        if trained_answer is not None:
+            at_l += int((sc.early_end == trained_answer).sum())
         right_tokens += int(((pred == tokens[:, 1:]) & mask[:, 1:]).sum())
-    acc = float(torch.cat(correct).float().mean())
-    token_acc = right_tokens / int(ex.answer_mask.sum())
-    return EvalPoint(length=n, accuracy=acc, token_accuracy=token_acc, n_scored=examples,
-                     wall_s=time.perf_counter() - t0)  # fmt: skip
+    wilson = {
+        "accuracy": wilson_interval(exact, examples).to_dict(),
+        "digit_accuracy": wilson_interval(digits_right, digits).to_dict() if digits else None,
+        "early_end": wilson_interval(early, examples).to_dict(),
+    }
+    if trained_answer is not None:
+        wilson["stopped_at_L"] = wilson_interval(at_l, examples).to_dict()
+    return EvalPoint(
+        length=n,
+        accuracy=exact / examples,
+        token_accuracy=right_tokens / int(ex.answer_mask.sum()),
+        digit_accuracy=digits_right / digits if digits else None,
+        early_end=early / examples,
+        stopped_at_L=at_l / examples if trained_answer is not None else None,
+        wilson=wilson,
+        n_scored=examples,
+        wall_s=time.perf_counter() - t0,
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -292,7 +356,8 @@ def evaluate_task(
 # ----------------------------------------------------------------------------------------------
 class LMEvaluator:
     """Mode ``lm``: :func:`evaluate_lm` at each length on one :class:`EvalSet`, then the paired
-    deltas against ``L``."""
+    deltas against ``L``; at the longest length also the repeated-string probe
+    (:mod:`posenc.lab.probe`), at every distance that fits."""
 
     def __init__(self, config, evalset: EvalSet, device: torch.device) -> None:
         self.config, self.evalset, self.device = config, evalset, device
@@ -303,7 +368,7 @@ class LMEvaluator:
 
     def __call__(self, model: torch.nn.Module, length: int) -> EvalPoint:
         c = self.config
-        return evaluate_lm(
+        point = evaluate_lm(
             model,
             self.evalset,
             length,
@@ -313,10 +378,26 @@ class LMEvaluator:
             device=self.device,
             autocast=self.device.type == "cuda",
         )
+        if length == max(c.eval_lens):  # the effective-context probe, with the longest reach
+            from .probe import probe_distances, repeated_string_probe
+
+            distances = probe_distances(length, PROBE_STRING)
+            if distances:
+                point.probe = repeated_string_probe(
+                    model,
+                    self.evalset.tokens,
+                    distances,
+                    string_len=PROBE_STRING,
+                    seed=c.split_seed,
+                    device=self.device,
+                )
+        return point
 
     def finish(self, points: list[EvalPoint]) -> None:
         if any(p.window_bits for p in points):
-            paired_deltas(points, self.config.train_len, seed=self.config.split_seed)
+            paired_deltas(
+                points, self.config.train_len, seed=self.config.split_seed, clusters=self.evalset.clusters
+            )
 
 
 class TaskEvaluator:
@@ -332,8 +413,38 @@ class TaskEvaluator:
     def __call__(self, model: torch.nn.Module, length: int) -> EvalPoint:
         c = self.config
         return evaluate_task(
-            model, c.mode, length, c.eval_examples, seed=c.split_seed + 1_000_003 + length, device=self.device
+            model,
+            c.mode,
+            length,
+            c.eval_examples,
+            seed=c.split_seed + 1_000_003 + length,
+            device=self.device,
+            train_len=c.train_len,
         )
+
+    def resampled(self, model: torch.nn.Module, length: int, max_position: int) -> EvalPoint:
+        """Ruoss et al.'s test protocol for a model trained at randomized positions: the same
+        examples as :meth:`__call__`, read at positions drawn sorted from ``[0, max_position)``
+        (n/a when the example needs more positions than that)."""
+        from ..positions import randomized_positions
+
+        c = self.config
+        s = self.positions_needed(length)
+        if s > max_position:
+            return EvalPoint(length, note=f"n/a: {s} positions do not fit in [0, {max_position})")
+        g = torch.Generator().manual_seed(c.split_seed + 7_919 + length)
+        point = evaluate_task(
+            model,
+            c.mode,
+            length,
+            c.eval_examples,
+            seed=c.split_seed + 1_000_003 + length,
+            device=self.device,
+            train_len=c.train_len,
+            positions=lambda b, seq: randomized_positions(b, seq, max_position, generator=g),
+        )
+        point.note = f"positions re-sampled from [0, {max_position})"
+        return point
 
     def finish(self, points: list[EvalPoint]) -> None:
         pass
@@ -347,4 +458,5 @@ EVALUATORS: dict[str, type] = {
     "addition": TaskEvaluator,
     "sort": TaskEvaluator,
     "parity": TaskEvaluator,
+    "addition_reversed": TaskEvaluator,
 }

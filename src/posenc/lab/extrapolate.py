@@ -42,7 +42,7 @@ from .distributed import dist_info
 from .finetune import finetune_cells, finetune_summary
 from .grid import settings_summary
 from .runs import RunFolder, write_json, writing_for
-from .stats import format_interval, seed_interval
+from .stats import format_interval, paired_bootstrap, seed_interval
 
 __all__ = ["STUDY_ARTIFACTS", "SUMMARY_METRICS", "format_table", "run_study", "summarize", "training_summary"]
 
@@ -67,6 +67,9 @@ SUMMARY_METRICS = (
     "bpb_beyond",
     "accuracy",
     "token_accuracy",
+    "digit_accuracy",
+    "early_end",
+    "stopped_at_L",
     "attn_entropy",
     "attn_distance",
     "attn_beyond",
@@ -220,16 +223,24 @@ def _collect(results: dict[str, Any], ordered: list[dict[str, Any]], config: Stu
         for r in ordered
         for run in r["runs"]
     ]
-    results["summary"] = summarize(results["runs"])
+    clusters = results.get("eval", {}).get("window_documents")
+    results["summary"] = summarize(results["runs"], clusters, config.train_len if config.lm else None)
     results["training"] = training_summary(results["cells"])
+    if config.lm:
+        from .compare import scheme_comparisons
+        from .probe import probe_summary
+
+        results["comparisons"] = scheme_comparisons(results)
+        results["probe"] = probe_summary(results["runs"])
     if config.vary or config.randomized_positions:
         results["settings"] = settings_summary(results)
     if config.finetune_len:
         results["finetune"] = finetune_summary(results)
     if not config.lm:
-        from .tasks import task_ranking
+        from .tasks import ranking_by_length, task_ranking
 
         results["ranking"] = task_ranking(results["runs"], config.train_len)
+        results["ranking_by_length"] = ranking_by_length(results["summary"], config.train_len)
 
 
 def _write_study(out_dir: Path, results: dict[str, Any], say: Callable[[str], None]) -> None:
@@ -260,8 +271,16 @@ def _corpus_line(record: dict[str, Any]) -> str:
         f"corpus {c['name']!r}: {c['n_documents']} documents ({c['n_train']} train, {c['n_val']} val), "
         f"sha256 {c['sha256'][:12]}; evaluation: {e['windows']} windows from {e['n_documents']} "
         f"documents (largest share {e['largest_document_share']:.0%}), "
-        f"last {e['score_len']} targets of each scored"
+        f"last {e['score_len']} targets of each scored{_duplicates_note(e)}"
     )
+
+
+def _duplicates_note(e: dict[str, Any]) -> str:
+    d = e.get("near_duplicates")
+    if not d:
+        return ""
+    kept = f", {d['kept']} kept (too few others)" if d["kept"] else ""
+    return f"; near-duplicates of the training bytes: {d['found']} of {d['candidates']} candidates{kept}"
 
 
 def _cell_line(record: dict[str, Any], config: StudyConfig) -> str:
@@ -279,10 +298,14 @@ def _cell_line(record: dict[str, Any], config: StudyConfig) -> str:
 # ----------------------------------------------------------------------------------------------
 # Across seeds
 # ----------------------------------------------------------------------------------------------
-def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def summarize(
+    runs: list[dict[str, Any]], clusters: list[int] | None = None, train_len: int | None = None
+) -> list[dict[str, Any]]:
     """Per (run name, length): each metric's mean and 95% interval across the seeds that measured
-    it (:func:`~posenc.lab.stats.seed_interval`). With one seed, the paired delta keeps its
-    bootstrap interval over windows (``delta_over``: ``"seeds"`` or ``"windows"``)."""
+    it. ``bpb_window`` and the paired ``delta`` (with per-window values and ``train_len``) take
+    :func:`~posenc.lab.stats.paired_bootstrap` over seeds and documents (``clusters[i]``: window
+    ``i``'s document); the other metrics Student's t over seeds
+    (:func:`~posenc.lab.stats.seed_interval`). ``delta_over`` names what the delta's interval covers."""
     by_name: dict[str, list[dict[str, Any]]] = {}
     for run in runs:
         by_name.setdefault(run["name"], []).append(run)
@@ -304,11 +327,45 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 if metric == "delta":
                     values = [v["mean"] for v in values]
                 row[metric] = seed_interval(values).to_dict() if values else None
-            row["delta_over"] = "seeds" if row["delta"] and row["delta"]["n"] > 1 else "windows"
             if row["delta"] is not None and row["delta"]["n"] == 1:
-                row["delta"] = points[0]["delta"]  # one seed: the bootstrap interval over windows
+                row["delta"] = points[0]["delta"]  # one seed: the point's own bootstrap interval
+            _window_intervals(row, group, i, clusters, train_len)
+            _wilson_intervals(row, points)
+            row["delta_over"] = _delta_over(row["delta"], len(group))
             summary.append(row)
     return summary
+
+
+def _delta_over(delta: dict[str, Any] | None, n_seeds: int) -> str:
+    """What the delta's interval covers (older results without ``over``: a t interval over the
+    seeds when it counts them, else the one seed's bootstrap over windows)."""
+    if delta is None:
+        return "seeds"
+    return delta.get("over") or ("seeds" if n_seeds > 1 and delta["n"] == n_seeds else "windows")
+
+
+def _wilson_intervals(row: dict[str, Any], points: list[dict[str, Any]]) -> None:
+    """One seed of a task study: each rate's interval is Wilson's over the examples."""
+    if len(points) == 1 and points[0].get("wilson"):
+        for metric, interval in points[0]["wilson"].items():
+            if interval is not None and row.get(metric) is not None:
+                row[metric] = interval
+
+
+def _window_intervals(row, group, i, clusters, train_len) -> None:
+    """Replace ``row``'s ``bpb_window`` and ``delta`` by intervals over seeds and documents when
+    every seed kept its per-window values (``[R, K]``)."""
+    bits = [r["eval"][i].get("window_bits") or [] for r in group]
+    if not all(bits) or len({len(b) for b in bits}) != 1:
+        return
+    seed = 0 if train_len is None else train_len
+    row["bpb_window"] = paired_bootstrap(bits, clusters, seed=seed).to_dict()
+    if train_len is None or row["length"] == train_len:
+        return
+    base = [next((p.get("window_bits") for p in r["eval"] if p["length"] == train_len), None) for r in group]
+    if all(base) and all(len(b) == len(bits[0]) for b in base):
+        diffs = (torch.tensor(bits, dtype=torch.float64) - torch.tensor(base, dtype=torch.float64)).tolist()
+        row["delta"] = paired_bootstrap(diffs, clusters, seed=seed).to_dict()
 
 
 def training_summary(cells: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -353,17 +410,20 @@ def _metric_table(rows, names, lens, metric, signed, title, markdown, head, widt
             "| scheme | " + " | ".join(map(str, lens)) + " |",
             "|---" * (len(lens) + 1) + "|",
         ]
-    else:
-        lines = [title, head]
+    table = []
     for name in names:
         cells = []
         for r in (r for r in rows if r["name"] == name):
             missing = "n/a" if r["note"].startswith("n/a") else "-"
             cells.append(_cell(r.get(metric), signed, missing))
-        if markdown:
-            lines.append(f"| {name} | " + " | ".join(cells) + " |")
-        else:
-            lines.append(f"{name:<{width}}" + "".join(f"{c:>{col}}" for c in cells))
+        table.append((name, cells))
+    if markdown:
+        return [*lines, *(f"| {name} | " + " | ".join(cells) + " |" for name, cells in table), ""]
+    if any(len(c) + 2 > col for _, cells in table for c in cells):  # intervals with both ends are wider
+        col = max(len(c) + 2 for _, cells in table for c in cells)
+        head = f"{'scheme':<{width}}" + "".join(f"{e:>{col}}" for e in lens)
+    lines = [title, head]
+    lines += [f"{name:<{width}}" + "".join(f"{c:>{col}}" for c in cells) for name, cells in table]
     return [*lines, ""]
 
 
@@ -378,9 +438,22 @@ def _finetune_table(entries: list[dict[str, Any]], lens, markdown: bool, width: 
         f"helps; 95% interval over {e0['rows'][0]['over'] if e0['rows'] else 'seeds'}); cost: "
         f"{e0['steps']} steps at length {e0['length']}, {e0['tokens']:,} tokens ({share:.0%} of training)"
     )
-    return _paired_table(
+    lines = _paired_table(
         title, [(f"{e['run']} - {e['before']}", e["rows"]) for e in entries], lens, markdown, width, col
     )
+    against = [
+        (f"{e['run']} - {e['against_control']}", e["rows_vs_control"])
+        for e in entries
+        if e.get("rows_vs_control")
+    ]
+    if against:
+        title = (
+            "fine-tuned minus the control (the same steps and tokens continued at the training length), "
+            "sliding-window bits/byte on the same bytes (< 0: fine-tuning at the longer length helps "
+            "beyond more training; at L: its cost)"
+        )
+        lines += _paired_table(title, against, lens, markdown, width, col)
+    return lines
 
 
 def _settings_table(entries: list[dict[str, Any]], lens, markdown: bool, width: int, col: int) -> list[str]:
@@ -430,6 +503,43 @@ def _training_table(training: dict[str, Any], markdown: bool) -> list[str]:
     return [title, *(f"{r:<{width}}{c:>16}" for r, c in cells.items()), ""]
 
 
+def _probe_table(rows: list[dict[str, Any]], markdown: bool) -> list[str]:
+    """The effective-context probe: bits/byte on the second copy of a random string, by distance."""
+    if not any(r.get("gain") for r in rows):
+        return []
+    names = list(dict.fromkeys(r["name"] for r in rows))
+    dists = sorted({r["distance"] for r in rows})
+    title = (
+        "effective-context probe: retrieval gain in bits/byte on the second copy of a random 16-byte "
+        "string, by distance between the copies (the same text with a different first string minus "
+        "with the same; 0 = nothing retrieved; 95% interval)"
+    )
+    table = [
+        (
+            n,
+            [
+                _cell(
+                    next((r.get("gain") for r in rows if r["name"] == n and r["distance"] == d), None),
+                    False,
+                    "-",
+                )
+                for d in dists
+            ],
+        )
+        for n in names
+    ]
+    return _grid(title, "run", table, dists, markdown)
+
+
+def _grid(title: str, first: str, table, columns, markdown: bool) -> list[str]:
+    if markdown:
+        head = [f"| {first} | " + " | ".join(map(str, columns)) + " |", "|---" * (len(columns) + 1) + "|"]
+        return [f"**{title}**", "", *head, *(f"| {n} | " + " | ".join(c) + " |" for n, c in table), ""]
+    w = max(8, *(len(n) for n, _ in table))
+    head = f"{first:<{w}}" + "".join(f"{c:>16}" for c in columns)
+    return [title, head, *(f"{n:<{w}}" + "".join(f"{c:>16}" for c in cells) for n, cells in table), ""]
+
+
 def _diagnostic_sections(L: int) -> list[tuple[str, bool, str]]:
     what = "attention over the scored queries, mean of layers and heads"
     return [
@@ -437,6 +547,14 @@ def _diagnostic_sections(L: int) -> list[tuple[str, bool, str]]:
         ("attn_distance", False, f"{what}: mean attended distance in tokens"),
         ("attn_beyond", False, f"{what}: share of the attention on keys >= L={L} tokens back"),
     ]
+
+
+def _interval_cover(rows: list[dict[str, Any]], metric: str, n_seeds: int) -> str:
+    """What the intervals of ``metric`` cover, as the summary rows say (older results: seeds)."""
+    over = next((r[metric]["over"] for r in rows if r.get(metric) and r[metric].get("over")), None)
+    if over is None:
+        return f"{n_seeds} seeds" if n_seeds > 1 else "windows (1 seed)"
+    return over.replace("seeds", f"{n_seeds} seeds") if n_seeds > 1 else f"{over} (1 seed)"
 
 
 def format_table(results: dict[str, Any], markdown: bool = False) -> str:
@@ -448,7 +566,7 @@ def format_table(results: dict[str, Any], markdown: bool = False) -> str:
     rows = results["summary"]
     names = list(dict.fromkeys(r["name"] for r in rows))
     n_seeds = len(cfg["seeds"])
-    over = f"over {n_seeds} seeds" if n_seeds > 1 else "over windows (1 seed)"
+    over = f"over {_interval_cover(rows, 'delta', n_seeds)}"
     width = max([8, *(len(n) for n in names)])
     col = 16
     head = f"{'scheme':<{width}}" + "".join(f"{e:>{col}}" for e in lens)
@@ -477,9 +595,13 @@ def format_table(results: dict[str, Any], markdown: bool = False) -> str:
             (
                 "accuracy",
                 False,
-                f"exact-match accuracy, task {cfg['mode']!r}, trained on lengths 1..{L} (higher is better)",
+                f"exact-match accuracy, task {cfg['mode']!r}, trained on lengths 1..{L} (higher is better; "
+                f"95% intervals over {_interval_cover(rows, 'accuracy', n_seeds)})",
             ),
             ("token_accuracy", False, "answer tokens right (teacher-forced; partial credit)"),
+            ("digit_accuracy", False, "answer digits right (the end token scored apart)"),
+            ("early_end", False, "examples where the model ends the answer early (predicts the end token)"),
+            ("stopped_at_L", False, f"examples ending early right after the answer length of L={L}"),
         ]
     lines = []
     for metric, signed, title in sections:
@@ -487,10 +609,16 @@ def format_table(results: dict[str, Any], markdown: bool = False) -> str:
     lines += _settings_table(results.get("settings", []), lens, markdown, width, col)
     lines += _finetune_table(results.get("finetune", []), lens, markdown, width, col)
     lines += _training_table(results.get("training", {}), markdown)
+    lines += _probe_table(results.get("probe", []), markdown)
+    if results.get("comparisons"):
+        from .compare import format_scheme_comparisons
+
+        lines += format_scheme_comparisons(results["comparisons"], markdown)
     if cfg["mode"] != "lm":
-        from .tasks import format_ranking, task_ranking
+        from .tasks import format_ranking, format_ranking_by_length, ranking_by_length, task_ranking
 
         lines += format_ranking(task_ranking(results["runs"], L), L, markdown)
+        lines += format_ranking_by_length(ranking_by_length(rows, L), markdown)
     seeds = ",".join(map(str, cfg["seeds"]))
     lines.append(
         f"L = {L}; seeds {seeds}; '-' = not defined at this length; n/a = the scheme cannot run so long"

@@ -1,13 +1,20 @@
 """Context extension by fine-tuning (Chen et al. 2023; Peng et al. 2023): a model trained at
 ``L`` is trained on for ``N`` more steps at a longer length ``E_ft``, then evaluated.
 
-Every trained model whose scheme declares evaluation-time variants (RoPE's scalings; the lab asks
-the scheme, :attr:`~posenc.base.PositionalScheme.eval_variants`) gets one **fine-tuning cell** per
-variant of the study and one without a variant: the variant's positional maths at the fixed
+Every trained model gets one **fine-tuning cell** without a variant and, when its scheme declares
+evaluation-time variants (RoPE's scalings; the lab asks the scheme,
+:attr:`~posenc.base.PositionalScheme.eval_variants`), one per variant of the study: the
+variant's positional maths at the fixed
 factor ``E_ft / L`` (position interpolation, YaRN, ...) or the plain scheme, trained at ``E_ft``.
 A fine-tuning cell starts from the trained cell's checkpoint (weights, AdamW moments and RNG
 states) and runs the second phase of a study, after every trained cell has finished, through
 the same cell engine (local processes or a cluster).
+
+**Controls.** Every trained cell (every scheme, not only those with variants) also gets a
+**control cell**: the same ``N`` steps and tokens continued at ``L`` (run ``rope+cont64``), and
+every scheme whose positions reach ``E_ft`` is fine-tuned at ``E_ft`` with the same budget.
+A fine-tuned run is compared with its control, seed for seed: the gain at ``E_ft`` beyond what
+more training alone gives, and the cost at ``L`` against the same budget spent at ``L``.
 
 The fine-tuning recipe: ``N`` steps at a constant learning rate, the study's ``min_lr`` (where the
 trained run's cosine ended), no warmup (the AdamW moments are resumed), the same number of tokens
@@ -55,6 +62,7 @@ class FinetuneCell:
     base: Cell
     variant: str | None
     length: int
+    control: bool = False
 
     scheme = property(lambda self: self.base.scheme)
     seed = property(lambda self: self.base.seed)
@@ -67,7 +75,9 @@ class FinetuneCell:
 
     @property
     def run(self) -> str:
-        return f"{self.before}+ft{self.length}"
+        """``rope+linear+ft256`` (fine-tuned at 256), or for the control ``rope+cont64`` (the same
+        steps and tokens continued at the training length)."""
+        return f"{self.before}+{'cont' if self.control else 'ft'}{self.length}"
 
     @property
     def name(self) -> str:
@@ -84,20 +94,35 @@ def finetune_cells(config: StudyConfig, cells: list[Cell]) -> list[FinetuneCell]
 
     if not config.finetune_len:
         return []
+    data = study_data(config)
     out = []
     for cell in cells:
         offered = scheme_class(cell.scheme).eval_variants
-        if offered:
-            variants = [None, *(v for v in config.variants if v in offered)]
+        variants = [None, *(v for v in config.variants if v in offered)]
+        if _can_encode(config, cell, data, config.finetune_len):
             out += [FinetuneCell(cell, v, config.finetune_len) for v in variants]
+        out.append(FinetuneCell(cell, None, config.train_len, control=True))
     return out
 
 
-def finetune_config(config: StudyConfig, seed: int) -> TrainConfig:
-    """The fine-tuning :class:`~posenc.lab.config.TrainConfig`: ``finetune_steps`` at
-    ``finetune_len``, a constant ``min_lr``, the training run's tokens per step."""
-    base = config.train_config(config.finetune_len, seed)
-    batch = max(1, config.batch_size * config.train_len // config.finetune_len)
+def _can_encode(config: StudyConfig, cell: Cell, data, length: int) -> bool:
+    """Whether the cell's scheme can read ``length`` positions (learned tables stop at theirs)."""
+    from ..registry import build_with_context
+
+    mc = cell_model_config(config, cell, data)
+    with torch.device("meta"):
+        scheme = build_with_context(mc.position, mc.scheme_context(True), mc.position_options)
+    limit = getattr(scheme, "max_len", None)
+    return limit is None or limit >= length
+
+
+def finetune_config(config: StudyConfig, seed: int, length: int | None = None) -> TrainConfig:
+    """The fine-tuning :class:`~posenc.lab.config.TrainConfig`: ``finetune_steps`` at ``length``
+    (default ``finetune_len``; the control: ``train_len``), a constant ``min_lr``, the training
+    run's tokens per step."""
+    length = config.finetune_len if length is None else length
+    base = config.train_config(length, seed)
+    batch = max(1, config.batch_size * config.train_len // length)
     return dataclasses.replace(
         base,
         steps=config.finetune_steps,
@@ -160,13 +185,16 @@ def run_finetune(
             "fine-tuning resumes from each trained model's checkpoint: give an output folder (out=)"
         )
     out, device, data = Path(out), torch.device(device), study_data(config)
-    key = {**full_key(config, ft, data, device), "finetune": [ft.variant, ft.length, config.finetune_steps]}
+    key = {
+        **full_key(config, ft, data, device),
+        "finetune": [ft.variant, ft.length, config.finetune_steps, ft.control],
+    }
     cell_file = out / "cells" / f"{ft.name}.json"
     if resume and (record := finished_cell(cell_file, key)) is not None:
         return record
     if threads is not None:
         torch.set_num_threads(threads)
-    mc, tc = _model_config(config, ft, data), finetune_config(config, ft.seed)
+    mc, tc = _model_config(config, ft, data), finetune_config(config, ft.seed, ft.length)
     ckpt = out / "checkpoints" / f"{ft.name}.safetensors"
     seed_everything(ft.seed)
     model = TransformerLM(mc).to(device)
@@ -195,7 +223,8 @@ def run_finetune(
 def _evaluate_finetuned(config: StudyConfig, ft: FinetuneCell, model, mc, data, device) -> dict[str, Any]:
     """The fine-tuned model at every length, its factor fixed at ``E_ft / L`` (1 without a variant)."""
     factor = config.finetune_len / config.train_len if ft.variant else 1.0
-    note = f"fine-tuned at {ft.length} for {config.finetune_steps} steps, factor {factor:g}"
+    how = "continued at" if ft.control else "fine-tuned at"
+    note = f"{how} {ft.length} for {config.finetune_steps} steps, factor {factor:g}"
     evaluator = EVALUATORS[config.mode](config, data.evalset, device)
     points = _evaluate(config, evaluator, lambda e: model, mc, note=lambda e: note)
     return {"name": ft.run, "variant": ft.variant, "finetune": True, "eval": [p.to_dict() for p in points]}
@@ -210,25 +239,49 @@ def _cost(config: StudyConfig, tc: TrainConfig, ft: FinetuneCell) -> dict[str, A
         "tokens": tc.steps * tc.tokens_per_step,
         "train_tokens": config.steps * config.batch_size * config.train_len,
         "before": ft.before,
+        "trained": ft.base.run,
+        "control": ft.control,
     }
 
 
 def finetune_summary(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per fine-tuned run: its paired difference from the same weights before fine-tuning (the
-    run named in ``before``), per length, on the same bytes (:func:`~posenc.lab.compare.paired_rows`:
-    t interval over seeds, or bootstrap over windows with one seed), and the cost."""
+    """Per fine-tuned run: its paired difference from the same weights before fine-tuning (the run
+    named in ``before``: ``rows``) and from the **control**, the same weights continued at ``L`` for
+    the same steps and tokens (``control``, ``rows_vs_control``: what fine-tuning at the longer
+    length adds beyond more training; at ``L`` its cost), per length, on the same bytes
+    (:func:`~posenc.lab.compare.paired_rows`: a bootstrap over seeds and documents), and the cost.
+    Controls have entries too (``control: true``: continued minus before)."""
     from .compare import paired_rows
 
     runs = {(r["name"], r["seed"]): r for r in results["runs"]}
+    clusters = results["eval"].get("window_documents")
+    controls = {  # trained run -> its control run name
+        c["finetune"]["trained"]: c["run"] for c in results["cells"] if c.get("finetune", {}).get("control")
+    }
     out: dict[str, dict[str, Any]] = {}
     for cell in (c for c in results["cells"] if "finetune" in c):
         cost = cell["finetune"]
         after = runs.get((cell.get("run"), cell["seed"]))
         before = runs.get((cost["before"], cell["seed"]))
+        control_name = None if cost.get("control") else controls.get(cost.get("trained"))
+        control = runs.get((control_name, cell["seed"])) if control_name else None
         if after is not None and before is not None:
-            entry = out.setdefault(after["name"], {"run": after["name"], **cost, "pairs": []})
+            fields = {
+                "run": after["name"],
+                **cost,
+                "against_control": control_name,
+                "pairs": [],
+                "cpairs": [],
+            }
+            entry = out.setdefault(after["name"], fields)
             entry["pairs"].append((before, after))
+            if control is not None:
+                entry["cpairs"].append((control, after))
     return [
-        {**{k: v for k, v in e.items() if k != "pairs"}, "rows": paired_rows(e["run"], e["pairs"])}
+        {
+            **{k: v for k, v in e.items() if k not in ("pairs", "cpairs")},
+            "rows": paired_rows(e["run"], e["pairs"], clusters),
+            "rows_vs_control": paired_rows(e["run"], e["cpairs"], clusters) if e["cpairs"] else [],
+        }
         for e in out.values()
     ]

@@ -163,7 +163,8 @@ def settings_summary(results: dict[str, Any]) -> list[dict[str, Any]]:
         if (against, run["seed"]) in runs:
             pairs.setdefault((run["name"], against), []).append((runs[against, run["seed"]], run))
     return [
-        {"run": run, "against": against, "rows": paired_rows(run, p)} for (run, against), p in pairs.items()
+        {"run": run, "against": against, "rows": paired_rows(run, p, results["eval"].get("window_documents"))}
+        for (run, against), p in pairs.items()
     ]
 
 

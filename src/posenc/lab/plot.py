@@ -85,7 +85,8 @@ def plot_study(results: dict[str, Any], path: str | os.PathLike) -> list[Path]:
             curve = _curves(results, name, max(lens))
             if curve is not None:
                 axes[2].plot([x + 1 for x in curve[0]], curve[1], style, color=colors(i), label=name)
-    over = f"95% interval over {n_seeds} seeds" if n_seeds > 1 else "95% interval over windows"
+    covers = next((r["delta"].get("over") for r in results["summary"] if r.get("delta")), None)
+    over = f"95% interval over {covers or (f'{n_seeds} seeds' if n_seeds > 1 else 'windows')}"
     for ax, (_, label) in zip(axes, metrics):
         ax.set_xscale("log", base=2)
         ax.set_xticks(lens, [str(e) for e in lens])

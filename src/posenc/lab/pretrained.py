@@ -70,7 +70,7 @@ def _scored(model, evalset, lens, train_len, score_len, batch_tokens, device, at
             autocast=torch.device(device).type == "cuda",
         )
         points.append(point)
-    paired_deltas(points, train_len)
+    paired_deltas(points, train_len, clusters=evalset.clusters)
     return points
 
 

@@ -17,10 +17,27 @@ from typing import Any
 
 from .stats import Interval, seed_interval
 
-__all__ = ["LEARNED_AT", "format_ranking", "task_ranking"]
+__all__ = [
+    "LEARNED_AT",
+    "PAPER_RANKING",
+    "format_ranking",
+    "format_ranking_by_length",
+    "ranking_by_length",
+    "task_eval_lens",
+    "task_ranking",
+]
+
+#: Kazemnejad et al. 2023's ranking of the schemes by length generalization, for the tables.
+PAPER_RANKING = "NoPE > T5 > ALiBi ~ RoPE > absolute"
 
 #: Exact match at the training length from which a run counts as having learned the task.
 LEARNED_AT = 0.95
+
+
+def task_eval_lens(train_len: int) -> tuple[int, ...]:
+    """The default evaluation lengths of a task study: ``L``, every length ``L+1 .. L+8`` (where
+    small models still differ: exact match at ``2L`` is 0 for all of them) and ``2L``, ``3L``."""
+    return tuple(sorted({train_len, *range(train_len + 1, train_len + 9), 2 * train_len, 3 * train_len}))
 
 
 def _accuracies(run: dict[str, Any], keep, metric: str = "accuracy") -> list[float]:
@@ -99,3 +116,35 @@ def format_ranking(ranking: list[dict[str, Any]], train_len: int, markdown: bool
     width = max(8, *(len(r[0]) for r in rows)) if rows else 8
     lines = [title, f"{'scheme':<{width}}{'at L':>16}{'past L':>16}{'tokens past L':>16}{'learned':>9}"]
     return [*lines, *(f"{a:<{width}}{b:>16}{c:>16}{d:>16}{e:>9}" for a, b, c, d, e in rows), ""]
+
+
+def ranking_by_length(summary: list[dict[str, Any]], train_len: int) -> list[dict[str, Any]]:
+    """Per evaluated length past ``L``, the runs ordered by exact match (best first), each with
+    its interval (over seeds, or Wilson's over the examples with one seed): ``[{"length",
+    "order": [{"name", "accuracy"}]}]``. Runs without a score at a length are left out of it."""
+    lengths = sorted({r["length"] for r in summary if r["length"] > train_len})
+    out = []
+    for n in lengths:
+        scored = [r for r in summary if r["length"] == n and r.get("accuracy") is not None]
+        scored.sort(key=lambda r: r["accuracy"]["mean"], reverse=True)
+        out.append({"length": n, "order": [{"name": r["name"], "accuracy": r["accuracy"]} for r in scored]})
+    return out
+
+
+def format_ranking_by_length(by_length: list[dict[str, Any]], markdown: bool = False) -> list[str]:
+    """One line per length: ``9: nope 1.000 [0.98, 1.00] > alibi 0.845 ...`` (or a Markdown list)."""
+    if not by_length:
+        return []
+    title = (
+        f"ranking per length past L by exact match (95% intervals); Kazemnejad et al. 2023: {PAPER_RANKING}"
+    )
+
+    def cell(entry: dict[str, Any]) -> str:
+        a = entry["accuracy"]
+        return f"{entry['name']} {Interval(**a).format()}"
+
+    lines = [f"**{title}**", ""] if markdown else [title]
+    for row in by_length:
+        text = f"{row['length']}: " + " > ".join(cell(e) for e in row["order"])
+        lines.append(f"- {text}" if markdown else text)
+    return [*lines, ""]

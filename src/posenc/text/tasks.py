@@ -36,7 +36,15 @@ import torch
 
 from .._validate import check_int
 
-__all__ = ["TASKS", "TASK_VOCAB", "TaskBatch", "exact_match", "generate_task"]
+__all__ = [
+    "TASKS",
+    "TASK_VOCAB",
+    "AnswerScores",
+    "TaskBatch",
+    "exact_match",
+    "generate_task",
+    "score_answers",
+]
 
 #: The shared vocabulary of every task: 4 special tokens, the digits, and "+".
 TASK_VOCAB: tuple[str, ...] = ("[PAD]", "[BOS]", "[SEP]", "[EOS]", *"0123456789", "+")
@@ -69,6 +77,12 @@ def _addition(
     return [*map(str, a), "+", *map(str, b)], answer
 
 
+def _addition_reversed(rng: random.Random, n: int, **_: object) -> tuple[list[str], list[str]]:
+    """Addition with the answer written least-significant digit first: each answer digit then
+    depends on digits already read and one carry, the order a left-to-right model can compute."""
+    return _addition(rng, n, reverse_answer=True)
+
+
 def _sort(rng: random.Random, n: int, **_: object) -> tuple[list[str], list[str]]:
     q = [str(x) for x in _digits(rng, n)]
     return q, sorted(q)
@@ -84,6 +98,7 @@ TASKS: dict[str, Callable[..., tuple[list[str], list[str]]]] = {
     "copy": _copy,
     "reverse": _reverse,
     "addition": _addition,
+    "addition_reversed": _addition_reversed,
     "sort": _sort,
     "parity": _parity,
 }
@@ -180,3 +195,42 @@ def exact_match(predictions: torch.Tensor, tokens: torch.Tensor, answer_mask: to
         raise TypeError(f"answer_mask must be a bool tensor, got {answer_mask.dtype}")
     wrong = (predictions != tokens) & answer_mask  # [n, s]
     return ~wrong.any(dim=-1)
+
+
+@dataclass(frozen=True)
+class AnswerScores:
+    """Per-example scores of teacher-forced predictions on task answers (``[n]`` each).
+
+    Attributes:
+        exact: every answer token and ``[EOS]`` right.
+        digits_right / digits: answer tokens (``[EOS]`` excluded) predicted right / in the answer.
+        early_end: the index (0-based, within the answer) of the first answer token where the
+            model predicted ``[EOS]`` instead; ``-1`` when it never ended early.
+    """
+
+    exact: torch.Tensor
+    digits_right: torch.Tensor
+    digits: torch.Tensor
+    early_end: torch.Tensor
+
+
+def score_answers(predictions: torch.Tensor, tokens: torch.Tensor, answer_mask: torch.Tensor) -> AnswerScores:
+    """Score answers digit by digit, separately from the end token.
+
+    Args:
+        predictions: ``[n, s]`` predicted token at each position (as :func:`exact_match`).
+        tokens: ``[n, s]`` the true tokens.
+        answer_mask: ``[n, s]`` bool, the answer tokens and ``[EOS]``.
+
+    Returns:
+        :class:`AnswerScores`: a model that stops after the answer length it trained on shows
+        ``early_end`` equal to that length.
+    """
+    exact = exact_match(predictions, tokens, answer_mask)  # validates shapes and dtype
+    digit = answer_mask & (tokens != EOS)  # [n, s] answer tokens without the end token
+    right = (predictions == tokens) & digit
+    ended = (predictions == EOS) & digit  # [n, s] an end predicted where a digit belongs
+    index = digit.long().cumsum(dim=-1) - 1  # [n, s] position within the answer
+    first = torch.where(ended, index, torch.full_like(index, tokens.shape[1])).min(dim=-1).values  # [n]
+    early = torch.where(first < tokens.shape[1], first, torch.full_like(first, -1))
+    return AnswerScores(exact, right.sum(dim=-1), digit.sum(dim=-1), early)
