@@ -36,10 +36,11 @@ from typing import Any
 
 import torch
 
+from ..text.tasks import task_seq_len
 from .config import StudyConfig
 from .distributed import dist_info
 from .evalset import EvalSet, sample_eval_set
-from .evaluate import EVALUATORS, EvalPoint, task_batch_fn, task_seq_len
+from .evaluate import EVALUATORS, EvalPoint, task_batch_fn
 from .grid import Setting, run_name, split_setting, study_settings
 from .memory import check_memory, estimate_memory
 from .runs import check_owner, current_run_id, write_json, writing_for

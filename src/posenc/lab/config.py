@@ -368,7 +368,7 @@ class StudyConfig:
                 f"{self.train_len} (each window draws train_len distinct positions from it)"
             )
         if self.randomized_positions and not self.lm:
-            from .evaluate import task_seq_len
+            from ..text.tasks import task_seq_len
 
             seq = task_seq_len(self.mode, self.train_len) - 1  # the longest training example's input
             if self.randomized_positions < seq:

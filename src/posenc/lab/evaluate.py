@@ -36,6 +36,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..text.tasks import task_seq_len
 from .evalset import EvalSet
 from .memory import available_memory, check_memory, estimate_memory
 from .stats import paired_bootstrap
@@ -50,7 +51,6 @@ __all__ = [
     "evaluate_task",
     "paired_deltas",
     "task_batch_fn",
-    "task_seq_len",
 ]
 
 #: Bytes of the random string of the effective-context probe (:mod:`posenc.lab.probe`).
@@ -267,13 +267,6 @@ def task_batch_fn(task: str, batch_size: int, max_len: int, seed: int, curriculu
         return tokens[:, :-1], targets
 
     return batch
-
-
-def task_seq_len(task: str, n: int) -> int:
-    """Tokens in one example of ``task`` with question length ``n`` (BOS, question, SEP, answer, EOS)."""
-    from ..text.tasks import generate_task
-
-    return int(generate_task(task, 1, n, seed=0).tokens.shape[1])
 
 
 @torch.no_grad()

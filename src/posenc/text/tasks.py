@@ -44,6 +44,7 @@ __all__ = [
     "exact_match",
     "generate_task",
     "score_answers",
+    "task_seq_len",
 ]
 
 #: The shared vocabulary of every task: 4 special tokens, the digits, and "+".
@@ -234,3 +235,8 @@ def score_answers(predictions: torch.Tensor, tokens: torch.Tensor, answer_mask: 
     first = torch.where(ended, index, torch.full_like(index, tokens.shape[1])).min(dim=-1).values  # [n]
     early = torch.where(first < tokens.shape[1], first, torch.full_like(first, -1))
     return AnswerScores(exact, right.sum(dim=-1), digit.sum(dim=-1), early)
+
+
+def task_seq_len(task: str, n: int) -> int:
+    """Tokens in one example of ``task`` with question length ``n`` (BOS, question, SEP, answer, EOS)."""
+    return int(generate_task(task, 1, n, seed=0).tokens.shape[1])
