@@ -19,8 +19,8 @@ F64 = torch.float64
 
 def ref_fire(scheme: FIRE, q_pos: list[int], k_pos: list[int]) -> torch.Tensor:
     """The paper's equations in float64, one pair at a time: [h, s_q, s_k]."""
-    c = float(scheme.c)
-    big_l = abs(float(scheme.threshold_scale) * float(scheme.init_threshold))
+    c = float(scheme.c.detach())
+    big_l = abs(float(scheme.threshold_scale.detach()) * float(scheme.init_threshold))
     w1, b1 = scheme.mlp[0].weight.double()[:, 0], scheme.mlp[0].bias.double()  # [w], [w]
     w2, b2 = scheme.mlp[2].weight.double(), scheme.mlp[2].bias.double()  # [h, w], [h]
 
