@@ -69,7 +69,7 @@ def test_progressive_interpolation_and_batched_positions():
     maps onto the trained range); below it, the bias depends on the distance alone."""
     scheme = FIRE(2, init_threshold=8.0)
     for s in (16, 1000, 100000):
-        x = scheme.normalized_distance(torch.tensor([s - 1]), torch.arange(0, s, max(1, s // 50)))
+        x = scheme.normalized_distance(torch.tensor([s - 1]), torch.arange(0, s, max(1, s // 50))).detach()
         assert float(x.min()) >= 0 and float(x.max()) <= 1 + 1e-6
         assert float(x[0, 0, 0]) == pytest.approx(1.0, abs=1e-5)  # the farthest key: psi(i)/psi(i)
     short = scheme.score_bias(torch.arange(8), torch.arange(8))[0]
