@@ -183,23 +183,3 @@ def test_json_for_script_cannot_end_the_element_or_open_a_comment():
     text = json_for_script(value)
     assert "<" not in text and ">" not in text and "&" not in text
     assert json.loads(text) == value  # the escapes mean the same characters
-
-
-def test_write_atomic_replaces_the_file_and_leaves_no_temporary(tmp_path, monkeypatch):
-    from posenc.analysis import page
-
-    target = tmp_path / "index.html"
-    target.write_text("old", encoding="utf-8")
-    page.write_atomic(target, "new é")
-    assert target.read_text(encoding="utf-8") == "new é" and [p.name for p in tmp_path.iterdir()] == [
-        "index.html"
-    ]
-
-    def broken(src, dst):
-        raise OSError("disk full")
-
-    monkeypatch.setattr(page.os, "replace", broken)
-    with pytest.raises(OSError, match="disk full"):
-        page.write_atomic(target, "half")
-    assert target.read_text(encoding="utf-8") == "new é"  # the old page stays whole
-    assert [p.name for p in tmp_path.iterdir()] == ["index.html"]

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["check_folder", "check_output_file", "write_json"]
+__all__ = ["check_folder", "check_output_file", "write_json", "write_text"]
 
 
 def _writable_ancestor(path: Path, flag: str, start: Path | None = None) -> None:
@@ -50,17 +50,28 @@ def check_output_file(path: str | os.PathLike, flag: str = "--out") -> Path:
     return path
 
 
-def write_json(path: str | os.PathLike, data: Any) -> None:
-    """Write ``data`` as JSON atomically: a temporary file in the same folder, ``fsync``, ``os.replace``."""
+def write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` (UTF-8) atomically: a temporary file in the same folder, ``fsync``,
+    ``os.replace``. The temporary file is created new (never through a link left in its place) with
+    the permissions any new file gets (``0o666`` less the umask), and a failed write leaves the old
+    file as it was."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()  # a leftover of a killed write by a process with the same pid
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
     try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=1)
+        with os.fdopen(os.open(tmp, flags, 0o666), "w", encoding="utf-8") as fh:
+            fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+
+
+def write_json(path: str | os.PathLike, data: Any) -> None:
+    """Write ``data`` as JSON atomically (:func:`write_text`)."""
+    write_text(path, json.dumps(data, indent=1))

@@ -13,10 +13,7 @@ import html
 import io
 import json
 import math
-import os
-import tempfile
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
 __all__ = [
@@ -30,7 +27,6 @@ __all__ = [
     "plotly_script",
     "rounded",
     "table",
-    "write_atomic",
 ]
 
 
@@ -55,20 +51,6 @@ def json_for_script(value: Any) -> str:
     allows these characters only inside strings, where the escapes mean the same)."""
     text = json.dumps(value, separators=(",", ":"), allow_nan=False)
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` (UTF-8) to ``path`` through a temporary file in the same folder and
-    :func:`os.replace`: a reader never sees a half-written page, and a failed write leaves the old
-    file as it was."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 CSS = """

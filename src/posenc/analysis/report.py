@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from .. import __version__
+from .._paths import write_text
 from .._validate import check_choice, check_int
 from ..registry import describe
 from ..registry import schemes as registered_schemes
@@ -37,7 +38,7 @@ from .explore import explorers
 from .interactive import HOOK_COLORS, kernel_profile, overview_figure
 from .kernel import DEFAULT_CONTEXT, Probe, make_probe
 from .lessons import lesson_html
-from .page import CSS, esc, figure_data_uri, img, interactive, plotly_script, write_atomic
+from .page import CSS, esc, figure_data_uri, img, interactive, plotly_script
 from .plots import PLOT_KINDS, render
 from .properties import PropertyResult, check
 from .sections import (
@@ -466,5 +467,5 @@ def build_report(
                        study_folder=Path(study).name if study is not None else None, trained_note=note,
                        started=started)  # fmt: skip
     path = Path(out_dir) / "index.html"
-    write_atomic(path, page)
+    write_text(path, page)
     return path
