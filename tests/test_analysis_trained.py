@@ -236,3 +236,20 @@ def test_two_reports_sharing_a_cache_both_succeed(corpus, tmp_path):
         assert "trained 3" in out and "--out" not in out + err  # no flag the user did not pass
     logs = "".join(out for out, _ in outs)
     assert logs.count("3 steps in") == 1 and logs.count("reused") == 1
+
+
+def test_the_cache_lock_never_follows_a_link(tmp_path):
+    """A link planted at the report cache's lock name is refused in one line, and its target is left
+    alone (the lock file is opened without following links)."""
+    from posenc.analysis.trained import _cache_lock
+
+    target = tmp_path / "someone-elses-file"
+    target.write_text("theirs")
+    lock = tmp_path / ".report-training.lock"
+    lock.symlink_to(target)
+    with pytest.raises(ValueError, match=r"report cache's lock .* cannot be opened"), _cache_lock(lock, None):
+        pass
+    assert target.read_text() == "theirs"
+    plain = tmp_path / "plain.lock"
+    with _cache_lock(plain, None):
+        assert plain.is_file()

@@ -158,7 +158,15 @@ def _cache_lock(path: Path, log: Callable[[str], None] | None) -> Iterator[None]
     except ImportError:
         yield
         return
-    with open(path, "a+") as fh:
+    # opened without following a link planted at its name (the lock file holds nothing)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o666)
+    except OSError as err:
+        raise ValueError(
+            f"the report cache's lock {str(path)!r} cannot be opened ({err.strerror}): a link or an "
+            "unwritable place; remove it or pass another --cache-dir"
+        ) from None
+    with os.fdopen(fd, "r+") as fh:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
