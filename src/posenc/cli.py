@@ -300,8 +300,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if workers is not None:  # a study's worker processes: stopped, not waited for
             workers.stop_pools()
         what = "terminated (SIGTERM)" if isinstance(err, Terminated) else "interrupted"
-        print(f"posenc {args.command}: {what}; a run folder keeps its finished work (--resume)",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"posenc {args.command}: {what}; a run folder keeps its finished work (--resume)", file=sys.stderr
+        )
         return 143 if isinstance(err, Terminated) else 130
     except (CLIError, ValueError, TypeError) as err:
         print(f"posenc {args.command}: error: {err}", file=sys.stderr)
@@ -312,8 +313,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as err:  # after BrokenPipeError, one of its subclasses
         if err.errno in _STORAGE_ERRNOS:  # the disk full or read-only: the user's to fix, one line
             where = f": {err.filename!r}" if err.filename else ""
-            print(f"posenc {args.command}: error: {err.strerror or err}{where}; free space or write "
-                  "elsewhere (a run folder continues with --resume)", file=sys.stderr)  # fmt: skip
+            print(
+                f"posenc {args.command}: error: {err.strerror or err}{where}; free space or write "
+                "elsewhere (a run folder continues with --resume)",
+                file=sys.stderr,
+            )
             return 2
         if err.filename is None:  # not about a path the user gave: a bug, keep its traceback
             raise

@@ -344,8 +344,16 @@ class InputEmbedding(nn.Module):
                 "with posenc.TokenEmbedding.from_pretrained(weights)"
             )
         weight = token.weight
-        layer = cls(1, token.d_model, scheme, layer_norm=layer_norm, dropout=dropout,
-                    scheme_options=scheme_options, device=weight.device, dtype=weight.dtype)  # fmt: skip
+        layer = cls(
+            1,
+            token.d_model,
+            scheme,
+            layer_norm=layer_norm,
+            dropout=dropout,
+            scheme_options=scheme_options,
+            device=weight.device,
+            dtype=weight.dtype,
+        )
         layer.token = token  # in place of the one-row table the constructor made
         return layer
 

@@ -28,9 +28,19 @@ SUMMARY_FILE = Path(__file__).with_name("data") / "which_scheme.json"
 
 #: Configuration fields the page quotes.
 _CONFIG_FIELDS = (
-    "mode", "schemes", "seeds", "train_len", "eval_lens", "steps", "batch_size", "d_model",
-    "num_layers", "num_heads", "corpus", "max_chars",
-)  # fmt: skip
+    "mode",
+    "schemes",
+    "seeds",
+    "train_len",
+    "eval_lens",
+    "steps",
+    "batch_size",
+    "d_model",
+    "num_layers",
+    "num_heads",
+    "corpus",
+    "max_chars",
+)
 
 #: Per-row fields the page draws (each metric keeps only mean, low, high, n).
 _ROW_FIELDS = ("name", "scheme", "variant", "length", "seeds", "delta_over")

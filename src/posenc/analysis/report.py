@@ -462,10 +462,18 @@ def build_report(
         trained, note = _train_here(
             names, {**REPORT_CONTEXT, **(context or {})}, cache_dir, progress, log, training
         )
-    page = report_html(names, context=context, dpi=dpi, workers=workers, trained=trained,
-                       fast=fast and study is None, study=results,
-                       study_folder=Path(study).name if study is not None else None, trained_note=note,
-                       started=started)  # fmt: skip
+    page = report_html(
+        names,
+        context=context,
+        dpi=dpi,
+        workers=workers,
+        trained=trained,
+        fast=fast and study is None,
+        study=results,
+        study_folder=Path(study).name if study is not None else None,
+        trained_note=note,
+        started=started,
+    )
     path = Path(out_dir) / "index.html"
     write_text(path, page)
     return path

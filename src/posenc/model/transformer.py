@@ -117,9 +117,11 @@ def _check_sampling(
     if not isinstance(do_sample, bool):
         raise TypeError(f"do_sample must be a bool, got {do_sample!r}")
     if temperature is not None and (
-        isinstance(temperature, bool) or not isinstance(temperature, (int, float))
-        or not math.isfinite(temperature) or temperature < 0
-    ):  # fmt: skip
+        isinstance(temperature, bool)
+        or not isinstance(temperature, (int, float))
+        or not math.isfinite(temperature)
+        or temperature < 0
+    ):
         raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
     if top_k is not None and (not _is_int(top_k) or top_k < 1):
         raise ValueError(f"top_k must be None or an int >= 1, got {top_k!r}")
@@ -225,9 +227,10 @@ class _ModelHabits:
         if exclude_embeddings:
             skip = {id(m.weight) for m in self.modules() if isinstance(m, (TokenEmbedding, nn.Embedding))}
         return sum(
-            p.numel() for p in self.parameters()
+            p.numel()
+            for p in self.parameters()
             if id(p) not in skip and (p.requires_grad or not only_trainable)
-        )  # fmt: skip
+        )
 
     def get_output_embeddings(self) -> nn.Linear:
         """The output layer (``[V, d]`` weight, tied to the token table with ``tie="output"``)."""
