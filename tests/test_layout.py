@@ -58,6 +58,7 @@ LONG_FUNCTIONS: dict[str, str] = {
     "analysis/interactive.py:overview_figure": "one figure: a panel per scheme and its layout",
     "analysis/lessons.py:worked_example": "one worked example, each hook's numbers in turn",
     "analysis/sections.py:study_section": "one section: the two tables of a study and its figure",
+    "analysis/report.py:build_report": "public entry point: 18 lines of docstring, then the build's steps",
     "lab/commands.py:extrapolate_run": "the command's steps in order (train, evaluate, print, write, plot)",
     "lab/evalset.py:sample_eval_set": "20 lines of docstring; the document cap and the near-duplicate "
     "drop are two concepts to cut apart",
