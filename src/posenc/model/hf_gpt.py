@@ -83,17 +83,25 @@ def _neox_links(cfg: ModelConfig) -> list[Link]:
     return links
 
 
-def _neox_out(cfg: ModelConfig) -> dict[str, Any]:
-    name = "gpt_neox"
+def _need_gpt_block(cfg: ModelConfig, name: str) -> None:
+    """What GPT-2 and GPT-NeoX blocks share, each a ``ValueError`` naming the family otherwise: heads
+    of ``d_model / num_heads`` dims, pre-LayerNorm, a plain MLP, no grouped-query attention, and no
+    q/k, embedding or output norm/bias."""
     need(cfg.d_head is None, name, "has heads of d_model / num_heads dims (d_head=None)")
     need(cfg.norm_type == "layernorm" and cfg.norm == "pre", name, "needs norm_type='layernorm', norm='pre'")
-    need(not cfg.gated_mlp and cfg.residual != "parallel_shared_norm", name, "has a plain MLP and two norms")
+    need(not cfg.gated_mlp, name, "has a plain MLP")
     need(cfg.kv_heads == cfg.num_heads, name, "has no grouped-query attention")
     need(
         not cfg.qk_norm and not cfg.embed_norm and not cfg.output_bias,
         name,
         "has no q/k, embedding or output norm/bias",
     )
+
+
+def _neox_out(cfg: ModelConfig) -> dict[str, Any]:
+    name = "gpt_neox"
+    _need_gpt_block(cfg, name)
+    need(cfg.residual != "parallel_shared_norm", name, "has two norms per block")
     return {
         "model_type": name,
         "hidden_size": cfg.d_model,
@@ -163,15 +171,8 @@ def _gpt2_links(cfg: ModelConfig) -> list[Link]:
 
 def _gpt2_out(cfg: ModelConfig) -> dict[str, Any]:
     name = "gpt2"
-    need(cfg.d_head is None, name, "has heads of d_model / num_heads dims (d_head=None)")
-    need(cfg.norm_type == "layernorm" and cfg.norm == "pre", name, "needs norm_type='layernorm', norm='pre'")
-    need(not cfg.gated_mlp and cfg.residual == "sequential", name, "has a plain MLP and a sequential block")
-    need(cfg.kv_heads == cfg.num_heads, name, "has no grouped-query attention")
-    need(
-        not cfg.qk_norm and not cfg.embed_norm and not cfg.output_bias,
-        name,
-        "has no q/k, embedding or output norm/bias",
-    )
+    _need_gpt_block(cfg, name)
+    need(cfg.residual == "sequential", name, "has a sequential block")
     return {
         "model_type": name,
         "n_embd": cfg.d_model,
