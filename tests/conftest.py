@@ -1,6 +1,7 @@
 """Shared test settings: deterministic seeds and a hypothesis profile sized for 2 CPU cores."""
 
 import os
+import sys
 
 import pytest
 import torch
@@ -26,3 +27,13 @@ def _fast_paths_from_the_environment():
     set_enabled(None)
     yield
     set_enabled(None)
+
+
+@pytest.fixture(autouse=True)
+def _compiled_code_forgotten():
+    """torch.compile keeps its compiled variants per code object for the whole process, up to a
+    limit of 8 (then ``fullgraph=True`` fails): every test that compiles starts from an empty cache,
+    as in a new process, whatever ran before it in the same worker."""
+    yield
+    if "torch._dynamo" in sys.modules:  # something compiled (or imported the compiler)
+        torch.compiler.reset()
