@@ -204,3 +204,21 @@ def test_cli_stops_with_exit_1_when_an_implementation_disagrees(monkeypatch, cap
     out, err = capsys.readouterr()
     assert err.startswith("posenc bench: failed: benchmark case 'rope_decode': meta_complex disagrees")
     assert "== rope_decode" not in out
+
+
+@pytest.mark.parametrize("threads", ["0", "-3", "100000"])
+def test_cli_refuses_thread_counts_out_of_range_before_running(capsys, threads):
+    """100,000 threads crashed torch's pool and 5,000 took minutes: refused in one line, nothing timed."""
+    import torch
+
+    before = torch.get_num_threads()
+    assert main(["bench", "sinusoidal_table", "--quick", "--threads", threads]) == 2
+    captured = capsys.readouterr()
+    assert "--threads" in captured.err and threads in captured.err
+    assert captured.out == ""  # no environment line, no case ran
+    assert torch.get_num_threads() == before
+
+
+def test_run_refuses_too_many_threads():
+    with pytest.raises(ValueError, match="threads 100000 is more than"):
+        run(["sinusoidal_table"], quick=True, threads=100000)

@@ -14,7 +14,7 @@ PKG = SRC / "posenc"
 #: imports count too (a late import is still a dependency).
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("posenc._validate", "posenc._paths", "posenc._alloc", "posenc._precision", "posenc._catalog",
-     "posenc._lazy",
+     "posenc._lazy", "posenc._threads",
      "posenc.positions", "posenc.kernels"),
     ("posenc.base", "posenc.absolute", "posenc.absolute_nd", "posenc.rotary", "posenc.bias",
      "posenc.relative", "posenc.fire", "posenc.kerple", "posenc.cope", "posenc.temperature",

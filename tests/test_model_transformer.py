@@ -502,3 +502,20 @@ def test_models_take_factory_kwargs_and_keep_ties():
     assert all(p.is_meta for p in meta.parameters())
     with pytest.raises(TypeError, match="dtype must be a floating-point"):
         TransformerLM(config(), dtype=torch.int32)
+
+
+@pytest.mark.parametrize("position", posenc.schemes())
+def test_meta_device_forward_gives_shapes_without_values(position):
+    """A model built under torch.device("meta") runs forward for shapes: no check reads a value.
+
+    Learned positions used to call ``.item()`` on the positions (and mRoPE built its frequencies on the
+    default device), both impossible on meta tensors."""
+    with torch.device("meta"):
+        try:
+            model = TransformerLM(config(position, num_kv_heads=None, num_layers=1))
+        except ValueError as err:  # grid-only schemes are refused by every sequence model
+            assert "grids, not token sequences" in str(err)
+            pytest.skip(f"{position} encodes grids only")
+    ids = torch.zeros(2, 8, dtype=torch.long, device="meta")
+    logits = model(ids).logits
+    assert logits.is_meta and logits.shape == (2, 8, V)

@@ -144,3 +144,11 @@ def test_registered_verified_and_validated():
         posenc.TransformerLM(posenc.ModelConfig(vocab_size=11, d_model=32, num_heads=2, position="mrope"))
     half = scheme.to(torch.bfloat16)
     assert half.inv_freq.dtype == torch.float64  # the frequencies are never rounded to the module's dtype
+
+
+def test_builds_on_the_meta_device_with_cpu_exact_frequencies():
+    """Under torch.device("meta") the float64 frequencies are still computed on the CPU, then moved."""
+    with torch.device("meta"):
+        rope = MultimodalRope(16)
+    assert rope.inv_freq.is_meta and rope.inv_freq.shape == (8,)
+    assert rope.inv_freq.dtype == torch.float64

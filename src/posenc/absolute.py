@@ -57,11 +57,11 @@ class SinusoidalVariant:
 
 
 def _vaswani_exponents(half: int) -> torch.Tensor:
-    return torch.arange(half, dtype=torch.float64) * 2.0 / (2 * half)  # 2i/d
+    return torch.arange(half, dtype=torch.float64, device="cpu") * 2.0 / (2 * half)  # 2i/d
 
 
 def _t2t_exponents(half: int) -> torch.Tensor:
-    return torch.arange(half, dtype=torch.float64) / (half - 1)  # i/(d/2 - 1)
+    return torch.arange(half, dtype=torch.float64, device="cpu") / (half - 1)  # i/(d/2 - 1)
 
 
 SINUSOIDAL_VARIANTS: dict[str, SinusoidalVariant] = {
@@ -374,7 +374,8 @@ class LearnedPE(PositionalScheme):
 
     def lookup(self, positions: torch.Tensor) -> torch.Tensor:
         """Rows for integer positions ``[...]`` -> ``[..., d]``."""
-        if not torch.compiler.is_compiling() and positions.numel():
+        # Values are checked where they exist: a meta tensor (shape-only) and a compiled graph have none.
+        if not torch.compiler.is_compiling() and not positions.is_meta and positions.numel():
             lo, hi = int(positions.min()), int(positions.max())
             if lo < 0:
                 raise ValueError(f"positions must be >= 0 for learned embeddings, got {lo}")

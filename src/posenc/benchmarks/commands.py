@@ -27,6 +27,8 @@ import argparse
 import json
 import sys
 
+from .._threads import check_threads
+
 __all__ = ["bench_args", "bench_run", "run"]
 
 SCHEMA = 1
@@ -105,9 +107,7 @@ def run(
 
     set_allocator(allocator)
     if threads is not None:
-        if threads < 1:
-            raise ValueError(f"threads must be >= 1, got {threads}")
-        torch.set_num_threads(threads)
+        torch.set_num_threads(check_threads(threads, "threads"))
     repeats = repeats if repeats is not None else (3 if quick else 7)
     builders = select(list(names or []), quick)
     report = {"schema": SCHEMA, "quick": quick, "environment": environment(), "cases": []}
@@ -169,6 +169,8 @@ def bench_run(args: argparse.Namespace) -> int:
         return 0
     if args.repeats is not None and args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+    if args.threads is not None:  # before the environment line is printed or torch's pool is sized
+        check_threads(args.threads)
     if args.out:
         check_output_file(args.out)  # before the benchmark runs, not after
 
@@ -182,7 +184,7 @@ def bench_run(args: argparse.Namespace) -> int:
         from .harness import set_allocator
 
         set_allocator(args.allocator)
-        if args.threads is not None and args.threads >= 1:
+        if args.threads is not None:
             torch.set_num_threads(args.threads)
         print(environment_line(), flush=True)
     from .checks import BenchmarkMismatchError

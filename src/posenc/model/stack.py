@@ -217,7 +217,8 @@ class _Stack(nn.Module):
             if limit is None:
                 continue
             pos = plan.q_positions
-            if torch.compiler.is_compiling():  # no data-dependent checks in a graph: the length only
+            # A compiled graph and a meta tensor have no values to check: the length only.
+            if torch.compiler.is_compiling() or pos.is_meta:
                 needed = pos.shape[-1]
             else:
                 needed = int(pos.max()) + 1 if pos.numel() else 0

@@ -111,6 +111,8 @@ class MultimodalRope(PositionalScheme):
     ) -> None:
         super().__init__()
         device = factory_kwargs(device, dtype)["device"]  # no parameters: dtype is checked, not used
+        if device is None:  # as nn.Linear: the default device (torch.device("meta") included)
+            device = torch.get_default_device()
         self.head_dim = check_int(head_dim, "head_dim", minimum=2, even=True)
         self.base = check_positive_float(base, "base")
         self.qk_layout = check_choice(qk_layout, "qk_layout", QK_LAYOUTS)
