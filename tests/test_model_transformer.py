@@ -506,10 +506,8 @@ def test_models_take_factory_kwargs_and_keep_ties():
 
 @pytest.mark.parametrize("position", posenc.schemes())
 def test_meta_device_forward_gives_shapes_without_values(position):
-    """A model built under torch.device("meta") runs forward for shapes: no check reads a value.
-
-    Learned positions used to call ``.item()`` on the positions (and mRoPE built its frequencies on the
-    default device), both impossible on meta tensors."""
+    """A model built under torch.device("meta") runs forward for shapes: no check reads a value
+    (``.item()`` is impossible on a meta tensor), and float64 frequencies are built on the CPU."""
     with torch.device("meta"):
         try:
             model = TransformerLM(config(position, num_kv_heads=None, num_layers=1))
