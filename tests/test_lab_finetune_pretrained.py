@@ -106,3 +106,15 @@ def test_the_command_fine_tunes_or_says_why_not(tmp_path, corpus, capsys):
     assert "pip install peft" in err and err.count("\n") == 1
     assert cli_main([*argv, "--peft", "lora"]) == 2
     assert "give it with --finetune-len" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(importlib.util.find_spec("peft") is None, reason="peft is not installed")
+def test_lora_through_peft_trains_adapters_and_merges_them(corpus):
+    model = _model()
+    setup = _setup(model, corpus, variants=())
+    plan = FinetunePlan.checked(setup, 32, 2, batch_size=4, lr=1e-3, peft="lora")
+    ft = plan.run(setup, evaluate_setup(setup), progress=False)
+    total = sum(p.numel() for p in model.parameters())
+    for run in ft["runs"]:
+        assert 0 < run["train"]["trainable"] < total / 2  # adapters only (rank 8 of width 32)
+        assert run["eval"][1]["vs_before"]["mean"] != pytest.approx(0.0, abs=1e-6)  # merged: it moved

@@ -181,6 +181,7 @@ class FinetunePlan:
         tc = self.config(length, L)
         seed_everything(self.seed)
         trained = _with_lora(model) if self.peft else model
+        trainable = sum(p.numel() for p in trained.parameters() if p.requires_grad)
         result = train(
             trained,
             setup.text.train,
@@ -202,7 +203,7 @@ class FinetunePlan:
             "loss_first": result.losses[0] if result.losses else None,
             "loss_last": result.losses[-1] if result.losses else None,
             "wall_s": result.wall_s,
-            "trainable": sum(p.numel() for p in trained.parameters() if p.requires_grad),
+            "trainable": trainable,
         }
         return model.eval(), record
 
