@@ -11,7 +11,7 @@ import torch
 
 from posenc.cli import main as cli_main
 from posenc.lab.finetune_pretrained import FinetunePlan, check_peft, format_finetune
-from posenc.lab.pretrained import evaluate_setup, format_pretrained, prepare_pretrained
+from posenc.lab.pretrained_eval import evaluate_setup, prepare_pretrained
 from posenc.model import ModelConfig, TransformerLM
 from posenc.model.hf import save_transformers
 
@@ -72,7 +72,7 @@ def test_finetuning_carries_the_control(corpus):
                 assert p["vs_control"]["over"] == "documents"
     # the cost at L: the fine-tuned model against the control at E = L, in the table
     results["finetune"] = ft
-    table = format_pretrained(results)
+    table = "\n".join(format_finetune(results, "byte"))
     assert "paired delta vs the control cont16" in table and "at 16: its cost" in table
     assert format_finetune(results, "byte")[0].startswith("fine-tuned at 32 for 3 steps (192 tokens")
 

@@ -1,6 +1,5 @@
-"""Tests of posenc.lab.pretrained: a model the lab did not train (a posenc save or its Hugging Face
-export) scored as it is and under its scheme's variants, with paired deltas and intervals, on
-bytes or on its own tokenizer's tokens, and ``posenc extrapolate --model``'s user errors."""
+"""Tests of posenc.lab.pretrained: ``posenc extrapolate --model`` prints the tables, writes
+results.json, and answers each user mistake with one line and exit code 2."""
 
 from __future__ import annotations
 
@@ -10,18 +9,8 @@ import pytest
 import torch
 
 from posenc.cli import main as cli_main
-from posenc.lab.evalset import sample_eval_set
-from posenc.lab.evaluate import evaluate_lm
-from posenc.lab.pretrained import (
-    evaluate_pretrained,
-    format_pretrained,
-    load_pretrained,
-    prepare_pretrained,
-    read_text,
-)
 from posenc.model import ModelConfig, TransformerLM
 from posenc.model.hf import save_transformers
-from posenc.text import load_corpus, load_tokenizer, train_bpe
 
 TEXT = "def f(x):\n    return x * 2 + 1\n" * 40
 
@@ -54,123 +43,6 @@ def _model(position="rope", vocab_size=256, max_len=16, **kw) -> TransformerLM:
 KW = dict(corpus=None, val_fraction=0.34, eval_windows=8)
 
 
-def test_an_exported_model_is_scored_as_is_and_with_each_variant(tmp_path, corpus):
-    model = _model()
-    save_transformers(model, tmp_path / "hf")
-    kw = {**KW, "corpus": corpus, "eval_lens": (32,)}
-    results = evaluate_pretrained(str(tmp_path / "hf"), variants=("linear", "yarn"), probe_trials=0, **kw)
-    assert results["train_len"] == 16  # from the config: max_position_embeddings
-    assert results["unit"] == "byte"
-    assert [r["name"] for r in results["runs"]] == ["as is", "+linear", "+yarn"]
-    for run in results["runs"]:
-        at_l, at_2l = run["eval"]
-        assert at_l["length"] == 16 and at_l["delta"] is None
-        delta = at_2l["delta"]  # resampled by document: n counts the documents the windows fall in
-        assert delta["n"] == results["eval"]["n_documents"] and delta["over"] == "documents"
-        assert delta["n"] >= 2 and delta["low"] <= delta["mean"] <= delta["high"]
-        score = at_2l["score"]
-        assert score["mean"] == pytest.approx(at_2l["bpb_window"]) and score["low"] <= score["high"]
-    # factor 1 at E = L: every variant is the model itself; at 2L the scaling changes the scores
-    as_is, linear, _ = results["runs"]
-    assert linear["eval"][0]["window_bits"] == pytest.approx(as_is["eval"][0]["window_bits"], abs=1e-5)
-    assert linear["eval"][1]["bpb_window"] != pytest.approx(as_is["eval"][1]["bpb_window"], abs=1e-3)
-    # against "as is": the paired difference of the same windows
-    vs = linear["eval"][1]["vs_as_is"]
-    assert vs["mean"] == pytest.approx(linear["eval"][1]["bpb_window"] - as_is["eval"][1]["bpb_window"])
-    assert "vs_as_is" not in as_is["eval"][1]
-    # the export reloaded scores what the posenc model itself scores on the same windows
-    text = load_corpus(corpus, seed=0, val_fraction=0.34)
-    evalset = sample_eval_set(
-        text.val_bytes,
-        8,
-        32,
-        0,
-        doc_names=[d.name for d in text.val],
-        doc_starts=text.val_starts,
-        train_tokens=text.train_bytes,
-        score_len=8,
-    )
-    direct = evaluate_lm(model, evalset, 32, 16, 8)
-    assert as_is["eval"][1]["bpb_window"] == pytest.approx(direct.bpb_window, abs=1e-5)
-    table = format_pretrained(results)
-    assert "+yarn" in table and "±" in table and "vs as is" in table and "bits/byte" in table
-
-
-def test_default_lengths_and_the_probe(tmp_path, corpus):
-    model = _model(max_len=None)
-    with pytest.raises(ValueError, match="no trained length"):
-        prepare_pretrained(model, **{**KW, "corpus": corpus})
-    model = _model()
-    results = evaluate_pretrained(
-        model, **{**KW, "corpus": corpus}, variants=(), probe_trials=4, multiples=(1, 4)
-    )
-    assert results["eval_lens"] == [16, 64]
-    points = results["runs"][0]["eval"]
-    assert points[0]["probe"] is None  # the probe runs at the longest length only
-    probe = points[1]["probe"]
-    assert [row["distance"] for row in probe] == [32]  # 16 + 32 + 16 bytes fit in 64
-    assert probe[0]["gain"]["n"] == 4
-    assert "effective-context probe at E=64" in format_pretrained(results)
-
-
-def test_learned_positions_stop_at_their_table(tmp_path, corpus):
-    model = _model("learned")
-    model.save_pretrained(tmp_path / "posenc")
-    assert isinstance(load_pretrained(tmp_path / "posenc"), TransformerLM)
-    results = evaluate_pretrained(tmp_path / "posenc", **{**KW, "corpus": corpus}, probe_trials=0)
-    assert results["eval_lens"] == [16]  # the default multiples stop at the table
-    assert [r["name"] for r in results["runs"]] == ["as is"]  # learned positions declare no variants
-    with pytest.raises(ValueError, match=r"--eval-lens \[32\] are longer than the model's positions allow"):
-        evaluate_pretrained(tmp_path / "posenc", **{**KW, "corpus": corpus}, eval_lens=(32,))
-
-
-def test_a_tokenizer_beside_the_model_gives_bits_per_token(tmp_path, corpus):
-    texts = load_corpus(corpus, seed=0, val_fraction=0.34).texts
-    tok = train_bpe(texts, vocab_size=300, min_frequency=1)
-    model = _model(vocab_size=tok.vocab_size)
-    model.save_pretrained(tmp_path / "m", tokenizer=tok)
-    results = evaluate_pretrained(
-        tmp_path / "m", **{**KW, "corpus": corpus}, eval_lens=(32,), variants=("yarn",), probe_trials=0
-    )
-    assert results["unit"] == "token" and "bits/token" in format_pretrained(results)
-    # the windows are the tokenizer's ids of the validation documents, and are scored as such
-    text = read_text(corpus, load_tokenizer(tmp_path / "m"), val_fraction=0.34)
-    val = load_corpus(corpus, seed=0, val_fraction=0.34).val
-    assert (
-        text.val[: text.val_starts[1]].tolist()[: len(tok.encode(val[0].text, False))]
-        == tok.encode(val[0].text, False).ids
-    )
-    assert text.val.numel() < sum(len(d.text.encode()) for d in val)  # merges: fewer tokens than bytes
-    evalset = sample_eval_set(
-        text.val,
-        8,
-        32,
-        0,
-        doc_names=list(text.val_names),
-        doc_starts=list(text.val_starts),
-        train_tokens=text.train,
-        score_len=8,
-    )
-    direct = evaluate_lm(model, evalset, 32, 16, 8)
-    assert results["runs"][0]["eval"][1]["bpb_window"] == pytest.approx(direct.bpb_window, abs=1e-5)
-    # a tokenizer with more ids than the model: another model's
-    _model(vocab_size=260).save_pretrained(tmp_path / "small", tokenizer=tok)
-    with pytest.raises(ValueError, match="another model's tokenizer"):
-        evaluate_pretrained(tmp_path / "small", **{**KW, "corpus": corpus})
-
-
-def test_errors(tmp_path, corpus):
-    for vocab in (50, 1000):  # no tokenizer: only a byte-level vocabulary reads bytes
-        with pytest.raises(ValueError, match="byte-level model"):
-            evaluate_pretrained(_model(vocab_size=vocab), train_len=16, corpus=corpus)
-    with pytest.raises(ValueError, match=r"variants \['magic'\] are not offered"):
-        evaluate_pretrained(_model(), variants=("magic",), **{**KW, "corpus": corpus})
-    (tmp_path / "bad").mkdir()
-    (tmp_path / "bad" / "config.json").write_text("{")
-    with pytest.raises(ValueError, match="is not valid JSON"):
-        load_pretrained(tmp_path / "bad")
-
-
 def _cli(capsys, *argv) -> tuple[int, str, str]:
     code = cli_main(["extrapolate", *map(str, argv)])
     out, err = capsys.readouterr()
@@ -193,10 +65,6 @@ def test_the_command_prints_the_table_and_writes_results(tmp_path, corpus, capsy
     assert code == 2 and err.count("\n") == 1
     code, _, err = _cli(capsys, "--model", tmp_path / "hf", *flags, "--out", tmp_path / "o", "--overwrite")
     assert code == 0, err
-    from posenc.lab.pretrained import main
-
-    assert main(["--model", str(tmp_path / "hf"), *flags]) == 0  # python -m posenc.lab.pretrained
-    assert "+yarn" in capsys.readouterr().out
 
 
 def test_the_command_gives_one_line_for_each_user_error(tmp_path, corpus, capsys):
@@ -215,6 +83,7 @@ def test_the_command_gives_one_line_for_each_user_error(tmp_path, corpus, capsys
         "too few for 4 windows of up to 4096": ["--model", tmp_path / "hf", "--eval-lens", "4096"],
         "--schemes train models of their own": ["--model", tmp_path / "hf", "--schemes", "alibi"],
         "is not a comma list": ["--model", tmp_path / "hf", "--eval-lens", "x"],
+        "--peft chooses how to fine-tune": ["--model", tmp_path / "hf", "--peft", "lora"],
     }
     for needle, argv in cases.items():
         code, out, err = _cli(capsys, *argv, *data)

@@ -28,7 +28,7 @@ import torch
 
 from .._validate import check_int, check_positive_float
 from .config import TrainConfig
-from .pretrained import Setup, at_variant
+from .pretrained_eval import Setup, at_variant, format_rows
 from .stats import format_interval
 
 __all__ = ["DEFAULT_BATCH", "DEFAULT_LR", "LORA", "FinetunePlan", "check_peft", "format_finetune"]
@@ -132,7 +132,7 @@ class FinetunePlan:
 
     def run(self, setup: Setup, results: dict[str, Any], *, progress: bool | None = None) -> dict[str, Any]:
         """Fine-tune every run of :meth:`runs` from ``setup.model`` and score it on ``setup``'s
-        windows; ``results`` (:func:`~posenc.lab.pretrained.evaluate_setup`) gives the runs before.
+        windows; ``results`` (:func:`~posenc.lab.pretrained_eval.evaluate_setup`) gives the runs before.
 
         Returns:
             ``{"length", "steps", "lr", "seed", "peft", "control", "runs": [{"name", "variant",
@@ -221,8 +221,6 @@ def _with_lora(model):
 def format_finetune(results: dict[str, Any], unit: str) -> list[str]:
     """The fine-tuning tables: sliding-window score, paired delta against the control (at ``L``:
     the cost) and against the same model before fine-tuning, 95% intervals over documents."""
-    from .pretrained import format_rows
-
     ft = results["finetune"]
     runs, L = ft["runs"], ft["train_len"]
     lens = [p["length"] for p in runs[0]["eval"]]
