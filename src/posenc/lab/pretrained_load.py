@@ -195,7 +195,11 @@ def read_text(
             f"the tokenizer gives id {top:,} but the model has {vocab_size:,} ids; the tokenizer.json "
             "is not this model's"
         )
-    summary = f"{text.info.summary()}; {val.numel():,} validation tokens ({tokenizer.kind} tokenizer.json)"
+    per_token = text.val_bytes.numel() / max(1, val.numel())  # to turn bits per token into bits per byte
+    summary = (
+        f"{text.info.summary()}; {val.numel():,} validation tokens ({tokenizer.kind} tokenizer.json, "
+        f"{per_token:.2f} bytes per token)"
+    )
     info = {**info, "tokenizer": tokenizer.kind, "tokenizer_vocab": tokenizer.vocab_size}
     data_id = f"{data_id}:{tokenizer.kind}{tokenizer.vocab_size}"
     return PretrainedText("token", train, val, names, starts, summary, info, data_id)
