@@ -105,7 +105,7 @@ def test_the_command_fine_tunes_or_says_why_not(tmp_path, corpus, capsys):
     err = capsys.readouterr().err
     assert "pip install peft" in err and err.count("\n") == 1
     assert cli_main([*argv, "--peft", "lora"]) == 2
-    assert "give it with --finetune-len" in capsys.readouterr().err
+    assert "give them with --finetune-len" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(importlib.util.find_spec("peft") is None, reason="peft is not installed")

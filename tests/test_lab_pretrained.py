@@ -83,7 +83,7 @@ def test_the_command_gives_one_line_for_each_user_error(tmp_path, corpus, capsys
         "too few for 4 windows of up to 4096": ["--model", tmp_path / "hf", "--eval-lens", "4096"],
         "--schemes train models of their own": ["--model", tmp_path / "hf", "--schemes", "alibi"],
         "is not a comma list": ["--model", tmp_path / "hf", "--eval-lens", "x"],
-        "--peft chooses how to fine-tune": ["--model", tmp_path / "hf", "--peft", "lora"],
+        "--lr, --peft set how to fine-tune": ["--model", tmp_path / "hf", "--lr", "1e-3", "--peft", "lora"],
     }
     for needle, argv in cases.items():
         code, out, err = _cli(capsys, *argv, *data)

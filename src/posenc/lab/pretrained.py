@@ -88,7 +88,11 @@ _STUDY_ONLY = (
     ("dropout", "--dropout"),
     ("curriculum_steps", "--curriculum-steps"),
     ("checkpoint_every", "--checkpoint-every"),
+    ("position_lr_scale", "--position-lr-scale"),
 )
+
+#: Flags that set fine-tuning, meaningless without --finetune-len.
+_FINETUNE_ONLY = (("batch_size", "--batch-size"), ("lr", "--lr"), ("seed", "--seed"), ("peft", "--peft"))
 
 
 def _check_flags(args: argparse.Namespace) -> None:
@@ -103,8 +107,11 @@ def _check_flags(args: argparse.Namespace) -> None:
     ft_len, ft_steps = getattr(args, "finetune_len", None), getattr(args, "finetune_steps", None)
     if (ft_len is None) != (ft_steps is None):
         raise ValueError("--finetune-len and --finetune-steps go together: give both (e.g. 256 and 100)")
-    if getattr(args, "peft", None) and ft_len is None:
-        raise ValueError("--peft chooses how to fine-tune: give it with --finetune-len and --finetune-steps")
+    unused = [flag for attr, flag in _FINETUNE_ONLY if getattr(args, attr, None) is not None]
+    if unused and ft_len is None:
+        raise ValueError(
+            f"{', '.join(unused)} set how to fine-tune: give them with --finetune-len and --finetune-steps"
+        )
 
 
 def _given(args: argparse.Namespace, name: str, default: Any) -> Any:
