@@ -91,3 +91,16 @@ def test_the_command_gives_one_line_for_each_user_error(tmp_path, corpus, capsys
         assert err.startswith("posenc extrapolate: error: ") and err.count("\n") == 1, err
         assert needle in err, (needle, err)
         assert out == ""
+
+
+def test_quick_keeps_the_work_small(tmp_path, corpus, capsys):
+    save_transformers(_model(), tmp_path / "hf")
+    argv = ["--model", tmp_path / "hf", "--quick", "--corpus", corpus, "--val-fraction", "0.34"]
+    code, out, err = _cli(capsys, *argv, "--variants", "none", "--out", tmp_path / "q")
+    assert "as is" in out
+    assert code == 0, err
+    record = json.loads((tmp_path / "q" / "results.json").read_text())
+    assert record["eval_lens"] == [16, 32, 64]  # L, 2L, 4L
+    assert record["eval"]["windows"] == 16 and record["environment"]["quick"] is True
+    probe = record["runs"][0]["eval"][-1]["probe"]
+    assert probe[0]["gain"]["n"] == 16  # trials per distance
