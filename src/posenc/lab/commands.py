@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from . import pretrained
+
 __all__ = ["extrapolate_args", "extrapolate_run", "parse_list", "parse_options", "train_args", "train_run"]
 
 
@@ -278,6 +280,7 @@ def extrapolate_args(p: argparse.ArgumentParser) -> None:
         help="run the cells on a Dask cluster at this scheduler address (tcp://host:8786)",
     )
     _common_args(p)
+    pretrained.add_model_flags(p)  # --model: a pretrained model (posenc.lab.pretrained)
 
 
 def _study_config(args: argparse.Namespace):
@@ -336,6 +339,8 @@ def _workers(args: argparse.Namespace, info, device, cells: int) -> int:
 
 def extrapolate_run(args: argparse.Namespace) -> int:
     """Run ``posenc extrapolate``: train, evaluate, print the table, write the JSON and plot."""
+    if getattr(args, "model", None):
+        return pretrained.run(args)
     if args.regenerate is not None:
         from .doctables import regenerate_run
 

@@ -1,0 +1,120 @@
+"""Tests of posenc.lab.finetune_pretrained: a loaded model fine-tuned at a longer length, plainly
+and under its scheme's variants, next to the control continued at its trained length for the same
+steps and tokens, with paired deltas against the control and against the model before."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from posenc.cli import main as cli_main
+from posenc.lab.finetune_pretrained import FinetunePlan, check_peft, format_finetune
+from posenc.lab.pretrained_eval import evaluate_setup, prepare_pretrained
+from posenc.model import ModelConfig, TransformerLM
+from posenc.model.hf import save_transformers
+
+TEXT = "def f(x):\n    return x * 2 + 1\n" * 40
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    for i in range(6):
+        (folder / f"m{i}.py").write_text(TEXT.replace("2", str(i)))
+    return str(folder)
+
+
+def _model(position="rope") -> TransformerLM:
+    torch.manual_seed(0)
+    config = ModelConfig(
+        vocab_size=256, d_model=32, num_layers=2, num_heads=4, position=position, max_len=16, init_std=0.5
+    )
+    return TransformerLM(config).eval()
+
+
+def _setup(model, corpus, **kw):
+    return prepare_pretrained(
+        model, corpus=corpus, val_fraction=0.34, eval_windows=8, eval_lens=(32,), probe_trials=0, **kw
+    )
+
+
+def test_finetuning_carries_the_control(corpus):
+    model = _model()
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    setup = _setup(model, corpus, variants=("yarn",))
+    results = evaluate_setup(setup)
+    plan = FinetunePlan.checked(setup, 32, 3, batch_size=4, lr=1e-3)
+    ft = plan.run(setup, results, progress=False)
+    names = [r["name"] for r in ft["runs"]]
+    assert names == ["ft32", "+yarn+ft32", "cont16"] and ft["control"] == "cont16"
+    control, plain = ft["runs"][2], ft["runs"][0]
+    # the control: the same steps and tokens, at L
+    assert control["train"]["length"] == 16 and control["train"]["batch_size"] == 4
+    assert plain["train"]["length"] == 32 and plain["train"]["batch_size"] == 2
+    assert control["train"]["tokens"] == plain["train"]["tokens"] == 3 * 4 * 16
+    assert control["train"]["steps"] == plain["train"]["steps"] == 3
+    # the loaded model itself is untouched: every run trained a copy
+    assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())
+    for run in ft["runs"]:
+        before = next(r for r in results["runs"] if r["name"] == run["before"])
+        for p, b in zip(run["eval"], before["eval"]):
+            # the paired differences are of the same windows: fine-tuned minus control / before
+            assert p["vs_before"]["mean"] == pytest.approx(p["bpb_window"] - b["bpb_window"])
+            assert p["bpb_window"] != pytest.approx(b["bpb_window"], abs=1e-4)  # training moved it
+            if run["control"]:
+                assert p["vs_control"] is None
+            else:
+                c = control["eval"][run["eval"].index(p)]
+                assert p["vs_control"]["mean"] == pytest.approx(p["bpb_window"] - c["bpb_window"])
+                assert p["vs_control"]["over"] == "documents"
+    # the cost at L: the fine-tuned model against the control at E = L, in the table
+    results["finetune"] = ft
+    table = "\n".join(format_finetune(results, "byte"))
+    assert "paired delta vs the control cont16" in table and "at 16: its cost" in table
+    assert format_finetune(results, "byte")[0].startswith("fine-tuned at 32 for 3 steps (192 tokens")
+
+
+def test_plan_errors(tmp_path, corpus):
+    setup = _setup(_model(), corpus)
+    with pytest.raises(ValueError, match="--finetune-steps must be >= 1"):
+        FinetunePlan.checked(setup, 32, 0)
+    with pytest.raises(ValueError, match="too few for fine-tuning windows of 100000"):
+        FinetunePlan.checked(setup, 100_000, 3)
+    learned = prepare_pretrained(
+        _model("learned"), corpus=corpus, val_fraction=0.34, eval_windows=8, probe_trials=0
+    )
+    with pytest.raises(ValueError, match="--finetune-len 32 is longer than the model's positions allow"):
+        FinetunePlan.checked(learned, 32, 3)
+    if importlib.util.find_spec("peft") is None:
+        with pytest.raises(ValueError, match=r"not installed \(pip install peft\)"):
+            check_peft()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("peft") is not None, reason="peft is installed")
+def test_the_command_fine_tunes_or_says_why_not(tmp_path, corpus, capsys):
+    save_transformers(_model(), tmp_path / "hf")
+    argv = ["extrapolate", "--model", str(tmp_path / "hf"), "--corpus", corpus, "--val-fraction", "0.34"]
+    argv += ["--eval-windows", "4", "--eval-lens", "32", "--variants", "none", "--no-progress"]
+    assert cli_main([*argv, "--finetune-len", "32", "--finetune-steps", "2", "--batch-size", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "control cont16" in out and "ft32" in out
+    assert cli_main([*argv, "--finetune-len", "32", "--finetune-steps", "2", "--peft", "lora"]) == 2
+    err = capsys.readouterr().err
+    assert "pip install peft" in err and err.count("\n") == 1
+    assert cli_main([*argv, "--peft", "lora"]) == 2
+    assert "give them with --finetune-len" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(importlib.util.find_spec("peft") is None, reason="peft is not installed")
+def test_lora_through_peft_trains_adapters_and_merges_them(corpus):
+    model = _model()
+    setup = _setup(model, corpus, variants=())
+    plan = FinetunePlan.checked(setup, 32, 2, batch_size=4, lr=1e-3, peft="lora")
+    ft = plan.run(setup, evaluate_setup(setup), progress=False)
+    total = sum(p.numel() for p in model.parameters())
+    for run in ft["runs"]:
+        assert 0 < run["train"]["trainable"] < total / 2  # adapters only (rank 8 of width 32)
+        assert run["eval"][1]["vs_before"]["mean"] != pytest.approx(0.0, abs=1e-6)  # merged: it moved
