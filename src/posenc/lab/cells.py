@@ -40,7 +40,7 @@ from ..text.tasks import task_seq_len
 from .config import StudyConfig
 from .distributed import dist_info
 from .evalset import EvalSet, sample_eval_set
-from .evaluate import EVALUATORS, EvalPoint, task_batch_fn
+from .evaluate import EVALUATORS, evaluate_lengths, task_batch_fn
 from .grid import Setting, run_name, split_setting, study_settings
 from .memory import check_memory, estimate_memory
 from .runs import check_owner, current_run_id, write_json, writing_for
@@ -51,6 +51,7 @@ __all__ = [
     "StudyData",
     "cell_key",
     "cell_model_config",
+    "cell_record",
     "finished_cell",
     "full_key",
     "iter_cells",
@@ -155,8 +156,9 @@ def _study_data(key: str) -> StudyData:
     }
     data_id = f"{corpus.info.sha256}:split{config.split_seed}"  # the bytes a cell trains on
     eval_id = hashlib.sha256(evalset.anchors.numpy().tobytes()).hexdigest()[:16]  # the windows it reads
-    return StudyData(corpus.train_bytes, evalset, 256, config.train_len, config.train_len, record, data_id,
-                     eval_id)  # fmt: skip
+    return StudyData(
+        corpus.train_bytes, evalset, 256, config.train_len, config.train_len, record, data_id, eval_id
+    )
 
 
 def study_data(config: StudyConfig) -> StudyData:
@@ -179,45 +181,6 @@ def study_data(config: StudyConfig) -> StudyData:
 # ----------------------------------------------------------------------------------------------
 # One cell
 # ----------------------------------------------------------------------------------------------
-def _position_limit(model_config) -> int | None:
-    """The longest input the scheme can encode (learned: its table), built on the meta device."""
-    from ..registry import build_with_context
-
-    with torch.device("meta"):
-        scheme = build_with_context(
-            model_config.position, model_config.scheme_context(True), model_config.position_options
-        )
-    return getattr(scheme, "max_len", None)
-
-
-def _evaluate(
-    config: StudyConfig,
-    evaluator,
-    model_at: Callable[[int], torch.nn.Module],
-    model_config,
-    note: Callable[[int], str] | None = None,
-) -> list[EvalPoint]:
-    """Every length with the model ``model_at(E)`` (n/a past the scheme's table), then the
-    evaluator's pairing."""
-    limit = _position_limit(model_config)
-    points = []
-    for e in config.eval_lens:
-        if limit is not None and evaluator.positions_needed(e) > limit:
-            points.append(EvalPoint(e, note=f"n/a: {model_config.position} positions stop at {limit}"))
-            continue
-        model = model_at(e)
-        point = evaluator(model, e)
-        if note is not None:
-            point.note = note(e)
-        if config.diagnostic_windows:  # attention entropy, distance, mass beyond L
-            from .diagnostics import fill_diagnostics
-
-            fill_diagnostics(point, model, config, evaluator.evalset, evaluator.device)
-        points.append(point)
-    evaluator.finish(points)
-    return points
-
-
 def _variant_runs(config: StudyConfig, cell: Cell, evaluator, model, mc, device) -> list[dict[str, Any]]:
     """The trained weights evaluated with each variant the scheme declares, factor ``max(1, E / L)``."""
     from ..model import TransformerLM
@@ -235,7 +198,7 @@ def _variant_runs(config: StudyConfig, cell: Cell, evaluator, model, mc, device)
             m.load_state_dict(state)  # the same weights; only the positional maths changes
             return m.eval()
 
-        points = _evaluate(
+        points = evaluate_lengths(
             config, evaluator, scaled, mc, note=lambda e: f"factor {max(1.0, e / config.train_len):g}"
         )
         name = f"{cell.run}+{variant}"
@@ -283,14 +246,14 @@ def run_cell(
     ckpt = out_dir / "checkpoints" / f"{cell.name}.safetensors" if out_dir is not None else None
     if config.lm:  # the longest evaluation must fit too: refuse before training, on every rank
         longest = max(config.eval_lens)
-        check_memory(estimate_memory(mc, 1, longest, training=False), device,
-                     what=f"evaluation at length {longest} (one window)")  # fmt: skip
+        need = estimate_memory(mc, 1, longest, training=False)
+        check_memory(need, device, what=f"evaluation at length {longest} (one window)")
     model, result = _train_cell(config, cell, data, mc, device, ckpt, resume, progress)
-    record = _record(cell, key, model, mc, result)
+    record = cell_record(cell, key, model, mc, result)
     info = dist_info()
     if info.is_main:  # under torchrun, rank 0 alone evaluates and writes
         evaluator = EVALUATORS[config.mode](config, data.evalset, device)
-        points = _evaluate(config, evaluator, lambda e: model, mc)
+        points = evaluate_lengths(config, evaluator, lambda e: model, mc)
         record["runs"] = [{"name": cell.run, "variant": None, "eval": [p.to_dict() for p in points]}]
         if config.lm:
             record["runs"] += _variant_runs(config, cell, evaluator, model, mc, device)
@@ -360,7 +323,7 @@ def cell_model_config(config: StudyConfig, cell: Cell, data: StudyData):
     return dataclasses.replace(mc, **fields)
 
 
-def _record(cell: Cell, key: dict[str, Any], model, mc, result) -> dict[str, Any]:
+def cell_record(cell: Cell, key: dict[str, Any], model, mc, result) -> dict[str, Any]:
     """A cell's record before evaluation: what it is, what it trained, its losses."""
     tail = result.losses[-max(1, len(result.losses) // 10) :]
     return {
@@ -550,8 +513,10 @@ def _check_scheduler(address: object) -> None:
 
     match = re.fullmatch(r"(?:tcp://)?([^/:\s]+):(\d{1,5})", str(address))
     if match is None:
-        raise ValueError(f"--cluster {address!r} is not a Dask scheduler address; give tcp://HOST:PORT "
-                         "(dask scheduler prints it, e.g. tcp://10.0.0.5:8786)")  # fmt: skip
+        raise ValueError(
+            f"--cluster {address!r} is not a Dask scheduler address; give tcp://HOST:PORT "
+            "(dask scheduler prints it, e.g. tcp://10.0.0.5:8786)"
+        )
     try:
         socket.create_connection((match.group(1), int(match.group(2))), timeout=5).close()
     except (OSError, OverflowError) as err:  # refused, unknown host, timed out, port out of range

@@ -24,6 +24,7 @@ __all__ = [
     "MAX_RANDOM_POSITIONS",
     "MODES",
     "PRESETS",
+    "RESUMABLE_CHANGES",
     "TASK_DEFAULTS",
     "BatchFn",
     "StudyConfig",
@@ -171,7 +172,7 @@ class TrainConfig:
 
 
 #: Fields that may change between a run and its resumption (they do not change the result).
-_RESUMABLE_CHANGES = ("checkpoint_every", "log_every")
+RESUMABLE_CHANGES = ("checkpoint_every", "log_every")
 
 
 # ----------------------------------------------------------------------------------------------

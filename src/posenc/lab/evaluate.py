@@ -47,9 +47,11 @@ __all__ = [
     "LMEvaluator",
     "TaskEvaluator",
     "curriculum_len",
+    "evaluate_lengths",
     "evaluate_lm",
     "evaluate_task",
     "paired_deltas",
+    "position_limit",
     "task_batch_fn",
 ]
 
@@ -255,11 +257,11 @@ def task_batch_fn(task: str, batch_size: int, max_len: int, seed: int, curriculu
     ``1..max_len`` (``1..curriculum_len(step, ...)`` while a curriculum runs): ids ``[b, s-1]``,
     targets ``[b, s-1]`` with only the answer tokens (and ``[EOS]``) counted."""
     from ..text.tasks import generate_task
-    from .train import IGNORE_INDEX, _step_seed
+    from .train import IGNORE_INDEX, step_seed
 
     def batch(step: int, rank: int, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         hi = curriculum_len(step, max_len, curriculum_steps)
-        ex = generate_task(task, batch_size, (1, hi), seed=_step_seed(seed, step) % 2**62)
+        ex = generate_task(task, batch_size, (1, hi), seed=step_seed(seed, step) % 2**62)
         per_rank = batch_size // world_size
         rows = slice(rank * per_rank, (rank + 1) * per_rank)
         tokens, mask = ex.tokens[rows], ex.answer_mask[rows]  # [b, s]
@@ -453,3 +455,42 @@ EVALUATORS: dict[str, type] = {
     "parity": TaskEvaluator,
     "addition_reversed": TaskEvaluator,
 }
+
+
+def position_limit(model_config) -> int | None:
+    """The longest input the scheme can encode (learned: its table), built on the meta device."""
+    from ..registry import build_with_context
+
+    with torch.device("meta"):
+        scheme = build_with_context(
+            model_config.position, model_config.scheme_context(True), model_config.position_options
+        )
+    return getattr(scheme, "max_len", None)
+
+
+def evaluate_lengths(
+    config,
+    evaluator,
+    model_at: Callable[[int], torch.nn.Module],
+    model_config,
+    note: Callable[[int], str] | None = None,
+) -> list[EvalPoint]:
+    """Every length with the model ``model_at(E)`` (n/a past the scheme's table), then the
+    evaluator's pairing."""
+    limit = position_limit(model_config)
+    points = []
+    for e in config.eval_lens:
+        if limit is not None and evaluator.positions_needed(e) > limit:
+            points.append(EvalPoint(e, note=f"n/a: {model_config.position} positions stop at {limit}"))
+            continue
+        model = model_at(e)
+        point = evaluator(model, e)
+        if note is not None:
+            point.note = note(e)
+        if config.diagnostic_windows:  # attention entropy, distance, mass beyond L
+            from .diagnostics import fill_diagnostics
+
+            fill_diagnostics(point, model, config, evaluator.evalset, evaluator.device)
+        points.append(point)
+    evaluator.finish(points)
+    return points

@@ -38,9 +38,8 @@ import torch
 
 from .cells import (
     Cell,
-    _evaluate,
-    _record,
     cell_model_config,
+    cell_record,
     finished_cell,
     full_key,
     own_checkpoint,
@@ -48,7 +47,7 @@ from .cells import (
 )
 from .config import StudyConfig, TrainConfig
 from .distributed import dist_info
-from .evaluate import EVALUATORS
+from .evaluate import EVALUATORS, evaluate_lengths, position_limit
 from .runs import write_json
 
 __all__ = ["FinetuneCell", "finetune_cells", "finetune_config", "finetune_summary", "run_finetune"]
@@ -107,12 +106,7 @@ def finetune_cells(config: StudyConfig, cells: list[Cell]) -> list[FinetuneCell]
 
 def _can_encode(config: StudyConfig, cell: Cell, data, length: int) -> bool:
     """Whether the cell's scheme can read ``length`` positions (learned tables stop at theirs)."""
-    from ..registry import build_with_context
-
-    mc = cell_model_config(config, cell, data)
-    with torch.device("meta"):
-        scheme = build_with_context(mc.position, mc.scheme_context(True), mc.position_options)
-    limit = getattr(scheme, "max_len", None)
+    limit = position_limit(cell_model_config(config, cell, data))
     return limit is None or limit >= length
 
 
@@ -213,7 +207,8 @@ def run_finetune(
         desc=ft.name,
         data_id=data.data_id,
     )
-    record = {**_record(ft, key, model, mc, result), "variant": ft.variant, "finetune": _cost(config, tc, ft)}
+    record = cell_record(ft, key, model, mc, result)
+    record.update(variant=ft.variant, finetune=_cost(config, tc, ft))
     if dist_info().is_main:
         record["runs"] = [_evaluate_finetuned(config, ft, model, mc, data, device)]
         write_json(cell_file, record)
@@ -226,7 +221,7 @@ def _evaluate_finetuned(config: StudyConfig, ft: FinetuneCell, model, mc, data, 
     how = "continued at" if ft.control else "fine-tuned at"
     note = f"{how} {ft.length} for {config.finetune_steps} steps, factor {factor:g}"
     evaluator = EVALUATORS[config.mode](config, data.evalset, device)
-    points = _evaluate(config, evaluator, lambda e: model, mc, note=lambda e: note)
+    points = evaluate_lengths(config, evaluator, lambda e: model, mc, note=lambda e: note)
     return {"name": ft.run, "variant": ft.variant, "finetune": True, "eval": [p.to_dict() for p in points]}
 
 
