@@ -75,7 +75,7 @@ def test_a_killed_study_resumes_and_skips_finished_cells(corpus_dir, tmp_path, m
     # a setting that changes the numbers invalidates the cell: it runs again (from its checkpoint)
     other = tiny_study(corpus_dir, schemes=("alibi",), checkpoint_every=2, eval_windows=5)
     rerun = run_cell(other, Cell("alibi", 0), **kw)
-    assert "reused" not in rerun and rerun["train"]["resumed_from"] == config.steps
+    assert "reused" not in rerun and rerun["train"]["resumed_from"] == config.train.steps
     assert len(rerun["runs"][0]["eval"][0]["window_bits"]) == 5
 
 

@@ -36,7 +36,7 @@ def test_tiny_study_with_two_seeds_end_to_end(tmp_path, corpus_dir, capsys):
     assert (out / "cells" / "rope-seed0.json").exists()
 
     cfg = results["config"]
-    assert cfg["seeds"] == [0, 1] and cfg["split_seed"] == 0 and cfg["eval_lens"] == [8, 16, 32]
+    assert cfg["seeds"] == [0, 1] and cfg["data"]["split_seed"] == 0 and cfg["eval_lens"] == [8, 16, 32]
     assert len(results["corpus"]["sha256"]) == 64
     ev = results["eval"]
     assert ev["windows"] == 6 and ev["score_len"] == 4 and sum(ev["documents"].values()) == 6

@@ -35,7 +35,6 @@ LONG_FILES: dict[str, str] = {
     "lab/config.py": "the study's configuration, to be composed from TrainConfig and ModelConfig",
     "lab/cells.py": "one cell's run (train, evaluate, record, resume checks), to be cut by concept "
     "with the lab's configuration",
-    "lab/commands.py": "argparse declarations, one per flag, to be generated from the config fields",
     "lab/extrapolate.py": "a study's run and its reporting (summary, comparisons, probe, per-length "
     "ranking, controls): reporting is the concept to move out",
 }
@@ -46,7 +45,6 @@ LONG_FUNCTIONS: dict[str, str] = {
     "benchmarks/train_step.py:_case": "one benchmark table: each peer configured and checked in line",
     "lab/train.py:train": "public entry point: 47 lines of docstring (14 arguments), a 50-line body",
     "kernels/_rope_triton_jit.py:rope_pair_kernel": "a Triton kernel: one compiled function",
-    "lab/commands.py:extrapolate_args": "argparse declarations, one per flag",
     "lab/plot.py:plot_study": "one figure, three panels",
     "text/pipeline.py:format_pipeline": "one printed table per step",
     "rotary/hf.py:hf_rope_config": "one case per Hugging Face config generation",

@@ -37,16 +37,18 @@ from typing import Any
 import torch
 
 from ..text.tasks import task_seq_len
-from .config import StudyConfig
+from .config import RESUMABLE_CHANGES, StudyConfig
 from .distributed import dist_info
 from .evalset import EvalSet, sample_eval_set
 from .evaluate import EVALUATORS, evaluate_lengths, task_batch_fn
-from .grid import Setting, run_name, split_setting, study_settings
+from .grid import Setting, run_name, scheme_entry, split_setting, study_settings
 from .memory import check_memory, estimate_memory
 from .runs import check_owner, current_run_id, write_json, writing_for
 from .train import seed_everything, train
 
 __all__ = [
+    "FLAT_KEY_FIELDS",
+    "NOT_IN_CELL",
     "Cell",
     "StudyData",
     "cell_key",
@@ -61,18 +63,35 @@ __all__ = [
     "study_data",
 ]
 
-#: Config fields that do not change a cell's numbers (so a finished cell is still valid when they
+#: Study fields that do not change a cell's numbers (so a finished cell is still valid when they
 #: change); a cell's own setting is in its key instead of the whole grid's.
-_NOT_IN_CELL = (
+NOT_IN_CELL = (
     "schemes",
     "seeds",
-    "checkpoint_every",
     "eval_batch_tokens",
     "vary",
     "randomized_positions",
     "finetune_len",
     "finetune_steps",
 )
+
+#: The training and model fields a cell key names without their part (``steps``, not
+#: ``train.steps``), always: the keys of the cell files written before studies had parts. The
+#: parts' other fields are in a key as ``train.NAME``/``model.NAME`` when they differ from the
+#: part's default, so an existing cell file's key is unchanged.
+FLAT_KEY_FIELDS = {
+    "train": (
+        "steps",
+        "batch_size",
+        "lr",
+        "min_lr",
+        "warmup_steps",
+        "weight_decay",
+        "grad_clip",
+        "position_lr_scale",
+    ),
+    "model": ("d_model", "num_layers", "num_heads", "dropout"),
+}
 
 
 @dataclass(frozen=True)
@@ -100,8 +119,20 @@ def study_cells(config: StudyConfig) -> list[Cell]:
 
 
 def cell_key(config: StudyConfig) -> dict[str, Any]:
-    """What a finished cell must have been run with to be reused."""
-    return {k: v for k, v in config.to_dict().items() if k not in _NOT_IN_CELL}
+    """What a finished cell must have been run with to be reused: the study's fields that change its
+    numbers, the corpus, and the training and model fields (:data:`FLAT_KEY_FIELDS` by name, the
+    others when not at the study's default; fields that do not change the numbers left out)."""
+    d = config.to_dict()
+    key = {k: v for k, v in d.items() if k not in NOT_IN_CELL and k not in ("data", "train", "model")}
+    key.update(d["data"])
+    for part in ("train", "model"):
+        defaults = StudyConfig.__dataclass_fields__[part].default_factory().to_dict()
+        for name, value in d[part].items():
+            if name in FLAT_KEY_FIELDS[part]:
+                key[name] = value
+            elif value != defaults.get(name) and name not in RESUMABLE_CHANGES:
+                key[f"{part}.{name}"] = value
+    return key
 
 
 # ----------------------------------------------------------------------------------------------
@@ -130,16 +161,12 @@ def _study_data(key: str) -> StudyData:
         seq_len = task_seq_len(config.mode, config.train_len) - 1  # learned positions: the longest example
         record = {"examples": config.eval_examples, "metric": "exact match (teacher-forced argmax)"}
         return StudyData(None, None, len(TASK_VOCAB), seq_len, seq_len, {"eval": record})
-    from ..text import load_corpus
-
-    corpus = load_corpus(
-        config.corpus, max_chars=config.max_chars, seed=config.split_seed, val_fraction=config.val_fraction
-    )
+    corpus = config.data.load()
     evalset = sample_eval_set(
         corpus.val_bytes,
         config.eval_windows,
         max(config.eval_lens),
-        config.split_seed,
+        config.data.split_seed,
         doc_names=[d.name for d in corpus.val],
         doc_starts=corpus.val_starts,
         train_tokens=corpus.train_bytes,
@@ -149,12 +176,12 @@ def _study_data(key: str) -> StudyData:
         "corpus": dataclasses.asdict(corpus.info),
         "eval": {
             "score_len": config.targets_per_window,
-            "split_seed": config.split_seed,
+            "split_seed": config.data.split_seed,
             "val_bytes": int(corpus.val_bytes.numel()),
             **evalset.record(),
         },
     }
-    data_id = f"{corpus.info.sha256}:split{config.split_seed}"  # the bytes a cell trains on
+    data_id = f"{corpus.info.sha256}:split{config.data.split_seed}"  # the bytes a cell trains on
     eval_id = hashlib.sha256(evalset.anchors.numpy().tobytes()).hexdigest()[:16]  # the windows it reads
     return StudyData(
         corpus.train_bytes, evalset, 256, config.train_len, config.train_len, record, data_id, eval_id
@@ -163,17 +190,7 @@ def _study_data(key: str) -> StudyData:
 
 def study_data(config: StudyConfig) -> StudyData:
     """The :class:`StudyData` of ``config`` (cached per process: cells of one study share it)."""
-    data_fields = (
-        "mode",
-        "train_len",
-        "eval_lens",
-        "corpus",
-        "max_chars",
-        "split_seed",
-        "eval_windows",
-        "score_len",
-        "eval_examples",
-    )
+    data_fields = ("mode", "train_len", "eval_lens", "eval_windows", "score_len", "eval_examples", "data")
     key = {k: v for k, v in config.to_dict().items() if k in data_fields}
     return _study_data(json.dumps(key, sort_keys=True))
 
@@ -186,7 +203,7 @@ def _variant_runs(config: StudyConfig, cell: Cell, evaluator, model, mc, device)
     from ..model import TransformerLM
     from ..registry import scheme_class
 
-    cls = scheme_class(cell.scheme)
+    cls = scheme_class(scheme_entry(cell.scheme).position)  # variants act on the input scheme's options
     runs = []
     state = model.state_dict()
     for variant in (v for v in config.variants if v in cls.eval_variants):
@@ -375,7 +392,7 @@ def _train_cell(
         data.train_bytes
         if config.lm
         else task_batch_fn(
-            config.mode, config.batch_size, config.train_len, cell.seed, config.curriculum_steps
+            config.mode, config.train.batch_size, config.train_len, cell.seed, config.curriculum_steps
         )
     )
     seed_everything(cell.seed)

@@ -383,7 +383,7 @@ class LMEvaluator:
                     self.evalset.tokens,
                     distances,
                     string_len=PROBE_STRING,
-                    seed=c.split_seed,
+                    seed=c.data.split_seed,
                     device=self.device,
                 )
         return point
@@ -391,7 +391,10 @@ class LMEvaluator:
     def finish(self, points: list[EvalPoint]) -> None:
         if any(p.window_bits for p in points):
             paired_deltas(
-                points, self.config.train_len, seed=self.config.split_seed, clusters=self.evalset.clusters
+                points,
+                self.config.train_len,
+                seed=self.config.data.split_seed,
+                clusters=self.evalset.clusters,
             )
 
 
@@ -412,7 +415,7 @@ class TaskEvaluator:
             c.mode,
             length,
             c.eval_examples,
-            seed=c.split_seed + 1_000_003 + length,
+            seed=c.data.split_seed + 1_000_003 + length,
             device=self.device,
             train_len=c.train_len,
         )
@@ -427,13 +430,13 @@ class TaskEvaluator:
         s = self.positions_needed(length)
         if s > max_position:
             return EvalPoint(length, note=f"n/a: {s} positions do not fit in [0, {max_position})")
-        g = torch.Generator().manual_seed(c.split_seed + 7_919 + length)
+        g = torch.Generator().manual_seed(c.data.split_seed + 7_919 + length)
         point = evaluate_task(
             model,
             c.mode,
             length,
             c.eval_examples,
-            seed=c.split_seed + 1_000_003 + length,
+            seed=c.data.split_seed + 1_000_003 + length,
             device=self.device,
             train_len=c.train_len,
             positions=lambda b, seq: randomized_positions(b, seq, max_position, generator=g),

@@ -48,6 +48,7 @@ from .cells import (
 from .config import StudyConfig, TrainConfig
 from .distributed import dist_info
 from .evaluate import EVALUATORS, evaluate_lengths, position_limit
+from .grid import scheme_entry
 from .runs import write_json
 
 __all__ = ["FinetuneCell", "finetune_cells", "finetune_config", "finetune_summary", "run_finetune"]
@@ -96,7 +97,7 @@ def finetune_cells(config: StudyConfig, cells: list[Cell]) -> list[FinetuneCell]
     data = study_data(config)
     out = []
     for cell in cells:
-        offered = scheme_class(cell.scheme).eval_variants
+        offered = scheme_class(scheme_entry(cell.scheme).position).eval_variants
         variants = [None, *(v for v in config.variants if v in offered)]
         if _can_encode(config, cell, data, config.finetune_len):
             out += [FinetuneCell(cell, v, config.finetune_len) for v in variants]
@@ -116,13 +117,13 @@ def finetune_config(config: StudyConfig, seed: int, length: int | None = None) -
     run's tokens per step."""
     length = config.finetune_len if length is None else length
     base = config.train_config(length, seed)
-    batch = max(1, config.batch_size * config.train_len // length)
+    batch = max(1, config.train.batch_size * config.train_len // length)
     return dataclasses.replace(
         base,
         steps=config.finetune_steps,
         batch_size=batch,
-        lr=config.min_lr,
-        min_lr=config.min_lr,
+        lr=config.train.min_lr,
+        min_lr=config.train.min_lr,
         warmup_steps=0,
         random_positions=0,
     )
@@ -136,7 +137,9 @@ def _model_config(config: StudyConfig, ft: FinetuneCell, data):
     if ft.variant is None:
         return mc
     factor = config.finetune_len / config.train_len
-    options = scheme_class(ft.scheme).variant_options(ft.variant, factor, config.train_len)
+    options = scheme_class(scheme_entry(ft.scheme).position).variant_options(
+        ft.variant, factor, config.train_len
+    )
     return dataclasses.replace(mc, position_options={**mc.position_options, **options})
 
 
@@ -232,7 +235,7 @@ def _cost(config: StudyConfig, tc: TrainConfig, ft: FinetuneCell) -> dict[str, A
         "batch_size": tc.batch_size,
         "lr": tc.lr,
         "tokens": tc.steps * tc.tokens_per_step,
-        "train_tokens": config.steps * config.batch_size * config.train_len,
+        "train_tokens": config.train.steps * config.train.batch_size * config.train_len,
         "before": ft.before,
         "trained": ft.base.run,
         "control": ft.control,
