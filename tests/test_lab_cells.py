@@ -3,6 +3,7 @@ finished cells skipped on resume; evaluation-time variants; the same data for ev
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -245,3 +246,61 @@ def test_a_scheduler_without_workers_is_a_clear_error_after_a_timeout(corpus_dir
     with distributed.LocalCluster(n_workers=0, protocol="tcp", dashboard_address=None) as cluster, refused:
         list(iter_cells(config, study_cells(config), out=None, device=torch.device("cpu"), resume=False,
                         progress=False, cluster=cluster.scheduler_address))  # fmt: skip
+
+
+def test_cell_keys_of_existing_settings_are_unchanged():
+    """A study run before studies had parts resumes its finished cells: the key of a cell is the
+    one its file holds (written by posenc at b50c9c8 for this configuration); a training or model
+    field the old keys did not have enters the key only when it leaves its default."""
+    from posenc.lab.cells import cell_key
+    from posenc.lab.config import StudyConfig
+
+    config = StudyConfig(
+        schemes=("alibi", "rope"),
+        train_len=64,
+        eval_lens=(64, 128),
+        steps=300,
+        batch_size=32,
+        warmup_steps=20,
+        d_model=64,
+        num_layers=2,
+        num_heads=4,
+        max_chars=3000000,
+        seeds=(0, 1),
+        position_lr_scale=1.0,
+        vary={"norm": ("pre", "post")},
+    )
+    assert cell_key(config) == {
+        "batch_size": 32,
+        "corpus": "stdlib",
+        "curriculum_steps": 0,
+        "d_model": 64,
+        "diagnostic_windows": 0,
+        "dropout": 0.0,
+        "eval_examples": 200,
+        "eval_lens": [64, 128],
+        "eval_windows": 256,
+        "grad_clip": 1.0,
+        "lr": 0.003,
+        "max_chars": 3000000,
+        "min_lr": 0.0003,
+        "mode": "lm",
+        "num_heads": 4,
+        "num_layers": 2,
+        "position_lr_scale": 1.0,
+        "position_options": {},
+        "score_len": None,
+        "split_seed": 0,
+        "steps": 300,
+        "train_len": 64,
+        "val_fraction": 0.1,
+        "variants": ["linear", "ntk", "yarn"],
+        "warmup_steps": 20,
+        "weight_decay": 0.1,
+    }
+    changed = dataclasses.replace(config, train=dataclasses.replace(config.train, betas=(0.8, 0.9)))
+    assert cell_key(changed) == {**cell_key(config), "train.betas": [0.8, 0.9]}
+    changed = dataclasses.replace(config, model=dataclasses.replace(config.model, norm_type="rmsnorm"))
+    assert cell_key(changed) == {**cell_key(config), "model.norm_type": "rmsnorm"}
+    resumable = dataclasses.replace(config, train=dataclasses.replace(config.train, log_every=1))
+    assert cell_key(resumable) == cell_key(config)

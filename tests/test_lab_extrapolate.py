@@ -336,3 +336,21 @@ def test_task_tables_widen_for_intervals_with_both_ends():
     lines = format_table(results).splitlines()
     assert lines[2].split() == ["alibi", "1.000", "[0.981,", "1.000]", "0.845", "[0.788,", "0.889]"]
     assert len(lines[1]) == len(lines[2])  # the header's columns line up with the cells
+
+
+def test_a_per_layer_pattern_is_a_scheme_of_a_study(tmp_path, corpus_dir, capsys):
+    """``--schemes alibi,alibi*2+nope``: the pattern trains and is scored like a scheme, under a
+    readable, file-name-safe run name; its cells' models hold the pattern."""
+    out = tmp_path / "study"
+    command = ["extrapolate", "--schemes", "alibi,alibi*2+nope", "--corpus", str(corpus_dir), *TINY]
+    assert main([*command, "--layers", "3", "--steps", "2", "--seeds", "0", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "alibi-x2+nope" in printed
+    results = json.loads((out / "results.json").read_text())
+    assert [r["name"] for r in results["runs"]] == ["alibi", "alibi-x2+nope"]
+    assert results["config"]["schemes"] == ["alibi", "alibi*2+nope"]
+    cell = json.loads((out / "cells" / "alibi-x2+nope-seed0.json").read_text())
+    assert cell["model_config"]["layer_positions"] == ["alibi", "alibi", "nope"]
+    assert cell["model_config"]["position"] == "nope"
+    assert (out / "checkpoints" / "alibi-x2+nope-seed0.safetensors").exists()
+    assert all(p["bpb_window"] is not None for p in results["runs"][1]["eval"])

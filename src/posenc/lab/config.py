@@ -598,7 +598,8 @@ class StudyConfig:
         from ..registry import scheme_class
         from .grid import check_vary
 
-        self.vary = check_vary(self.vary, self.model_config(self.schemes[0]))
+        models = [self.model_config(s) for s in self.schemes]  # each entry's model is valid
+        self.vary = check_vary(self.vary, models[0])
         for name in ("randomized_positions", "finetune_len", "finetune_steps", "diagnostic_windows"):
             check_int(getattr(self, name), name, minimum=0)
         extras = {
