@@ -20,7 +20,8 @@ def corpus_dir(tmp_path_factory):
 
 
 def _numbers(record):
-    """Everything a cell measured (not how long it took)."""
+    """Everything a cell measured (not how long it took), from its CellRecord or its file's JSON."""
+    record = record if isinstance(record, dict) else record.to_dict()
     runs = [[{k: v for k, v in p.items() if k != "wall_s"} for p in r["eval"]] for r in record["runs"]]
     return record["train"]["loss_every_10_steps"], record["train"]["final_loss_nats"], runs
 
@@ -70,14 +71,14 @@ def test_a_killed_study_resumes_and_skips_finished_cells(corpus_dir, tmp_path, m
         "train",
         lambda model, *a, **k: trained.append(model.config.position) or real_train(model, *a, **k),
     )
-    again = {r["cell"]: r for r in iter_cells(config, study_cells(config), **kw)}
+    again = {r.cell: r for r in iter_cells(config, study_cells(config), **kw)}
     assert trained == ["nope"]  # the finished cell was not trained again
-    assert again["alibi-seed0"]["reused"] and _numbers(again["alibi-seed0"]) == _numbers(first)
+    assert again["alibi-seed0"].reused and _numbers(again["alibi-seed0"]) == _numbers(first)
     # a setting that changes the numbers invalidates the cell: it runs again (from its checkpoint)
     other = tiny_study(corpus_dir, schemes=("alibi",), checkpoint_every=2, eval_windows=5)
     rerun = run_cell(other, Cell("alibi", 0), **kw)
-    assert "reused" not in rerun and rerun["train"]["resumed_from"] == config.train.steps
-    assert len(rerun["runs"][0]["eval"][0]["window_bits"]) == 5
+    assert not rerun.reused and rerun.train.resumed_from == config.train.steps
+    assert len(rerun.runs[0].eval[0]["window_bits"]) == 5
 
 
 def test_every_cell_reads_the_same_data_and_seeds_change_only_the_model(corpus_dir, monkeypatch):
@@ -97,7 +98,7 @@ def test_every_cell_reads_the_same_data_and_seeds_change_only_the_model(corpus_d
     assert all(torch.equal(a, b) for a, b in zip(seen[0][3], seen[2][3]))  # same seed, same init
     # the evaluation windows depend on the split seed only: the same for every cell
     assert study_data(config).evalset is study_data(tiny_study(corpus_dir, seeds=(5,))).evalset
-    assert len({json.dumps(r["runs"][0]["eval"][0]["window_bits"]) for r in records}) == 4
+    assert len({json.dumps(r.runs[0].eval[0]["window_bits"]) for r in records}) == 4
 
 
 def test_cluster_needs_dask(monkeypatch, corpus_dir):
@@ -145,13 +146,13 @@ def test_a_changed_corpus_is_never_mistaken_for_the_old_one(tmp_path):
     out = tmp_path / "study"
     kw = dict(out=out, device=torch.device("cpu"), resume=True, progress=False)
     first = run_cell(config, Cell("alibi", 0), **kw)
-    assert run_cell(config, Cell("alibi", 0), **kw)["reused"]
+    assert run_cell(config, Cell("alibi", 0), **kw).reused
     for f in corpus.iterdir():
         f.write_text(f.read_text().upper())  # the same files, other bytes
     cells_mod._study_data.cache_clear()
     with pytest.raises(ValueError, match=r"it was trained on other data .* the corpus changed"):
         run_cell(config, Cell("alibi", 0), **kw)
-    assert first["key"]["data"] != cells_mod.study_data(config).data_id
+    assert first.key["data"] != cells_mod.study_data(config).data_id
 
 
 def test_an_evaluation_that_cannot_fit_is_refused_before_training(corpus_dir, monkeypatch):
@@ -182,8 +183,29 @@ def test_a_cell_of_another_posenc_or_torch_version_is_run_again(corpus_dir, tmp_
     key = cells_mod.full_key(config, cell, data, cpu)
     assert key["versions"] == {"posenc": posenc.__version__, "torch": torch.__version__}
     cell_file = tmp_path / "alibi-seed0.json"
-    cell_file.write_text(json.dumps({"key": key, "runs": []}))
-    assert cells_mod.finished_cell(cell_file, cells_mod.full_key(config, cell, data, cpu))["reused"]
+    train = {
+        "steps": 1,
+        "resumed_from": 0,
+        "wall_s": 0.1,
+        "tokens_per_s": 1.0,
+        "threads": 1,
+        "final_loss_nats": 5.0,
+        "loss_every_10_steps": [5.0],
+    }
+    record = {
+        "cell": cell.name,
+        "scheme": "alibi",
+        "seed": 0,
+        "run": "alibi",
+        "setting": {},
+        "run_id": None,
+        "params": 1,
+        "train": train,
+        "key": key,
+        "runs": [],
+    }
+    cell_file.write_text(json.dumps(record))
+    assert cells_mod.finished_cell(cell_file, cells_mod.full_key(config, cell, data, cpu)).reused
     monkeypatch.setattr(torch, "__version__", "9.9.9")
     assert cells_mod.finished_cell(cell_file, cells_mod.full_key(config, cell, data, cpu)) is None
     monkeypatch.undo()
@@ -211,8 +233,8 @@ def test_a_cell_run_again_in_the_same_run_continues_its_own_checkpoint(corpus_di
         monkeypatch.setattr(cells_mod, "train", real_train)
         assert (tmp_path / "checkpoints" / "alibi-seed0.safetensors").is_file()
         record = run_cell(config, Cell("alibi", 0), **kw)  # Dask's rerun: resume=False
-        assert record["train"]["resumed_from"] == 2 and record["train"]["steps"] == 4
-        assert record["run_id"] == run.run_id
+        assert record.train.resumed_from == 2 and record.train.steps == 4
+        assert record.run_id == run.run_id
     again = RunFolder(tmp_path, ["results.json"], resume=True)
     refused = pytest.raises(ValueError, match="a checkpoint already exists")  # another run's checkpoint
     with again as other, writing_for(tmp_path, other.run_id), refused:

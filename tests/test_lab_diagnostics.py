@@ -76,7 +76,8 @@ def test_a_study_records_diagnostics_per_length_with_intervals(tmp_path):
     config = tiny_study(
         corpus, schemes=("alibi", "rope"), seeds=(0, 1), variants=("yarn",), diagnostic_windows=2
     )
-    results = run_study(config, out=tmp_path / "out", log=None)
+    study = run_study(config, out=tmp_path / "out", log=None)
+    results = study.to_dict()
     point = results["runs"][0]["eval"][1]  # alibi, seed 0, E = 16
     assert (
         point["attention"]["windows"] == 2 and len(point["attention"]["distance"]) == 1
@@ -88,6 +89,6 @@ def test_a_study_records_diagnostics_per_length_with_intervals(tmp_path):
     saved = json.loads((tmp_path / "out" / "results.json").read_text())
     assert saved["summary"][1]["attn_distance"] == results["summary"][1]["attn_distance"]
     assert (tmp_path / "out" / "attention.png").stat().st_size > 0
-    text = format_table(results)
+    text = format_table(study)
     assert "mean attended distance in tokens" in text and "share of the attention on keys >= L=8" in text
     assert math.isfinite(row["attn_distance"]["mean"])

@@ -13,6 +13,7 @@ import pytest
 from _lab_toys import TINY, tiny_study, torchrun_command, write_corpus
 from posenc.cli import main
 from posenc.lab.extrapolate import format_table, run_study, summarize, training_summary
+from posenc.lab.results import StudyResults
 from posenc.lab.stats import paired_bootstrap, seed_interval
 
 
@@ -82,7 +83,7 @@ def test_tiny_study_with_two_seeds_end_to_end(tmp_path, corpus_dir, capsys):
 
 def test_summary_is_the_mean_of_the_runs_with_a_t_interval(corpus_dir):
     config = tiny_study(corpus_dir, schemes=("alibi",), seeds=(0, 1), variants=())
-    results = run_study(config, log=None, progress=False, threads=1)
+    results = run_study(config, log=None, progress=False, threads=1).to_dict()
     row = next(r for r in results["summary"] if r["name"] == "alibi" and r["length"] == 32)
     runs = [next(p for p in r["eval"] if p["length"] == 32) for r in results["runs"]]
     for metric in ("bpb_all", "bpb_beyond"):  # no per-window values: a t interval over seeds
@@ -156,7 +157,7 @@ def test_format_table_marks_missing_values():
             row("alibi", 16, iv(2.3, 0.05), iv(-0.1, 0.02)),
         ],
     }
-    lines = format_table(results).splitlines()
+    lines = format_table(StudyResults.from_dict({**results, "runs": []})).splitlines()
     assert lines[0].startswith("paired delta vs L=8") and "over 3 seeds" in lines[0]
     assert lines[2].split() == ["learned", "-", "n/a"]
     assert lines[3].split() == ["alibi", "-", "-0.100", "±0.020"]
@@ -280,9 +281,11 @@ def test_training_summary_and_table_give_each_run_its_final_loss_with_an_interva
         "summary": [],
         "training": summary,
     }
-    text = format_table(results)
+    text = format_table(StudyResults.from_dict({**results, "runs": []}))
     assert "final training loss, nats/token" in text and "2.100 ±" in text
-    assert "| rope[norm=post] | 2.500 |" in format_table(results, markdown=True)
+    assert "| rope[norm=post] | 2.500 |" in format_table(
+        StudyResults.from_dict({**results, "runs": []}), True
+    )
 
 
 def test_training_curves_prefer_the_mean_of_each_ten_steps():
@@ -310,7 +313,7 @@ def test_randomized_positions_in_task_mode_with_both_test_protocols():
         randomized_positions=32,
         checkpoint_every=0,
     )
-    results = run_study(config, log=None, progress=False, threads=1)
+    results = run_study(config, log=None, progress=False, threads=1).to_dict()
     names = {r["name"] for r in results["runs"]}
     assert {"nope", "nope[random_positions=32]", "nope[random_positions=32]+resampled"} <= names
     again = next(r for r in results["runs"] if r["name"].endswith("+resampled"))
@@ -332,8 +335,9 @@ def test_task_tables_widen_for_intervals_with_both_ends():
         "config": {"mode": "copy", "train_len": 8, "eval_lens": [8, 9], "seeds": [0]},
         "runs": [],
         "summary": [row(8, 200), row(9, 169)],
+        "eval": {},
     }
-    lines = format_table(results).splitlines()
+    lines = format_table(StudyResults.from_dict(results)).splitlines()
     assert lines[2].split() == ["alibi", "1.000", "[0.981,", "1.000]", "0.845", "[0.788,", "0.889]"]
     assert len(lines[1]) == len(lines[2])  # the header's columns line up with the cells
 

@@ -43,6 +43,7 @@ from .evalset import EvalSet, sample_eval_set
 from .evaluate import EVALUATORS, evaluate_lengths, task_batch_fn
 from .grid import Setting, run_name, scheme_entry, split_setting, study_settings
 from .memory import check_memory, estimate_memory
+from .results import CellRecord, RunRecord, TrainingRecord
 from .runs import check_owner, current_run_id, write_json, writing_for
 from .train import seed_everything, train
 
@@ -198,7 +199,7 @@ def study_data(config: StudyConfig) -> StudyData:
 # ----------------------------------------------------------------------------------------------
 # One cell
 # ----------------------------------------------------------------------------------------------
-def _variant_runs(config: StudyConfig, cell: Cell, evaluator, model, mc, device) -> list[dict[str, Any]]:
+def _variant_runs(config: StudyConfig, cell: Cell, evaluator, model, mc, device) -> list[RunRecord]:
     """The trained weights evaluated with each variant the scheme declares, factor ``max(1, E / L)``."""
     from ..model import TransformerLM
     from ..registry import scheme_class
@@ -219,7 +220,7 @@ def _variant_runs(config: StudyConfig, cell: Cell, evaluator, model, mc, device)
             config, evaluator, scaled, mc, note=lambda e: f"factor {max(1.0, e / config.train_len):g}"
         )
         name = f"{cell.run}+{variant}"
-        runs.append({"name": name, "variant": variant, "eval": [p.to_dict() for p in points]})
+        runs.append(RunRecord(name, variant, [p.to_dict() for p in points]))
     return runs
 
 
@@ -232,7 +233,7 @@ def run_cell(
     resume: bool = False,
     progress: bool | None = False,
     threads: int | None = None,
-) -> dict[str, Any]:
+) -> CellRecord:
     """Train and evaluate one cell; return its record (and write ``OUT/cells/NAME.json``).
 
     Args:
@@ -245,9 +246,9 @@ def run_cell(
         threads: torch CPU threads for this cell (``None`` = leave as set).
 
     Returns:
-        ``{"cell", "scheme", "seed", "params", "model_config", "train", "runs", "key"}``, where
-        ``runs`` holds the trained model's evaluation and one entry per evaluation-time variant
-        (empty on ranks other than 0 under ``torchrun``).
+        its :class:`~posenc.lab.results.CellRecord`, whose ``runs`` hold the trained model's
+        evaluation and one entry per evaluation-time variant (empty on ranks other than 0 under
+        ``torchrun``).
     """
     out_dir = Path(out) if out is not None else None
     cell_file = out_dir / "cells" / f"{cell.name}.json" if out_dir is not None else None
@@ -271,15 +272,15 @@ def run_cell(
     if info.is_main:  # under torchrun, rank 0 alone evaluates and writes
         evaluator = EVALUATORS[config.mode](config, data.evalset, device)
         points = evaluate_lengths(config, evaluator, lambda e: model, mc)
-        record["runs"] = [{"name": cell.run, "variant": None, "eval": [p.to_dict() for p in points]}]
+        record.runs = [RunRecord(cell.run, None, [p.to_dict() for p in points])]
         if config.lm:
-            record["runs"] += _variant_runs(config, cell, evaluator, model, mc, device)
+            record.runs += _variant_runs(config, cell, evaluator, model, mc, device)
         m = split_setting(cell.setting)[1].get("random_positions", 0)
         if m and not config.lm:  # Ruoss et al.'s protocol too: positions re-sampled at test time
             again = [evaluator.resampled(model, e, m).to_dict() for e in config.eval_lens]
-            record["runs"].append({"name": f"{cell.run}+resampled", "variant": "resampled", "eval": again})
+            record.runs.append(RunRecord(f"{cell.run}+resampled", "resampled", again))
         if cell_file is not None:
-            write_json(cell_file, record)
+            write_json(cell_file, record.to_dict())
     if info.world_size > 1:
         torch.distributed.barrier()
     return record
@@ -301,19 +302,25 @@ def full_key(config: StudyConfig, cell, data: StudyData, device: torch.device) -
     }
 
 
-def finished_cell(cell_file: Path | None, key: dict[str, Any]) -> dict[str, Any] | None:
+def finished_cell(cell_file: Path | None, key: dict[str, Any]) -> CellRecord | None:
     """The record in ``cell_file`` when it was run with ``key`` (marked ``reused``), else ``None``."""
     from ..model.io import parse_json
 
     if cell_file is None or not cell_file.is_file():
         return None
-    record = parse_json(cell_file.read_bytes(), f"the cell file {str(cell_file)!r}")
-    if not isinstance(record, dict) or not isinstance(record.get("runs"), list):
+    data = parse_json(cell_file.read_bytes(), f"the cell file {str(cell_file)!r}")
+    if isinstance(data, dict) and isinstance(data.get("runs"), list) and data.get("key") != key:
+        return None  # run with other settings (or by another version): run again
+    try:
+        record = CellRecord.from_dict(data, f"the cell file {str(cell_file)!r}")
+    except (TypeError, ValueError) as err:
         raise ValueError(
-            f"the cell file {str(cell_file)!r} is not a cell record (a JSON object with 'key' and 'runs'); "
-            "delete it and resume to run the cell again"
-        )
-    return {**record, "reused": True} if record.get("key") == key else None
+            f"{err}; it is not a cell record: delete it and resume to run the cell again"
+        ) from None
+    if record.key != key:
+        return None
+    record.reused = True
+    return record
 
 
 def own_checkpoint(ckpt: Path | None) -> bool:
@@ -340,31 +347,31 @@ def cell_model_config(config: StudyConfig, cell: Cell, data: StudyData):
     return dataclasses.replace(mc, **fields)
 
 
-def cell_record(cell: Cell, key: dict[str, Any], model, mc, result) -> dict[str, Any]:
+def cell_record(cell: Cell, key: dict[str, Any], model, mc, result) -> CellRecord:
     """A cell's record before evaluation: what it is, what it trained, its losses."""
     tail = result.losses[-max(1, len(result.losses) // 10) :]
-    return {
-        "cell": cell.name,
-        "scheme": cell.scheme,
-        "seed": cell.seed,
-        "run": cell.run,
-        "setting": dict(cell.setting),
-        "key": key,
-        "run_id": current_run_id(),
-        "params": sum(p.numel() for p in model.parameters()),
-        "model_config": mc.to_dict(),
-        "train": {
-            "steps": result.end_step,
-            "resumed_from": result.start_step,
-            "wall_s": result.wall_s,
-            "tokens_per_s": result.tokens_per_s,
-            "threads": torch.get_num_threads(),
-            "final_loss_nats": sum(tail) / len(tail) if tail else math.nan,
-            "loss_every_10_steps": result.losses[::10],
-            "loss_mean_10_steps": [sum(block) / len(block) for block in _blocks(result.losses, 10)],
-        },
-        "runs": [],
-    }
+    train = TrainingRecord(
+        steps=result.end_step,
+        resumed_from=result.start_step,
+        wall_s=result.wall_s,
+        tokens_per_s=result.tokens_per_s,
+        threads=torch.get_num_threads(),
+        final_loss_nats=sum(tail) / len(tail) if tail else math.nan,
+        loss_every_10_steps=result.losses[::10],
+        loss_mean_10_steps=[sum(block) / len(block) for block in _blocks(result.losses, 10)],
+    )
+    return CellRecord(
+        cell=cell.name,
+        scheme=cell.scheme,
+        seed=cell.seed,
+        run=cell.run,
+        setting=dict(cell.setting),
+        key=key,
+        run_id=current_run_id(),
+        params=sum(p.numel() for p in model.parameters()),
+        model_config=mc.to_dict(),
+        train=train,
+    )
 
 
 def _blocks(values: list[float], size: int) -> list[list[float]]:
@@ -422,7 +429,7 @@ def _cell_task(
     resume: bool,
     threads: int | None,
     run_id: str | None = None,
-) -> dict[str, Any]:
+) -> CellRecord:
     """What a worker runs: a plain function of JSON-able arguments (picklable for any executor).
     It writes into ``out`` only while run ``run_id`` holds it (:func:`~posenc.lab.runs.writing_for`)."""
     with writing_for(out, run_id):
@@ -437,7 +444,7 @@ def _cell_task(
         )
 
 
-def _runner(cell) -> Callable[..., dict[str, Any]]:
+def _runner(cell) -> Callable[..., CellRecord]:
     """The function that runs ``cell``: :func:`run_cell`, or the cell's own (a fine-tuning cell's)."""
     return cell.runner() if hasattr(cell, "runner") else run_cell
 
@@ -454,7 +461,7 @@ def iter_cells(
     cluster: Any = None,
     threads: int | None = None,
     run_id: str | None = None,
-) -> Iterator[dict[str, Any]]:
+) -> Iterator[CellRecord]:
     """Run ``cells`` and yield each record as it finishes (in completion order).
 
     ``cluster``: a Dask scheduler address or a ``distributed.Client`` (then ``workers`` is

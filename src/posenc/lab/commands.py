@@ -270,8 +270,8 @@ def extrapolate_run(args: argparse.Namespace) -> int:
 
         return compare_run(args.compare)
     if args.from_file is not None:
-        from .compare import read_results
         from .extrapolate import format_table
+        from .results import read_results
 
         print(format_table(read_results(args.from_file, "--from"), markdown=args.markdown))
         return 0
@@ -311,9 +311,9 @@ def extrapolate_run(args: argparse.Namespace) -> int:
     if info.is_main:
         print()
         print(format_table(results))
-        env = results["environment"]
+        env = results.environment
         print(
-            f"\nwall time {results['wall_s']:.0f} s on {env['device']} ({env['workers']} worker(s) x "
+            f"\nwall time {results.wall_s:.0f} s on {env['device']} ({env['workers']} worker(s) x "
             f"{env['threads']} thread(s), {env['world_size']} DDP process(es)); load average at start/end "
             f"{env.get('load_avg_start', ['?'])[0]:.2f}/{env.get('load_avg_end', ['?'])[0]:.2f}"
         )

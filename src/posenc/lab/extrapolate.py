@@ -26,6 +26,8 @@ Legend: ``L`` train length, ``E`` evaluation length, ``S`` scored targets per wi
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import os
 import platform
 import sys
@@ -40,7 +42,7 @@ from .cells import iter_cells, study_cells, study_data
 from .config import StudyConfig
 from .distributed import dist_info
 from .finetune import finetune_cells, finetune_summary
-from .grid import settings_summary
+from .results import CellRecord, StudyResults
 from .runs import RunFolder, write_json, writing_for
 from .stats import format_interval, paired_bootstrap, seed_interval
 
@@ -112,7 +114,7 @@ def run_study(
     threads: int | None = None,
     workers: int = 1,
     cluster: Any = None,
-) -> dict[str, Any]:
+) -> StudyResults:
     """Run every cell of the study, summarise, return (and write) the results.
 
     Args:
@@ -130,12 +132,10 @@ def run_study(
         cluster: a Dask scheduler address or ``distributed.Client`` to run the cells on.
 
     Returns:
-        the results dict (the content of ``results.json``): ``config``, ``environment``,
-        ``corpus`` and ``eval`` (the documents scored), ``cells``, ``runs`` (one per run name and
-        seed, with ``eval`` per length), ``summary`` (per run and length across seeds),
-        ``training`` (final loss and loss curve per trained run, across seeds), ``settings`` (with
-        ``vary`` or randomized positions: each setting minus the first, paired), ``finetune`` (with
-        fine-tuning: fine-tuned minus not, paired, and the cost), ``wall_s``.
+        the :class:`~posenc.lab.results.StudyResults` (``results.json``): the configuration,
+        environment, corpus and evaluation set, the cells, the runs (one per run name and seed,
+        with ``eval`` per length), the summary per run and length across seeds, the training
+        losses, and the paired comparisons of schemes, settings and fine-tuning.
     """
     info = dist_info()
     if out is None and config.finetune_len:
@@ -149,9 +149,7 @@ def run_study(
         return _run_study(config, out, device, resume, progress, log, threads, workers, cluster, run_id)
 
 
-def _run_study(
-    config, out, device, resume, progress, log, threads, workers, cluster, run_id
-) -> dict[str, Any]:
+def _run_study(config, out, device, resume, progress, log, threads, workers, cluster, run_id) -> StudyResults:
     t_start = time.perf_counter()
     device = torch.device(device)
     info = dist_info()
@@ -162,7 +160,6 @@ def _run_study(
         threads = 1
     env = _environment(device, threads, workers, cluster)
     data = study_data(config)  # fails early on a bad corpus; workers build their own
-    results: dict[str, Any] = {"config": config.to_dict(), "environment": env, **data.record}
     if "corpus" in data.record:
         say(_corpus_line(data.record))
     cells = study_cells(config)
@@ -180,8 +177,8 @@ def _run_study(
     records = _run_cells(config, cells, run, show and info.is_main, say)
     ft_cells = finetune_cells(config, cells)  # phase 2: each starts from a trained cell's checkpoint
     records.update(_run_cells(config, ft_cells, run, show and info.is_main, say))
-    _collect(results, [records[c.name] for c in [*cells, *ft_cells]], config, data)  # the grid's order
-    results["wall_s"] = time.perf_counter() - t_start
+    results = _collect([records[c.name] for c in [*cells, *ft_cells]], config, data, env)  # the grid's order
+    results.wall_s = time.perf_counter() - t_start
     with contextlib.suppress(OSError):
         env["load_avg_end"] = list(os.getloadavg())
     if out is not None and info.is_main:
@@ -190,12 +187,14 @@ def _run_study(
     return results
 
 
-def _run_cells(config: StudyConfig, cells: list, run: dict[str, Any], bar: bool, say) -> dict[str, dict]:
+def _run_cells(
+    config: StudyConfig, cells: list, run: dict[str, Any], bar: bool, say
+) -> dict[str, CellRecord]:
     """Run ``cells`` with :func:`~posenc.lab.cells.iter_cells` (``run``: its arguments); records by name."""
     records = {}
     bar = _cell_bar(bar and len(cells) > 1, len(cells))
     for record in iter_cells(config, cells, **run):
-        records[record["cell"]] = record
+        records[record.cell] = record
         if dist_info().is_main:  # other ranks of a torchrun group train but do not evaluate
             say(_cell_line(record, config))
         if bar is not None:
@@ -205,46 +204,52 @@ def _run_cells(config: StudyConfig, cells: list, run: dict[str, Any], bar: bool,
     return records
 
 
-def _collect(results: dict[str, Any], ordered: list[dict[str, Any]], config: StudyConfig, data) -> None:
-    """Put the cells' records into ``results``: configs, cells, one entry per run, the summary."""
-    results["train_config"] = config.train_config(data.seq_len).to_dict()
-    results["model_configs"] = {r.get("run", r["scheme"]): r["model_config"] for r in ordered}
-    results["cells"] = [
-        {k: v for k, v in r.items() if k not in ("runs", "model_config", "key")} for r in ordered
-    ]
-    results["runs"] = [
-        {
-            **run,
-            "scheme": r["scheme"],
-            "setting": r.get("setting", {}),
-            "seed": r["seed"],
-            "params": r["params"],
-        }
+def _collect(ordered: list[CellRecord], config: StudyConfig, data, env: dict[str, Any]) -> StudyResults:
+    """The study's results from the cells' records (in the grid's order): configs, cells, one entry
+    per run, the summaries across seeds and the comparisons."""
+    runs = [
+        dataclasses.replace(run, scheme=r.scheme, setting=r.setting, seed=r.seed, params=r.params)
         for r in ordered
-        for run in r["runs"]
+        for run in r.runs
     ]
-    clusters = results.get("eval", {}).get("window_documents")
-    results["summary"] = summarize(results["runs"], clusters, config.train_len if config.lm else None)
-    results["training"] = training_summary(results["cells"])
+    results = StudyResults(
+        config=config,
+        environment=env,
+        eval=json.loads(json.dumps(data.record["eval"])),  # as results.json holds it (lists, not tuples)
+        corpus=json.loads(json.dumps(data.record.get("corpus"))),
+        runs=runs,
+        summary=[],
+        cells=[dataclasses.replace(r, runs=[], key=None, model_config=None) for r in ordered],
+        train_config=config.train_config(data.seq_len).to_dict(),
+        model_configs={r.run: r.model_config for r in ordered},
+    )
+    view = results.to_dict()  # what the summaries read: runs and cells as JSON objects
+    clusters = results.eval.get("window_documents")
+    results.summary = summarize(view["runs"], clusters, config.train_len if config.lm else None)
+    results.training = training_summary(view["cells"])
     if config.lm:
         from .compare import scheme_comparisons
         from .probe import probe_summary
 
-        results["comparisons"] = scheme_comparisons(results)
-        results["probe"] = probe_summary(results["runs"])
+        results.comparisons = scheme_comparisons({**view, "summary": results.summary})
+        results.probe = probe_summary(view["runs"])
     if config.vary or config.randomized_positions:
-        results["settings"] = settings_summary(results)
+        from .compare import settings_summary
+
+        results.settings = settings_summary(view)
     if config.finetune_len:
-        results["finetune"] = finetune_summary(results)
+        results.finetune = finetune_summary(view)
     if not config.lm:
         from .tasks import ranking_by_length, task_ranking
 
-        results["ranking"] = task_ranking(results["runs"], config.train_len)
-        results["ranking_by_length"] = ranking_by_length(results["summary"], config.train_len)
+        results.ranking = task_ranking(view["runs"], config.train_len)
+        results.ranking_by_length = ranking_by_length(results.summary, config.train_len)
+    return results
 
 
-def _write_study(out_dir: Path, results: dict[str, Any], say: Callable[[str], None]) -> None:
+def _write_study(out_dir: Path, study: StudyResults, say: Callable[[str], None]) -> None:
     """``results.json`` and the figure (PNG and SVG; without matplotlib, a line saying so)."""
+    results = study.to_dict()
     write_json(out_dir / "results.json", results)
     try:
         from .plot import plot_attention, plot_study, plot_training
@@ -283,16 +288,14 @@ def _duplicates_note(e: dict[str, Any]) -> str:
     return f"; near-duplicates of the training bytes: {d['found']} of {d['candidates']} candidates{kept}"
 
 
-def _cell_line(record: dict[str, Any], config: StudyConfig) -> str:
-    t = record["train"]
-    ran = t["steps"] - t["resumed_from"]
-    how = "reused" if record.get("reused") else f"{ran} steps in {t['wall_s']:.0f} s"
+def _cell_line(record: CellRecord, config: StudyConfig) -> str:
+    t = record.train
+    how = "reused" if record.reused else f"{t.steps - t.resumed_from} steps in {t.wall_s:.0f} s"
     key = "accuracy" if not config.lm else "bpb_window"
     cells = "  ".join(
-        f"{p['length']}:{'n/a' if p[key] is None else format(p[key], '.3f')}"
-        for p in record["runs"][0]["eval"]
+        f"{p['length']}:{'n/a' if p[key] is None else format(p[key], '.3f')}" for p in record.runs[0].eval
     )
-    return f"{record['cell']:>18}: {record['params']:,} params, {how}; {cells}"
+    return f"{record.cell:>18}: {record.params:,} params, {how}; {cells}"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -557,21 +560,21 @@ def _interval_cover(rows: list[dict[str, Any]], metric: str, n_seeds: int) -> st
     return over.replace("seeds", f"{n_seeds} seeds") if n_seeds > 1 else f"{over} (1 seed)"
 
 
-def format_table(results: dict[str, Any], markdown: bool = False) -> str:
+def format_table(results: StudyResults, markdown: bool = False) -> str:
     """The study as tables of ``mean ±half-width`` (95%): the paired delta and the sliding-window
     bits/byte first, all-position and beyond-``L`` bits/byte after (``lm``); or exact-match
     accuracy (task modes). Plain text, or Markdown tables (``markdown``) for docs."""
-    cfg = results["config"]
-    lens, L = cfg["eval_lens"], cfg["train_len"]
-    rows = results["summary"]
+    cfg = results.config
+    lens, L = list(cfg.eval_lens), cfg.train_len
+    rows = results.summary
     names = list(dict.fromkeys(r["name"] for r in rows))
-    n_seeds = len(cfg["seeds"])
+    n_seeds = len(cfg.seeds)
     over = f"over {_interval_cover(rows, 'delta', n_seeds)}"
     width = max([8, *(len(n) for n in names)])
     col = 16
     head = f"{'scheme':<{width}}" + "".join(f"{e:>{col}}" for e in lens)
-    if cfg["mode"] == "lm":
-        S = results["eval"]["score_len"]
+    if cfg.lm:
+        S = results.eval["score_len"]
         sections = [
             (
                 "delta",
@@ -595,7 +598,7 @@ def format_table(results: dict[str, Any], markdown: bool = False) -> str:
             (
                 "accuracy",
                 False,
-                f"exact-match accuracy, task {cfg['mode']!r}, trained on lengths 1..{L} (higher is better; "
+                f"exact-match accuracy, task {cfg.mode!r}, trained on lengths 1..{L} (higher is better; "
                 f"95% intervals over {_interval_cover(rows, 'accuracy', n_seeds)})",
             ),
             ("token_accuracy", False, "answer tokens right (teacher-forced; partial credit)"),
@@ -606,20 +609,20 @@ def format_table(results: dict[str, Any], markdown: bool = False) -> str:
     lines = []
     for metric, signed, title in sections:
         lines += _metric_table(rows, names, lens, metric, signed, title, markdown, head, width, col)
-    lines += _settings_table(results.get("settings", []), lens, markdown, width, col)
-    lines += _finetune_table(results.get("finetune", []), lens, markdown, width, col)
-    lines += _training_table(results.get("training", {}), markdown)
-    lines += _probe_table(results.get("probe", []), markdown)
-    if results.get("comparisons"):
+    lines += _settings_table(results.settings or [], lens, markdown, width, col)
+    lines += _finetune_table(results.finetune or [], lens, markdown, width, col)
+    lines += _training_table(results.training, markdown)
+    lines += _probe_table(results.probe or [], markdown)
+    if results.comparisons:
         from .compare import format_scheme_comparisons
 
-        lines += format_scheme_comparisons(results["comparisons"], markdown)
-    if cfg["mode"] != "lm":
+        lines += format_scheme_comparisons(results.comparisons, markdown)
+    if not cfg.lm:
         from .tasks import format_ranking, format_ranking_by_length, ranking_by_length, task_ranking
 
-        lines += format_ranking(task_ranking(results["runs"], L), L, markdown)
+        lines += format_ranking(task_ranking(results.run_dicts(), L), L, markdown)
         lines += format_ranking_by_length(ranking_by_length(rows, L), markdown)
-    seeds = ",".join(map(str, cfg["seeds"]))
+    seeds = ",".join(map(str, cfg.seeds))
     lines.append(
         f"L = {L}; seeds {seeds}; '-' = not defined at this length; n/a = the scheme cannot run so long"
     )

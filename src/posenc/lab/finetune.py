@@ -49,6 +49,7 @@ from .config import StudyConfig, TrainConfig
 from .distributed import dist_info
 from .evaluate import EVALUATORS, evaluate_lengths, position_limit
 from .grid import scheme_entry
+from .results import CellRecord, RunRecord
 from .runs import write_json
 
 __all__ = ["FinetuneCell", "finetune_cells", "finetune_config", "finetune_summary", "run_finetune"]
@@ -167,7 +168,7 @@ def run_finetune(
     resume: bool = False,
     progress: bool | None = False,
     threads: int | None = None,
-) -> dict[str, Any]:
+) -> CellRecord:
     """Fine-tune one trained cell and evaluate it; return its record (``OUT/cells/NAME.json``).
 
     Arguments as :func:`~posenc.lab.cells.run_cell`; ``out`` is required (the trained checkpoint
@@ -211,21 +212,21 @@ def run_finetune(
         data_id=data.data_id,
     )
     record = cell_record(ft, key, model, mc, result)
-    record.update(variant=ft.variant, finetune=_cost(config, tc, ft))
+    record.variant, record.finetune = ft.variant, _cost(config, tc, ft)
     if dist_info().is_main:
-        record["runs"] = [_evaluate_finetuned(config, ft, model, mc, data, device)]
-        write_json(cell_file, record)
+        record.runs = [_evaluate_finetuned(config, ft, model, mc, data, device)]
+        write_json(cell_file, record.to_dict())
     return record
 
 
-def _evaluate_finetuned(config: StudyConfig, ft: FinetuneCell, model, mc, data, device) -> dict[str, Any]:
+def _evaluate_finetuned(config: StudyConfig, ft: FinetuneCell, model, mc, data, device) -> RunRecord:
     """The fine-tuned model at every length, its factor fixed at ``E_ft / L`` (1 without a variant)."""
     factor = config.finetune_len / config.train_len if ft.variant else 1.0
     how = "continued at" if ft.control else "fine-tuned at"
     note = f"{how} {ft.length} for {config.finetune_steps} steps, factor {factor:g}"
     evaluator = EVALUATORS[config.mode](config, data.evalset, device)
     points = evaluate_lengths(config, evaluator, lambda e: model, mc, note=lambda e: note)
-    return {"name": ft.run, "variant": ft.variant, "finetune": True, "eval": [p.to_dict() for p in points]}
+    return RunRecord(ft.run, ft.variant, [p.to_dict() for p in points], finetune=True)
 
 
 def _cost(config: StudyConfig, tc: TrainConfig, ft: FinetuneCell) -> dict[str, Any]:

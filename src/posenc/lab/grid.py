@@ -30,7 +30,6 @@ __all__ = [
     "run_name",
     "scheme_entry",
     "setting_label",
-    "settings_summary",
     "split_setting",
     "study_settings",
 ]
@@ -149,30 +148,6 @@ def split_setting(setting: Setting) -> tuple[dict[str, Any], dict[str, Any]]:
     model = {k: v for k, v in setting if k != RANDOM_POSITIONS}
     training = {k: v for k, v in setting if k == RANDOM_POSITIONS}
     return model, training
-
-
-def settings_summary(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every run with a setting other than the grid's first, minus the run of the same scheme and
-    variant with the first setting, on the same bytes, seed for seed
-    (:func:`~posenc.lab.compare.paired_rows`): ``[{"run", "against", "rows"}]``."""
-    from .compare import paired_rows
-
-    cfg = results["config"]
-    first = study_settings(cfg.get("vary") or {}, cfg.get("randomized_positions") or 0)[0]
-    runs = {(r["name"], r["seed"]): r for r in results["runs"]}
-    pairs: dict[tuple[str, str], list[tuple[dict, dict]]] = {}
-    for run in results["runs"]:
-        setting = tuple(run.get("setting", {}).items())
-        if run.get("finetune") or setting == first:
-            continue
-        own, ref = run_name(run["scheme"], setting), run_name(run["scheme"], first)
-        against = ref + run["name"][len(own) :]  # the same variant suffix (``+yarn``)
-        if (against, run["seed"]) in runs:
-            pairs.setdefault((run["name"], against), []).append((runs[against, run["seed"]], run))
-    return [
-        {"run": run, "against": against, "rows": paired_rows(run, p, results["eval"].get("window_documents"))}
-        for (run, against), p in pairs.items()
-    ]
 
 
 @dataclass(frozen=True)
