@@ -11,7 +11,9 @@ import torch
 
 from _lab_toys import tiny_study, write_corpus
 from posenc.lab import cells as cells_mod
-from posenc.lab.cells import Cell, iter_cells, run_cell, study_cells, study_data
+from posenc.lab import data as data_mod
+from posenc.lab.cells import Cell, iter_cells, run_cell, study_cells
+from posenc.lab.data import study_data
 
 
 @pytest.fixture(scope="module")
@@ -149,10 +151,10 @@ def test_a_changed_corpus_is_never_mistaken_for_the_old_one(tmp_path):
     assert run_cell(config, Cell("alibi", 0), **kw).reused
     for f in corpus.iterdir():
         f.write_text(f.read_text().upper())  # the same files, other bytes
-    cells_mod._study_data.cache_clear()
+    data_mod._study_data.cache_clear()
     with pytest.raises(ValueError, match=r"it was trained on other data .* the corpus changed"):
         run_cell(config, Cell("alibi", 0), **kw)
-    assert first.key["data"] != cells_mod.study_data(config).data_id
+    assert first.key["data"] != study_data(config).data_id
 
 
 def test_an_evaluation_that_cannot_fit_is_refused_before_training(corpus_dir, monkeypatch):
@@ -321,8 +323,8 @@ def test_cell_keys_of_existing_settings_are_unchanged():
         "weight_decay": 0.1,
     }
     changed = dataclasses.replace(config, train=dataclasses.replace(config.train, betas=(0.8, 0.9)))
-    assert cell_key(changed) == {**cell_key(config), "train.betas": [0.8, 0.9]}
+    assert cell_key(changed) == {**cell_key(config), "betas": [0.8, 0.9]}
     changed = dataclasses.replace(config, model=dataclasses.replace(config.model, norm_type="rmsnorm"))
-    assert cell_key(changed) == {**cell_key(config), "model.norm_type": "rmsnorm"}
+    assert cell_key(changed) == {**cell_key(config), "norm_type": "rmsnorm"}
     resumable = dataclasses.replace(config, train=dataclasses.replace(config.train, log_every=1))
     assert cell_key(resumable) == cell_key(config)

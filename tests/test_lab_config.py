@@ -233,9 +233,14 @@ def test_a_study_is_composed_of_its_parts_and_reads_the_flat_form():
     by_name = StudyConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in FLAT_CONFIG.items()})
     assert by_name == composed == StudyConfig.from_dict(FLAT_CONFIG)
     d = composed.to_dict()
-    assert {"steps", "d_model", "corpus"}.isdisjoint(d)  # each field once, in its part
-    assert (d["train"]["steps"], d["model"]["d_model"], d["data"]["max_chars"]) == (300, 64, 3_000_000)
-    assert "seed" not in d["train"] and "position" not in d["model"]  # set per cell
+    assert (d["steps"], d["d_model"], d["max_chars"], d["norm"], d["betas"]) == (
+        300,
+        64,
+        3_000_000,
+        "pre",
+        [0.9, 0.95],
+    )
+    assert "seed" not in d and "position" not in d and "train" not in d  # set per cell; fields by name
     assert StudyConfig.from_dict(json.loads(json.dumps(d))) == composed
     # a cell trains with the study's training, its own seed and length; the model gets its scheme
     tc = composed.train_config(seed=1)
@@ -287,3 +292,17 @@ def test_a_run_is_a_run_not_a_study():
         RunConfig(position="alibi")
     pattern = RunConfig(scheme="alibi*2+nope")
     assert pattern.model.layer_positions == ["alibi", "alibi", "nope"] and pattern.label == "alibi-x2+nope"
+
+
+def test_every_field_of_a_run_or_study_has_one_owner():
+    """Fields are given by name (flags, JSON, keyword arguments): no name is declared by two parts."""
+    from posenc.lab.config import RunConfig, field_owners
+
+    owners = field_owners(StudyConfig)
+    assert (owners["schemes"], owners["corpus"], owners["steps"], owners["norm"]) == (
+        "own",
+        "data",
+        "train",
+        "model",
+    )
+    assert field_owners(RunConfig)["scheme"] == "own"

@@ -13,7 +13,8 @@ import torch
 from _lab_toys import tiny_study, write_corpus
 from posenc.bias import alibi_slopes
 from posenc.lab.diagnostics import attention_stats
-from posenc.lab.extrapolate import format_table, run_study
+from posenc.lab.extrapolate import run_study
+from posenc.lab.tables import format_table
 from posenc.model import ModelConfig, TransformerLM
 
 

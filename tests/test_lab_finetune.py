@@ -10,10 +10,12 @@ import safetensors
 import torch
 
 from _lab_toys import states_equal, tiny_study, write_corpus
-from posenc.lab.cells import Cell, study_cells, study_data
+from posenc.lab.cells import Cell, study_cells
 from posenc.lab.checkpoint import load_trained_model
-from posenc.lab.extrapolate import format_table, run_study
+from posenc.lab.data import study_data
+from posenc.lab.extrapolate import run_study
 from posenc.lab.finetune import FinetuneCell, finetune_cells, finetune_config
+from posenc.lab.tables import format_table
 from posenc.model import TransformerLM
 
 

@@ -89,7 +89,7 @@ def test_a_new_train_config_field_is_a_flag_of_both_commands_with_no_other_edit(
         _parser(extrapolate_args).parse_args(["--schemes", "alibi", "--label-smoothing", "0.2"])
     )
     assert study.train.label_smoothing == 0.2 and study.train_config(seed=1).label_smoothing == 0.2
-    assert study.to_dict()["train"]["label_smoothing"] == 0.2
+    assert study.to_dict()["label_smoothing"] == 0.2
     assert main(["extrapolate", "--schemes", "alibi", "--label-smoothing", "1.5"]) == 2
     assert "label_smoothing must be in [0, 1), got 1.5" in capsys.readouterr().err
 

@@ -8,7 +8,7 @@ import pytest
 
 from _lab_toys import tiny_study
 from posenc.lab.cells import study_cells
-from posenc.lab.extrapolate import format_table, run_study
+from posenc.lab.extrapolate import run_study
 from posenc.lab.grid import (
     check_vary,
     model_fields,
@@ -19,6 +19,7 @@ from posenc.lab.grid import (
     split_setting,
     study_settings,
 )
+from posenc.lab.tables import format_table
 from posenc.model import ModelConfig
 
 

@@ -24,9 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
-import hashlib
-import json
 import math
 import os
 from collections.abc import Callable, Iterator
@@ -36,11 +33,10 @@ from typing import Any
 
 import torch
 
-from ..text.tasks import task_seq_len
-from .config import RESUMABLE_CHANGES, StudyConfig
+from .config import RESUMABLE_CHANGES, StudyConfig, field_owners
+from .data import StudyData, study_data, task_batch_fn
 from .distributed import dist_info
-from .evalset import EvalSet, sample_eval_set
-from .evaluate import EVALUATORS, evaluate_lengths, task_batch_fn
+from .evaluate import EVALUATORS, evaluate_lengths
 from .grid import Setting, run_name, scheme_entry, split_setting, study_settings
 from .memory import check_memory, estimate_memory
 from .results import CellRecord, RunRecord, TrainingRecord
@@ -51,7 +47,6 @@ __all__ = [
     "FLAT_KEY_FIELDS",
     "NOT_IN_CELL",
     "Cell",
-    "StudyData",
     "cell_key",
     "cell_model_config",
     "cell_record",
@@ -61,7 +56,6 @@ __all__ = [
     "own_checkpoint",
     "run_cell",
     "study_cells",
-    "study_data",
 ]
 
 #: Study fields that do not change a cell's numbers (so a finished cell is still valid when they
@@ -76,23 +70,23 @@ NOT_IN_CELL = (
     "finetune_steps",
 )
 
-#: The training and model fields a cell key names without their part (``steps``, not
-#: ``train.steps``), always: the keys of the cell files written before studies had parts. The
-#: parts' other fields are in a key as ``train.NAME``/``model.NAME`` when they differ from the
-#: part's default, so an existing cell file's key is unchanged.
-FLAT_KEY_FIELDS = {
-    "train": (
-        "steps",
-        "batch_size",
-        "lr",
-        "min_lr",
-        "warmup_steps",
-        "weight_decay",
-        "grad_clip",
-        "position_lr_scale",
-    ),
-    "model": ("d_model", "num_layers", "num_heads", "dropout"),
-}
+#: The training and model fields always in a cell key: the keys of the cell files written before
+#: studies had parts. The parts' other fields are in a key when they differ from the study's
+#: default, so the key of an existing cell file is unchanged.
+FLAT_KEY_FIELDS = (
+    "steps",
+    "batch_size",
+    "lr",
+    "min_lr",
+    "warmup_steps",
+    "weight_decay",
+    "grad_clip",
+    "position_lr_scale",
+    "d_model",
+    "num_layers",
+    "num_heads",
+    "dropout",
+)
 
 
 @dataclass(frozen=True)
@@ -121,79 +115,20 @@ def study_cells(config: StudyConfig) -> list[Cell]:
 
 def cell_key(config: StudyConfig) -> dict[str, Any]:
     """What a finished cell must have been run with to be reused: the study's fields that change its
-    numbers, the corpus, and the training and model fields (:data:`FLAT_KEY_FIELDS` by name, the
+    numbers, the corpus, and the training and model fields (:data:`FLAT_KEY_FIELDS` always, the
     others when not at the study's default; fields that do not change the numbers left out)."""
-    d = config.to_dict()
-    key = {k: v for k, v in d.items() if k not in NOT_IN_CELL and k not in ("data", "train", "model")}
-    key.update(d["data"])
-    for part in ("train", "model"):
-        defaults = StudyConfig.__dataclass_fields__[part].default_factory().to_dict()
-        for name, value in d[part].items():
-            if name in FLAT_KEY_FIELDS[part]:
-                key[name] = value
-            elif value != defaults.get(name) and name not in RESUMABLE_CHANGES:
-                key[f"{part}.{name}"] = value
-    return key
-
-
-# ----------------------------------------------------------------------------------------------
-# Data shared by the cells of a study (built once per process)
-# ----------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class StudyData:
-    """What every cell of a study reads: training bytes (``lm``), the evaluation set, sizes."""
-
-    train_bytes: torch.Tensor | None
-    evalset: EvalSet | None
-    vocab: int
-    seq_len: int
-    max_len: int
-    record: dict[str, Any]
-    data_id: str = ""  # the corpus sha256 and the split: what a cell trains on
-    eval_id: str = ""  # the evaluation anchors, hashed: what a cell reads
-
-
-@functools.lru_cache(maxsize=2)
-def _study_data(key: str) -> StudyData:
-    config = StudyConfig.from_dict(json.loads(key))
-    if not config.lm:
-        from ..text.tasks import TASK_VOCAB
-
-        seq_len = task_seq_len(config.mode, config.train_len) - 1  # learned positions: the longest example
-        record = {"examples": config.eval_examples, "metric": "exact match (teacher-forced argmax)"}
-        return StudyData(None, None, len(TASK_VOCAB), seq_len, seq_len, {"eval": record})
-    corpus = config.data.load()
-    evalset = sample_eval_set(
-        corpus.val_bytes,
-        config.eval_windows,
-        max(config.eval_lens),
-        config.data.split_seed,
-        doc_names=[d.name for d in corpus.val],
-        doc_starts=corpus.val_starts,
-        train_tokens=corpus.train_bytes,
-        score_len=config.targets_per_window,
-    )
-    record = {
-        "corpus": dataclasses.asdict(corpus.info),
-        "eval": {
-            "score_len": config.targets_per_window,
-            "split_seed": config.data.split_seed,
-            "val_bytes": int(corpus.val_bytes.numel()),
-            **evalset.record(),
-        },
+    owners = field_owners(StudyConfig)
+    defaults = {
+        **StudyConfig.__dataclass_fields__["train"].default_factory().to_dict(),
+        **StudyConfig.__dataclass_fields__["model"].default_factory().to_dict(),
     }
-    data_id = f"{corpus.info.sha256}:split{config.data.split_seed}"  # the bytes a cell trains on
-    eval_id = hashlib.sha256(evalset.anchors.numpy().tobytes()).hexdigest()[:16]  # the windows it reads
-    return StudyData(
-        corpus.train_bytes, evalset, 256, config.train_len, config.train_len, record, data_id, eval_id
-    )
-
-
-def study_data(config: StudyConfig) -> StudyData:
-    """The :class:`StudyData` of ``config`` (cached per process: cells of one study share it)."""
-    data_fields = ("mode", "train_len", "eval_lens", "eval_windows", "score_len", "eval_examples", "data")
-    key = {k: v for k, v in config.to_dict().items() if k in data_fields}
-    return _study_data(json.dumps(key, sort_keys=True))
+    key = {}
+    for name, value in config.to_dict().items():
+        if name in NOT_IN_CELL or name in RESUMABLE_CHANGES:
+            continue
+        if owners[name] in ("own", "data") or name in FLAT_KEY_FIELDS or value != defaults.get(name):
+            key[name] = value
+    return key
 
 
 # ----------------------------------------------------------------------------------------------

@@ -270,15 +270,16 @@ def extrapolate_run(args: argparse.Namespace) -> int:
 
         return compare_run(args.compare)
     if args.from_file is not None:
-        from .extrapolate import format_table
         from .results import read_results
+        from .tables import format_table
 
         print(format_table(read_results(args.from_file, "--from"), markdown=args.markdown))
         return 0
     if args.markdown:
         raise ValueError("--markdown formats a finished study: use it with --from RESULTS")
-    from .extrapolate import STUDY_ARTIFACTS, format_table, run_study
+    from .extrapolate import STUDY_ARTIFACTS, run_study
     from .runs import RunFolder
+    from .tables import format_table
 
     config = study_config(args)
     if (args.resume or args.overwrite) and args.out is None:

@@ -347,24 +347,40 @@ def composed(cls: type) -> type:
 
 
 def _parts_to_dict(config: Any) -> dict[str, Any]:
-    """The parts' JSON, without the fields the configuration sets itself."""
+    """The parts' fields by name (each name belongs to one part: :func:`field_owners`), without
+    the fields the configuration sets itself."""
     sets = set_fields(type(config))
-    return {
-        part: {k: v for k, v in getattr(config, part).to_dict().items() if k not in sets[part]}
-        for part in part_classes(type(config))
-    }
+    out: dict[str, Any] = {}
+    for part in part_classes(type(config)):
+        out.update({k: v for k, v in getattr(config, part).to_dict().items() if k not in sets[part]})
+    return out
 
 
-def _parts_from_dict(cls: type, data: dict[str, Any]) -> dict[str, Any]:
-    """``data`` with each part's JSON built into its class."""
-    data = dict(data)
+def field_owners(cls: type) -> dict[str, str]:
+    """``{field name: "own" or the part that declares it}`` for :class:`StudyConfig` or
+    :class:`RunConfig`, the fields it sets itself left out; a name declared twice is a
+    ``TypeError`` (a field is given by its name)."""
+    owners = {f.name: "own" for f in dataclasses.fields(cls) if f.name not in PARTS}
+    sets = set_fields(cls)
     for part, part_cls in part_classes(cls).items():
-        if isinstance(data.get(part), dict):
-            if part == "model":
-                data[part] = part_cls.from_dict({"vocab_size": 256, **data[part]})
-            else:
-                data[part] = part_cls.from_dict(data[part])
-    return data
+        for f in dataclasses.fields(part_cls):
+            if f.name in sets[part]:  # set by cls itself: not given by name
+                continue
+            if f.name in owners:
+                raise TypeError(
+                    f"{cls.__name__}: field {f.name!r} is declared by {owners[f.name]} and {part}"
+                )
+            owners[f.name] = part
+    return owners
+
+
+def _check_names(cls: type, data: dict[str, Any]) -> None:
+    """``ValueError`` listing the valid names when ``data`` has a key that is no field of ``cls``
+    or of its parts (or one that ``cls`` sets itself)."""
+    names = set(field_owners(cls))
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} field(s) {unknown}; valid: {', '.join(sorted(names))}")
 
 
 def _normalise_parts(config: Any, train: dict[str, Any], model: dict[str, Any]) -> None:
@@ -441,12 +457,14 @@ class RunConfig:
         return scheme_entry(self.scheme).label
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON: the scheme and the parts' fields by name (without those the run sets)."""
         return {"scheme": self.scheme, **_parts_to_dict(self)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:
-        check_fields(cls, data)
-        return cls(**_parts_from_dict(cls, data))
+        """Inverse of :meth:`to_dict`; unknown keys raise ``ValueError`` listing the valid ones."""
+        _check_names(cls, data)
+        return cls(**{k: tuple(v) if k == "betas" else v for k, v in data.items()})
 
 
 # ----------------------------------------------------------------------------------------------
@@ -692,8 +710,8 @@ class StudyConfig:
         ).within_steps()
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON: the study's own fields, then ``data``, ``train`` and ``model`` (without the
-        fields the study sets per cell)."""
+        """JSON: the study's own fields, then the fields of ``data``, ``train`` and ``model`` by
+        name (without those the study sets per cell)."""
         own = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in PARTS}
         own["vary"] = {k: list(v) for k, v in self.vary.items()}
         own = {k: list(v) if isinstance(v, tuple) else v for k, v in own.items()}
@@ -702,16 +720,10 @@ class StudyConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StudyConfig:
-        """Inverse of :meth:`to_dict`; a flat dict (``results.json`` before the parts: ``steps``,
-        ``d_model`` and ``corpus`` beside ``schemes``) is read too. Unknown keys raise
-        ``ValueError`` listing the valid ones."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        for part_cls in part_classes(cls).values():
-            names |= {f.name for f in dataclasses.fields(part_cls)}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise ValueError(f"unknown StudyConfig field(s) {unknown}; valid: {', '.join(sorted(names))}")
-        data = _parts_from_dict(cls, data)
+        """Inverse of :meth:`to_dict` (a subset too: the missing fields take their defaults, as
+        in the ``results.json`` of earlier versions); unknown keys raise ``ValueError`` listing
+        the valid ones."""
+        _check_names(cls, data)
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
 
     def model_config(self, scheme: str, *, vocab_size: int = 256, max_len: int | None = None):

@@ -7,7 +7,7 @@ A page marks each generated block with the results file it comes from::
     <!-- /posenc-results -->
 
 :func:`regenerate` (``posenc extrapolate --regenerate docs/lab.md``) replaces every block with the
-study's Markdown tables (:func:`~posenc.lab.extrapolate.format_table`: per-length tables with
+study's Markdown tables (:func:`~posenc.lab.tables.format_table`: per-length tables with
 intervals, the scheme-vs-scheme tests with Holm-corrected p-values and verdicts) and a line naming
 the file, the command that produced it and its wall time. Paths are relative to the current
 folder (run it from the repository root). A missing or unreadable file is an error naming the
@@ -28,8 +28,8 @@ BLOCK = re.compile(
 
 
 def _tables(spec: str) -> str:
-    from .extrapolate import format_table
     from .results import read_results
+    from .tables import format_table
 
     results = read_results(spec, f"the marker 'posenc-results: {spec}'")
     env = results.environment

@@ -46,13 +46,11 @@ __all__ = [
     "EvalPoint",
     "LMEvaluator",
     "TaskEvaluator",
-    "curriculum_len",
     "evaluate_lengths",
     "evaluate_lm",
     "evaluate_task",
     "paired_deltas",
     "position_limit",
-    "task_batch_fn",
 ]
 
 #: Bytes of the random string of the effective-context probe (:mod:`posenc.lab.probe`).
@@ -243,32 +241,6 @@ def paired_deltas(
 # ----------------------------------------------------------------------------------------------
 # Synthetic tasks
 # ----------------------------------------------------------------------------------------------
-def curriculum_len(step: int, max_len: int, curriculum_steps: int) -> int:
-    """The longest question at ``step`` of a length curriculum: it grows linearly from 1 at step 0
-    to ``max_len`` at step ``curriculum_steps`` and stays there (``curriculum_steps = 0``: always
-    ``max_len``)."""
-    if curriculum_steps <= 0 or step >= curriculum_steps:
-        return max_len
-    return 1 + (max_len - 1) * step // curriculum_steps
-
-
-def task_batch_fn(task: str, batch_size: int, max_len: int, seed: int, curriculum_steps: int = 0) -> Callable:
-    """A :data:`~posenc.lab.train.BatchFn` of task examples with question lengths drawn from
-    ``1..max_len`` (``1..curriculum_len(step, ...)`` while a curriculum runs): ids ``[b, s-1]``,
-    targets ``[b, s-1]`` with only the answer tokens (and ``[EOS]``) counted."""
-    from ..text.tasks import generate_task
-    from .train import IGNORE_INDEX, step_seed
-
-    def batch(step: int, rank: int, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        hi = curriculum_len(step, max_len, curriculum_steps)
-        ex = generate_task(task, batch_size, (1, hi), seed=step_seed(seed, step) % 2**62)
-        per_rank = batch_size // world_size
-        rows = slice(rank * per_rank, (rank + 1) * per_rank)
-        tokens, mask = ex.tokens[rows], ex.answer_mask[rows]  # [b, s]
-        targets = tokens[:, 1:].masked_fill(~mask[:, 1:], IGNORE_INDEX)  # [b, s - 1]: score answers only
-        return tokens[:, :-1], targets
-
-    return batch
 
 
 @torch.no_grad()

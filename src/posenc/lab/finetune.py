@@ -43,9 +43,9 @@ from .cells import (
     finished_cell,
     full_key,
     own_checkpoint,
-    study_data,
 )
 from .config import StudyConfig, TrainConfig
+from .data import study_data
 from .distributed import dist_info
 from .evaluate import EVALUATORS, evaluate_lengths, position_limit
 from .grid import scheme_entry
