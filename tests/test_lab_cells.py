@@ -35,20 +35,20 @@ def test_same_cell_same_numbers_here_in_processes_and_on_a_dask_cluster(corpus_d
     config = tiny_study(corpus_dir, schemes=("alibi", "rope"), seeds=(0, 1), variants=("yarn",), steps=12)
     cells = [Cell("alibi", 0), Cell("rope", 1)]
     kw = dict(out=None, device=torch.device("cpu"), resume=False, progress=False, threads=1)
-    serial = {r["cell"]: r for r in iter_cells(config, cells, **kw)}
-    local = {r["cell"]: r for r in iter_cells(config, cells, workers=2, **kw)}
+    serial = {r.cell: r for r in iter_cells(config, cells, **kw)}
+    local = {r.cell: r for r in iter_cells(config, cells, workers=2, **kw)}
     with (
         distributed.LocalCluster(
             n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
         ) as cluster,
         distributed.Client(cluster) as client,
     ):
-        on_cluster = {r["cell"]: r for r in iter_cells(config, cells, cluster=client, **kw)}
+        on_cluster = {r.cell: r for r in iter_cells(config, cells, cluster=client, **kw)}
     assert set(serial) == set(local) == set(on_cluster) == {"alibi-seed0", "rope-seed1"}
     for name in serial:
         assert _numbers(serial[name]) == _numbers(local[name]) == _numbers(on_cluster[name])
-    assert [r["name"] for r in serial["rope-seed1"]["runs"]] == ["rope", "rope+yarn"]
-    assert [r["name"] for r in serial["alibi-seed0"]["runs"]] == ["alibi"]  # alibi declares no variants
+    assert [r.name for r in serial["rope-seed1"].runs] == ["rope", "rope+yarn"]
+    assert [r.name for r in serial["alibi-seed0"].runs] == ["alibi"]  # alibi declares no variants
 
 
 def test_a_killed_study_resumes_and_skips_finished_cells(corpus_dir, tmp_path, monkeypatch):
