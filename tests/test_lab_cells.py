@@ -3,6 +3,7 @@ finished cells skipped on resume; evaluation-time variants; the same data for ev
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -10,7 +11,9 @@ import torch
 
 from _lab_toys import tiny_study, write_corpus
 from posenc.lab import cells as cells_mod
-from posenc.lab.cells import Cell, iter_cells, run_cell, study_cells, study_data
+from posenc.lab import data as data_mod
+from posenc.lab.cells import Cell, iter_cells, run_cell, study_cells
+from posenc.lab.data import study_data
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +22,8 @@ def corpus_dir(tmp_path_factory):
 
 
 def _numbers(record):
-    """Everything a cell measured (not how long it took)."""
+    """Everything a cell measured (not how long it took), from its CellRecord or its file's JSON."""
+    record = record if isinstance(record, dict) else record.to_dict()
     runs = [[{k: v for k, v in p.items() if k != "wall_s"} for p in r["eval"]] for r in record["runs"]]
     return record["train"]["loss_every_10_steps"], record["train"]["final_loss_nats"], runs
 
@@ -31,20 +35,20 @@ def test_same_cell_same_numbers_here_in_processes_and_on_a_dask_cluster(corpus_d
     config = tiny_study(corpus_dir, schemes=("alibi", "rope"), seeds=(0, 1), variants=("yarn",), steps=12)
     cells = [Cell("alibi", 0), Cell("rope", 1)]
     kw = dict(out=None, device=torch.device("cpu"), resume=False, progress=False, threads=1)
-    serial = {r["cell"]: r for r in iter_cells(config, cells, **kw)}
-    local = {r["cell"]: r for r in iter_cells(config, cells, workers=2, **kw)}
+    serial = {r.cell: r for r in iter_cells(config, cells, **kw)}
+    local = {r.cell: r for r in iter_cells(config, cells, workers=2, **kw)}
     with (
         distributed.LocalCluster(
             n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
         ) as cluster,
         distributed.Client(cluster) as client,
     ):
-        on_cluster = {r["cell"]: r for r in iter_cells(config, cells, cluster=client, **kw)}
+        on_cluster = {r.cell: r for r in iter_cells(config, cells, cluster=client, **kw)}
     assert set(serial) == set(local) == set(on_cluster) == {"alibi-seed0", "rope-seed1"}
     for name in serial:
         assert _numbers(serial[name]) == _numbers(local[name]) == _numbers(on_cluster[name])
-    assert [r["name"] for r in serial["rope-seed1"]["runs"]] == ["rope", "rope+yarn"]
-    assert [r["name"] for r in serial["alibi-seed0"]["runs"]] == ["alibi"]  # alibi declares no variants
+    assert [r.name for r in serial["rope-seed1"].runs] == ["rope", "rope+yarn"]
+    assert [r.name for r in serial["alibi-seed0"].runs] == ["alibi"]  # alibi declares no variants
 
 
 def test_a_killed_study_resumes_and_skips_finished_cells(corpus_dir, tmp_path, monkeypatch):
@@ -69,14 +73,14 @@ def test_a_killed_study_resumes_and_skips_finished_cells(corpus_dir, tmp_path, m
         "train",
         lambda model, *a, **k: trained.append(model.config.position) or real_train(model, *a, **k),
     )
-    again = {r["cell"]: r for r in iter_cells(config, study_cells(config), **kw)}
+    again = {r.cell: r for r in iter_cells(config, study_cells(config), **kw)}
     assert trained == ["nope"]  # the finished cell was not trained again
-    assert again["alibi-seed0"]["reused"] and _numbers(again["alibi-seed0"]) == _numbers(first)
+    assert again["alibi-seed0"].reused and _numbers(again["alibi-seed0"]) == _numbers(first)
     # a setting that changes the numbers invalidates the cell: it runs again (from its checkpoint)
     other = tiny_study(corpus_dir, schemes=("alibi",), checkpoint_every=2, eval_windows=5)
     rerun = run_cell(other, Cell("alibi", 0), **kw)
-    assert "reused" not in rerun and rerun["train"]["resumed_from"] == config.steps
-    assert len(rerun["runs"][0]["eval"][0]["window_bits"]) == 5
+    assert not rerun.reused and rerun.train.resumed_from == config.train.steps
+    assert len(rerun.runs[0].eval[0]["window_bits"]) == 5
 
 
 def test_every_cell_reads_the_same_data_and_seeds_change_only_the_model(corpus_dir, monkeypatch):
@@ -96,7 +100,7 @@ def test_every_cell_reads_the_same_data_and_seeds_change_only_the_model(corpus_d
     assert all(torch.equal(a, b) for a, b in zip(seen[0][3], seen[2][3]))  # same seed, same init
     # the evaluation windows depend on the split seed only: the same for every cell
     assert study_data(config).evalset is study_data(tiny_study(corpus_dir, seeds=(5,))).evalset
-    assert len({json.dumps(r["runs"][0]["eval"][0]["window_bits"]) for r in records}) == 4
+    assert len({json.dumps(r.runs[0].eval[0]["window_bits"]) for r in records}) == 4
 
 
 def test_cluster_needs_dask(monkeypatch, corpus_dir):
@@ -144,13 +148,13 @@ def test_a_changed_corpus_is_never_mistaken_for_the_old_one(tmp_path):
     out = tmp_path / "study"
     kw = dict(out=out, device=torch.device("cpu"), resume=True, progress=False)
     first = run_cell(config, Cell("alibi", 0), **kw)
-    assert run_cell(config, Cell("alibi", 0), **kw)["reused"]
+    assert run_cell(config, Cell("alibi", 0), **kw).reused
     for f in corpus.iterdir():
         f.write_text(f.read_text().upper())  # the same files, other bytes
-    cells_mod._study_data.cache_clear()
+    data_mod._study_data.cache_clear()
     with pytest.raises(ValueError, match=r"it was trained on other data .* the corpus changed"):
         run_cell(config, Cell("alibi", 0), **kw)
-    assert first["key"]["data"] != cells_mod.study_data(config).data_id
+    assert first.key["data"] != study_data(config).data_id
 
 
 def test_an_evaluation_that_cannot_fit_is_refused_before_training(corpus_dir, monkeypatch):
@@ -181,8 +185,29 @@ def test_a_cell_of_another_posenc_or_torch_version_is_run_again(corpus_dir, tmp_
     key = cells_mod.full_key(config, cell, data, cpu)
     assert key["versions"] == {"posenc": posenc.__version__, "torch": torch.__version__}
     cell_file = tmp_path / "alibi-seed0.json"
-    cell_file.write_text(json.dumps({"key": key, "runs": []}))
-    assert cells_mod.finished_cell(cell_file, cells_mod.full_key(config, cell, data, cpu))["reused"]
+    train = {
+        "steps": 1,
+        "resumed_from": 0,
+        "wall_s": 0.1,
+        "tokens_per_s": 1.0,
+        "threads": 1,
+        "final_loss_nats": 5.0,
+        "loss_every_10_steps": [5.0],
+    }
+    record = {
+        "cell": cell.name,
+        "scheme": "alibi",
+        "seed": 0,
+        "run": "alibi",
+        "setting": {},
+        "run_id": None,
+        "params": 1,
+        "train": train,
+        "key": key,
+        "runs": [],
+    }
+    cell_file.write_text(json.dumps(record))
+    assert cells_mod.finished_cell(cell_file, cells_mod.full_key(config, cell, data, cpu)).reused
     monkeypatch.setattr(torch, "__version__", "9.9.9")
     assert cells_mod.finished_cell(cell_file, cells_mod.full_key(config, cell, data, cpu)) is None
     monkeypatch.undo()
@@ -210,8 +235,8 @@ def test_a_cell_run_again_in_the_same_run_continues_its_own_checkpoint(corpus_di
         monkeypatch.setattr(cells_mod, "train", real_train)
         assert (tmp_path / "checkpoints" / "alibi-seed0.safetensors").is_file()
         record = run_cell(config, Cell("alibi", 0), **kw)  # Dask's rerun: resume=False
-        assert record["train"]["resumed_from"] == 2 and record["train"]["steps"] == 4
-        assert record["run_id"] == run.run_id
+        assert record.train.resumed_from == 2 and record.train.steps == 4
+        assert record.run_id == run.run_id
     again = RunFolder(tmp_path, ["results.json"], resume=True)
     refused = pytest.raises(ValueError, match="a checkpoint already exists")  # another run's checkpoint
     with again as other, writing_for(tmp_path, other.run_id), refused:
@@ -245,3 +270,61 @@ def test_a_scheduler_without_workers_is_a_clear_error_after_a_timeout(corpus_dir
     with distributed.LocalCluster(n_workers=0, protocol="tcp", dashboard_address=None) as cluster, refused:
         list(iter_cells(config, study_cells(config), out=None, device=torch.device("cpu"), resume=False,
                         progress=False, cluster=cluster.scheduler_address))  # fmt: skip
+
+
+def test_cell_keys_of_existing_settings_are_unchanged():
+    """A study run before studies had parts resumes its finished cells: the key of a cell is the
+    one its file holds (written by posenc at b50c9c8 for this configuration); a training or model
+    field the old keys did not have enters the key only when it leaves its default."""
+    from posenc.lab.cells import cell_key
+    from posenc.lab.config import StudyConfig
+
+    config = StudyConfig(
+        schemes=("alibi", "rope"),
+        train_len=64,
+        eval_lens=(64, 128),
+        steps=300,
+        batch_size=32,
+        warmup_steps=20,
+        d_model=64,
+        num_layers=2,
+        num_heads=4,
+        max_chars=3000000,
+        seeds=(0, 1),
+        position_lr_scale=1.0,
+        vary={"norm": ("pre", "post")},
+    )
+    assert cell_key(config) == {
+        "batch_size": 32,
+        "corpus": "stdlib",
+        "curriculum_steps": 0,
+        "d_model": 64,
+        "diagnostic_windows": 0,
+        "dropout": 0.0,
+        "eval_examples": 200,
+        "eval_lens": [64, 128],
+        "eval_windows": 256,
+        "grad_clip": 1.0,
+        "lr": 0.003,
+        "max_chars": 3000000,
+        "min_lr": 0.0003,
+        "mode": "lm",
+        "num_heads": 4,
+        "num_layers": 2,
+        "position_lr_scale": 1.0,
+        "position_options": {},
+        "score_len": None,
+        "split_seed": 0,
+        "steps": 300,
+        "train_len": 64,
+        "val_fraction": 0.1,
+        "variants": ["linear", "ntk", "yarn"],
+        "warmup_steps": 20,
+        "weight_decay": 0.1,
+    }
+    changed = dataclasses.replace(config, train=dataclasses.replace(config.train, betas=(0.8, 0.9)))
+    assert cell_key(changed) == {**cell_key(config), "betas": [0.8, 0.9]}
+    changed = dataclasses.replace(config, model=dataclasses.replace(config.model, norm_type="rmsnorm"))
+    assert cell_key(changed) == {**cell_key(config), "norm_type": "rmsnorm"}
+    resumable = dataclasses.replace(config, train=dataclasses.replace(config.train, log_every=1))
+    assert cell_key(resumable) == cell_key(config)

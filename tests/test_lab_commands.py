@@ -210,25 +210,27 @@ def test_train_help_speaks_of_one_run(capsys):
         main(["train", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "per scheme" not in text and "task mode" not in text and "evaluation windows" not in text
-    assert "--steps STEPS optimizer steps (default 600)" in text and "--val-fraction" in text
+    assert "--steps STEPS optimizer steps. (default 600)" in text and "--val-fraction" in text
     with pytest.raises(SystemExit):
         main(["extrapolate", "--help"])
-    assert "optimizer steps per scheme" in " ".join(capsys.readouterr().out.split())
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--steps STEPS optimizer steps. (default 600; --quick: 300; task mode: 2500)" in text
 
 
 def _study(argv: list[str]):
     import argparse
 
-    from posenc.lab.commands import _study_config, extrapolate_args
+    from posenc.lab.commands import extrapolate_args, study_config
 
     parser = argparse.ArgumentParser()
     extrapolate_args(parser)
-    return _study_config(parser.parse_args(argv))
+    return study_config(parser.parse_args(argv))
 
 
 def test_task_mode_defaults_are_the_budget_that_learns():
     c = _study(["--task", "copy"])
-    budget = (c.d_model, c.num_layers, c.num_heads, c.batch_size, c.steps, c.curriculum_steps)
+    budget = (c.model.d_model, c.model.num_layers, c.model.num_heads, c.train.batch_size, c.train.steps)
+    budget += (c.curriculum_steps,)
     assert budget == (64, 4, 4, 64, 2500, 600)
     # L, every length just past it (where schemes differ), 2L and 3L
     assert (c.train_len, c.eval_lens, c.seeds) == (8, (8, 9, 10, 11, 12, 13, 14, 15, 16, 24), (0, 1, 2))
@@ -237,7 +239,7 @@ def test_task_mode_defaults_are_the_budget_that_learns():
     assert _study(["--task", "sort", "--steps", "50"]).curriculum_steps == 50  # the default, within --steps
     assert _study(["--task", "copy", "--curriculum-steps", "0"]).curriculum_steps == 0
     lm = _study([])
-    assert (lm.curriculum_steps, lm.d_model, lm.steps) == (0, 128, 600)  # language modelling unchanged
+    assert (lm.curriculum_steps, lm.model.d_model, lm.train.steps) == (0, 128, 600)  # lm: unchanged
 
 
 @pytest.mark.parametrize(

@@ -29,8 +29,9 @@ def test_compare_two_studies_on_the_same_bytes(tmp_path, corpus_dir, capsys):
     assert "over seeds and documents" in printed
     a, b = (json.loads((tmp_path / x / "results.json").read_text()) for x in ("a", "b"))
     from posenc.lab.compare import compare_studies
+    from posenc.lab.results import read_results
 
-    rows = {r["length"]: r for r in compare_studies(a, b)}
+    rows = {r["length"]: r for r in compare_studies(*(read_results(tmp_path / x) for x in ("a", "b")))}
     for i, e in enumerate(a["config"]["eval_lens"]):
         per_seed = [
             statistics.mean(
@@ -68,7 +69,7 @@ def test_paired_rows_pair_two_runs_seed_for_seed():
 
 
 def test_read_results_names_the_flag(tmp_path):
-    from posenc.lab.compare import read_results
+    from posenc.lab.results import read_results
 
     (tmp_path / "results.json").write_text("{}")
     with pytest.raises(ValueError, match=r"--from: .* is not a results\.json of posenc extrapolate"):
@@ -85,7 +86,7 @@ def test_read_results_names_the_flag(tmp_path):
     ],
 )
 def test_a_crafted_results_json_is_one_line_naming_the_file(tmp_path, content, match):
-    from posenc.lab.compare import read_results
+    from posenc.lab.results import read_results
 
     path = tmp_path / "results.json"
     path.write_bytes(content if isinstance(content, bytes) else content.encode())

@@ -48,7 +48,10 @@ def bidirectional_scheme():
             ValueError,
             "curriculum_steps=200 must be <= steps=100",
         ),
-        ({"num_heads": 3}, ValueError, "num_heads=3 must divide d_model=128"),
+        ({"num_heads": 3}, ValueError, "num_heads=3 does not divide d_model=128"),
+        ({"seed": 3}, ValueError, "StudyConfig sets train.seed itself: set the seeds with seeds"),
+        ({"max_len": 64}, ValueError, "StudyConfig sets model.max_len itself"),
+        ({"stride": 4}, TypeError, r"StudyConfig has no field\(s\) \[.stride.\]"),
         ({"train_len": 0}, ValueError, "train_len must be >= 1"),
         ({"steps": 1.5}, TypeError, "steps must be an int"),
         ({"position_lr_scale": 0.0}, ValueError, "position_lr_scale must be a finite number > 0"),
@@ -169,3 +172,137 @@ def test_randomized_positions_cap_is_one_line_in_the_cli(capsys):
     assert main(["extrapolate", "--randomized-positions", "100000000", "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "randomized_positions=100000000 is larger than" in err
+
+
+#: ``StudyConfig.to_dict()`` of the configuration below before studies had parts (the flat form of
+#: results.json's ``config`` then), written by posenc at b50c9c8.
+FLAT_CONFIG = {
+    "schemes": ["alibi", "rope"],
+    "mode": "lm",
+    "train_len": 64,
+    "eval_lens": [64, 128],
+    "steps": 300,
+    "batch_size": 32,
+    "lr": 0.003,
+    "min_lr": 0.0003,
+    "warmup_steps": 20,
+    "weight_decay": 0.1,
+    "grad_clip": 1.0,
+    "position_lr_scale": 1.0,
+    "seeds": [0, 1],
+    "split_seed": 0,
+    "corpus": "stdlib",
+    "max_chars": 3000000,
+    "val_fraction": 0.1,
+    "d_model": 64,
+    "num_layers": 2,
+    "num_heads": 4,
+    "dropout": 0.1,
+    "eval_windows": 256,
+    "score_len": None,
+    "variants": ["linear", "ntk", "yarn"],
+    "position_options": {},
+    "eval_examples": 200,
+    "curriculum_steps": 0,
+    "eval_batch_tokens": 16384,
+    "checkpoint_every": 50,
+    "vary": {"norm": ["pre", "post"]},
+    "randomized_positions": 0,
+    "finetune_len": 0,
+    "finetune_steps": 0,
+    "diagnostic_windows": 0,
+}
+
+
+def test_a_study_is_composed_of_its_parts_and_reads_the_flat_form():
+    from posenc.lab.config import CorpusConfig
+    from posenc.model import ModelConfig
+
+    composed = StudyConfig(
+        schemes=("alibi", "rope"),
+        train_len=64,
+        eval_lens=(64, 128),
+        seeds=(0, 1),
+        vary={"norm": ("pre", "post")},
+        data=CorpusConfig(max_chars=3_000_000),
+        train=TrainConfig(
+            steps=300, batch_size=32, warmup_steps=20, position_lr_scale=1.0, checkpoint_every=50
+        ),
+        model=ModelConfig(vocab_size=256, d_model=64, num_layers=2, num_heads=4, dropout=0.1),
+    )
+    by_name = StudyConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in FLAT_CONFIG.items()})
+    assert by_name == composed == StudyConfig.from_dict(FLAT_CONFIG)
+    d = composed.to_dict()
+    assert (d["steps"], d["d_model"], d["max_chars"], d["norm"], d["betas"]) == (
+        300,
+        64,
+        3_000_000,
+        "pre",
+        [0.9, 0.95],
+    )
+    assert "seed" not in d and "position" not in d and "train" not in d  # set per cell; fields by name
+    assert StudyConfig.from_dict(json.loads(json.dumps(d))) == composed
+    # a cell trains with the study's training, its own seed and length; the model gets its scheme
+    tc = composed.train_config(seed=1)
+    assert (tc.seed, tc.seq_len, tc.steps, tc.checkpoint_every) == (1, 64, 300, 50)
+    mc = composed.model_config("rope")
+    assert (mc.position, mc.max_len, mc.d_model, mc.dropout) == ("rope", 64, 64, 0.1)
+
+
+def test_a_scheme_entry_may_be_a_per_layer_pattern_with_a_readable_name():
+    from posenc.lab.grid import run_name, scheme_entry
+
+    config = StudyConfig(
+        schemes=("rope", "rope*3,nope_temperature"),
+        train_len=16,
+        eval_lens=(16, 32),
+        d_model=16,
+        num_layers=4,
+        num_heads=2,
+        position_options={"rope": {"base": 5e5}},
+    )
+    assert config.schemes == ("rope", "rope*3+nope_temperature")  # one spelling: '+' between entries
+    mc = config.model_config("rope*3+nope_temperature")
+    assert mc.position == "nope" and mc.layer_positions == ["rope", "rope", "rope", "nope_temperature"]
+    assert mc.layer_position_options == {"rope": {"base": 5e5}}  # a scheme's options reach its layers
+    assert config.model_config("rope").position_options == {"base": 5e5}
+    assert run_name("rope*3+nope_temperature", ()) == "rope-x3+nope_temperature"
+    assert run_name("rope*3+nope_temperature", (("norm", "post"),)) == "rope-x3+nope_temperature[norm=post]"
+    assert scheme_entry("alibi").label == "alibi"
+    assert StudyConfig.from_dict(config.to_dict()) == config
+    for bad, error, match in [
+        ("rope*x", ValueError, "needs a whole repeat count"),
+        ("rope+sinusoidal", ValueError, "'sinusoidal' adds to the input embeddings"),
+        ("rope+ropee", ValueError, "unknown scheme 'ropee'; valid schemes: nope"),
+        ("rope*0", ValueError, "must be >= 1"),
+    ]:
+        with pytest.raises(error, match=match):
+            StudyConfig(schemes=("alibi", bad))
+
+
+def test_a_run_is_a_run_not_a_study():
+    from posenc.lab.config import RunConfig
+
+    run = RunConfig(scheme="learned", steps=5, seq_len=32, d_model=32, corpus="stdlib", random_positions=64)
+    assert (run.model.position, run.model.max_len, run.model.vocab_size) == ("learned", 64, 256)
+    assert (run.train.steps, run.train.checkpoint_every, run.data.corpus) == (5, 100, "stdlib")
+    assert RunConfig.from_dict(json.loads(json.dumps(run.to_dict()))) == run
+    assert not hasattr(run, "schemes") and not hasattr(run, "eval_lens")
+    with pytest.raises(ValueError, match=r"RunConfig sets model\.position itself"):
+        RunConfig(position="alibi")
+    pattern = RunConfig(scheme="alibi*2+nope")
+    assert pattern.model.layer_positions == ["alibi", "alibi", "nope"] and pattern.label == "alibi-x2+nope"
+
+
+def test_every_field_of_a_run_or_study_has_one_owner():
+    """Fields are given by name (flags, JSON, keyword arguments): no name is declared by two parts."""
+    from posenc.lab.config import RunConfig, field_owners
+
+    owners = field_owners(StudyConfig)
+    assert (owners["schemes"], owners["corpus"], owners["steps"], owners["norm"]) == (
+        "own",
+        "data",
+        "train",
+        "model",
+    )
+    assert field_owners(RunConfig)["scheme"] == "own"

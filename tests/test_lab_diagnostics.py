@@ -13,7 +13,8 @@ import torch
 from _lab_toys import tiny_study, write_corpus
 from posenc.bias import alibi_slopes
 from posenc.lab.diagnostics import attention_stats
-from posenc.lab.extrapolate import format_table, run_study
+from posenc.lab.extrapolate import run_study
+from posenc.lab.tables import format_table
 from posenc.model import ModelConfig, TransformerLM
 
 
@@ -76,7 +77,8 @@ def test_a_study_records_diagnostics_per_length_with_intervals(tmp_path):
     config = tiny_study(
         corpus, schemes=("alibi", "rope"), seeds=(0, 1), variants=("yarn",), diagnostic_windows=2
     )
-    results = run_study(config, out=tmp_path / "out", log=None)
+    study = run_study(config, out=tmp_path / "out", log=None)
+    results = study.to_dict()
     point = results["runs"][0]["eval"][1]  # alibi, seed 0, E = 16
     assert (
         point["attention"]["windows"] == 2 and len(point["attention"]["distance"]) == 1
@@ -88,6 +90,6 @@ def test_a_study_records_diagnostics_per_length_with_intervals(tmp_path):
     saved = json.loads((tmp_path / "out" / "results.json").read_text())
     assert saved["summary"][1]["attn_distance"] == results["summary"][1]["attn_distance"]
     assert (tmp_path / "out" / "attention.png").stat().st_size > 0
-    text = format_table(results)
+    text = format_table(study)
     assert "mean attended distance in tokens" in text and "share of the attention on keys >= L=8" in text
     assert math.isfinite(row["attn_distance"]["mean"])

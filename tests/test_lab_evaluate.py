@@ -13,11 +13,9 @@ from posenc.lab.evalset import sample_eval_set
 from posenc.lab.evaluate import (
     EvalPoint,
     _eval_batch,
-    curriculum_len,
     evaluate_lm,
     evaluate_task,
     paired_deltas,
-    task_batch_fn,
 )
 from posenc.model import LMOutput
 from posenc.text.tasks import EOS, SEP, TASK_VOCAB
@@ -210,32 +208,6 @@ def test_task_positions_are_passed_to_the_model():
     model = StopsAtTrained(8)
     evaluate_task(model, "copy", 4, 10, seed=0, positions=lambda b, s: torch.arange(s).expand(b, s) * 3)
     assert model.seen_positions[0].shape == (10, 10) and int(model.seen_positions[0][0, 1]) == 3
-
-
-def test_task_batches_score_answers_only():
-    batch = task_batch_fn("reverse", 8, 5, seed=0)
-    ids, targets = batch(3, 0, 1)
-    again = batch(3, 0, 1)
-    assert torch.equal(ids, again[0]) and torch.equal(targets, again[1])  # pure in the step
-    assert ids.shape == targets.shape and ids.shape[0] == 8
-    for row_ids, row_targets in zip(ids, targets):
-        sep = int((row_ids == SEP).nonzero()[0])
-        question = row_ids[1:sep].tolist()  # BOS q1..qn SEP ...
-        assert 1 <= len(question) <= 5
-        scored = row_targets[row_targets != -100].tolist()
-        assert scored == [*question[::-1], EOS]  # exactly the answer and EOS count
-    top, bottom = batch(3, 0, 2), batch(3, 1, 2)
-    assert torch.equal(torch.cat((top[0], bottom[0])), ids)  # ranks partition the global batch
-
-
-def test_curriculum_grows_the_questions_from_one_digit_to_max_len():
-    assert [curriculum_len(t, 9, 100) for t in (0, 12, 13, 50, 99, 100, 5000)] == [1, 1, 2, 5, 8, 9, 9]
-    assert curriculum_len(0, 9, 0) == 9  # no curriculum: every length from the start
-    batch = task_batch_fn("copy", 64, 9, seed=0, curriculum_steps=100)
-    longest = [int(((batch(t, 0, 1)[1] != -100).sum(-1) - 1).max()) for t in (0, 50, 100)]
-    assert longest == [1, 5, 9]  # answer tokens (without EOS) = question length
-    plain = task_batch_fn("copy", 64, 9, seed=0)
-    assert torch.equal(batch(100, 0, 1)[0], plain(100, 0, 1)[0])  # after it: the same batches
 
 
 def test_a_float64_model_is_scored_in_float64():

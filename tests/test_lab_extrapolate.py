@@ -10,10 +10,9 @@ import statistics
 
 import pytest
 
-from _lab_toys import TINY, tiny_study, torchrun_command, write_corpus
+from _lab_toys import TINY, torchrun_command, write_corpus
 from posenc.cli import main
-from posenc.lab.extrapolate import format_table, run_study, summarize, training_summary
-from posenc.lab.stats import paired_bootstrap, seed_interval
+from posenc.lab.extrapolate import run_study
 
 
 @pytest.fixture(scope="module")
@@ -78,90 +77,6 @@ def test_tiny_study_with_two_seeds_end_to_end(tmp_path, corpus_dir, capsys):
     assert main([*command, "--resume"]) == 0
     again = json.loads((out / "results.json").read_text())
     assert all(c["reused"] for c in again["cells"]) and again["summary"] == results["summary"]
-
-
-def test_summary_is_the_mean_of_the_runs_with_a_t_interval(corpus_dir):
-    config = tiny_study(corpus_dir, schemes=("alibi",), seeds=(0, 1), variants=())
-    results = run_study(config, log=None, progress=False, threads=1)
-    row = next(r for r in results["summary"] if r["name"] == "alibi" and r["length"] == 32)
-    runs = [next(p for p in r["eval"] if p["length"] == 32) for r in results["runs"]]
-    for metric in ("bpb_all", "bpb_beyond"):  # no per-window values: a t interval over seeds
-        values = [p[metric] for p in runs]
-        assert row[metric]["mean"] == pytest.approx(statistics.mean(values), abs=1e-12)
-        assert {k: v for k, v in row[metric].items() if k != "over"} == pytest.approx(
-            {k: v for k, v in seed_interval(values).to_dict().items() if k != "over"}
-        )
-    # per-window values: the bootstrap over seeds and documents of the same windows
-    bits = [p["window_bits"] for p in runs]
-    clusters = results["eval"]["window_documents"]
-    assert row["bpb_window"] == paired_bootstrap(bits, clusters, seed=8).to_dict()
-    assert row["bpb_window"]["mean"] == pytest.approx(
-        statistics.mean(p["bpb_window"] for p in runs), abs=1e-12
-    )
-    deltas = [p["delta"]["mean"] for p in runs]
-    assert row["delta"]["mean"] == pytest.approx(statistics.mean(deltas), abs=1e-12)
-    assert row["delta_over"] == "seeds and documents" and row["seeds"] == [0, 1]
-    assert row["delta"]["n"] == results["eval"]["n_documents"] and row["delta"]["p_value"] is not None
-
-
-def test_one_seed_keeps_the_bootstrap_interval_over_windows():
-    point = {
-        "length": 16,
-        "note": "",
-        "bpb_window": 2.0,
-        "bpb_all": 2.1,
-        "bpb_beyond": 2.2,
-        "accuracy": None,
-        "delta": {"mean": 0.1, "low": 0.05, "high": 0.2, "n": 32},
-    }
-    base = {**point, "length": 8, "delta": None, "bpb_beyond": None}
-    rows = summarize([{"name": "rope", "scheme": "rope", "variant": None, "seed": 0, "eval": [base, point]}])
-    assert rows[1]["delta"] == point["delta"] and rows[1]["delta_over"] == "windows"
-    assert rows[1]["bpb_window"] == {
-        "mean": 2.0,
-        "low": None,
-        "high": None,
-        "n": 1,
-        "over": "seeds",
-        "p_value": None,
-    }
-    assert rows[0]["delta"] is None and rows[0]["bpb_beyond"] is None
-
-
-def test_format_table_marks_missing_values():
-    def iv(mean, hw=None):
-        if hw is None:
-            return {"mean": mean, "low": None, "high": None, "n": 1}
-        return {"mean": mean, "low": mean - hw, "high": mean + hw, "n": 3}
-
-    def row(name, length, window, delta=None, note=""):
-        return {
-            "name": name,
-            "length": length,
-            "note": note,
-            "bpb_window": window,
-            "delta": delta,
-            "bpb_all": window,
-            "bpb_beyond": None,
-            "accuracy": None,
-        }
-
-    results = {
-        "config": {"mode": "lm", "train_len": 8, "eval_lens": [8, 16], "seeds": [0, 1, 2]},
-        "eval": {"score_len": 4},
-        "summary": [
-            row("learned", 8, iv(2.5, 0.1)),
-            row("learned", 16, None, note="n/a: stops at 8"),
-            row("alibi", 8, iv(2.4, 0.05)),
-            row("alibi", 16, iv(2.3, 0.05), iv(-0.1, 0.02)),
-        ],
-    }
-    lines = format_table(results).splitlines()
-    assert lines[0].startswith("paired delta vs L=8") and "over 3 seeds" in lines[0]
-    assert lines[2].split() == ["learned", "-", "n/a"]
-    assert lines[3].split() == ["alibi", "-", "-0.100", "±0.020"]
-    assert lines[5].startswith("sliding-window bits/byte: the last 4 targets")
-    assert lines[7].split() == ["learned", "2.500", "±0.100", "n/a"]
 
 
 def test_tiny_task_study(tmp_path, capsys):
@@ -255,42 +170,6 @@ def test_study_under_torchrun_matches_one_process(tmp_path, corpus_dir):
             assert a["bpb_window"]["mean"] == pytest.approx(b["bpb_window"]["mean"], abs=1e-4)
 
 
-def test_training_summary_and_table_give_each_run_its_final_loss_with_an_interval():
-    def cell(run, seed, final, curve):
-        train = {"final_loss_nats": final, "loss_every_10_steps": curve}
-        return {"scheme": "rope", "run": run, "seed": seed, "train": train}
-
-    cells = [
-        cell("rope", 0, 2.0, [5.0, 3.0, 2.0]),
-        cell("rope", 1, 2.2, [5.2, 3.2, 2.2, 2.1]),  # a longer history: cut to the common steps
-        cell("rope[norm=post]", 0, 2.5, [5.0, 3.5]),
-        {**cell("rope+ft16", 0, 1.9, [2.0]), "finetune": {"steps": 1}},  # fine-tuning: not a trained run
-    ]
-    summary = training_summary(cells)
-    assert list(summary) == ["rope", "rope[norm=post]"]
-    rope = summary["rope"]
-    assert rope["final_loss"] == pytest.approx(seed_interval([2.0, 2.2]).to_dict())
-    assert rope["curve"]["step"] == [0, 10, 20] and rope["curve"]["mean"] == pytest.approx([5.1, 3.1, 2.1])
-    assert rope["curve"]["low"][0] < 5.1 < rope["curve"]["high"][0] and rope["seeds"] == [0, 1]
-    one = summary["rope[norm=post]"]["curve"]
-    assert one["low"] == one["mean"] == one["high"]  # one seed: no interval, the mean itself
-    results = {
-        "config": {"mode": "lm", "train_len": 8, "eval_lens": [8], "seeds": [0, 1]},
-        "eval": {"score_len": 4},
-        "summary": [],
-        "training": summary,
-    }
-    text = format_table(results)
-    assert "final training loss, nats/token" in text and "2.100 ±" in text
-    assert "| rope[norm=post] | 2.500 |" in format_table(results, markdown=True)
-
-
-def test_training_curves_prefer_the_mean_of_each_ten_steps():
-    train = {"final_loss_nats": 2.0, "loss_every_10_steps": [9.0, 9.0], "loss_mean_10_steps": [5.0, 3.0]}
-    summary = training_summary([{"scheme": "alibi", "run": "alibi", "seed": 0, "train": train}])
-    assert summary["alibi"]["curve"]["mean"] == [5.0, 3.0]
-
-
 def test_randomized_positions_in_task_mode_with_both_test_protocols():
     """Trained at positions drawn from [0, 32): scored at ordinary positions and, as Ruoss et al.
     do, at positions re-sampled from [0, 32) (n/a where an example needs more than 32)."""
@@ -310,7 +189,7 @@ def test_randomized_positions_in_task_mode_with_both_test_protocols():
         randomized_positions=32,
         checkpoint_every=0,
     )
-    results = run_study(config, log=None, progress=False, threads=1)
+    results = run_study(config, log=None, progress=False, threads=1).to_dict()
     names = {r["name"] for r in results["runs"]}
     assert {"nope", "nope[random_positions=32]", "nope[random_positions=32]+resampled"} <= names
     again = next(r for r in results["runs"] if r["name"].endswith("+resampled"))
@@ -320,19 +199,19 @@ def test_randomized_positions_in_task_mode_with_both_test_protocols():
     assert by_len[5]["wilson"]["accuracy"]["n"] == 16 and by_len[5]["digit_accuracy"] is not None
 
 
-def test_task_tables_widen_for_intervals_with_both_ends():
-    """Wilson intervals print both ends: the columns widen so that cells never run together."""
-    from posenc.lab.stats import wilson_interval
-
-    def row(length, k):
-        rate = wilson_interval(k, 200).to_dict()
-        return {"name": "alibi", "length": length, "note": "", "accuracy": rate, "token_accuracy": None}
-
-    results = {
-        "config": {"mode": "copy", "train_len": 8, "eval_lens": [8, 9], "seeds": [0]},
-        "runs": [],
-        "summary": [row(8, 200), row(9, 169)],
-    }
-    lines = format_table(results).splitlines()
-    assert lines[2].split() == ["alibi", "1.000", "[0.981,", "1.000]", "0.845", "[0.788,", "0.889]"]
-    assert len(lines[1]) == len(lines[2])  # the header's columns line up with the cells
+def test_a_per_layer_pattern_is_a_scheme_of_a_study(tmp_path, corpus_dir, capsys):
+    """``--schemes alibi,alibi*2+nope``: the pattern trains and is scored like a scheme, under a
+    readable, file-name-safe run name; its cells' models hold the pattern."""
+    out = tmp_path / "study"
+    command = ["extrapolate", "--schemes", "alibi,alibi*2+nope", "--corpus", str(corpus_dir), *TINY]
+    assert main([*command, "--layers", "3", "--steps", "2", "--seeds", "0", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "alibi-x2+nope" in printed
+    results = json.loads((out / "results.json").read_text())
+    assert [r["name"] for r in results["runs"]] == ["alibi", "alibi-x2+nope"]
+    assert results["config"]["schemes"] == ["alibi", "alibi*2+nope"]
+    cell = json.loads((out / "cells" / "alibi-x2+nope-seed0.json").read_text())
+    assert cell["model_config"]["layer_positions"] == ["alibi", "alibi", "nope"]
+    assert cell["model_config"]["position"] == "nope"
+    assert (out / "checkpoints" / "alibi-x2+nope-seed0.safetensors").exists()
+    assert all(p["bpb_window"] is not None for p in results["runs"][1]["eval"])

@@ -10,10 +10,12 @@ import safetensors
 import torch
 
 from _lab_toys import states_equal, tiny_study, write_corpus
-from posenc.lab.cells import Cell, study_cells, study_data
+from posenc.lab.cells import Cell, study_cells
 from posenc.lab.checkpoint import load_trained_model
-from posenc.lab.extrapolate import format_table, run_study
+from posenc.lab.data import study_data
+from posenc.lab.extrapolate import run_study
 from posenc.lab.finetune import FinetuneCell, finetune_cells, finetune_config
+from posenc.lab.tables import format_table
 from posenc.model import TransformerLM
 
 
@@ -92,7 +94,8 @@ def test_finetuning_starts_from_the_trained_checkpoint(corpus_dir, tmp_path):
 
 def test_a_study_fine_tunes_compares_and_resumes(corpus_dir, tmp_path):
     config = _config(corpus_dir)
-    results = run_study(config, out=tmp_path, log=None)
+    study = run_study(config, out=tmp_path, log=None)
+    results = study.to_dict()
     names = {r["name"] for r in results["summary"]}
     assert {"rope+ft16", "rope+linear+ft16", "alibi+ft16", "alibi+cont8", "rope+cont8"} <= names
     entries = {e["run"]: e for e in results["finetune"]}
@@ -123,10 +126,10 @@ def test_a_study_fine_tunes_compares_and_resumes(corpus_dir, tmp_path):
     assert linear["rows_vs_control"][0]["diff"]["mean"] == pytest.approx((d0 + d1) / 2, abs=1e-9)
     assert entries["alibi+ft16"]["against_control"] == "alibi+cont8" and entries["alibi+cont8"]["control"]
     assert "rope+ft16" not in results["training"]  # training curves: the trained runs only
-    text = format_table(results)
+    text = format_table(study)
     assert "fine-tuned minus not fine-tuned" in text and "rope+linear+ft16 - rope+linear" in text
     assert "fine-tuned minus the control" in text and "rope+linear+ft16 - rope+cont8" in text
-    again = run_study(config, out=tmp_path, resume=True, log=None)
+    again = run_study(config, out=tmp_path, resume=True, log=None).to_dict()
     assert all(c.get("reused") for c in again["cells"])
     assert again["finetune"] == results["finetune"]
 
@@ -151,8 +154,8 @@ def test_the_whole_grid_gives_the_same_numbers_in_local_processes(corpus_dir, tm
         randomized_positions=16,
         diagnostic_windows=1,
     )
-    here = run_study(config, out=tmp_path / "a", log=None, threads=1)
-    there = run_study(config, out=tmp_path / "b", log=None, threads=1, workers=2)
+    here = run_study(config, out=tmp_path / "a", log=None, threads=1).to_dict()
+    there = run_study(config, out=tmp_path / "b", log=None, threads=1, workers=2).to_dict()
     numbers = [
         {(r["name"], r["seed"]): [p["window_bits"] for p in r["eval"]] for r in s["runs"]}
         for s in (here, there)

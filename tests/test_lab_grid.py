@@ -8,7 +8,7 @@ import pytest
 
 from _lab_toys import tiny_study
 from posenc.lab.cells import study_cells
-from posenc.lab.extrapolate import format_table, run_study
+from posenc.lab.extrapolate import run_study
 from posenc.lab.grid import (
     check_vary,
     model_fields,
@@ -19,6 +19,7 @@ from posenc.lab.grid import (
     split_setting,
     study_settings,
 )
+from posenc.lab.tables import format_table
 from posenc.model import ModelConfig
 
 
@@ -115,7 +116,8 @@ def test_a_study_trains_every_scheme_with_every_setting(corpus_dir):
         ]
         and len(names) == 8
     )
-    results = run_study(config, log=None)
+    study = run_study(config, log=None)
+    results = study.to_dict()
     mcs = results["model_configs"]
     assert mcs["rope[norm=post]"]["norm"] == "post" and mcs["rope[norm=pre]"]["norm"] == "pre"
     assert (
@@ -140,4 +142,4 @@ def test_a_study_trains_every_scheme_with_every_setting(corpus_dir):
         entry["rows"][0]["diff"]["mean"] == pytest.approx(diff, abs=1e-6)
         and entry["rows"][0]["over"] == "documents"
     )
-    assert "each setting minus the first setting of the grid" in format_table(results)
+    assert "each setting minus the first setting of the grid" in format_table(study)

@@ -82,6 +82,14 @@ def test_the_command_gives_one_line_for_each_user_error(tmp_path, corpus, capsys
         "longer than the model's positions allow": ["--model", tmp_path / "learned", "--eval-lens", "32"],
         "too few for 4 windows of up to 4096": ["--model", tmp_path / "hf", "--eval-lens", "4096"],
         "--schemes train models of their own": ["--model", tmp_path / "hf", "--schemes", "alibi"],
+        "--layers, --norm-type train models of their own": [
+            "--model",
+            tmp_path / "hf",
+            "--layers",
+            "3",
+            "--norm-type",
+            "rmsnorm",
+        ],
         "is not a comma list": ["--model", tmp_path / "hf", "--eval-lens", "x"],
         "--lr, --peft set how to fine-tune": ["--model", tmp_path / "hf", "--lr", "1e-3", "--peft", "lora"],
     }

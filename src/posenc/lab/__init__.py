@@ -1,14 +1,26 @@
 """The lab: train short, test long. A training loop, the length-extrapolation study, synthetic tasks.
 
-* :mod:`.config` - :class:`TrainConfig` (one run) and :class:`~.config.StudyConfig` (a study), presets.
-* :mod:`.train` - the deterministic, resumable, distributed training loop; :mod:`.checkpoint`
-  (atomic safetensors checkpoints), :mod:`.memory` (refuse runs that cannot fit),
-  :mod:`.distributed` (torchrun, threads).
-* :mod:`.evalset`, :mod:`.evaluate`, :mod:`.stats` - windows over every validation document, one
-  evaluator per mode, paired deltas, bootstrap and t intervals.
-* :mod:`.cells`, :mod:`.extrapolate`, :mod:`.compare`, :mod:`.plot` - the study as a grid of
-  (scheme, seed) cells run here, in local processes or on a Dask cluster; its summary, tables,
-  comparisons and figure.
+Cut by concept:
+
+* configuration - :mod:`.config` (:class:`TrainConfig`, :class:`~.config.CorpusConfig`, one run's
+  :class:`~.config.RunConfig` and a study's :class:`~.config.StudyConfig`, composed of them;
+  presets), :mod:`.grid` (scheme entries, per-layer patterns, settings), :mod:`.flags` (the
+  command-line flags generated from the dataclass fields);
+* data - :mod:`.data` (what the cells read: training bytes, evaluation set, task batches),
+  :mod:`.evalset` (windows over every validation document);
+* training - :mod:`.train` (the deterministic, resumable, distributed loop), :mod:`.checkpoint`,
+  :mod:`.finetune` (fine-tuning cells and their controls), :mod:`.memory` (refuse runs that
+  cannot fit);
+* evaluation - :mod:`.evaluate` (one evaluator per mode, every length), :mod:`.diagnostics`,
+  :mod:`.probe`, :mod:`.pretrained`;
+* statistics - :mod:`.stats` (bootstrap, t and Wilson intervals, Holm), :mod:`.summary` (across
+  seeds), :mod:`.compare` (paired comparisons of schemes, settings, studies), :mod:`.tasks`
+  (rankings of task studies);
+* execution - :mod:`.cells` (the grid's cells, here, in processes or on Dask), :mod:`.workers`,
+  :mod:`.distributed` (torchrun, threads), :mod:`.runs` (run folders, locks),
+  :mod:`.extrapolate` (a study from its cells to its results);
+* results and reporting - :mod:`.results` (typed records, ``results.json`` with a schema
+  version), :mod:`.tables`, :mod:`.plot`, :mod:`.doctables`;
 * :mod:`.commands` - ``posenc train`` and ``posenc extrapolate``.
 
 See docs/lab.md.

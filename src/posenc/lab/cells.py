@@ -24,9 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
-import hashlib
-import json
 import math
 import os
 from collections.abc import Callable, Iterator
@@ -36,41 +33,59 @@ from typing import Any
 
 import torch
 
-from ..text.tasks import task_seq_len
-from .config import StudyConfig
+from .config import RESUMABLE_CHANGES, StudyConfig, field_owners
+from .data import StudyData, study_data, task_batch_fn
 from .distributed import dist_info
-from .evalset import EvalSet, sample_eval_set
-from .evaluate import EVALUATORS, EvalPoint, task_batch_fn
-from .grid import Setting, run_name, split_setting, study_settings
+from .evaluate import EVALUATORS, evaluate_lengths
+from .grid import Setting, run_name, scheme_entry, split_setting, study_settings
 from .memory import check_memory, estimate_memory
+from .results import CellRecord, RunRecord, TrainingRecord
 from .runs import check_owner, current_run_id, write_json, writing_for
 from .train import seed_everything, train
 
 __all__ = [
+    "FLAT_KEY_FIELDS",
+    "NOT_IN_CELL",
     "Cell",
-    "StudyData",
     "cell_key",
     "cell_model_config",
+    "cell_record",
     "finished_cell",
     "full_key",
     "iter_cells",
     "own_checkpoint",
     "run_cell",
     "study_cells",
-    "study_data",
 ]
 
-#: Config fields that do not change a cell's numbers (so a finished cell is still valid when they
+#: Study fields that do not change a cell's numbers (so a finished cell is still valid when they
 #: change); a cell's own setting is in its key instead of the whole grid's.
-_NOT_IN_CELL = (
+NOT_IN_CELL = (
     "schemes",
     "seeds",
-    "checkpoint_every",
     "eval_batch_tokens",
     "vary",
     "randomized_positions",
     "finetune_len",
     "finetune_steps",
+)
+
+#: The training and model fields always in a cell key: the keys of the cell files written before
+#: studies had parts. The parts' other fields are in a key when they differ from the study's
+#: default, so the key of an existing cell file is unchanged.
+FLAT_KEY_FIELDS = (
+    "steps",
+    "batch_size",
+    "lr",
+    "min_lr",
+    "warmup_steps",
+    "weight_decay",
+    "grad_clip",
+    "position_lr_scale",
+    "d_model",
+    "num_layers",
+    "num_heads",
+    "dropout",
 )
 
 
@@ -99,131 +114,32 @@ def study_cells(config: StudyConfig) -> list[Cell]:
 
 
 def cell_key(config: StudyConfig) -> dict[str, Any]:
-    """What a finished cell must have been run with to be reused."""
-    return {k: v for k, v in config.to_dict().items() if k not in _NOT_IN_CELL}
-
-
-# ----------------------------------------------------------------------------------------------
-# Data shared by the cells of a study (built once per process)
-# ----------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class StudyData:
-    """What every cell of a study reads: training bytes (``lm``), the evaluation set, sizes."""
-
-    train_bytes: torch.Tensor | None
-    evalset: EvalSet | None
-    vocab: int
-    seq_len: int
-    max_len: int
-    record: dict[str, Any]
-    data_id: str = ""  # the corpus sha256 and the split: what a cell trains on
-    eval_id: str = ""  # the evaluation anchors, hashed: what a cell reads
-
-
-@functools.lru_cache(maxsize=2)
-def _study_data(key: str) -> StudyData:
-    config = StudyConfig.from_dict(json.loads(key))
-    if not config.lm:
-        from ..text.tasks import TASK_VOCAB
-
-        seq_len = task_seq_len(config.mode, config.train_len) - 1  # learned positions: the longest example
-        record = {"examples": config.eval_examples, "metric": "exact match (teacher-forced argmax)"}
-        return StudyData(None, None, len(TASK_VOCAB), seq_len, seq_len, {"eval": record})
-    from ..text import load_corpus
-
-    corpus = load_corpus(
-        config.corpus, max_chars=config.max_chars, seed=config.split_seed, val_fraction=config.val_fraction
-    )
-    evalset = sample_eval_set(
-        corpus.val_bytes,
-        config.eval_windows,
-        max(config.eval_lens),
-        config.split_seed,
-        doc_names=[d.name for d in corpus.val],
-        doc_starts=corpus.val_starts,
-        train_tokens=corpus.train_bytes,
-        score_len=config.targets_per_window,
-    )
-    record = {
-        "corpus": dataclasses.asdict(corpus.info),
-        "eval": {
-            "score_len": config.targets_per_window,
-            "split_seed": config.split_seed,
-            "val_bytes": int(corpus.val_bytes.numel()),
-            **evalset.record(),
-        },
+    """What a finished cell must have been run with to be reused: the study's fields that change its
+    numbers, the corpus, and the training and model fields (:data:`FLAT_KEY_FIELDS` always, the
+    others when not at the study's default; fields that do not change the numbers left out)."""
+    owners = field_owners(StudyConfig)
+    defaults = {
+        **StudyConfig.__dataclass_fields__["train"].default_factory().to_dict(),
+        **StudyConfig.__dataclass_fields__["model"].default_factory().to_dict(),
     }
-    data_id = f"{corpus.info.sha256}:split{config.split_seed}"  # the bytes a cell trains on
-    eval_id = hashlib.sha256(evalset.anchors.numpy().tobytes()).hexdigest()[:16]  # the windows it reads
-    return StudyData(corpus.train_bytes, evalset, 256, config.train_len, config.train_len, record, data_id,
-                     eval_id)  # fmt: skip
-
-
-def study_data(config: StudyConfig) -> StudyData:
-    """The :class:`StudyData` of ``config`` (cached per process: cells of one study share it)."""
-    data_fields = (
-        "mode",
-        "train_len",
-        "eval_lens",
-        "corpus",
-        "max_chars",
-        "split_seed",
-        "eval_windows",
-        "score_len",
-        "eval_examples",
-    )
-    key = {k: v for k, v in config.to_dict().items() if k in data_fields}
-    return _study_data(json.dumps(key, sort_keys=True))
+    key = {}
+    for name, value in config.to_dict().items():
+        if name in NOT_IN_CELL or name in RESUMABLE_CHANGES:
+            continue
+        if owners[name] in ("own", "data") or name in FLAT_KEY_FIELDS or value != defaults.get(name):
+            key[name] = value
+    return key
 
 
 # ----------------------------------------------------------------------------------------------
 # One cell
 # ----------------------------------------------------------------------------------------------
-def _position_limit(model_config) -> int | None:
-    """The longest input the scheme can encode (learned: its table), built on the meta device."""
-    from ..registry import build_with_context
-
-    with torch.device("meta"):
-        scheme = build_with_context(
-            model_config.position, model_config.scheme_context(True), model_config.position_options
-        )
-    return getattr(scheme, "max_len", None)
-
-
-def _evaluate(
-    config: StudyConfig,
-    evaluator,
-    model_at: Callable[[int], torch.nn.Module],
-    model_config,
-    note: Callable[[int], str] | None = None,
-) -> list[EvalPoint]:
-    """Every length with the model ``model_at(E)`` (n/a past the scheme's table), then the
-    evaluator's pairing."""
-    limit = _position_limit(model_config)
-    points = []
-    for e in config.eval_lens:
-        if limit is not None and evaluator.positions_needed(e) > limit:
-            points.append(EvalPoint(e, note=f"n/a: {model_config.position} positions stop at {limit}"))
-            continue
-        model = model_at(e)
-        point = evaluator(model, e)
-        if note is not None:
-            point.note = note(e)
-        if config.diagnostic_windows:  # attention entropy, distance, mass beyond L
-            from .diagnostics import fill_diagnostics
-
-            fill_diagnostics(point, model, config, evaluator.evalset, evaluator.device)
-        points.append(point)
-    evaluator.finish(points)
-    return points
-
-
-def _variant_runs(config: StudyConfig, cell: Cell, evaluator, model, mc, device) -> list[dict[str, Any]]:
+def _variant_runs(config: StudyConfig, cell: Cell, evaluator, model, mc, device) -> list[RunRecord]:
     """The trained weights evaluated with each variant the scheme declares, factor ``max(1, E / L)``."""
     from ..model import TransformerLM
     from ..registry import scheme_class
 
-    cls = scheme_class(cell.scheme)
+    cls = scheme_class(scheme_entry(cell.scheme).position)  # variants act on the input scheme's options
     runs = []
     state = model.state_dict()
     for variant in (v for v in config.variants if v in cls.eval_variants):
@@ -235,11 +151,11 @@ def _variant_runs(config: StudyConfig, cell: Cell, evaluator, model, mc, device)
             m.load_state_dict(state)  # the same weights; only the positional maths changes
             return m.eval()
 
-        points = _evaluate(
+        points = evaluate_lengths(
             config, evaluator, scaled, mc, note=lambda e: f"factor {max(1.0, e / config.train_len):g}"
         )
         name = f"{cell.run}+{variant}"
-        runs.append({"name": name, "variant": variant, "eval": [p.to_dict() for p in points]})
+        runs.append(RunRecord(name, variant, [p.to_dict() for p in points]))
     return runs
 
 
@@ -252,7 +168,7 @@ def run_cell(
     resume: bool = False,
     progress: bool | None = False,
     threads: int | None = None,
-) -> dict[str, Any]:
+) -> CellRecord:
     """Train and evaluate one cell; return its record (and write ``OUT/cells/NAME.json``).
 
     Args:
@@ -265,9 +181,9 @@ def run_cell(
         threads: torch CPU threads for this cell (``None`` = leave as set).
 
     Returns:
-        ``{"cell", "scheme", "seed", "params", "model_config", "train", "runs", "key"}``, where
-        ``runs`` holds the trained model's evaluation and one entry per evaluation-time variant
-        (empty on ranks other than 0 under ``torchrun``).
+        its :class:`~posenc.lab.results.CellRecord`, whose ``runs`` hold the trained model's
+        evaluation and one entry per evaluation-time variant (empty on ranks other than 0 under
+        ``torchrun``).
     """
     out_dir = Path(out) if out is not None else None
     cell_file = out_dir / "cells" / f"{cell.name}.json" if out_dir is not None else None
@@ -283,23 +199,23 @@ def run_cell(
     ckpt = out_dir / "checkpoints" / f"{cell.name}.safetensors" if out_dir is not None else None
     if config.lm:  # the longest evaluation must fit too: refuse before training, on every rank
         longest = max(config.eval_lens)
-        check_memory(estimate_memory(mc, 1, longest, training=False), device,
-                     what=f"evaluation at length {longest} (one window)")  # fmt: skip
+        need = estimate_memory(mc, 1, longest, training=False)
+        check_memory(need, device, what=f"evaluation at length {longest} (one window)")
     model, result = _train_cell(config, cell, data, mc, device, ckpt, resume, progress)
-    record = _record(cell, key, model, mc, result)
+    record = cell_record(cell, key, model, mc, result)
     info = dist_info()
     if info.is_main:  # under torchrun, rank 0 alone evaluates and writes
         evaluator = EVALUATORS[config.mode](config, data.evalset, device)
-        points = _evaluate(config, evaluator, lambda e: model, mc)
-        record["runs"] = [{"name": cell.run, "variant": None, "eval": [p.to_dict() for p in points]}]
+        points = evaluate_lengths(config, evaluator, lambda e: model, mc)
+        record.runs = [RunRecord(cell.run, None, [p.to_dict() for p in points])]
         if config.lm:
-            record["runs"] += _variant_runs(config, cell, evaluator, model, mc, device)
+            record.runs += _variant_runs(config, cell, evaluator, model, mc, device)
         m = split_setting(cell.setting)[1].get("random_positions", 0)
         if m and not config.lm:  # Ruoss et al.'s protocol too: positions re-sampled at test time
             again = [evaluator.resampled(model, e, m).to_dict() for e in config.eval_lens]
-            record["runs"].append({"name": f"{cell.run}+resampled", "variant": "resampled", "eval": again})
+            record.runs.append(RunRecord(f"{cell.run}+resampled", "resampled", again))
         if cell_file is not None:
-            write_json(cell_file, record)
+            write_json(cell_file, record.to_dict())
     if info.world_size > 1:
         torch.distributed.barrier()
     return record
@@ -321,19 +237,25 @@ def full_key(config: StudyConfig, cell, data: StudyData, device: torch.device) -
     }
 
 
-def finished_cell(cell_file: Path | None, key: dict[str, Any]) -> dict[str, Any] | None:
+def finished_cell(cell_file: Path | None, key: dict[str, Any]) -> CellRecord | None:
     """The record in ``cell_file`` when it was run with ``key`` (marked ``reused``), else ``None``."""
     from ..model.io import parse_json
 
     if cell_file is None or not cell_file.is_file():
         return None
-    record = parse_json(cell_file.read_bytes(), f"the cell file {str(cell_file)!r}")
-    if not isinstance(record, dict) or not isinstance(record.get("runs"), list):
+    data = parse_json(cell_file.read_bytes(), f"the cell file {str(cell_file)!r}")
+    if isinstance(data, dict) and isinstance(data.get("runs"), list) and data.get("key") != key:
+        return None  # run with other settings (or by another version): run again
+    try:
+        record = CellRecord.from_dict(data, f"the cell file {str(cell_file)!r}")
+    except (TypeError, ValueError) as err:
         raise ValueError(
-            f"the cell file {str(cell_file)!r} is not a cell record (a JSON object with 'key' and 'runs'); "
-            "delete it and resume to run the cell again"
-        )
-    return {**record, "reused": True} if record.get("key") == key else None
+            f"{err}; it is not a cell record: delete it and resume to run the cell again"
+        ) from None
+    if record.key != key:
+        return None
+    record.reused = True
+    return record
 
 
 def own_checkpoint(ckpt: Path | None) -> bool:
@@ -360,31 +282,31 @@ def cell_model_config(config: StudyConfig, cell: Cell, data: StudyData):
     return dataclasses.replace(mc, **fields)
 
 
-def _record(cell: Cell, key: dict[str, Any], model, mc, result) -> dict[str, Any]:
+def cell_record(cell: Cell, key: dict[str, Any], model, mc, result) -> CellRecord:
     """A cell's record before evaluation: what it is, what it trained, its losses."""
     tail = result.losses[-max(1, len(result.losses) // 10) :]
-    return {
-        "cell": cell.name,
-        "scheme": cell.scheme,
-        "seed": cell.seed,
-        "run": cell.run,
-        "setting": dict(cell.setting),
-        "key": key,
-        "run_id": current_run_id(),
-        "params": sum(p.numel() for p in model.parameters()),
-        "model_config": mc.to_dict(),
-        "train": {
-            "steps": result.end_step,
-            "resumed_from": result.start_step,
-            "wall_s": result.wall_s,
-            "tokens_per_s": result.tokens_per_s,
-            "threads": torch.get_num_threads(),
-            "final_loss_nats": sum(tail) / len(tail) if tail else math.nan,
-            "loss_every_10_steps": result.losses[::10],
-            "loss_mean_10_steps": [sum(block) / len(block) for block in _blocks(result.losses, 10)],
-        },
-        "runs": [],
-    }
+    train = TrainingRecord(
+        steps=result.end_step,
+        resumed_from=result.start_step,
+        wall_s=result.wall_s,
+        tokens_per_s=result.tokens_per_s,
+        threads=torch.get_num_threads(),
+        final_loss_nats=sum(tail) / len(tail) if tail else math.nan,
+        loss_every_10_steps=result.losses[::10],
+        loss_mean_10_steps=[sum(block) / len(block) for block in _blocks(result.losses, 10)],
+    )
+    return CellRecord(
+        cell=cell.name,
+        scheme=cell.scheme,
+        seed=cell.seed,
+        run=cell.run,
+        setting=dict(cell.setting),
+        key=key,
+        run_id=current_run_id(),
+        params=sum(p.numel() for p in model.parameters()),
+        model_config=mc.to_dict(),
+        train=train,
+    )
 
 
 def _blocks(values: list[float], size: int) -> list[list[float]]:
@@ -412,7 +334,7 @@ def _train_cell(
         data.train_bytes
         if config.lm
         else task_batch_fn(
-            config.mode, config.batch_size, config.train_len, cell.seed, config.curriculum_steps
+            config.mode, config.train.batch_size, config.train_len, cell.seed, config.curriculum_steps
         )
     )
     seed_everything(cell.seed)
@@ -442,7 +364,7 @@ def _cell_task(
     resume: bool,
     threads: int | None,
     run_id: str | None = None,
-) -> dict[str, Any]:
+) -> CellRecord:
     """What a worker runs: a plain function of JSON-able arguments (picklable for any executor).
     It writes into ``out`` only while run ``run_id`` holds it (:func:`~posenc.lab.runs.writing_for`)."""
     with writing_for(out, run_id):
@@ -457,7 +379,7 @@ def _cell_task(
         )
 
 
-def _runner(cell) -> Callable[..., dict[str, Any]]:
+def _runner(cell) -> Callable[..., CellRecord]:
     """The function that runs ``cell``: :func:`run_cell`, or the cell's own (a fine-tuning cell's)."""
     return cell.runner() if hasattr(cell, "runner") else run_cell
 
@@ -474,7 +396,7 @@ def iter_cells(
     cluster: Any = None,
     threads: int | None = None,
     run_id: str | None = None,
-) -> Iterator[dict[str, Any]]:
+) -> Iterator[CellRecord]:
     """Run ``cells`` and yield each record as it finishes (in completion order).
 
     ``cluster``: a Dask scheduler address or a ``distributed.Client`` (then ``workers`` is
@@ -550,8 +472,10 @@ def _check_scheduler(address: object) -> None:
 
     match = re.fullmatch(r"(?:tcp://)?([^/:\s]+):(\d{1,5})", str(address))
     if match is None:
-        raise ValueError(f"--cluster {address!r} is not a Dask scheduler address; give tcp://HOST:PORT "
-                         "(dask scheduler prints it, e.g. tcp://10.0.0.5:8786)")  # fmt: skip
+        raise ValueError(
+            f"--cluster {address!r} is not a Dask scheduler address; give tcp://HOST:PORT "
+            "(dask scheduler prints it, e.g. tcp://10.0.0.5:8786)"
+        )
     try:
         socket.create_connection((match.group(1), int(match.group(2))), timeout=5).close()
     except (OSError, OverflowError) as err:  # refused, unknown host, timed out, port out of range

@@ -30,6 +30,7 @@ __all__ = [
     "load_trained_model",
     "read_checkpoint_meta",
     "save_checkpoint",
+    "unwrap_model",
 ]
 
 #: Written into every checkpoint's metadata; a file without it is refused.
@@ -51,7 +52,8 @@ class CheckpointState:
     elapsed_s: float
 
 
-def _unwrap(model: nn.Module) -> nn.Module:
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The model itself: ``model.module`` under DistributedDataParallel, else ``model``."""
     return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 
 
@@ -112,7 +114,7 @@ def save_checkpoint(
     ``path`` with ``os.replace`` (atomic on POSIX): a run killed mid-write leaves the previous
     checkpoint intact.
     """
-    model = _unwrap(model)
+    model = unwrap_model(model)
     path = Path(path)
     aliases = _aliases(model)
     opt = optimizer.state_dict()
@@ -330,7 +332,7 @@ def load_checkpoint(
             f"{str(path)!r} is not a readable checkpoint ({err}); delete it to start again"
         ) from None
     _check_tensors(path, tensors)
-    model = _unwrap(model)
+    model = unwrap_model(model)
     state = {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}
     for alias, canonical in json.loads(meta["aliases"]).items():
         if canonical in state:

@@ -15,19 +15,22 @@ from typing import Any
 
 from . import pretrained
 
-__all__ = ["extrapolate_args", "extrapolate_run", "parse_list", "parse_options", "train_args", "train_run"]
+__all__ = [
+    "extrapolate_args",
+    "extrapolate_run",
+    "parse_options",
+    "run_config",
+    "study_config",
+    "train_args",
+    "train_run",
+]
 
+#: Flags named otherwise than their field: the names the commands had before their flags were
+#: generated (the generated name stays as an alias).
+FLAG_NAMES = {"num_layers": "--layers", "num_heads": "--heads", "seq_len": "--train-len"}
 
-def parse_list(spec: str, kind: type = str, *, flag: str) -> tuple:
-    """``"a,b,c"`` -> ``("a", "b", "c")`` (converted with ``kind``); a clear error naming ``flag``."""
-    items = [x.strip() for x in spec.split(",") if x.strip()]
-    if not items:
-        example = "128,256" if kind is int else "a,b"
-        raise ValueError(f"{flag} {spec!r} is empty; give a comma list like {example}")
-    try:
-        return tuple(kind(x) for x in items)
-    except ValueError:
-        raise ValueError(f"{flag} {spec!r} is not a comma list of {kind.__name__}s (e.g. 128,256)") from None
+#: The source of :class:`~posenc.model.ModelConfig`, whose fields are read without importing torch.
+MODEL_SOURCE = Path(__file__).resolve().parents[1] / "model" / "config.py"
 
 
 def parse_options(specs: list[str]) -> dict[str, dict[str, Any]]:
@@ -47,51 +50,79 @@ def parse_options(specs: list[str]) -> dict[str, dict[str, Any]]:
     return options
 
 
-def _common_args(p: argparse.ArgumentParser, *, study: bool = True) -> None:
-    """Flags shared by ``posenc extrapolate`` (``study``) and ``posenc train``, worded for each."""
-    p.add_argument(
-        "--train-len",
-        type=int,
-        default=None,
-        help="train length L (default 128; task mode: 8 digits)"
-        if study
-        else "training window in bytes (default 128)",
-    )
-    p.add_argument(
-        "--steps",
-        type=int,
-        default=None,
-        help="optimizer steps per scheme (default 600)" if study else "optimizer steps (default 600)",
-    )
-    p.add_argument("--batch-size", type=int, default=None, help="global batch in windows (default 32)")
-    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default 3e-3)")
-    p.add_argument("--seed", type=int, default=None, help="training seed (default 0)")
-    p.add_argument(
-        "--split-seed",
-        type=int,
-        default=None,
-        help="seed of the train/validation split and the evaluation windows (default 0)"
-        if study
-        else "seed of the train/validation split (default 0)",
-    )
-    p.add_argument("--corpus", default=None, help="stdlib (default: this Python's stdlib source) or a path")
-    p.add_argument("--max-chars", type=int, default=None, help="use only the first ~N chars of the corpus")
-    p.add_argument(
-        "--val-fraction",
-        type=float,
-        default=None,
-        help="share held out for validation (default 0.1): by file, or the end of a single file",
-    )
-    p.add_argument("--d-model", type=int, default=None, help="model width (default 128)")
-    p.add_argument("--layers", type=int, default=None, help="Transformer layers (default 4)")
-    p.add_argument("--heads", type=int, default=None, help="attention heads (default 4)")
-    p.add_argument("--dropout", type=float, default=None, help="dropout (default 0)")
-    p.add_argument(
-        "--position-lr-scale",
-        type=float,
-        default=None,
-        help="learning-rate multiplier of positional parameters (default 10; docs/lab.md)",
-    )
+def _specs(cls: type) -> dict[str, list]:
+    """``{"own" | part: [FieldSpec]}`` of a run or study configuration class: its own fields and
+    each part's fields but those ``cls`` sets itself (the model's read from its source)."""
+    from .config import CorpusConfig, TrainConfig, part_names, set_fields
+    from .flags import field_specs, source_field_specs
+
+    parts = part_names(cls)
+    sets = set_fields(cls)
+    classes = {"data": field_specs(CorpusConfig), "train": field_specs(TrainConfig)}
+    classes["model"] = source_field_specs(MODEL_SOURCE, "ModelConfig")
+    out = {"own": [s for s in field_specs(cls, skip=parts) if s.name not in ("position_options", "vary")]}
+    for part in parts:
+        out[part] = [s for s in classes[part] if s.name not in sets[part]]
+    return out
+
+
+def _defaults(cls: type, part: str) -> dict[str, Any]:
+    """The field values of ``cls``'s default ``part`` (the model's: its dataclass defaults)."""
+    factory = cls.__dataclass_fields__[part].default_factory
+    if part == "model":
+        return {}  # ModelConfig's own defaults, read from its source with its fields
+    return {f: getattr(factory(), f) for f in factory().__dataclass_fields__}
+
+
+def _add_config_flags(
+    p: argparse.ArgumentParser, cls: type, preset: dict[str, Any], others: dict[str, dict[str, Any]]
+) -> None:
+    """Every field of ``cls`` (:class:`~posenc.lab.config.StudyConfig` or
+    :class:`~posenc.lab.config.RunConfig`) and of its parts as a flag, in a group per part; the
+    help shows the default with ``preset`` (fields by name) and, where they differ, the values of
+    ``others`` (``{"--quick": {field: value}}``)."""
+    from .flags import add_field_flags
+
+    titles = {"own": None, "data": "corpus", "train": "training", "model": "model"}
+    for part, specs in _specs(cls).items():
+        group = p if titles[part] is None else p.add_argument_group(titles[part])
+        defaults = {**({} if part == "own" else _defaults(cls, part)), **preset}
+        notes = {}
+        for spec in specs:
+            default = defaults.get(spec.name, spec.default)
+            shown = [
+                f"{what}: {_shown(v[spec.name])}"
+                for what, v in others.items()
+                if v.get(spec.name, default) != default
+            ]
+            notes[spec.name] = "".join(f"; {x}" for x in shown)
+        add_field_flags(group, specs, part, defaults, names=FLAG_NAMES, notes=notes)
+
+
+def _given(args: argparse.Namespace, cls: type) -> dict[str, Any]:
+    """``{field: value}`` of the configuration flags given, the parts' fields by name."""
+    from .flags import given_fields
+
+    out: dict[str, Any] = {}
+    for part, specs in _specs(cls).items():
+        out.update(given_fields(args, part, specs))
+    return out
+
+
+def _pretrained_args(args: argparse.Namespace) -> argparse.Namespace:
+    """The flags of ``--model`` by field name: the hand-declared ones as parsed, the configuration's
+    converted by type (``--train-len`` as ``train_len``); ``config_fields`` names the ones given."""
+    from .config import StudyConfig
+
+    given = _given(args, StudyConfig)
+    flat = {k: v for k, v in vars(args).items() if "__" not in k}
+    flat.update({"train_len" if name == "seq_len" else name: value for name, value in given.items()})
+    flat["config_fields"] = {name: FLAG_NAMES.get(name, "--" + name.replace("_", "-")) for name in given}
+    return argparse.Namespace(**flat)
+
+
+def _run_flags(p: argparse.ArgumentParser) -> None:
+    """The flags of how a command runs (not what it computes), shared by both commands."""
     p.add_argument(
         "--device",
         default="cpu",
@@ -105,31 +136,7 @@ def _common_args(p: argparse.ArgumentParser, *, study: bool = True) -> None:
     )
     p.add_argument("--resume", action="store_true", help="continue the run in --out")
     p.add_argument("--overwrite", action="store_true", help="replace a run already in --out")
-    p.add_argument("--checkpoint-every", type=int, default=None, help="checkpoint interval (default 100)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (default: on a terminal)")
-
-
-_FLAG_TO_FIELD = {
-    "train_len": "train_len",
-    "steps": "steps",
-    "batch_size": "batch_size",
-    "lr": "lr",
-    "split_seed": "split_seed",
-    "position_lr_scale": "position_lr_scale",
-    "corpus": "corpus",
-    "max_chars": "max_chars",
-    "val_fraction": "val_fraction",
-    "d_model": "d_model",
-    "layers": "num_layers",
-    "heads": "num_heads",
-    "dropout": "dropout",
-    "checkpoint_every": "checkpoint_every",
-}
-
-
-def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    given = {flag: getattr(args, flag) for flag in _FLAG_TO_FIELD}
-    return {_FLAG_TO_FIELD[flag]: value for flag, value in given.items() if value is not None}
 
 
 def _setup(args: argparse.Namespace):
@@ -158,14 +165,10 @@ def _teardown() -> None:
 
 # ---------------------------------------------------------------------------------------- extrapolate
 def extrapolate_args(p: argparse.ArgumentParser) -> None:
-    """Arguments of ``posenc extrapolate``."""
-    from .config import DEFAULT_SCHEMES, MODES
-    from .config import TASK_DEFAULTS as task
+    """Arguments of ``posenc extrapolate``: what the command does (read a finished study, compare,
+    regenerate docs; where and how it runs), then one flag per field of the study and its parts."""
+    from .config import PRESETS, TASK_DEFAULTS, StudyConfig
 
-    p.add_argument(
-        "--schemes", default=None, help=f"comma list of schemes (default {','.join(DEFAULT_SCHEMES)})"
-    )
-    p.add_argument("--eval-lens", default=None, help="comma list of evaluation lengths (default 128,..,2048)")
     p.add_argument("--quick", action="store_true", help="a ~1-minute smoke version (smaller model, L=64)")
     p.add_argument(
         "--from",
@@ -190,46 +193,7 @@ def extrapolate_args(p: argparse.ArgumentParser) -> None:
         "trains nothing",
     )
     p.add_argument("--out", default=None, help="folder for results.json, extrapolation.png/svg, checkpoints")
-    p.add_argument(
-        "--task",
-        default="lm",
-        choices=list(MODES),
-        help="lm (default: bits/byte on a corpus) or a synthetic task (exact-match accuracy; its own "
-        f"defaults: d-model {task['d_model']}, {task['num_layers']} layers, {task['steps']} steps, a "
-        f"{task['curriculum_steps']}-step curriculum, L {task['train_len']}, eval lengths "
-        f"{','.join(map(str, task['eval_lens']))})",
-    )
-    p.add_argument(
-        "--curriculum-steps",
-        type=int,
-        default=None,
-        help="task mode: the longest question grows from 1 to L over these first steps (default "
-        f"{task['curriculum_steps']}, at most --steps; 0 = no curriculum)",
-    )
-    p.add_argument(
-        "--seeds",
-        default=None,
-        help="comma list of training seeds, one model per scheme and seed (default 0,1,2; --quick: 0)",
-    )
-    p.add_argument(
-        "--eval-windows",
-        type=int,
-        default=None,
-        help="evaluation windows sampled across the validation documents (default 32)",
-    )
-    p.add_argument(
-        "--score-len",
-        type=int,
-        default=None,
-        help="targets scored at the end of each window (default: half the shortest length)",
-    )
-    p.add_argument(
-        "--variants",
-        "--rope-scalings",
-        dest="variants",
-        default=None,
-        help="evaluation-time variants, e.g. RoPE scalings (default linear,ntk,yarn; 'none')",
-    )
+    p.add_argument("--seed", type=int, default=None, help="one training seed (the same as --seeds N)")
     p.add_argument(
         "--option",
         action="append",
@@ -245,30 +209,6 @@ def extrapolate_args(p: argparse.ArgumentParser) -> None:
         help="train every scheme with each value of a model setting, e.g. norm=pre,post (repeatable)",
     )
     p.add_argument(
-        "--randomized-positions",
-        type=int,
-        default=None,
-        metavar="M",
-        help="also train each scheme at sorted random positions from [0, M) (Ruoss et al. 2023)",
-    )
-    p.add_argument(
-        "--finetune-len",
-        type=int,
-        default=None,
-        metavar="E",
-        help="after training, fine-tune RoPE and each of its scalings at length E (with --finetune-steps)",
-    )
-    p.add_argument("--finetune-steps", type=int, default=None, metavar="N", help="fine-tuning steps")
-    p.add_argument(
-        "--diagnostics",
-        type=int,
-        nargs="?",
-        const=8,
-        default=None,
-        metavar="K",
-        help="attention entropy, distance and mass beyond L on K windows per length (default 8)",
-    )
-    p.add_argument(
         "--workers",
         type=int,
         default=None,
@@ -279,49 +219,46 @@ def extrapolate_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="run the cells on a Dask cluster at this scheduler address (tcp://host:8786)",
     )
-    _common_args(p)
+    _run_flags(p)
+    quick = {**PRESETS["default"], **PRESETS["quick"]}
+    _add_config_flags(p, StudyConfig, PRESETS["default"], {"--quick": quick, "task mode": TASK_DEFAULTS})
     pretrained.add_model_flags(p)  # --model: a pretrained model (posenc.lab.pretrained)
 
 
-def _study_config(args: argparse.Namespace):
-    """The :class:`~posenc.lab.config.StudyConfig` the flags describe (preset, task, overrides)."""
-    from .config import PRESETS, TASK_DEFAULTS, StudyConfig
+def _shown(value: Any) -> str:
+    from .flags import shown
 
+    return shown(value)
+
+
+def study_config(args: argparse.Namespace):
+    """The :class:`~posenc.lab.config.StudyConfig` the flags describe: the preset (``--quick`` or
+    the documented study), a task's defaults, then every field given."""
+    from .config import PRESETS, TASK_DEFAULTS, StudyConfig
+    from .grid import parse_vary
+
+    given = _given(args, StudyConfig)
+    mode = given.get("mode", "lm")
     fields: dict[str, Any] = dict(PRESETS["quick" if args.quick else "default"])
-    if args.task != "lm":
+    if mode != "lm":
         fields.update(TASK_DEFAULTS)
         fields.pop("max_chars", None)
-    fields["mode"] = args.task
-    fields.update(_overrides(args))
-    if args.schemes is not None:
-        fields["schemes"] = parse_list(args.schemes, flag="--schemes")
-    if args.eval_lens is not None:
-        fields["eval_lens"] = parse_list(args.eval_lens, int, flag="--eval-lens")
-    elif args.task != "lm":
+    fields.update(given)
+    if "eval_lens" not in given and mode != "lm":
         from .tasks import task_eval_lens
 
         fields["eval_lens"] = task_eval_lens(fields["train_len"])
-    if args.seed is not None and args.seeds is not None:
+    if args.seed is not None and "seeds" in given:
         raise ValueError("give --seed or --seeds, not both")
     if args.seed is not None:
         fields["seeds"] = (args.seed,)
-    if args.seeds is not None:
-        fields["seeds"] = parse_list(args.seeds, int, flag="--seeds")
-    if args.eval_windows is not None:
-        fields["eval_windows"] = args.eval_windows
-    if args.score_len is not None:
-        fields["score_len"] = args.score_len
-    if args.variants is not None:
-        fields["variants"] = () if args.variants == "none" else parse_list(args.variants, flag="--variants")
     if args.option:
         fields["position_options"] = parse_options(args.option)
-    if args.curriculum_steps is not None:
-        fields["curriculum_steps"] = args.curriculum_steps
-    elif "curriculum_steps" in fields:  # the task default, within a shorter --steps
+    if "curriculum_steps" in fields and "curriculum_steps" not in given:  # the task default, within --steps
         fields["curriculum_steps"] = min(fields["curriculum_steps"], fields["steps"])
-    from .grid import grid_fields
-
-    return StudyConfig(**fields, **grid_fields(args))
+    if args.vary:
+        fields["vary"] = parse_vary(args.vary)
+    return StudyConfig(**fields)
 
 
 def _workers(args: argparse.Namespace, info, device, cells: int) -> int:
@@ -340,7 +277,7 @@ def _workers(args: argparse.Namespace, info, device, cells: int) -> int:
 def extrapolate_run(args: argparse.Namespace) -> int:
     """Run ``posenc extrapolate``: train, evaluate, print the table, write the JSON and plot."""
     if getattr(args, "model", None):
-        return pretrained.run(args)
+        return pretrained.run(_pretrained_args(args))
     if args.regenerate is not None:
         from .doctables import regenerate_run
 
@@ -350,17 +287,18 @@ def extrapolate_run(args: argparse.Namespace) -> int:
 
         return compare_run(args.compare)
     if args.from_file is not None:
-        from .compare import read_results
-        from .extrapolate import format_table
+        from .results import read_results
+        from .tables import format_table
 
         print(format_table(read_results(args.from_file, "--from"), markdown=args.markdown))
         return 0
     if args.markdown:
         raise ValueError("--markdown formats a finished study: use it with --from RESULTS")
-    from .extrapolate import STUDY_ARTIFACTS, format_table, run_study
+    from .extrapolate import STUDY_ARTIFACTS, run_study
     from .runs import RunFolder
+    from .tables import format_table
 
-    config = _study_config(args)
+    config = study_config(args)
     if (args.resume or args.overwrite) and args.out is None:
         raise ValueError("--resume and --overwrite need --out (the folder holding the run)")
     if args.out is not None:
@@ -391,9 +329,9 @@ def extrapolate_run(args: argparse.Namespace) -> int:
     if info.is_main:
         print()
         print(format_table(results))
-        env = results["environment"]
+        env = results.environment
         print(
-            f"\nwall time {results['wall_s']:.0f} s on {env['device']} ({env['workers']} worker(s) x "
+            f"\nwall time {results.wall_s:.0f} s on {env['device']} ({env['workers']} worker(s) x "
             f"{env['threads']} thread(s), {env['world_size']} DDP process(es)); load average at start/end "
             f"{env.get('load_avg_start', ['?'])[0]:.2f}/{env.get('load_avg_end', ['?'])[0]:.2f}"
         )
@@ -405,25 +343,25 @@ def extrapolate_run(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------------- train
 def train_args(p: argparse.ArgumentParser) -> None:
-    """Arguments of ``posenc train``."""
-    p.add_argument(
-        "--scheme",
-        default="rope",
-        help="positional scheme of the model (default rope; posenc list shows them)",
-    )
+    """Arguments of ``posenc train``: where and how it runs, then one flag per field of the run
+    (:class:`~posenc.lab.config.RunConfig`) and its parts."""
+    from .config import RunConfig
+
     p.add_argument(
         "--out",
         required=True,
         metavar="DIR",
         help="folder for checkpoint.safetensors (resumable), model.safetensors, train.json",
     )
-    p.add_argument(
-        "--autocast",
-        default="auto",
-        choices=["auto", "bf16", "off"],
-        help="auto (default: bf16 on CUDA), bf16 or off",
-    )
-    _common_args(p, study=False)
+    _run_flags(p)
+    _add_config_flags(p, RunConfig, {}, {})
+
+
+def run_config(args: argparse.Namespace):
+    """The :class:`~posenc.lab.config.RunConfig` the flags describe."""
+    from .config import RunConfig
+
+    return RunConfig(**_given(args, RunConfig))
 
 
 #: What ``posenc train`` writes into its folder (their presence means the folder holds a run).
@@ -432,19 +370,10 @@ TRAIN_ARTIFACTS = ("checkpoint.safetensors", "model.safetensors", "train.json")
 
 def train_run(args: argparse.Namespace) -> int:
     """Run ``posenc train``: one byte-level LM, checkpointed and resumable."""
-    import dataclasses
-
-    from .config import StudyConfig
     from .distributed import is_lock_holder
     from .runs import RunFolder, writing_for
 
-    fields = {"schemes": (args.scheme,), "variants": (), **_overrides(args)}
-    fields["eval_lens"] = (fields.get("train_len", 128),)
-    if args.seed is not None:
-        fields["seeds"] = (args.seed,)
-    study = StudyConfig(**fields)
-    tc = dataclasses.replace(study.train_config(), autocast=args.autocast)
-    mc = study.model_config(args.scheme)
+    run = run_config(args)
     folder = RunFolder(
         args.out,
         TRAIN_ARTIFACTS,
@@ -455,23 +384,21 @@ def train_run(args: argparse.Namespace) -> int:
     info, device, threads = _setup(args)
     try:
         with folder, writing_for(folder.path, folder.run_id):
-            _train_one(args, study, tc, mc, folder.path, info, device, threads)
+            _train_one(args, run, folder.path, info, device, threads)
     finally:
         _teardown()
     return 0
 
 
-def _train_one(args, study, tc, mc, out: Path, info, device, threads) -> None:
+def _train_one(args, run, out: Path, info, device, threads) -> None:
     import dataclasses
 
     from ..model import TransformerLM, save_model
-    from ..text import load_corpus
     from .runs import write_json
     from .train import seed_everything, train
 
-    corpus = load_corpus(
-        study.corpus, max_chars=study.max_chars, seed=study.split_seed, val_fraction=study.val_fraction
-    )
+    corpus = run.data.load()
+    tc, mc = run.train.within_steps(), run.model
     seed_everything(tc.seed)
     model = TransformerLM(mc).to(device)
     t0 = time.perf_counter()
@@ -483,10 +410,10 @@ def _train_one(args, study, tc, mc, out: Path, info, device, threads) -> None:
         checkpoint=out / "checkpoint.safetensors",
         resume=args.resume,
         progress=False if args.no_progress else None,
-        desc=args.scheme,
+        desc=run.label,
         # a resume on other data is refused
-        data_id=f"{corpus.info.sha256}:split{study.split_seed}"
-        + ("" if study.val_fraction == 0.1 else f":val{study.val_fraction}"),
+        data_id=f"{corpus.info.sha256}:split{run.data.split_seed}"
+        + ("" if run.data.val_fraction == 0.1 else f":val{run.data.val_fraction}"),
     )
     if not info.is_main:
         return
@@ -494,6 +421,7 @@ def _train_one(args, study, tc, mc, out: Path, info, device, threads) -> None:
     write_json(
         out / "train.json",
         {
+            "run_config": run.to_dict(),
             "model_config": mc.to_dict(),
             "train_config": tc.to_dict(),
             "corpus": dataclasses.asdict(corpus.info),
@@ -509,7 +437,7 @@ def _train_one(args, study, tc, mc, out: Path, info, device, threads) -> None:
     )
     last = result.losses[-1] if result.losses else float("nan")
     print(
-        f"{args.scheme}: steps {result.start_step}->{result.end_step} in {result.wall_s:.1f} s "
+        f"{run.label}: steps {result.start_step}->{result.end_step} in {result.wall_s:.1f} s "
         f"({result.tokens_per_s:,.0f} tok/s, {info.world_size} process(es)), last loss {last:.4f}; "
         f"wrote {out / 'model.safetensors'}"
     )

@@ -18,12 +18,15 @@ Legend: ``K`` windows, ``R`` seeds.
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .grid import run_name, study_settings
 from .stats import format_interval, holm, paired_bootstrap
+
+if TYPE_CHECKING:
+    from .results import StudyResults
 
 __all__ = [
     "ALPHA",
@@ -32,8 +35,8 @@ __all__ = [
     "format_comparison",
     "format_scheme_comparisons",
     "paired_rows",
-    "read_results",
     "scheme_comparisons",
+    "settings_summary",
     "verdict",
 ]
 
@@ -41,46 +44,27 @@ __all__ = [
 ALPHA = 0.05
 
 
-def read_results(spec: str, flag: str = "--compare") -> dict[str, Any]:
-    """The results dict of a finished study (``results.json`` or its folder); errors name ``flag``."""
-    path = Path(spec)
-    if path.is_dir():
-        path = path / "results.json"
-    from ..model.io import parse_json
-
-    try:
-        text = path.read_bytes()
-    except OSError as err:
-        raise ValueError(f"{flag}: cannot read a study from {spec!r}: {err}") from None
-    results = parse_json(text, f"{flag} {str(path)!r}")
-    if not isinstance(results, dict) or not {"config", "runs", "eval", "summary"} <= results.keys():
-        raise ValueError(f"{flag}: {str(path)!r} is not a results.json of posenc extrapolate")
-    types = {"config": dict, "runs": list, "eval": dict, "summary": list}
-    wrong = [k for k, kind in types.items() if not isinstance(results[k], kind)]
-    if wrong:
-        raise ValueError(f"{flag}: {str(path)!r} field {wrong[0]!r} is not a {types[wrong[0]].__name__}")
-    return results
-
-
 def compare_run(specs: list[str]) -> int:
     """``posenc extrapolate --compare A B``: print B - A on the same bytes."""
+    from .results import read_results
+
     a, b = (read_results(x) for x in specs)
     rows = compare_studies(a, b)
     if not rows:
         raise ValueError("--compare: the two studies share no (scheme, seed) run")
-    print(format_comparison(rows, b["config"]["eval_lens"]))
+    print(format_comparison(rows, list(b.config.eval_lens)))
     return 0
 
 
-def _check_same_bytes(a: dict[str, Any], b: dict[str, Any]) -> None:
-    if a["config"]["mode"] != "lm" or b["config"]["mode"] != "lm":
+def _check_same_bytes(a: StudyResults, b: StudyResults) -> None:
+    if not (a.config.lm and b.config.lm):
         raise ValueError("--compare takes two language-modelling studies (mode 'lm')")
-    if a["corpus"]["sha256"] != b["corpus"]["sha256"] or a["eval"]["anchors"] != b["eval"]["anchors"]:
+    if a.corpus["sha256"] != b.corpus["sha256"] or a.eval["anchors"] != b.eval["anchors"]:
         raise ValueError(
             "the two studies scored different bytes (corpus or evaluation windows differ); run both with "
             "the same --corpus, --max-chars, --split-seed, --eval-windows and longest --eval-lens"
         )
-    if a["eval"]["score_len"] != b["eval"]["score_len"]:
+    if a.eval["score_len"] != b.eval["score_len"]:
         raise ValueError("the two studies score a different number of targets per window (--score-len)")
 
 
@@ -88,16 +72,16 @@ def _point(run: dict[str, Any], length: int) -> dict[str, Any] | None:
     return next((p for p in run["eval"] if p["length"] == length and p["window_bits"]), None)
 
 
-def compare_studies(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
+def compare_studies(a: StudyResults, b: StudyResults) -> list[dict[str, Any]]:
     """Rows ``{"name", "length", "seeds", "diff", "over"}``: B - A in bits/byte, paired over the
     seeds both studies ran (:func:`paired_rows`)."""
     _check_same_bytes(a, b)
-    runs_a = {(r["name"], r["seed"]): r for r in a["runs"]}
+    runs_a = {(r["name"], r["seed"]): r for r in a.run_dicts()}
     pairs: dict[str, list[tuple[dict, dict]]] = {}  # run name -> [(run in A, run in B)] per common seed
-    for rb in b["runs"]:
+    for rb in b.run_dicts():
         if (rb["name"], rb["seed"]) in runs_a:
             pairs.setdefault(rb["name"], []).append((runs_a[rb["name"], rb["seed"]], rb))
-    clusters = a["eval"].get("window_documents")
+    clusters = a.eval.get("window_documents")
     return [row for name, seed_pairs in pairs.items() for row in paired_rows(name, seed_pairs, clusters)]
 
 
@@ -235,3 +219,25 @@ def format_comparison(rows: list[dict[str, Any]], lens: list[int]) -> str:
             f"{name:<{width}}" + "".join(f"{format_interval(by_len.get(e), True, 'n/a'):>16}" for e in lens)
         )
     return "\n".join(lines)
+
+
+def settings_summary(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every run with a setting other than the grid's first, minus the run of the same scheme and
+    variant with the first setting, on the same bytes, seed for seed
+    (:func:`~posenc.lab.compare.paired_rows`): ``[{"run", "against", "rows"}]``."""
+    cfg = results["config"]
+    first = study_settings(cfg.get("vary") or {}, cfg.get("randomized_positions") or 0)[0]
+    runs = {(r["name"], r["seed"]): r for r in results["runs"]}
+    pairs: dict[tuple[str, str], list[tuple[dict, dict]]] = {}
+    for run in results["runs"]:
+        setting = tuple(run.get("setting", {}).items())
+        if run.get("finetune") or setting == first:
+            continue
+        own, ref = run_name(run["scheme"], setting), run_name(run["scheme"], first)
+        against = ref + run["name"][len(own) :]  # the same variant suffix (``+yarn``)
+        if (against, run["seed"]) in runs:
+            pairs.setdefault((run["name"], against), []).append((runs[against, run["seed"]], run))
+    return [
+        {"run": run, "against": against, "rows": paired_rows(run, p, results["eval"].get("window_documents"))}
+        for (run, against), p in pairs.items()
+    ]

@@ -46,11 +46,11 @@ __all__ = [
     "EvalPoint",
     "LMEvaluator",
     "TaskEvaluator",
-    "curriculum_len",
+    "evaluate_lengths",
     "evaluate_lm",
     "evaluate_task",
     "paired_deltas",
-    "task_batch_fn",
+    "position_limit",
 ]
 
 #: Bytes of the random string of the effective-context probe (:mod:`posenc.lab.probe`).
@@ -241,32 +241,6 @@ def paired_deltas(
 # ----------------------------------------------------------------------------------------------
 # Synthetic tasks
 # ----------------------------------------------------------------------------------------------
-def curriculum_len(step: int, max_len: int, curriculum_steps: int) -> int:
-    """The longest question at ``step`` of a length curriculum: it grows linearly from 1 at step 0
-    to ``max_len`` at step ``curriculum_steps`` and stays there (``curriculum_steps = 0``: always
-    ``max_len``)."""
-    if curriculum_steps <= 0 or step >= curriculum_steps:
-        return max_len
-    return 1 + (max_len - 1) * step // curriculum_steps
-
-
-def task_batch_fn(task: str, batch_size: int, max_len: int, seed: int, curriculum_steps: int = 0) -> Callable:
-    """A :data:`~posenc.lab.train.BatchFn` of task examples with question lengths drawn from
-    ``1..max_len`` (``1..curriculum_len(step, ...)`` while a curriculum runs): ids ``[b, s-1]``,
-    targets ``[b, s-1]`` with only the answer tokens (and ``[EOS]``) counted."""
-    from ..text.tasks import generate_task
-    from .train import IGNORE_INDEX, _step_seed
-
-    def batch(step: int, rank: int, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        hi = curriculum_len(step, max_len, curriculum_steps)
-        ex = generate_task(task, batch_size, (1, hi), seed=_step_seed(seed, step) % 2**62)
-        per_rank = batch_size // world_size
-        rows = slice(rank * per_rank, (rank + 1) * per_rank)
-        tokens, mask = ex.tokens[rows], ex.answer_mask[rows]  # [b, s]
-        targets = tokens[:, 1:].masked_fill(~mask[:, 1:], IGNORE_INDEX)  # [b, s - 1]: score answers only
-        return tokens[:, :-1], targets
-
-    return batch
 
 
 @torch.no_grad()
@@ -381,7 +355,7 @@ class LMEvaluator:
                     self.evalset.tokens,
                     distances,
                     string_len=PROBE_STRING,
-                    seed=c.split_seed,
+                    seed=c.data.split_seed,
                     device=self.device,
                 )
         return point
@@ -389,7 +363,10 @@ class LMEvaluator:
     def finish(self, points: list[EvalPoint]) -> None:
         if any(p.window_bits for p in points):
             paired_deltas(
-                points, self.config.train_len, seed=self.config.split_seed, clusters=self.evalset.clusters
+                points,
+                self.config.train_len,
+                seed=self.config.data.split_seed,
+                clusters=self.evalset.clusters,
             )
 
 
@@ -410,7 +387,7 @@ class TaskEvaluator:
             c.mode,
             length,
             c.eval_examples,
-            seed=c.split_seed + 1_000_003 + length,
+            seed=c.data.split_seed + 1_000_003 + length,
             device=self.device,
             train_len=c.train_len,
         )
@@ -425,13 +402,13 @@ class TaskEvaluator:
         s = self.positions_needed(length)
         if s > max_position:
             return EvalPoint(length, note=f"n/a: {s} positions do not fit in [0, {max_position})")
-        g = torch.Generator().manual_seed(c.split_seed + 7_919 + length)
+        g = torch.Generator().manual_seed(c.data.split_seed + 7_919 + length)
         point = evaluate_task(
             model,
             c.mode,
             length,
             c.eval_examples,
-            seed=c.split_seed + 1_000_003 + length,
+            seed=c.data.split_seed + 1_000_003 + length,
             device=self.device,
             train_len=c.train_len,
             positions=lambda b, seq: randomized_positions(b, seq, max_position, generator=g),
@@ -453,3 +430,42 @@ EVALUATORS: dict[str, type] = {
     "parity": TaskEvaluator,
     "addition_reversed": TaskEvaluator,
 }
+
+
+def position_limit(model_config) -> int | None:
+    """The longest input the scheme can encode (learned: its table), built on the meta device."""
+    from ..registry import build_with_context
+
+    with torch.device("meta"):
+        scheme = build_with_context(
+            model_config.position, model_config.scheme_context(True), model_config.position_options
+        )
+    return getattr(scheme, "max_len", None)
+
+
+def evaluate_lengths(
+    config,
+    evaluator,
+    model_at: Callable[[int], torch.nn.Module],
+    model_config,
+    note: Callable[[int], str] | None = None,
+) -> list[EvalPoint]:
+    """Every length with the model ``model_at(E)`` (n/a past the scheme's table), then the
+    evaluator's pairing."""
+    limit = position_limit(model_config)
+    points = []
+    for e in config.eval_lens:
+        if limit is not None and evaluator.positions_needed(e) > limit:
+            points.append(EvalPoint(e, note=f"n/a: {model_config.position} positions stop at {limit}"))
+            continue
+        model = model_at(e)
+        point = evaluator(model, e)
+        if note is not None:
+            point.note = note(e)
+        if config.diagnostic_windows:  # attention entropy, distance, mass beyond L
+            from .diagnostics import fill_diagnostics
+
+            fill_diagnostics(point, model, config, evaluator.evalset, evaluator.device)
+        points.append(point)
+    evaluator.finish(points)
+    return points

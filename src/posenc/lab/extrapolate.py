@@ -16,9 +16,10 @@ longer lengths, with the schemes ranked past the trained length (:mod:`posenc.la
 
 The grid of cells (:mod:`posenc.lab.cells`: scheme x setting x seed, settings from
 :mod:`posenc.lab.grid`) runs here, in local processes or on a Dask cluster, then the fine-tuning
-cells of :mod:`posenc.lab.finetune` when asked for; this module turns the cells into
-``results.json``: every run, a summary per (run, length) across seeds, the paired comparisons of
-settings and of fine-tuning, and the tables.
+cells of :mod:`posenc.lab.finetune` when asked for; this module turns the cells' records into the
+study's :class:`~posenc.lab.results.StudyResults` (``results.json``): every run, the summary per
+(run, length) across seeds (:mod:`posenc.lab.summary`), the paired comparisons of schemes, settings
+and fine-tuning; :mod:`posenc.lab.tables` prints them.
 
 Legend: ``L`` train length, ``E`` evaluation length, ``S`` scored targets per window.
 """
@@ -26,6 +27,8 @@ Legend: ``L`` train length, ``E`` evaluation length, ``S`` scored targets per wi
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import os
 import platform
 import sys
@@ -36,15 +39,16 @@ from typing import Any
 
 import torch
 
-from .cells import iter_cells, study_cells, study_data
+from .cells import iter_cells, study_cells
 from .config import StudyConfig
+from .data import study_data
 from .distributed import dist_info
 from .finetune import finetune_cells, finetune_summary
-from .grid import settings_summary
+from .results import CellRecord, StudyResults
 from .runs import RunFolder, write_json, writing_for
-from .stats import format_interval, paired_bootstrap, seed_interval
+from .summary import summarize, training_summary
 
-__all__ = ["STUDY_ARTIFACTS", "SUMMARY_METRICS", "format_table", "run_study", "summarize", "training_summary"]
+__all__ = ["STUDY_ARTIFACTS", "run_study"]
 
 #: What a study writes into its folder (their presence means the folder holds a study).
 STUDY_ARTIFACTS = (
@@ -57,22 +61,6 @@ STUDY_ARTIFACTS = (
     "training.svg",
     "cells",
     "checkpoints",
-)
-
-#: The numbers summarised across seeds, per run and length.
-SUMMARY_METRICS = (
-    "bpb_window",
-    "delta",
-    "bpb_all",
-    "bpb_beyond",
-    "accuracy",
-    "token_accuracy",
-    "digit_accuracy",
-    "early_end",
-    "stopped_at_L",
-    "attn_entropy",
-    "attn_distance",
-    "attn_beyond",
 )
 
 
@@ -112,7 +100,7 @@ def run_study(
     threads: int | None = None,
     workers: int = 1,
     cluster: Any = None,
-) -> dict[str, Any]:
+) -> StudyResults:
     """Run every cell of the study, summarise, return (and write) the results.
 
     Args:
@@ -130,12 +118,10 @@ def run_study(
         cluster: a Dask scheduler address or ``distributed.Client`` to run the cells on.
 
     Returns:
-        the results dict (the content of ``results.json``): ``config``, ``environment``,
-        ``corpus`` and ``eval`` (the documents scored), ``cells``, ``runs`` (one per run name and
-        seed, with ``eval`` per length), ``summary`` (per run and length across seeds),
-        ``training`` (final loss and loss curve per trained run, across seeds), ``settings`` (with
-        ``vary`` or randomized positions: each setting minus the first, paired), ``finetune`` (with
-        fine-tuning: fine-tuned minus not, paired, and the cost), ``wall_s``.
+        the :class:`~posenc.lab.results.StudyResults` (``results.json``): the configuration,
+        environment, corpus and evaluation set, the cells, the runs (one per run name and seed,
+        with ``eval`` per length), the summary per run and length across seeds, the training
+        losses, and the paired comparisons of schemes, settings and fine-tuning.
     """
     info = dist_info()
     if out is None and config.finetune_len:
@@ -149,9 +135,7 @@ def run_study(
         return _run_study(config, out, device, resume, progress, log, threads, workers, cluster, run_id)
 
 
-def _run_study(
-    config, out, device, resume, progress, log, threads, workers, cluster, run_id
-) -> dict[str, Any]:
+def _run_study(config, out, device, resume, progress, log, threads, workers, cluster, run_id) -> StudyResults:
     t_start = time.perf_counter()
     device = torch.device(device)
     info = dist_info()
@@ -162,7 +146,6 @@ def _run_study(
         threads = 1
     env = _environment(device, threads, workers, cluster)
     data = study_data(config)  # fails early on a bad corpus; workers build their own
-    results: dict[str, Any] = {"config": config.to_dict(), "environment": env, **data.record}
     if "corpus" in data.record:
         say(_corpus_line(data.record))
     cells = study_cells(config)
@@ -180,8 +163,8 @@ def _run_study(
     records = _run_cells(config, cells, run, show and info.is_main, say)
     ft_cells = finetune_cells(config, cells)  # phase 2: each starts from a trained cell's checkpoint
     records.update(_run_cells(config, ft_cells, run, show and info.is_main, say))
-    _collect(results, [records[c.name] for c in [*cells, *ft_cells]], config, data)  # the grid's order
-    results["wall_s"] = time.perf_counter() - t_start
+    results = _collect([records[c.name] for c in [*cells, *ft_cells]], config, data, env)  # the grid's order
+    results.wall_s = time.perf_counter() - t_start
     with contextlib.suppress(OSError):
         env["load_avg_end"] = list(os.getloadavg())
     if out is not None and info.is_main:
@@ -190,12 +173,14 @@ def _run_study(
     return results
 
 
-def _run_cells(config: StudyConfig, cells: list, run: dict[str, Any], bar: bool, say) -> dict[str, dict]:
+def _run_cells(
+    config: StudyConfig, cells: list, run: dict[str, Any], bar: bool, say
+) -> dict[str, CellRecord]:
     """Run ``cells`` with :func:`~posenc.lab.cells.iter_cells` (``run``: its arguments); records by name."""
     records = {}
     bar = _cell_bar(bar and len(cells) > 1, len(cells))
     for record in iter_cells(config, cells, **run):
-        records[record["cell"]] = record
+        records[record.cell] = record
         if dist_info().is_main:  # other ranks of a torchrun group train but do not evaluate
             say(_cell_line(record, config))
         if bar is not None:
@@ -205,46 +190,52 @@ def _run_cells(config: StudyConfig, cells: list, run: dict[str, Any], bar: bool,
     return records
 
 
-def _collect(results: dict[str, Any], ordered: list[dict[str, Any]], config: StudyConfig, data) -> None:
-    """Put the cells' records into ``results``: configs, cells, one entry per run, the summary."""
-    results["train_config"] = config.train_config(data.seq_len).to_dict()
-    results["model_configs"] = {r.get("run", r["scheme"]): r["model_config"] for r in ordered}
-    results["cells"] = [
-        {k: v for k, v in r.items() if k not in ("runs", "model_config", "key")} for r in ordered
-    ]
-    results["runs"] = [
-        {
-            **run,
-            "scheme": r["scheme"],
-            "setting": r.get("setting", {}),
-            "seed": r["seed"],
-            "params": r["params"],
-        }
+def _collect(ordered: list[CellRecord], config: StudyConfig, data, env: dict[str, Any]) -> StudyResults:
+    """The study's results from the cells' records (in the grid's order): configs, cells, one entry
+    per run, the summaries across seeds and the comparisons."""
+    runs = [
+        dataclasses.replace(run, scheme=r.scheme, setting=r.setting, seed=r.seed, params=r.params)
         for r in ordered
-        for run in r["runs"]
+        for run in r.runs
     ]
-    clusters = results.get("eval", {}).get("window_documents")
-    results["summary"] = summarize(results["runs"], clusters, config.train_len if config.lm else None)
-    results["training"] = training_summary(results["cells"])
+    results = StudyResults(
+        config=config,
+        environment=env,
+        eval=json.loads(json.dumps(data.record["eval"])),  # as results.json holds it (lists, not tuples)
+        corpus=json.loads(json.dumps(data.record.get("corpus"))),
+        runs=runs,
+        summary=[],
+        cells=[dataclasses.replace(r, runs=[], key=None, model_config=None) for r in ordered],
+        train_config=config.train_config(data.seq_len).to_dict(),
+        model_configs={r.run: r.model_config for r in ordered},
+    )
+    view = results.to_dict()  # what the summaries read: runs and cells as JSON objects
+    clusters = results.eval.get("window_documents")
+    results.summary = summarize(view["runs"], clusters, config.train_len if config.lm else None)
+    results.training = training_summary(view["cells"])
     if config.lm:
         from .compare import scheme_comparisons
         from .probe import probe_summary
 
-        results["comparisons"] = scheme_comparisons(results)
-        results["probe"] = probe_summary(results["runs"])
+        results.comparisons = scheme_comparisons({**view, "summary": results.summary})
+        results.probe = probe_summary(view["runs"])
     if config.vary or config.randomized_positions:
-        results["settings"] = settings_summary(results)
+        from .compare import settings_summary
+
+        results.settings = settings_summary(view)
     if config.finetune_len:
-        results["finetune"] = finetune_summary(results)
+        results.finetune = finetune_summary(view)
     if not config.lm:
         from .tasks import ranking_by_length, task_ranking
 
-        results["ranking"] = task_ranking(results["runs"], config.train_len)
-        results["ranking_by_length"] = ranking_by_length(results["summary"], config.train_len)
+        results.ranking = task_ranking(view["runs"], config.train_len)
+        results.ranking_by_length = ranking_by_length(results.summary, config.train_len)
+    return results
 
 
-def _write_study(out_dir: Path, results: dict[str, Any], say: Callable[[str], None]) -> None:
+def _write_study(out_dir: Path, study: StudyResults, say: Callable[[str], None]) -> None:
     """``results.json`` and the figure (PNG and SVG; without matplotlib, a line saying so)."""
+    results = study.to_dict()
     write_json(out_dir / "results.json", results)
     try:
         from .plot import plot_attention, plot_study, plot_training
@@ -283,344 +274,11 @@ def _duplicates_note(e: dict[str, Any]) -> str:
     return f"; near-duplicates of the training bytes: {d['found']} of {d['candidates']} candidates{kept}"
 
 
-def _cell_line(record: dict[str, Any], config: StudyConfig) -> str:
-    t = record["train"]
-    ran = t["steps"] - t["resumed_from"]
-    how = "reused" if record.get("reused") else f"{ran} steps in {t['wall_s']:.0f} s"
+def _cell_line(record: CellRecord, config: StudyConfig) -> str:
+    t = record.train
+    how = "reused" if record.reused else f"{t.steps - t.resumed_from} steps in {t.wall_s:.0f} s"
     key = "accuracy" if not config.lm else "bpb_window"
     cells = "  ".join(
-        f"{p['length']}:{'n/a' if p[key] is None else format(p[key], '.3f')}"
-        for p in record["runs"][0]["eval"]
+        f"{p['length']}:{'n/a' if p[key] is None else format(p[key], '.3f')}" for p in record.runs[0].eval
     )
-    return f"{record['cell']:>18}: {record['params']:,} params, {how}; {cells}"
-
-
-# ----------------------------------------------------------------------------------------------
-# Across seeds
-# ----------------------------------------------------------------------------------------------
-def summarize(
-    runs: list[dict[str, Any]], clusters: list[int] | None = None, train_len: int | None = None
-) -> list[dict[str, Any]]:
-    """Per (run name, length): each metric's mean and 95% interval across the seeds that measured
-    it. ``bpb_window`` and the paired ``delta`` (with per-window values and ``train_len``) take
-    :func:`~posenc.lab.stats.paired_bootstrap` over seeds and documents (``clusters[i]``: window
-    ``i``'s document); the other metrics Student's t over seeds
-    (:func:`~posenc.lab.stats.seed_interval`). ``delta_over`` names what the delta's interval covers."""
-    by_name: dict[str, list[dict[str, Any]]] = {}
-    for run in runs:
-        by_name.setdefault(run["name"], []).append(run)
-    summary = []
-    for name, group in by_name.items():
-        for i, length in enumerate(p["length"] for p in group[0]["eval"]):
-            points = [r["eval"][i] for r in group]
-            row: dict[str, Any] = {
-                "name": name,
-                "scheme": group[0]["scheme"],
-                "variant": group[0]["variant"],
-                "setting": group[0].get("setting", {}),
-                "length": length,
-                "seeds": [r["seed"] for r in group],
-                "note": points[0]["note"],
-            }
-            for metric in SUMMARY_METRICS:  # .get: cells of older versions lack newer metrics
-                values = [p.get(metric) for p in points if p.get(metric) is not None]
-                if metric == "delta":
-                    values = [v["mean"] for v in values]
-                row[metric] = seed_interval(values).to_dict() if values else None
-            if row["delta"] is not None and row["delta"]["n"] == 1:
-                row["delta"] = points[0]["delta"]  # one seed: the point's own bootstrap interval
-            _window_intervals(row, group, i, clusters, train_len)
-            _wilson_intervals(row, points)
-            row["delta_over"] = _delta_over(row["delta"], len(group))
-            summary.append(row)
-    return summary
-
-
-def _delta_over(delta: dict[str, Any] | None, n_seeds: int) -> str:
-    """What the delta's interval covers (older results without ``over``: a t interval over the
-    seeds when it counts them, else the one seed's bootstrap over windows)."""
-    if delta is None:
-        return "seeds"
-    return delta.get("over") or ("seeds" if n_seeds > 1 and delta["n"] == n_seeds else "windows")
-
-
-def _wilson_intervals(row: dict[str, Any], points: list[dict[str, Any]]) -> None:
-    """One seed of a task study: each rate's interval is Wilson's over the examples."""
-    if len(points) == 1 and points[0].get("wilson"):
-        for metric, interval in points[0]["wilson"].items():
-            if interval is not None and row.get(metric) is not None:
-                row[metric] = interval
-
-
-def _window_intervals(row, group, i, clusters, train_len) -> None:
-    """Replace ``row``'s ``bpb_window`` and ``delta`` by intervals over seeds and documents when
-    every seed kept its per-window values (``[R, K]``)."""
-    bits = [r["eval"][i].get("window_bits") or [] for r in group]
-    if not all(bits) or len({len(b) for b in bits}) != 1:
-        return
-    seed = 0 if train_len is None else train_len
-    row["bpb_window"] = paired_bootstrap(bits, clusters, seed=seed).to_dict()
-    if train_len is None or row["length"] == train_len:
-        return
-    base = [next((p.get("window_bits") for p in r["eval"] if p["length"] == train_len), None) for r in group]
-    if all(base) and all(len(b) == len(bits[0]) for b in base):
-        diffs = (torch.tensor(bits, dtype=torch.float64) - torch.tensor(base, dtype=torch.float64)).tolist()
-        row["delta"] = paired_bootstrap(diffs, clusters, seed=seed).to_dict()
-
-
-def training_summary(cells: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per trained run (fine-tuning cells aside): the final training loss (nats per token, mean of
-    the last 10% of steps) and the mean loss of every 10 steps, each a mean with a 95% t interval across
-    seeds: ``{run: {"seeds", "final_loss": Interval dict, "curve": {"step", "mean", "low", "high"}}}``."""
-    by_run: dict[str, list[dict[str, Any]]] = {}
-    for cell in cells:
-        if "finetune" not in cell and cell.get("train", {}).get("loss_every_10_steps"):
-            by_run.setdefault(cell.get("run", cell["scheme"]), []).append(cell)
-    out = {}
-    for run, group in by_run.items():  # the mean of each 10 steps (older cells: every 10th step)
-        losses = [c["train"].get("loss_mean_10_steps") or c["train"]["loss_every_10_steps"] for c in group]
-        n = min(len(x) for x in losses)
-        steps = [seed_interval([x[i] for x in losses]) for i in range(n)]
-        out[run] = {
-            "seeds": [c["seed"] for c in group],
-            "final_loss": seed_interval([c["train"]["final_loss_nats"] for c in group]).to_dict(),
-            "curve": {
-                "step": [10 * i for i in range(n)],
-                "mean": [iv.mean for iv in steps],
-                "low": [iv.mean if iv.low is None else iv.low for iv in steps],
-                "high": [iv.mean if iv.high is None else iv.high for iv in steps],
-            },
-        }
-    return out
-
-
-# ----------------------------------------------------------------------------------------------
-# Terminal tables
-# ----------------------------------------------------------------------------------------------
-def _cell(value: dict | None, signed: bool, missing: str) -> str:
-    return format_interval(value, signed, missing)
-
-
-def _metric_table(rows, names, lens, metric, signed, title, markdown, head, width, col) -> list[str]:
-    """One metric's table: a title, a header, one line per run (plain columns or Markdown)."""
-    if markdown:
-        lines = [
-            f"**{title}**",
-            "",
-            "| scheme | " + " | ".join(map(str, lens)) + " |",
-            "|---" * (len(lens) + 1) + "|",
-        ]
-    table = []
-    for name in names:
-        cells = []
-        for r in (r for r in rows if r["name"] == name):
-            missing = "n/a" if r["note"].startswith("n/a") else "-"
-            cells.append(_cell(r.get(metric), signed, missing))
-        table.append((name, cells))
-    if markdown:
-        return [*lines, *(f"| {name} | " + " | ".join(cells) + " |" for name, cells in table), ""]
-    if any(len(c) + 2 > col for _, cells in table for c in cells):  # intervals with both ends are wider
-        col = max(len(c) + 2 for _, cells in table for c in cells)
-        head = f"{'scheme':<{width}}" + "".join(f"{e:>{col}}" for e in lens)
-    lines = [title, head]
-    lines += [f"{name:<{width}}" + "".join(f"{c:>{col}}" for c in cells) for name, cells in table]
-    return [*lines, ""]
-
-
-def _finetune_table(entries: list[dict[str, Any]], lens, markdown: bool, width: int, col: int) -> list[str]:
-    """Fine-tuned minus the same weights before fine-tuning, per length, with the cost."""
-    if not entries:
-        return []
-    e0 = entries[0]
-    share = e0["tokens"] / max(1, e0["train_tokens"])
-    title = (
-        f"fine-tuned minus not fine-tuned, sliding-window bits/byte on the same bytes (< 0: fine-tuning "
-        f"helps; 95% interval over {e0['rows'][0]['over'] if e0['rows'] else 'seeds'}); cost: "
-        f"{e0['steps']} steps at length {e0['length']}, {e0['tokens']:,} tokens ({share:.0%} of training)"
-    )
-    lines = _paired_table(
-        title, [(f"{e['run']} - {e['before']}", e["rows"]) for e in entries], lens, markdown, width, col
-    )
-    against = [
-        (f"{e['run']} - {e['against_control']}", e["rows_vs_control"])
-        for e in entries
-        if e.get("rows_vs_control")
-    ]
-    if against:
-        title = (
-            "fine-tuned minus the control (the same steps and tokens continued at the training length), "
-            "sliding-window bits/byte on the same bytes (< 0: fine-tuning at the longer length helps "
-            "beyond more training; at L: its cost)"
-        )
-        lines += _paired_table(title, against, lens, markdown, width, col)
-    return lines
-
-
-def _settings_table(entries: list[dict[str, Any]], lens, markdown: bool, width: int, col: int) -> list[str]:
-    """Each setting minus the grid's first setting (same scheme and variant), per length."""
-    if not entries:
-        return []
-    over = entries[0]["rows"][0]["over"] if entries[0]["rows"] else "seeds"
-    title = (
-        f"each setting minus the first setting of the grid, sliding-window bits/byte on the same bytes "
-        f"(< 0: the setting helps; 95% interval over {over})"
-    )
-    return _paired_table(
-        title, [(f"{e['run']} - {e['against']}", e["rows"]) for e in entries], lens, markdown, width, col
-    )
-
-
-def _paired_table(title: str, entries, lens, markdown: bool, width: int, col: int) -> list[str]:
-    """``entries``: ``(label, paired rows)`` (:func:`~posenc.lab.compare.paired_rows`), one line each."""
-    table = []
-    for name, rows in entries:
-        by_len = {r["length"]: r["diff"] for r in rows}
-        table.append((name, [_cell(by_len.get(n), True, "-") for n in lens]))
-    if markdown:
-        head = ["| run | " + " | ".join(map(str, lens)) + " |", "|---" * (len(lens) + 1) + "|"]
-        return [f"**{title}**", "", *head, *(f"| {n} | " + " | ".join(c) + " |" for n, c in table), ""]
-    w = max(width, *(len(n) for n, _ in table))
-    head = f"{'run':<{w}}" + "".join(f"{n:>{col}}" for n in lens)
-    return [title, head, *(f"{n:<{w}}" + "".join(f"{c:>{col}}" for c in cells) for n, cells in table), ""]
-
-
-def _training_table(training: dict[str, Any], markdown: bool) -> list[str]:
-    """The final training loss per trained run (mean of the last 10% of steps, nats per token)."""
-    if not training:
-        return []
-    title = "final training loss, nats/token (mean of the last 10% of steps; 95% interval over seeds)"
-    cells = {run: _cell(t["final_loss"], False, "-") for run, t in training.items()}
-    if markdown:
-        return [
-            f"**{title}**",
-            "",
-            "| run | loss |",
-            "|---|---|",
-            *(f"| {r} | {c} |" for r, c in cells.items()),
-            "",
-        ]
-    width = max(8, *(len(r) for r in cells))
-    return [title, *(f"{r:<{width}}{c:>16}" for r, c in cells.items()), ""]
-
-
-def _probe_table(rows: list[dict[str, Any]], markdown: bool) -> list[str]:
-    """The effective-context probe: bits/byte on the second copy of a random string, by distance."""
-    if not any(r.get("gain") for r in rows):
-        return []
-    names = list(dict.fromkeys(r["name"] for r in rows))
-    dists = sorted({r["distance"] for r in rows})
-    title = (
-        "effective-context probe: retrieval gain in bits/byte on the second copy of a random 16-byte "
-        "string, by distance between the copies (the same text with a different first string minus "
-        "with the same; 0 = nothing retrieved; 95% interval)"
-    )
-    table = [
-        (
-            n,
-            [
-                _cell(
-                    next((r.get("gain") for r in rows if r["name"] == n and r["distance"] == d), None),
-                    False,
-                    "-",
-                )
-                for d in dists
-            ],
-        )
-        for n in names
-    ]
-    return _grid(title, "run", table, dists, markdown)
-
-
-def _grid(title: str, first: str, table, columns, markdown: bool) -> list[str]:
-    if markdown:
-        head = [f"| {first} | " + " | ".join(map(str, columns)) + " |", "|---" * (len(columns) + 1) + "|"]
-        return [f"**{title}**", "", *head, *(f"| {n} | " + " | ".join(c) + " |" for n, c in table), ""]
-    w = max(8, *(len(n) for n, _ in table))
-    head = f"{first:<{w}}" + "".join(f"{c:>16}" for c in columns)
-    return [title, head, *(f"{n:<{w}}" + "".join(f"{c:>16}" for c in cells) for n, cells in table), ""]
-
-
-def _diagnostic_sections(L: int) -> list[tuple[str, bool, str]]:
-    what = "attention over the scored queries, mean of layers and heads"
-    return [
-        ("attn_entropy", False, f"{what}: entropy in bits (higher = more spread out)"),
-        ("attn_distance", False, f"{what}: mean attended distance in tokens"),
-        ("attn_beyond", False, f"{what}: share of the attention on keys >= L={L} tokens back"),
-    ]
-
-
-def _interval_cover(rows: list[dict[str, Any]], metric: str, n_seeds: int) -> str:
-    """What the intervals of ``metric`` cover, as the summary rows say (older results: seeds)."""
-    over = next((r[metric]["over"] for r in rows if r.get(metric) and r[metric].get("over")), None)
-    if over is None:
-        return f"{n_seeds} seeds" if n_seeds > 1 else "windows (1 seed)"
-    return over.replace("seeds", f"{n_seeds} seeds") if n_seeds > 1 else f"{over} (1 seed)"
-
-
-def format_table(results: dict[str, Any], markdown: bool = False) -> str:
-    """The study as tables of ``mean ±half-width`` (95%): the paired delta and the sliding-window
-    bits/byte first, all-position and beyond-``L`` bits/byte after (``lm``); or exact-match
-    accuracy (task modes). Plain text, or Markdown tables (``markdown``) for docs."""
-    cfg = results["config"]
-    lens, L = cfg["eval_lens"], cfg["train_len"]
-    rows = results["summary"]
-    names = list(dict.fromkeys(r["name"] for r in rows))
-    n_seeds = len(cfg["seeds"])
-    over = f"over {_interval_cover(rows, 'delta', n_seeds)}"
-    width = max([8, *(len(n) for n in names)])
-    col = 16
-    head = f"{'scheme':<{width}}" + "".join(f"{e:>{col}}" for e in lens)
-    if cfg["mode"] == "lm":
-        S = results["eval"]["score_len"]
-        sections = [
-            (
-                "delta",
-                True,
-                f"paired delta vs L={L}, bits/byte: the same bytes read in windows of E minus in "
-                f"windows of L (> 0 = worse with the longer window; 95% interval {over})",
-            ),
-            (
-                "bpb_window",
-                False,
-                f"sliding-window bits/byte: the last {S} targets of every window, the same "
-                f"bytes at every length (lower is better)",
-            ),
-            ("bpb_all", False, "bits/byte over all positions of the windows (secondary)"),
-            ("bpb_beyond", False, f"bits/byte over positions >= L={L} of the windows (secondary)"),
-        ]
-        if any(r.get("attn_entropy") for r in rows):
-            sections += _diagnostic_sections(L)
-    else:
-        sections = [
-            (
-                "accuracy",
-                False,
-                f"exact-match accuracy, task {cfg['mode']!r}, trained on lengths 1..{L} (higher is better; "
-                f"95% intervals over {_interval_cover(rows, 'accuracy', n_seeds)})",
-            ),
-            ("token_accuracy", False, "answer tokens right (teacher-forced; partial credit)"),
-            ("digit_accuracy", False, "answer digits right (the end token scored apart)"),
-            ("early_end", False, "examples where the model ends the answer early (predicts the end token)"),
-            ("stopped_at_L", False, f"examples ending early right after the answer length of L={L}"),
-        ]
-    lines = []
-    for metric, signed, title in sections:
-        lines += _metric_table(rows, names, lens, metric, signed, title, markdown, head, width, col)
-    lines += _settings_table(results.get("settings", []), lens, markdown, width, col)
-    lines += _finetune_table(results.get("finetune", []), lens, markdown, width, col)
-    lines += _training_table(results.get("training", {}), markdown)
-    lines += _probe_table(results.get("probe", []), markdown)
-    if results.get("comparisons"):
-        from .compare import format_scheme_comparisons
-
-        lines += format_scheme_comparisons(results["comparisons"], markdown)
-    if cfg["mode"] != "lm":
-        from .tasks import format_ranking, format_ranking_by_length, ranking_by_length, task_ranking
-
-        lines += format_ranking(task_ranking(results["runs"], L), L, markdown)
-        lines += format_ranking_by_length(ranking_by_length(rows, L), markdown)
-    seeds = ",".join(map(str, cfg["seeds"]))
-    lines.append(
-        f"L = {L}; seeds {seeds}; '-' = not defined at this length; n/a = the scheme cannot run so long"
-    )
-    return "\n".join(lines)
+    return f"{record.cell:>18}: {record.params:,} params, {how}; {cells}"

@@ -38,17 +38,18 @@ import torch
 
 from .cells import (
     Cell,
-    _evaluate,
-    _record,
     cell_model_config,
+    cell_record,
     finished_cell,
     full_key,
     own_checkpoint,
-    study_data,
 )
 from .config import StudyConfig, TrainConfig
+from .data import study_data
 from .distributed import dist_info
-from .evaluate import EVALUATORS
+from .evaluate import EVALUATORS, evaluate_lengths, position_limit
+from .grid import scheme_entry
+from .results import CellRecord, RunRecord
 from .runs import write_json
 
 __all__ = ["FinetuneCell", "finetune_cells", "finetune_config", "finetune_summary", "run_finetune"]
@@ -97,7 +98,7 @@ def finetune_cells(config: StudyConfig, cells: list[Cell]) -> list[FinetuneCell]
     data = study_data(config)
     out = []
     for cell in cells:
-        offered = scheme_class(cell.scheme).eval_variants
+        offered = scheme_class(scheme_entry(cell.scheme).position).eval_variants
         variants = [None, *(v for v in config.variants if v in offered)]
         if _can_encode(config, cell, data, config.finetune_len):
             out += [FinetuneCell(cell, v, config.finetune_len) for v in variants]
@@ -107,12 +108,7 @@ def finetune_cells(config: StudyConfig, cells: list[Cell]) -> list[FinetuneCell]
 
 def _can_encode(config: StudyConfig, cell: Cell, data, length: int) -> bool:
     """Whether the cell's scheme can read ``length`` positions (learned tables stop at theirs)."""
-    from ..registry import build_with_context
-
-    mc = cell_model_config(config, cell, data)
-    with torch.device("meta"):
-        scheme = build_with_context(mc.position, mc.scheme_context(True), mc.position_options)
-    limit = getattr(scheme, "max_len", None)
+    limit = position_limit(cell_model_config(config, cell, data))
     return limit is None or limit >= length
 
 
@@ -122,13 +118,13 @@ def finetune_config(config: StudyConfig, seed: int, length: int | None = None) -
     run's tokens per step."""
     length = config.finetune_len if length is None else length
     base = config.train_config(length, seed)
-    batch = max(1, config.batch_size * config.train_len // length)
+    batch = max(1, config.train.batch_size * config.train_len // length)
     return dataclasses.replace(
         base,
         steps=config.finetune_steps,
         batch_size=batch,
-        lr=config.min_lr,
-        min_lr=config.min_lr,
+        lr=config.train.min_lr,
+        min_lr=config.train.min_lr,
         warmup_steps=0,
         random_positions=0,
     )
@@ -142,7 +138,9 @@ def _model_config(config: StudyConfig, ft: FinetuneCell, data):
     if ft.variant is None:
         return mc
     factor = config.finetune_len / config.train_len
-    options = scheme_class(ft.scheme).variant_options(ft.variant, factor, config.train_len)
+    options = scheme_class(scheme_entry(ft.scheme).position).variant_options(
+        ft.variant, factor, config.train_len
+    )
     return dataclasses.replace(mc, position_options={**mc.position_options, **options})
 
 
@@ -170,7 +168,7 @@ def run_finetune(
     resume: bool = False,
     progress: bool | None = False,
     threads: int | None = None,
-) -> dict[str, Any]:
+) -> CellRecord:
     """Fine-tune one trained cell and evaluate it; return its record (``OUT/cells/NAME.json``).
 
     Arguments as :func:`~posenc.lab.cells.run_cell`; ``out`` is required (the trained checkpoint
@@ -213,21 +211,22 @@ def run_finetune(
         desc=ft.name,
         data_id=data.data_id,
     )
-    record = {**_record(ft, key, model, mc, result), "variant": ft.variant, "finetune": _cost(config, tc, ft)}
+    record = cell_record(ft, key, model, mc, result)
+    record.variant, record.finetune = ft.variant, _cost(config, tc, ft)
     if dist_info().is_main:
-        record["runs"] = [_evaluate_finetuned(config, ft, model, mc, data, device)]
-        write_json(cell_file, record)
+        record.runs = [_evaluate_finetuned(config, ft, model, mc, data, device)]
+        write_json(cell_file, record.to_dict())
     return record
 
 
-def _evaluate_finetuned(config: StudyConfig, ft: FinetuneCell, model, mc, data, device) -> dict[str, Any]:
+def _evaluate_finetuned(config: StudyConfig, ft: FinetuneCell, model, mc, data, device) -> RunRecord:
     """The fine-tuned model at every length, its factor fixed at ``E_ft / L`` (1 without a variant)."""
     factor = config.finetune_len / config.train_len if ft.variant else 1.0
     how = "continued at" if ft.control else "fine-tuned at"
     note = f"{how} {ft.length} for {config.finetune_steps} steps, factor {factor:g}"
     evaluator = EVALUATORS[config.mode](config, data.evalset, device)
-    points = _evaluate(config, evaluator, lambda e: model, mc, note=lambda e: note)
-    return {"name": ft.run, "variant": ft.variant, "finetune": True, "eval": [p.to_dict() for p in points]}
+    points = evaluate_lengths(config, evaluator, lambda e: model, mc, note=lambda e: note)
+    return RunRecord(ft.run, ft.variant, [p.to_dict() for p in points], finetune=True)
 
 
 def _cost(config: StudyConfig, tc: TrainConfig, ft: FinetuneCell) -> dict[str, Any]:
@@ -237,7 +236,7 @@ def _cost(config: StudyConfig, tc: TrainConfig, ft: FinetuneCell) -> dict[str, A
         "batch_size": tc.batch_size,
         "lr": tc.lr,
         "tokens": tc.steps * tc.tokens_per_step,
-        "train_tokens": config.steps * config.batch_size * config.train_len,
+        "train_tokens": config.train.steps * config.train.batch_size * config.train_len,
         "before": ft.before,
         "trained": ft.base.run,
         "control": ft.control,

@@ -13,21 +13,23 @@ import dataclasses
 import itertools
 import json
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from .._validate import did_you_mean
 
 __all__ = [
+    "NOT_VARIED",
     "RANDOM_POSITIONS",
+    "SchemeEntry",
     "Setting",
     "check_vary",
-    "grid_fields",
     "model_fields",
     "parse_value",
     "parse_vary",
     "run_name",
+    "scheme_entry",
     "setting_label",
-    "settings_summary",
     "split_setting",
     "study_settings",
 ]
@@ -39,13 +41,15 @@ Setting = tuple[tuple[str, Any], ...]
 RANDOM_POSITIONS = "random_positions"
 
 #: Model-config fields a study sets itself, with what to use instead of ``--vary``.
-_NOT_VARIED = {
+NOT_VARIED = {
     "position": "give schemes with --schemes",
     "position_options": "set a scheme's options with --option SCHEME.KEY=VALUE",
     "vocab_size": "the data sets the vocabulary",
     "max_len": "the train length sets it (--train-len)",
     "src_vocab_size": "it applies to encoder-decoder models only",
     "memory_len": "the lab trains without a Transformer-XL memory",
+    "layer_positions": "give a per-layer pattern as a scheme entry, e.g. --schemes 'rope*3+nope_temperature'",
+    "layer_position_options": "set a pattern's schemes' options with --option SCHEME.KEY=VALUE",
 }
 
 
@@ -53,7 +57,7 @@ def model_fields() -> list[str]:
     """The :class:`~posenc.model.ModelConfig` fields a study may vary."""
     from ..model import ModelConfig
 
-    return [f.name for f in dataclasses.fields(ModelConfig) if f.name not in _NOT_VARIED]
+    return [f.name for f in dataclasses.fields(ModelConfig) if f.name not in NOT_VARIED]
 
 
 def parse_value(text: str) -> Any:
@@ -92,8 +96,8 @@ def check_vary(vary: Any, model_config: Any) -> dict[str, tuple]:
     types = {f.name: str(f.type) for f in dataclasses.fields(model_config)}
     out = {}
     for field, values in vary.items():
-        if field in _NOT_VARIED:
-            raise ValueError(f"vary field {field!r} cannot be varied: {_NOT_VARIED[field]}")
+        if field in NOT_VARIED:
+            raise ValueError(f"vary field {field!r} cannot be varied: {NOT_VARIED[field]}")
         if field not in fields:
             raise ValueError(
                 f"vary field {field!r} is not a model setting{did_you_mean(field, fields)}; "
@@ -133,8 +137,10 @@ def setting_label(setting: Setting) -> str:
 
 
 def run_name(scheme: str, setting: Setting) -> str:
-    """The run's name in tables: ``rope``, or ``rope[norm=post]`` for a setting."""
-    return f"{scheme}[{setting_label(setting)}]" if setting else scheme
+    """The run's name in tables and file names: ``rope``, or ``rope[norm=post]`` for a setting (a
+    per-layer pattern by its label, ``rope-x3+nope_temperature``)."""
+    label = scheme_entry(scheme).label
+    return f"{label}[{setting_label(setting)}]" if setting else label
 
 
 def split_setting(setting: Setting) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -144,37 +150,49 @@ def split_setting(setting: Setting) -> tuple[dict[str, Any], dict[str, Any]]:
     return model, training
 
 
-def settings_summary(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every run with a setting other than the grid's first, minus the run of the same scheme and
-    variant with the first setting, on the same bytes, seed for seed
-    (:func:`~posenc.lab.compare.paired_rows`): ``[{"run", "against", "rows"}]``."""
-    from .compare import paired_rows
+@dataclass(frozen=True)
+class SchemeEntry:
+    """One entry of a study's schemes (or ``posenc train --scheme``): a scheme name (``rope``), or
+    a per-layer pattern of attention schemes (``rope*3+nope_temperature``: RoPE in three layers of
+    four, none with a query temperature in the fourth, repeated over the layers; see
+    :mod:`posenc.model.layers`). A pattern's model has no input-layer scheme (``nope``).
 
-    cfg = results["config"]
-    first = study_settings(cfg.get("vary") or {}, cfg.get("randomized_positions") or 0)[0]
-    runs = {(r["name"], r["seed"]): r for r in results["runs"]}
-    pairs: dict[tuple[str, str], list[tuple[dict, dict]]] = {}
-    for run in results["runs"]:
-        setting = tuple(run.get("setting", {}).items())
-        if run.get("finetune") or setting == first:
-            continue
-        own, ref = run_name(run["scheme"], setting), run_name(run["scheme"], first)
-        against = ref + run["name"][len(own) :]  # the same variant suffix (``+yarn``)
-        if (against, run["seed"]) in runs:
-            pairs.setdefault((run["name"], against), []).append((runs[against, run["seed"]], run))
-    return [
-        {"run": run, "against": against, "rows": paired_rows(run, p, results["eval"].get("window_documents"))}
-        for (run, against), p in pairs.items()
-    ]
+    Attributes:
+        spec: the entry as given, the pattern's separators written ``+``.
+        position: the model's ``position`` (the input layer's scheme; ``nope`` for a pattern).
+        layers: the pattern as a list of names, or ``None`` for a plain scheme.
+    """
+
+    spec: str
+    position: str
+    layers: tuple[str, ...] | None
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every scheme name the entry uses (its pattern's distinct names, in order)."""
+        return tuple(dict.fromkeys(self.layers)) if self.layers else (self.position,)
+
+    @property
+    def label(self) -> str:
+        """A readable, file-name-safe name: ``rope``, or ``rope-x3+nope_temperature`` for a pattern."""
+        if self.layers is None:
+            return self.spec
+        parts = []
+        for part in self.spec.split("+"):
+            name, _, count = part.partition("*")
+            parts.append(f"{name.strip()}-x{int(count)}" if count else name.strip())
+        return "+".join(parts)
 
 
-def grid_fields(args: Any) -> dict[str, Any]:
-    """The study fields of ``--vary``, ``--randomized-positions``, fine-tuning and ``--diagnostics``."""
-    fields: dict[str, Any] = {"vary": parse_vary(args.vary)} if args.vary else {}
-    given = {
-        "randomized_positions": args.randomized_positions,
-        "finetune_len": args.finetune_len,
-        "finetune_steps": args.finetune_steps,
-        "diagnostic_windows": args.diagnostics,
-    }
-    return {**fields, **{k: v for k, v in given.items() if v is not None}}
+def scheme_entry(spec: object) -> SchemeEntry:
+    """The :class:`SchemeEntry` of ``spec``: a pattern when it holds ``*`` or ``+`` (or ``,``),
+    each name checked against the registry; errors name the entry and the fix."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise TypeError(f"a scheme entry must be a scheme name or a pattern like 'rope*3+nope', got {spec!r}")
+    spec = spec.strip()
+    if not any(sep in spec for sep in "*+,"):
+        return SchemeEntry(spec, spec, None)
+    from ..model.layers import parse_layer_pattern
+
+    canonical = "+".join(part.strip() for part in spec.replace(",", "+").split("+"))
+    return SchemeEntry(canonical, "nope", tuple(parse_layer_pattern(canonical)))

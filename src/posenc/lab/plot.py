@@ -139,8 +139,9 @@ def _panels(results: dict[str, Any], path: str | os.PathLike, metrics, title: st
     L, lens = cfg["train_len"], cfg["eval_lens"]
     names = list(dict.fromkeys(r["name"] for r in rows))
     colors = plt.get_cmap("tab10" if len(names) <= 10 else "tab20")
-    fig, axes = plt.subplots(1, len(metrics), figsize=(5.2 * len(metrics), 4.4), squeeze=False,
-                             layout="constrained")  # fmt: skip
+    fig, axes = plt.subplots(
+        1, len(metrics), figsize=(5.2 * len(metrics), 4.4), squeeze=False, layout="constrained"
+    )
     for i, name in enumerate(names):
         style = "--" if any(r["variant"] for r in rows if r["name"] == name) else "-"
         for ax, (metric, _) in zip(axes[0], metrics):

@@ -72,8 +72,6 @@ _STUDY_ONLY = (
     ("seeds", "--seeds"),
     ("vary", "--vary"),
     ("option", "--option"),
-    ("randomized_positions", "--randomized-positions"),
-    ("diagnostics", "--diagnostics"),
     ("cluster", "--cluster"),
     ("workers", "--workers"),
     ("from_file", "--from"),
@@ -81,14 +79,30 @@ _STUDY_ONLY = (
     ("regenerate", "--regenerate"),
     ("markdown", "--markdown"),
     ("resume", "--resume"),
-    ("steps", "--steps"),
-    ("d_model", "--d-model"),
-    ("layers", "--layers"),
-    ("heads", "--heads"),
-    ("dropout", "--dropout"),
-    ("curriculum_steps", "--curriculum-steps"),
-    ("checkpoint_every", "--checkpoint-every"),
-    ("position_lr_scale", "--position-lr-scale"),
+)
+
+#: The configuration fields ``--model`` reads; every other one (the model's shape, the training
+#: schedule, the task) describes a model the lab would train itself, and is refused.
+_MODEL_FIELDS = frozenset(
+    {
+        "train_len",
+        "eval_lens",
+        "variants",
+        "corpus",
+        "max_chars",
+        "eval_windows",
+        "score_len",
+        "split_seed",
+        "val_fraction",
+        "device",
+        "threads",
+        "finetune_len",
+        "finetune_steps",
+        "batch_size",
+        "lr",
+        "seed",
+        "task",
+    }
 )
 
 #: Flags that set fine-tuning, meaningless without --finetune-len.
@@ -97,6 +111,8 @@ _FINETUNE_ONLY = (("batch_size", "--batch-size"), ("lr", "--lr"), ("seed", "--se
 
 def _check_flags(args: argparse.Namespace) -> None:
     given = [flag for attr, flag in _STUDY_ONLY if getattr(args, attr, None) not in (None, False, [], ())]
+    config_fields = getattr(args, "config_fields", {})
+    given += [flag for name, flag in config_fields.items() if name not in _MODEL_FIELDS]
     if getattr(args, "task", "lm") != "lm":
         given.append("--task")
     if given:
@@ -132,9 +148,11 @@ def run(args: argparse.Namespace) -> int:
         return _run(args, folder.path)
 
 
-def _variants(spec: str | None) -> tuple[str, ...] | None:
+def _variants(spec: str | tuple[str, ...] | None) -> tuple[str, ...] | None:
     if spec is None:
         return None  # every variant the scheme declares
+    if isinstance(spec, tuple):  # converted by the command's flag: () = none
+        return spec
     return () if spec == "none" else _comma_list(spec, str, "--variants")
 
 
@@ -147,7 +165,7 @@ def _setup(args: argparse.Namespace):
     return prepare_pretrained(
         args.model,
         train_len=getattr(args, "train_len", None),
-        eval_lens=_comma_list(eval_lens, int, "--eval-lens") if eval_lens else None,
+        eval_lens=_comma_list(eval_lens, int, "--eval-lens") if isinstance(eval_lens, str) else eval_lens,
         variants=_variants(getattr(args, "variants", None)),
         corpus=_given(args, "corpus", "stdlib"),
         max_chars=_given(args, "max_chars", QUICK["max_chars"] if quick else None),

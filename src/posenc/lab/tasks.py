@@ -107,8 +107,16 @@ def format_ranking(ranking: list[dict[str, Any]], train_len: int, markdown: bool
         f"ranking by mean exact match past L={train_len} (lengths {','.join(map(str, lengths))}); "
         f"learned = exact match >= {LEARNED_AT:.0%} at L"
     )
-    rows = [(r["name"], cell(r["at_L"]), cell(r["beyond_L"]), cell(r.get("beyond_L_tokens")),
-             "yes" if r["learned"] else "no") for r in ranking]  # fmt: skip
+    rows = [
+        (
+            r["name"],
+            cell(r["at_L"]),
+            cell(r["beyond_L"]),
+            cell(r.get("beyond_L_tokens")),
+            "yes" if r["learned"] else "no",
+        )
+        for r in ranking
+    ]
     if markdown:
         head = "| scheme | exact match at L | exact match past L | tokens right past L | learned |"
         lines = [f"**{title}**", "", head, "|---|---|---|---|---|"]

@@ -42,8 +42,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._validate import check_int
-from .checkpoint import _unwrap, load_checkpoint, read_checkpoint_meta, save_checkpoint
-from .config import _RESUMABLE_CHANGES, IGNORE_INDEX, BatchFn, TrainConfig
+from .checkpoint import load_checkpoint, read_checkpoint_meta, save_checkpoint, unwrap_model
+from .config import IGNORE_INDEX, RESUMABLE_CHANGES, BatchFn, TrainConfig
 from .distributed import dist_info
 from .memory import check_memory, estimate_memory
 
@@ -54,6 +54,7 @@ __all__ = [
     "make_optimizer",
     "position_parameters",
     "seed_everything",
+    "step_seed",
     "train",
 ]
 
@@ -74,7 +75,7 @@ def lr_at(step: int, config: TrainConfig) -> float:
     return config.min_lr + (config.lr - config.min_lr) * 0.5 * (1.0 + math.cos(math.pi * min(t, 1.0)))
 
 
-def _step_seed(seed: int, step: int) -> int:
+def step_seed(seed: int, step: int) -> int:
     """A 63-bit seed for ``(seed, step)``, different for every pair in practice (golden-ratio mixing)."""
     return (seed * 0x9E3779B97F4A7C15 + step * 0xBF58476D1CE4E5B9 + 1) % (2**63 - 1)
 
@@ -117,7 +118,7 @@ def batch_at(
             f"batch_size={batch_size} (global) must be divisible by world_size={world_size} processes; "
             f"use a multiple of {world_size}"
         )
-    g = torch.Generator().manual_seed(_step_seed(seed, step))
+    g = torch.Generator().manual_seed(step_seed(seed, step))
     # [B] window starts: window i is data[start_i : start_i + s + 1]
     starts = torch.randint(0, n - seq_len, (batch_size,), generator=g)
     per_rank = batch_size // world_size
@@ -164,7 +165,7 @@ def position_parameters(model: nn.Module) -> list[nn.Parameter]:
     from ..base import PositionalScheme
 
     seen: dict[int, nn.Parameter] = {}
-    for module in _unwrap(model).modules():
+    for module in unwrap_model(model).modules():
         if isinstance(module, PositionalScheme):
             seen.update((id(p), p) for p in module.parameters() if p.requires_grad)
     return list(seen.values())
@@ -178,7 +179,7 @@ def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
     Each group's ``lr_scale`` multiplies the schedule's learning rate (:func:`lr_at`) in :func:`train`.
     """
     positional = {id(p) for p in position_parameters(model)}
-    params = [p for p in _unwrap(model).parameters() if p.requires_grad and id(p) not in positional]
+    params = [p for p in unwrap_model(model).parameters() if p.requires_grad and id(p) not in positional]
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": config.weight_decay, "lr_scale": 1.0},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0, "lr_scale": 1.0},
@@ -209,7 +210,7 @@ def _check_resumable(path: Path, config: TrainConfig, module: nn.Module, data_id
     diff = [
         f"{k}: checkpoint {saved_train.get(k)!r} vs now {current[k]!r}"
         for k in sorted(current)
-        if k not in _RESUMABLE_CHANGES and saved_train.get(k) != current[k]
+        if k not in RESUMABLE_CHANGES and saved_train.get(k) != current[k]
     ]
     model_config = getattr(module, "config", None)
     if hasattr(model_config, "to_dict") and saved_model:
@@ -277,7 +278,7 @@ def train(
         a :class:`TrainResult`.
     """
     info = dist_info()
-    module = _unwrap(model)
+    module = unwrap_model(model)
     if device is None:
         device = next(module.parameters()).device
     device = torch.device(device)
@@ -389,7 +390,7 @@ def _positions(ids: torch.Tensor, step: int, config: TrainConfig, info) -> torch
         return None
     from ..positions import randomized_positions
 
-    g = torch.Generator().manual_seed(_step_seed(config.seed + 7_919, step))  # not the batch's draw
+    g = torch.Generator().manual_seed(step_seed(config.seed + 7_919, step))  # not the batch's draw
     rows = config.batch_size // info.world_size
     every = randomized_positions(config.batch_size, ids.shape[-1], config.random_positions, generator=g)
     return every[info.rank * rows : (info.rank + 1) * rows]  # [b, s] of [B, s]
