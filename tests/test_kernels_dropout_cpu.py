@@ -175,18 +175,18 @@ def test_eager_dropout_is_the_registered_op():
     """Eager forward and backward both reach posenc::dropout_cpu, as a compiled graph does."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    class Ops(TorchDispatchMode):
-        names: list[str] = []
+    names = []
 
+    class Ops(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             if func.namespace == "posenc":
-                self.names.append(str(func))
+                names.append(str(func))
             return func(*args, **(kwargs or {}))
 
     x = torch.randn(4, 33, requires_grad=True)
-    with Ops() as ops:
+    with Ops():
         dropout_cpu.dropout(x * 1.0, 0.3, inplace=True, seed=9).sum().backward()
-    assert ops.names == ["posenc.dropout_cpu.default", "posenc.dropout_cpu.default"]
+    assert names == ["posenc.dropout_cpu.default", "posenc.dropout_cpu.default"]
 
 
 # ---------------------------------------------------------------------------------------------- compiled

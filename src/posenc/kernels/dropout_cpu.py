@@ -169,9 +169,13 @@ def _dropout_backward(ctx, grad):
 
 _lib.impl("dropout_cpu", _dropout_cpu, "CPU")
 torch.library.register_fake(
-    "posenc::dropout_cpu", lambda x, p, seed: torch.empty_like(x, memory_format=torch.contiguous_format), lib=_lib
+    "posenc::dropout_cpu",
+    lambda x, p, seed: torch.empty_like(x, memory_format=torch.contiguous_format),
+    lib=_lib,
 )
-torch.library.register_autograd("posenc::dropout_cpu", _dropout_backward, setup_context=_dropout_setup, lib=_lib)
+torch.library.register_autograd(
+    "posenc::dropout_cpu", _dropout_backward, setup_context=_dropout_setup, lib=_lib
+)
 
 #: ``posenc::dropout_cpu`` (see :func:`_dropout_cpu`)
 dropout_op = torch.ops.posenc.dropout_cpu.default
