@@ -114,7 +114,7 @@ def test_dropout_mask_is_the_dropout_kernels_for_the_seed():
     plain = input_cpu.input_layer(w, ids, p=0.0, **kw)
     dropped = input_cpu.input_layer(w, ids, p=0.4, seed=12345, **kw)
     keep = dropout_cpu.reference_keep_mask(plain.numel(), 0.4, 12345).view(plain.shape)
-    assert torch.equal(dropped, plain * torch.where(keep, dropout_cpu._scale(0.4, torch.float32), 0.0))
+    assert torch.equal(dropped, plain * torch.where(keep, dropout_cpu.keep_scale(0.4, torch.float32), 0.0))
 
 
 def test_used_where_it_applies_and_not_elsewhere(monkeypatch):

@@ -40,11 +40,14 @@ from . import _cbuild, _memory, _settings
 
 __all__ = [
     "available",
+    "draw_seed",
     "dropout",
     "dropout_op",
     "keep_mask",
+    "keep_scale",
     "reference_dropout",
     "reference_keep_mask",
+    "seed_tensor",
     "usable",
 ]
 
@@ -116,7 +119,7 @@ def threshold(p: float) -> int:
     return min(round(p * 2.0**32), 2**32 - 1)
 
 
-def _scale(p: float, dtype: torch.dtype) -> float:
+def keep_scale(p: float, dtype: torch.dtype) -> float:
     """``1 / (1 - p)`` computed as PyTorch's dropout computes its noise value: in ``dtype``."""
     return (torch.ones((), dtype=dtype) / (1 - p)).item()
 
@@ -124,15 +127,14 @@ def _scale(p: float, dtype: torch.dtype) -> float:
 def _launch(x: torch.Tensor, out: torch.Tensor, p: float, seed: int) -> torch.Tensor:
     n = x.numel()
     nthreads = 1 if n < _SERIAL_NUMEL else torch.get_num_threads()
-    err = _fn()(
-        _DTYPES[x.dtype], x.data_ptr(), out.data_ptr(), n, threshold(p), _scale(p, x.dtype), seed, nthreads
-    )
+    scale = keep_scale(p, x.dtype)
+    err = _fn()(_DTYPES[x.dtype], x.data_ptr(), out.data_ptr(), n, threshold(p), scale, seed, nthreads)
     if err:  # pragma: no cover - usable() and _kernel() rule this out
         raise RuntimeError(f"posenc dropout kernel rejected dtype {x.dtype}")
     return out
 
 
-def _draw_seed() -> int:
+def draw_seed() -> int:
     """A 64-bit seed from PyTorch's default CPU generator (advances it, like any random op)."""
     return int(torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64)) % 2**64
 
@@ -194,12 +196,17 @@ def dropout(x: torch.Tensor, p: float, *, inplace: bool = False, seed: int | Non
     Returns:
         ``x`` scaled by ``1 / (1 - p)`` where kept, zero where dropped; differentiable in ``x``.
     """
-    if seed is None and torch.compiler.is_compiling():  # a graph value, drawn per call
-        drawn = torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64)
-    else:
-        drawn = torch.tensor(_i64((_draw_seed() if seed is None else seed) % 2**64), dtype=torch.int64)
-    y = dropout_op(x, p, drawn)
+    y = dropout_op(x, p, seed_tensor(seed))
     return x.copy_(y) if inplace else y
+
+
+def seed_tensor(seed: int | None) -> torch.Tensor:
+    """The op's ``seed`` argument: ``seed`` (any int, read modulo ``2^64``) as an int64 scalar
+    tensor with the same 64 bits, or one drawn from PyTorch's generator when None (in a compiled
+    graph a graph value, drawn per call)."""
+    if seed is None and torch.compiler.is_compiling():
+        return torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64)
+    return torch.tensor(_i64((draw_seed() if seed is None else seed) % 2**64), dtype=torch.int64)
 
 
 def keep_mask(shape: tuple[int, ...], p: float, seed: int) -> torch.Tensor:
@@ -246,7 +253,7 @@ def reference_dropout(x: torch.Tensor, p: float, seed: int | None = None) -> tor
 
     Shapes: ``x [...]`` (any layout; the mask follows the contiguous order) -> ``[...]``.
     """
-    seed = _draw_seed() if seed is None else seed % 2**64
+    seed = draw_seed() if seed is None else seed % 2**64
     keep = reference_keep_mask(x.numel(), p, seed, x.device).view(x.shape)  # [...] in contiguous order
-    scale = torch.tensor(_scale(p, x.dtype), dtype=x.dtype, device=x.device)  # 1/(1-p) in x's dtype
+    scale = torch.tensor(keep_scale(p, x.dtype), dtype=x.dtype, device=x.device)  # 1/(1-p) in x's dtype
     return x * torch.where(keep, scale, torch.zeros((), dtype=x.dtype, device=x.device))

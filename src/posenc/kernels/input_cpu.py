@@ -129,7 +129,7 @@ def _threads(rows: int) -> int:
 
 
 def _floats(scale: float, eps: float, p: float) -> array.array:
-    return array.array("d", (scale, eps, _dropout_cpu._scale(p, torch.float32) if p > 0 else 1.0))
+    return array.array("d", (scale, eps, _dropout_cpu.keep_scale(p, torch.float32) if p > 0 else 1.0))
 
 
 # ---------------------------------------------------------------------------------------------- the ops
@@ -303,11 +303,7 @@ def input_layer(
     Returns:
         ``[b, s, d]`` float32.
     """
-    if p > 0 and seed is None and torch.compiler.is_compiling():  # a graph value, drawn per call
-        drawn = torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64)
-    else:
-        seed = (_dropout_cpu._draw_seed() if seed is None else seed) if p > 0 else 0
-        drawn = torch.tensor(_dropout_cpu._i64(seed % 2**64), dtype=torch.int64)
+    drawn = _dropout_cpu.seed_tensor(seed if p > 0 else 0)  # int64 [], drawn when None
     ids = ids if ids.dtype == torch.int64 and ids.is_contiguous() else ids.long().contiguous()
     table = None if table is None else table.contiguous()
     pad = -1 if padding_idx is None else padding_idx
