@@ -438,6 +438,27 @@ def test_compiled_rotation_holds_the_op_and_gives_the_eager_numbers():
     assert all(torch.equal(a, b) for a, b in zip(ga, gw))
 
 
+def test_compiled_in_place_rotation_holds_the_out_op():
+    """out= under torch.compile(fullgraph=True): posenc::rope_cpu_out in the graph, eager's bits."""
+    x = torch.randn(1, 2, 6, 16)
+    cos, sin = tables(torch.rand(6, 8, dtype=torch.float64) * 5, torch.float32)
+    targets = []
+
+    def backend(gm, example_inputs):
+        targets.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm
+
+    def f(t):
+        y = t.clone()
+        rotate(y, cos, sin, out=y)
+        return y
+
+    with torch.no_grad():
+        got = torch.compile(f, fullgraph=True, backend=backend)(x)
+    assert "posenc.rope_cpu_out.default" in targets
+    assert torch.equal(got, f(x))
+
+
 def test_a_compiled_model_runs_the_kernel_with_the_eager_numbers(monkeypatch):
     """torch.compile(fullgraph=True) keeps the one-pass rotation (the registered op), forward and
     backward, and gives the eager model's numbers bit for bit (aot_eager: no other fusion)."""
