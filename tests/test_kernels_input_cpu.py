@@ -169,6 +169,25 @@ def test_a_compiled_input_layer_keeps_the_kernel_and_the_eager_numbers(monkeypat
     torch.testing.assert_close(grad, eager_grad, rtol=0, atol=0)
 
 
+def test_the_compiled_graph_holds_the_op():
+    """torch.compile(fullgraph=True) puts posenc::input_layer_cpu itself in the graph (the eager
+    path's operator), with the eager output for the same seed."""
+    targets = []
+
+    def backend(gm, example_inputs):
+        targets.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm
+
+    layer = posenc.InputEmbedding(64, 16, "sinusoidal", dropout=0.25).train()
+    ids = torch.randint(0, 64, (2, 8))
+    torch.manual_seed(3)
+    eager = layer(ids)
+    torch.manual_seed(3)
+    got = torch.compile(layer, fullgraph=True, backend=backend)(ids)
+    assert "posenc.input_layer_cpu.default" in targets
+    assert torch.equal(got, eager)
+
+
 def test_buffers_are_float32_whatever_the_default_dtype():
     """The kernel writes float32 statistics and scratch rows: a bf16 default dtype changes nothing."""
     w, ids = torch.randn(20, 8), torch.randint(0, 20, (2, 3))
