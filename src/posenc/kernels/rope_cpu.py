@@ -349,7 +349,11 @@ def rotate(
         ``[..., s, d_h]``: the new tensor, or ``out``.
     """
     if out is None:
-        return rope_op([x], [cos], [sin], layout, 1.0)[0]
+        below = _settings.records_nothing(x)
+        if below is None:
+            return rope_op([x], [cos], [sin], layout, 1.0)[0]
+        with below:
+            return rope_op([x], [cos], [sin], layout, 1.0)[0]
     rope_out_op([x], [cos], [sin], [out], layout)
     return out
 
@@ -366,5 +370,11 @@ def rotate_pair(
 
     Shapes: ``q [..., s_q, d_h]``, ``k [..., s_k, d_h]``, tables ``[..., s, r/2]`` -> ``(q, k)``.
     """
-    q_out, k_out = rope_op([q, k], [q_tables[0], k_tables[0]], [q_tables[1], k_tables[1]], layout, 1.0)
+    args = ([q, k], [q_tables[0], k_tables[0]], [q_tables[1], k_tables[1]], layout, 1.0)
+    below = _settings.records_nothing(q, k)
+    if below is None:
+        q_out, k_out = rope_op(*args)
+    else:
+        with below:
+            q_out, k_out = rope_op(*args)
     return q_out, k_out
