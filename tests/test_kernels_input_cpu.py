@@ -73,10 +73,12 @@ def test_the_op_without_its_kernel_gives_the_composition(layer_norm, training):
     grad = torch.randn(3, 17, 24)
     posenc.kernels.set_enabled(False)
     try:
-        got = _composition(module, ids, 7, op=True)
-        g_got = torch.autograd.grad(got, params, grad)
+        with _OpCalls() as ops:
+            got = _composition(module, ids, 7, op=True)
+            g_got = torch.autograd.grad(got, params, grad)
     finally:
         posenc.kernels.set_enabled(None)
+    assert ops.names == ["posenc.input_layer_cpu.default", "posenc.input_layer_cpu_backward.default"]
     want = _composition(module, ids, 7)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=2e-6)
     for g, w in zip(g_got, torch.autograd.grad(want, params, grad)):
