@@ -241,7 +241,7 @@ def test_fast_train_forward_equals_reference_for_its_mask():
     torch.manual_seed(42)
     out = layer(ids)
     torch.manual_seed(42)
-    keep = dropout_cpu.keep_mask(out.shape, 0.2, dropout_cpu._draw_seed())  # the seed forward drew
+    keep = dropout_cpu.keep_mask(out.shape, 0.2, dropout_cpu.draw_seed())  # the seed forward drew
     assert torch.equal(out, _reference(layer, ids, keep))
     assert 0.1 < 1 - keep.float().mean().item() < 0.3
 
@@ -257,7 +257,7 @@ def test_fast_train_gradients_equal_reference():
     fast = [p.grad.clone() for p in layer.parameters()]
     layer.zero_grad()
     torch.manual_seed(1)
-    keep = dropout_cpu.keep_mask((2, 9, 16), 0.3, dropout_cpu._draw_seed())
+    keep = dropout_cpu.keep_mask((2, 9, 16), 0.3, dropout_cpu.draw_seed())
     _reference(layer, ids, keep).backward(g)
     for a, (name, p) in zip(fast, layer.named_parameters()):
         torch.testing.assert_close(a, p.grad, rtol=1e-6, atol=1e-7, msg=name)
@@ -334,7 +334,7 @@ def test_dropout_module_is_nn_dropout_with_the_fast_path():
     assert torch.equal(x, before)  # not in place unless asked
     if dropout_cpu.available():
         torch.manual_seed(0)
-        keep = dropout_cpu.keep_mask(x.shape, 0.25, dropout_cpu._draw_seed())
+        keep = dropout_cpu.keep_mask(x.shape, 0.25, dropout_cpu.draw_seed())
         assert torch.equal(y, x * (keep.float() / 0.75))
     assert drop(x, inplace=True) is x  # the caller owns x
     drop.eval()

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import posenc
 from posenc.kernels import attention_cpu
-from posenc.kernels.attention_cpu import causal_attention_with_bias, scheme_bias_fn
+from posenc.kernels.attention_cpu import PerBlockBias, causal_attention_with_bias, scheme_bias_fn
 
 
 def full_path(q, k, v, bias):
@@ -78,9 +78,12 @@ def test_automatic_long_blocks_equal_the_full_table(scheme_name, grad, monkeypat
     kp = torch.arange(s_q + prefix)
     fn = scheme_bias_fn(scheme, kp[prefix:], kp)
     sizes = []
-    spy = lambda q0, q1, k1: sizes.append(q1 - q0) or fn(q0, q1, k1)  # noqa: E731
-    spy.masks_future = spy.reversed_rows = True  # what fn declares
-    spy.bias_requires_grad = fn.bias_requires_grad
+    spy = PerBlockBias(  # fn's own declarations
+        lambda q0, q1, k1: sizes.append(q1 - q0) or fn(q0, q1, k1),
+        masks_future=True,
+        reversed_rows=True,
+        bias_requires_grad=fn.bias_requires_grad,
+    )
     with torch.set_grad_enabled(grad):
         out = causal_attention_with_bias(q, k, v, spy)
     short = grad and scheme_name == "t5"
@@ -385,3 +388,24 @@ def test_automatic_long_blocks_with_a_table_bias(monkeypatch):
 def test_the_long_schedule_starts_at_4096_queries():
     assert attention_cpu._block_bounds(4095, None)[1] == attention_cpu.BLOCK_SIZE
     assert attention_cpu._block_bounds(4096, None)[1] == 4096 % attention_cpu.LONG_BLOCK_SIZE
+
+
+def test_biases_declare_what_they_return_by_a_typed_protocol():
+    """scheme_bias_fn's results are BlockBias objects with every declaration; a plain function is
+    read as PerBlockBias with its defaults (fresh, read-only, query order, no causal mask)."""
+    h, s, d = 2, 600, 8
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, h, s, d), torch.randn(1, h, s, d), torch.randn(1, h, s, d)
+    pos = torch.arange(s)
+    for name, kw in (("alibi", {}), ("shaw", {"head_dim": d})):
+        fn = scheme_bias_fn(posenc.build(name, num_heads=h, **kw), pos, pos)
+        assert isinstance(fn, attention_cpu.BlockBias)
+    alibi = posenc.build("alibi", num_heads=h)
+
+    def plain(q0, q1, k1):
+        return alibi.score_bias(pos[q0:q1], pos[:k1])
+
+    assert not isinstance(plain, attention_cpu.BlockBias)
+    want = causal_attention_with_bias(q, k, v, PerBlockBias(plain))
+    torch.testing.assert_close(causal_attention_with_bias(q, k, v, plain), want, rtol=0, atol=0)
+    torch.testing.assert_close(causal_attention_with_bias(q, k, v, scheme_bias_fn(alibi, pos, pos)), want)

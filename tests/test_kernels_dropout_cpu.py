@@ -119,9 +119,11 @@ def test_gradcheck_and_noncontiguous_grad():
     torch.testing.assert_close(x.grad, torch_dropout_with_mask(torch.ones_like(x), keep, 0.3))
 
 
-def test_usable_rejects_what_the_kernel_cannot_take():
+def test_usable_rejects_what_the_op_cannot_take():
     assert dropout_cpu.usable(torch.randn(4, 4))
-    assert not dropout_cpu.usable(torch.randn(4, 4).t())  # non-contiguous
+    x = torch.randn(4, 4).t()  # non-contiguous: the mask follows the logical (contiguous) order
+    assert dropout_cpu.usable(x)
+    assert torch.equal(dropout_cpu.dropout(x, 0.5, seed=3), dropout_cpu.dropout(x.contiguous(), 0.5, seed=3))
     assert not dropout_cpu.usable(torch.randn(4, 4, dtype=torch.float16))
     assert not dropout_cpu.usable(torch.empty(4, 4, device="meta"))
     assert not dropout_cpu.usable(torch.empty(0))
@@ -146,21 +148,45 @@ def test_reference_draws_the_kernels_mask_bit_for_bit(dtype, p):
     assert abs(frac - (1 - p)) < 0.01
 
 
-def test_dropout_module_gives_one_mask_with_or_without_the_kernel(monkeypatch):
+@pytest.mark.parametrize("without", ["no kernel", "no op"])
+def test_dropout_module_gives_one_mask_with_or_without_the_kernel(monkeypatch, without):
+    """Without the kernel (as on a machine without a compiler) the op draws the same mask in
+    PyTorch; where the op is not taken (tracing, torch.func) the module draws it itself."""
     from posenc.embedding import Dropout
 
     drop = Dropout(0.3)
     x = torch.randn(4, 33)
     torch.manual_seed(5)
     with_kernel = drop(x)
-    monkeypatch.setattr(dropout_cpu, "usable", lambda t: False)  # as on a machine without a compiler
+    if without == "no kernel":
+        monkeypatch.setitem(dropout_cpu._state, "fn", None)
+        monkeypatch.setattr(dropout_cpu, "_launch", None)  # would fail if called
+    else:
+        monkeypatch.setattr(dropout_cpu, "usable", lambda t: False)
     torch.manual_seed(5)
-    without = drop(x)
-    assert torch.equal(with_kernel, without)
+    assert torch.equal(drop(x), with_kernel)
     xg = x.clone().requires_grad_()
     torch.manual_seed(5)
     drop(xg).sum().backward()
     assert torch.equal(xg.grad, (with_kernel != 0).float() / (1 - 0.3))
+
+
+def test_eager_dropout_is_the_registered_op():
+    """Eager forward and backward both reach posenc::dropout_cpu, as a compiled graph does."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    names = []
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.namespace == "posenc":
+                names.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    x = torch.randn(4, 33, requires_grad=True)
+    with Ops():
+        dropout_cpu.dropout(x * 1.0, 0.3, inplace=True, seed=9).sum().backward()
+    assert names == ["posenc.dropout_cpu.default", "posenc.dropout_cpu.default"]
 
 
 # ---------------------------------------------------------------------------------------------- compiled

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import posenc
 from posenc.kernels import dropout_cpu, input_cpu
@@ -12,14 +13,76 @@ from posenc.kernels import dropout_cpu, input_cpu
 pytestmark = pytest.mark.skipif(not input_cpu.available(), reason="no C compiler: the composition runs")
 
 
-def _composition(module, ids, seed):
-    """The module's output and gradients with every fast path off (the composition's arithmetic)."""
+def _composition(module, ids, seed, *, op=False):
+    """The module's output with every fast path off: the composition of its modules, or with
+    ``op`` the op ``posenc::input_layer_cpu`` without its kernel (its PyTorch ops)."""
     posenc.kernels.set_enabled(False)
+    real = input_cpu.usable
+    if not op:
+        input_cpu.usable = lambda *a: False
     try:
         torch.manual_seed(seed)
         return module(ids)
     finally:
         posenc.kernels.set_enabled(None)
+        input_cpu.usable = real
+
+
+class _OpCalls(TorchDispatchMode):
+    """Records the posenc ops that reach the dispatcher (aten ops are left out)."""
+
+    def __enter__(self):
+        self.names = []
+        return super().__enter__()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "posenc":
+            self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("kernel", [True, False])
+def test_eager_input_layer_is_the_registered_op(kernel):
+    """In eager mode the fused input layer's forward and backward reach posenc::input_layer_cpu and
+    its backward op, with the kernel and without it (its PyTorch ops), as a compiled graph does."""
+    layer = posenc.InputEmbedding(40, 8, "sinusoidal", dropout=0.25).train()
+    ids = torch.randint(0, 40, (2, 5))
+    posenc.kernels.set_enabled(kernel)
+    try:
+        with _OpCalls() as ops:
+            layer(ids).square().sum().backward()
+    finally:
+        posenc.kernels.set_enabled(None)
+    assert ops.names == ["posenc.input_layer_cpu.default", "posenc.input_layer_cpu_backward.default"]
+
+
+@pytest.mark.parametrize("layer_norm", [True, False])
+@pytest.mark.parametrize("training", [True, False])
+def test_the_op_without_its_kernel_gives_the_composition(layer_norm, training):
+    """Where the kernel does not run, the op's PyTorch ops give the modules' outputs and gradients
+    (the same dropout mask for the seed)."""
+    torch.manual_seed(0)
+    module = posenc.InputEmbedding(300, 24, "sinusoidal", layer_norm=layer_norm, dropout=0.25, padding_idx=3)
+    if layer_norm:
+        torch.nn.init.normal_(module.norm.weight)
+        torch.nn.init.normal_(module.norm.bias)
+    module.train(training)
+    ids = torch.randint(0, 300, (3, 17))
+    ids[0, :4] = 3
+    params = [p for p in module.parameters() if p.requires_grad]
+    grad = torch.randn(3, 17, 24)
+    posenc.kernels.set_enabled(False)
+    try:
+        with _OpCalls() as ops:
+            got = _composition(module, ids, 7, op=True)
+            g_got = torch.autograd.grad(got, params, grad)
+    finally:
+        posenc.kernels.set_enabled(None)
+    assert ops.names == ["posenc.input_layer_cpu.default", "posenc.input_layer_cpu_backward.default"]
+    want = _composition(module, ids, 7)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=2e-6)
+    for g, w in zip(g_got, torch.autograd.grad(want, params, grad)):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=2e-5)
 
 
 @pytest.mark.parametrize("scheme", ["sinusoidal", "nope"])
@@ -53,7 +116,7 @@ def test_dropout_mask_is_the_dropout_kernels_for_the_seed():
     plain = input_cpu.input_layer(w, ids, p=0.0, **kw)
     dropped = input_cpu.input_layer(w, ids, p=0.4, seed=12345, **kw)
     keep = dropout_cpu.reference_keep_mask(plain.numel(), 0.4, 12345).view(plain.shape)
-    assert torch.equal(dropped, plain * torch.where(keep, dropout_cpu._scale(0.4, torch.float32), 0.0))
+    assert torch.equal(dropped, plain * torch.where(keep, dropout_cpu.keep_scale(0.4, torch.float32), 0.0))
 
 
 def test_used_where_it_applies_and_not_elsewhere(monkeypatch):
@@ -106,6 +169,25 @@ def test_a_compiled_input_layer_keeps_the_kernel_and_the_eager_numbers(monkeypat
     assert len(calls) == 2  # the forward and the backward kernel
     torch.testing.assert_close(out, eager, rtol=0, atol=0)
     torch.testing.assert_close(grad, eager_grad, rtol=0, atol=0)
+
+
+def test_the_compiled_graph_holds_the_op():
+    """torch.compile(fullgraph=True) puts posenc::input_layer_cpu itself in the graph (the eager
+    path's operator), with the eager output for the same seed."""
+    targets = []
+
+    def backend(gm, example_inputs):
+        targets.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm
+
+    layer = posenc.InputEmbedding(64, 16, "sinusoidal", dropout=0.25).train()
+    ids = torch.randint(0, 64, (2, 8))
+    torch.manual_seed(3)
+    eager = layer(ids)
+    torch.manual_seed(3)
+    got = torch.compile(layer, fullgraph=True, backend=backend)(ids)
+    assert "posenc.input_layer_cpu.default" in targets
+    assert torch.equal(got, eager)
 
 
 def test_buffers_are_float32_whatever_the_default_dtype():

@@ -8,6 +8,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import posenc
 from posenc.kernels import _cbuild, rope_cpu
@@ -68,7 +69,7 @@ def test_kernel_is_bit_identical_to_reference(dtype, layout, r):
     x = torch.randn(2, 3, 37, 64, dtype=torch.float64).to(dtype)
     angles = torch.rand(37, r // 2, dtype=torch.float64) * 100
     cos, sin = tables(angles, dtype)
-    assert rope_cpu.usable(x, cos, sin)
+    assert rope_cpu.takes(x, cos, sin)
     out = rotate(x, cos, sin, layout=layout)
     assert out.dtype == dtype and out.shape == x.shape
     assert torch.equal(out, reference(x, cos, sin, layout))
@@ -204,7 +205,7 @@ def test_tables_requiring_grad_take_the_reference_path():
     x = torch.randn(1, 1, 4, 8)
     angles = torch.rand(4, 4, requires_grad=True)
     cos, sin = angles.cos(), angles.sin()
-    assert not rope_cpu.usable(x, cos, sin)
+    assert not rope_cpu.takes(x, cos, sin)
     rotate(x, cos, sin).sum().backward()
     assert angles.grad is not None and angles.grad.abs().sum() > 0
 
@@ -263,18 +264,32 @@ def test_out_overlapping_x_is_refused():
 def test_reference_path_serves_other_dtypes_and_out():
     x = torch.randn(1, 2, 3, 8, dtype=torch.float16)
     cos, sin = tables(torch.rand(3, 4, dtype=torch.float64), torch.float16)
-    assert not rope_cpu.usable(x, cos, sin)
+    assert not rope_cpu.takes(x, cos, sin)
     y = x.clone()
     rotate(y, cos, sin, out=y)
     assert torch.equal(y, reference(x, cos, sin, "half"))
 
 
-def test_disabled_kernels_fall_back(monkeypatch):
-    x = torch.randn(1, 2, 3, 8)
+def test_without_the_kernel_the_op_runs_the_reference(monkeypatch):
+    """Where the kernel cannot run (here: as if it failed to build) the op still takes the call and
+    rotates by the reference, out of place, into out=, backward included."""
+    x = torch.randn(1, 2, 3, 8, requires_grad=True)
     cos, sin = tables(torch.rand(3, 4, dtype=torch.float64), torch.float32)
+    want = reference(x.detach(), cos, sin, "half")
+    grad = torch.randn(1, 2, 3, 8)
+    want_grad = reference(grad, cos, -sin, "half")
+    calls = _counting(monkeypatch)
     monkeypatch.setitem(rope_cpu._state, "fn", None)
-    assert not rope_cpu.usable(x, cos, sin)
-    assert torch.equal(rotate(x, cos, sin), reference(x, cos, sin, "half"))
+    assert rope_cpu.takes(x, cos, sin)
+    with _OpCalls() as ops:
+        got = rotate(x, cos, sin)
+        got.backward(grad)
+        with torch.no_grad():
+            y = x.detach().clone()
+            rotate(y, cos, sin, out=y)
+    assert ops.names == ["posenc.rope_cpu.default", "posenc.rope_cpu.default", "posenc.rope_cpu_out.default"]
+    assert torch.equal(got, want) and torch.equal(y, want) and torch.equal(x.grad, want_grad)
+    assert calls["n"] == 0
     from posenc.kernels import set_enabled
 
     set_enabled(False)  # as POSENC_C_KERNELS=0 at start-up
@@ -331,7 +346,7 @@ def test_export_and_compiled_functorch_take_the_reference_path(monkeypatch):
 def test_meta_tensors_use_the_reference_path():
     x = torch.empty(2, 3, 5, 8, device="meta")
     cos = torch.empty(5, 4, device="meta")
-    assert not rope_cpu.usable(x, cos, cos)
+    assert not rope_cpu.takes(x, cos, cos)
     assert rotate(x, cos, cos).shape == (2, 3, 5, 8)
 
 
@@ -340,20 +355,108 @@ def test_the_op_passes_torch_library_opcheck():
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(2, 3, 8, 16, generator=gen, dtype=torch.float64, requires_grad=True)
     angles = torch.rand(8, 8, generator=gen, dtype=torch.float64) * 10
+    k = torch.randn(2, 1, 4, 16, generator=gen, dtype=torch.float64, requires_grad=True)
+    c, s = angles.cos(), angles.sin()
     for layout in ("half", "interleaved"):  # schema, fake implementation, autograd registration
-        torch.library.opcheck(rope_cpu.rope_op, (x, angles.cos(), angles.sin(), layout, 1.0))
+        torch.library.opcheck(rope_cpu.rope_op, ([x], [c], [s], layout, 1.0))
+        torch.library.opcheck(rope_cpu.rope_op, ([x, k], [c, c[:4]], [s, s[:4]], layout, -1.0))
+        with torch.no_grad():
+            out = torch.empty_like(x)
+            torch.library.opcheck(rope_cpu.rope_out_op, ([x.detach()], [c], [s], [out], layout))
 
 
 def _counting(monkeypatch):
+    """Counts the tensors the C kernel rotates (one per single call, two per q-and-k call)."""
     calls = {"n": 0}
-    launch = rope_cpu._launch
+    launch, pair = rope_cpu._launch, rope_cpu._launch_pair
 
     def counted(*args):
         calls["n"] += 1
         return launch(*args)
 
+    def counted_pair(*args):
+        calls["n"] += 2
+        return pair(*args)
+
     monkeypatch.setattr(rope_cpu, "_launch", counted)
+    monkeypatch.setattr(rope_cpu, "_launch_pair", counted_pair)
     return calls
+
+
+class _OpCalls(TorchDispatchMode):
+    """Records the posenc ops that reach the dispatcher (aten ops are left out)."""
+
+    def __enter__(self):
+        self.names = []
+        return super().__enter__()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "posenc":
+            self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_eager_rotation_is_the_registered_op(dtype):
+    """In eager mode RotaryEmbedding.rotate, apply_rotary (out of place, in place) and its
+    backward all go through posenc::rope_cpu / posenc::rope_cpu_out, as a compiled graph does."""
+    rope = posenc.RotaryEmbedding(16)
+    q = torch.randn(2, 4, 6, 16, dtype=dtype, requires_grad=True)
+    k = torch.randn(2, 2, 6, 16, dtype=dtype, requires_grad=True)
+    with _OpCalls() as ops:
+        rq, rk = rope.rotate(q, k)
+        (rq.float().square().sum() + rk.float().square().sum()).backward()
+    assert ops.names == ["posenc.rope_cpu.default", "posenc.rope_cpu.default"]  # forward, backward
+    cos, sin = rope.cos_sin(torch.arange(6))
+    with _OpCalls() as ops, torch.no_grad():
+        y = q.detach().clone()
+        posenc.apply_rotary(y, cos, sin, out=y)
+        posenc.apply_rotary(q.detach(), cos, sin)
+    assert ops.names == ["posenc.rope_cpu_out.default", "posenc.rope_cpu.default"]
+    assert torch.equal(y, rq.detach())
+
+
+def test_compiled_rotation_holds_the_op_and_gives_the_eager_numbers():
+    """torch.compile(fullgraph=True) puts posenc::rope_cpu in the graph, forward and backward."""
+    rope = posenc.RotaryEmbedding(16)
+    q = torch.randn(2, 4, 6, 16, requires_grad=True)
+    k = torch.randn(2, 2, 6, 16, requires_grad=True)
+    targets = []
+
+    def backend(gm, example_inputs):
+        targets.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm
+
+    compiled = torch.compile(lambda a, b: rope.rotate(a, b), fullgraph=True, backend=backend)
+    got = compiled(q, k)
+    want = rope.rotate(q, k)
+    assert "posenc.rope_cpu.default" in targets
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+    aot = torch.compile(lambda a, b: rope.rotate(a, b), fullgraph=True, backend="aot_eager")
+    ga = torch.autograd.grad(sum(t.square().sum() for t in aot(q, k)), (q, k))
+    gw = torch.autograd.grad(sum(t.square().sum() for t in want), (q, k))
+    assert all(torch.equal(a, b) for a, b in zip(ga, gw))
+
+
+def test_compiled_in_place_rotation_holds_the_out_op():
+    """out= under torch.compile(fullgraph=True): posenc::rope_cpu_out in the graph, eager's bits."""
+    x = torch.randn(1, 2, 6, 16)
+    cos, sin = tables(torch.rand(6, 8, dtype=torch.float64) * 5, torch.float32)
+    targets = []
+
+    def backend(gm, example_inputs):
+        targets.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm
+
+    def f(t):
+        y = t.clone()
+        rotate(y, cos, sin, out=y)
+        return y
+
+    with torch.no_grad():
+        got = torch.compile(f, fullgraph=True, backend=backend)(x)
+    assert "posenc.rope_cpu_out.default" in targets
+    assert torch.equal(got, f(x))
 
 
 def test_a_compiled_model_runs_the_kernel_with_the_eager_numbers(monkeypatch):
@@ -432,7 +535,7 @@ def test_pair_call_rotates_q_and_k_like_two_calls(dtype, layout):
     k = torch.randn(2, 2, 13, 16).to(dtype)
     q_tab = tables(torch.rand(9, 8, dtype=torch.float64) * 50, dtype)
     k_tab = tables(torch.rand(13, 8, dtype=torch.float64) * 50, dtype)
-    assert rope_cpu.usable(q, *q_tab) and rope_cpu.usable(k, *k_tab)
+    assert rope_cpu.takes(q, *q_tab) and rope_cpu.takes(k, *k_tab)
     got_q, got_k = rope_cpu.rotate_pair(q, k, q_tab, k_tab, layout)
     assert torch.equal(got_q, reference(q, *q_tab, layout))
     assert torch.equal(got_k, reference(k, *k_tab, layout))

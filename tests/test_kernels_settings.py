@@ -63,3 +63,16 @@ def test_parameter_subclasses_count_as_parameters():
 
     w = Tagged(torch.ones(2, 2))
     assert _settings.eager(w, parameters=True) and not _settings.eager(w)
+
+
+def test_records_nothing_only_where_autograd_has_nothing_to_record():
+    x, w = torch.randn(3), torch.randn(3, requires_grad=True)
+    assert _settings.records_nothing(w) is None  # a gradient to record
+    assert _settings.records_nothing(x) is not None
+    with torch.no_grad():
+        assert _settings.records_nothing(w) is not None
+    with _settings.records_nothing(x):  # below autograd: nothing recorded, even for w
+        y = w * 2
+    assert y.grad_fn is None
+    compiled = torch.compile(lambda t: (_settings.records_nothing(t) is None, t + 1), fullgraph=True)
+    assert compiled(x)[0]  # while torch.compile traces: None

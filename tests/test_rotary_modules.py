@@ -504,3 +504,28 @@ def test_full_width_tables_are_converted_with_a_clear_message():
     hq = llama.apply_rotary_pos_emb(x, x, hf_cos, hf_sin)[0]
     ours = posenc.apply_rotary(x, *posenc.half_width_tables(hf_cos[:, None], hf_sin[:, None]))
     torch.testing.assert_close(ours, hq)
+
+
+def test_building_and_running_rope_imports_no_compiler_stack():
+    """import posenc, building a RoPE module and running it (and the input layer) in eager mode,
+    forward and backward, import neither torch.compile's stack (torch._dynamo, ~1 s) nor Triton."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import sys, torch, posenc\n"
+        "rope = posenc.build('rope', head_dim=64)\n"
+        "assert 'torch._dynamo' not in sys.modules and 'triton' not in sys.modules, 'on build'\n"
+        "q = torch.randn(1, 2, 5, 64, requires_grad=True)\n"
+        "sum(t.sum() for t in rope.rotate(q, q)).backward()\n"
+        "layer = posenc.InputEmbedding(40, 8, 'sinusoidal', dropout=0.1).train()\n"
+        "layer(torch.randint(0, 40, (2, 5))).sum().backward()\n"
+        "print(sorted(m for m in ('torch._dynamo', 'triton') if m in sys.modules))\n"
+    )
+    src = str(Path(posenc.__file__).parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

@@ -221,7 +221,7 @@ class Dropout(nn.Dropout):
     """``nn.Dropout`` whose CPU training path is one pass with a counter-based generator.
 
     Same arguments as ``nn.Dropout``. In training, on CPU tensors of dtype float32/float64/bfloat16
-    (also under ``torch.compile``, as the registered op ``posenc::dropout_cpu``), ``0 < p < 1``:
+    (the registered op ``posenc::dropout_cpu``, in eager mode and under ``torch.compile``), ``0 < p < 1``:
     :mod:`posenc.kernels.dropout_cpu` (PyTorch's dropout arithmetic for the mask it draws, ``p``
     quantized to a multiple of ``2^-32``, the mask recomputed in backward instead of stored, seeded
     from PyTorch's generator). Where that kernel cannot be built (no C compiler,
@@ -235,15 +235,16 @@ class Dropout(nn.Dropout):
     def forward(self, x: torch.Tensor, inplace: bool | None = None) -> torch.Tensor:
         inplace = self.inplace if inplace is None else inplace
         if self.training and 0.0 < self.p < 1.0:
-            if _dropout_cpu.usable(x):
+            if _dropout_cpu.usable(x):  # the op: the kernel, or the same mask in PyTorch without it
                 return _dropout_cpu.dropout(x, self.p, inplace=inplace)
-            if _reference_applies(x):  # no kernel on this machine: the same mask, drawn in PyTorch
+            if _reference_applies(x):  # traced or transformed: the same mask, drawn in PyTorch
                 return _dropout_cpu.reference_dropout(x, self.p)
         return nn.functional.dropout(x, self.p, self.training, inplace)
 
 
 def _reference_applies(x: torch.Tensor) -> bool:
-    """Where the kernel would run but cannot (no compiler, turned off): eager CPU float tensors."""
+    """Where the op is not taken but its mask can be drawn in PyTorch ops (tracing, ``torch.func``
+    transforms, tensor subclasses): eager CPU tensors of the kernel's dtypes."""
     return (
         x.device.type == "cpu"
         and x.dtype in (torch.float32, torch.float64, torch.bfloat16)

@@ -1,16 +1,22 @@
 """Optional fast paths behind posenc's pure functions (users never call a different API).
 
-* :mod:`posenc.kernels.rope_cpu` -- one-pass CPU rotation for :func:`posenc.apply_rotary`
-  (in place or out of place, bit-identical to the reference);
-* :mod:`posenc.kernels.dropout_cpu` -- counter-based dropout for :class:`posenc.InputEmbedding`;
-* :mod:`posenc.kernels.attention_cpu` -- causal attention with a bias built per query block;
-* :mod:`posenc.kernels.rope_triton` -- RoPE on GPUs, q and k in one launch (Triton).
+Each CPU fast path is one registered ``torch.library`` operator (a fake implementation, one
+autograd rule), called the same way in eager mode and under ``torch.compile``:
 
-C kernels are built on first use (:mod:`posenc.kernels._cbuild`); where that is impossible, or
-with ``POSENC_C_KERNELS=0`` (read once; :func:`set_enabled` switches at run time), every caller runs
-its reference PyTorch path. On GPUs,
-:mod:`posenc.kernels.rope_triton` (Triton, self-checked on first use) rotates for
-:func:`posenc.apply_rotary`; everything else runs its reference path.
+* :mod:`posenc.kernels.rope_cpu` -- ``posenc::rope_cpu`` (and ``posenc::rope_cpu_out``, in place or
+  into ``out``): one-pass rotation for :func:`posenc.apply_rotary`, bit-identical to the reference
+  rotation of :mod:`posenc.kernels.rope_reference`;
+* :mod:`posenc.kernels.dropout_cpu` -- ``posenc::dropout_cpu``: counter-based dropout for
+  :class:`posenc.Dropout`;
+* :mod:`posenc.kernels.input_cpu` -- ``posenc::input_layer_cpu``: the whole input layer of
+  :class:`posenc.InputEmbedding` in one pass;
+* :mod:`posenc.kernels.attention_cpu` -- causal attention with a bias built per query block;
+* :mod:`posenc.kernels.rope_triton` -- RoPE on GPUs, q and k in one launch (Triton, called
+  directly in eager mode; not a registered operator).
+
+C kernels are built on first use (:mod:`posenc.kernels._cbuild`). Whether a kernel runs is decided
+inside its operator: where it cannot be built, or with ``POSENC_C_KERNELS=0`` (read once;
+:func:`set_enabled` switches at run time), the operator computes the same numbers with PyTorch ops.
 """
 
 from ._settings import enabled, set_enabled

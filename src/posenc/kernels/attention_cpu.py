@@ -22,7 +22,9 @@ head width.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from itertools import pairwise
+from typing import Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
@@ -34,20 +36,51 @@ __all__ = [
     "BLOCK_SIZE",
     "LONG_BLOCK_SIZE",
     "LONG_QUERIES",
-    "BiasFn",
+    "BlockBias",
+    "PerBlockBias",
     "causal_attention_with_bias",
     "scheme_bias_fn",
     "usable",
 ]
 
-#: ``bias_fn(q0, q1, k1) -> [b | 1, h, q1 - q0, k1]``: the additive bias (on the scaled logits) of
-#: queries ``q0..q1-1`` against keys ``0..k1-1``. The result is read-only for the caller, unless
-#: ``bias_fn.returns_scratch`` is True: then it is a buffer that ``bias_fn`` rewrites on its next
-#: call (the per-distance builder does), which the caller may overwrite and must copy to keep.
-#: ``bias_fn.masks_future`` True: the bias already holds ``-inf`` on future keys;
-#: ``bias_fn.reversed_rows`` True: its rows are the block's queries in reverse order;
-#: ``bias_fn.bias_requires_grad`` False: its biases never need a gradient (unset: they may).
-BiasFn = Callable[[int, int, int], torch.Tensor]
+
+@runtime_checkable
+class BlockBias(Protocol):
+    """The bias of :func:`causal_attention_with_bias`, one block of queries at a time, with what it
+    declares about its results.
+
+    ``bias(q0, q1, k1) -> [b | 1, h, q1 - q0, k1]``: the additive bias (on the scaled logits) of
+    queries ``q0..q1-1`` against keys ``0..k1-1``, read-only for the caller unless
+    ``returns_scratch``.
+    """
+
+    #: True: the result is a buffer the bias rewrites on its next call; the caller may overwrite it
+    #: and must copy it to keep it
+    returns_scratch: bool
+    #: True: the bias already holds ``-inf`` on future keys
+    masks_future: bool
+    #: True: its rows are the block's queries in reverse order
+    reversed_rows: bool
+    #: False: its biases never need a gradient
+    bias_requires_grad: bool
+
+    def __call__(self, q0: int, q1: int, k1: int) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True)
+class PerBlockBias:
+    """A :class:`BlockBias` from a function ``fn(q0, q1, k1) -> [b | 1, h, q1 - q0, k1]`` and its
+    declarations (by default: a fresh, read-only bias in query order, without the causal mask,
+    that may need a gradient)."""
+
+    fn: Callable[[int, int, int], torch.Tensor]
+    returns_scratch: bool = False
+    masks_future: bool = False
+    reversed_rows: bool = False
+    bias_requires_grad: bool = True
+
+    def __call__(self, q0: int, q1: int, k1: int) -> torch.Tensor:
+        return self.fn(q0, q1, k1)
 
 
 #: queries per block of :func:`causal_attention_with_bias` below :data:`LONG_QUERIES` queries
@@ -99,6 +132,7 @@ class _DistanceBlocks:
     table gets its gradient through it).
     """
 
+    returns_scratch = False  # views of one table, read-only
     masks_future = True  # the table holds the causal -inf: nothing to add per block
     reversed_rows = True  # each block's bias is for its queries in reverse order
 
@@ -142,8 +176,8 @@ def scheme_bias_fn(
     q: torch.Tensor | None = None,
     *,
     reuse: bool = False,
-) -> BiasFn:
-    """A :data:`BiasFn` from a scheme's ``score_bias`` hook (``posenc.base`` contract).
+) -> BlockBias:
+    """A :class:`BlockBias` from a scheme's ``score_bias`` hook (``posenc.base`` contract).
 
     A scheme whose bias depends only on the distance (it answers ``distance_bias``: ALiBi, T5), with
     positions ``[s]`` in unit steps, gets :class:`_DistanceBlocks` (one per-distance table; each
@@ -173,7 +207,7 @@ def scheme_bias_fn(
             kept[q0, q1, k1] = out
         return out
 
-    return bias
+    return PerBlockBias(bias)
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size: int | None) -> None:
@@ -250,7 +284,7 @@ def _head_chunks(h: int, h_kv: int, n: int) -> list[tuple[int, int]]:
     return [(h0, min(h0 + per, h)) for h0 in range(0, h, per)]
 
 
-def _block_bias(bias_fn: BiasFn, q0: int, q1: int, k1: int) -> torch.Tensor:
+def _block_bias(bias_fn: BlockBias, q0: int, q1: int, k1: int) -> torch.Tensor:
     """``bias_fn(q0, q1, k1)``, checked: ``[b | 1, h, q1 - q0, k1]``."""
     bias = bias_fn(q0, q1, k1)
     if bias.shape[-2:] != (q1 - q0, k1):
@@ -302,7 +336,7 @@ def causal_attention_with_bias(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    bias_fn: BiasFn,
+    bias_fn: BlockBias | Callable[[int, int, int], torch.Tensor],
     *,
     block_size: int | None = None,
     dropout_p: float = 0.0,
@@ -313,7 +347,8 @@ def causal_attention_with_bias(
         q: ``[b, h, s_q, d_h]`` queries (rotated already, if the scheme rotates).
         k, v: ``[b, h_kv, s_k, d_h]``, ``s_k >= s_q``; query ``i`` sits at key index
             ``i + s_k - s_q`` and sees keys up to and including it.
-        bias_fn: see :data:`BiasFn`; e.g. :func:`scheme_bias_fn`. Called once per block.
+        bias_fn: a :class:`BlockBias` (:func:`scheme_bias_fn`), or a plain function read as a
+            :class:`PerBlockBias`. Called once per block.
         block_size: queries per block. Smaller blocks skip more of the masked future but call SDPA
             more often. None (default): :data:`BLOCK_SIZE` (256), or :data:`LONG_BLOCK_SIZE` (768,
             the remainder block first) from :data:`LONG_QUERIES` (4096) queries on, measured
@@ -331,10 +366,10 @@ def causal_attention_with_bias(
     offset = s_k - s_q
     h_kv = k.shape[1]
     saves_mask = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    scratch = getattr(bias_fn, "returns_scratch", False)
-    masks_future = getattr(bias_fn, "masks_future", False)
-    reversed_rows = getattr(bias_fn, "reversed_rows", False)
-    grad_bias = torch.is_grad_enabled() and getattr(bias_fn, "bias_requires_grad", True)
+    bias_fn = bias_fn if isinstance(bias_fn, BlockBias) else PerBlockBias(bias_fn)  # a plain function
+    scratch, masks_future = bias_fn.returns_scratch, bias_fn.masks_future
+    reversed_rows = bias_fn.reversed_rows
+    grad_bias = torch.is_grad_enabled() and bias_fn.bias_requires_grad
     bounds = _block_bounds(s_q, block_size, grad_bias)
     longest = max(hi - lo for lo, hi in pairwise(bounds))
     tri = None if masks_future else _future_triangle(longest, q.dtype, q.device)  # [n, n]

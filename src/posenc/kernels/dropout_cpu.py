@@ -8,9 +8,9 @@ keep/drop decision of element ``i`` is a pure function of ``(seed, i)``::
     u_i = SplitMix64(seed + (i // 2 + 1) * 0x9E3779B97F4A7C15)  -> two 32-bit halves, one per element
     keep_i = u_i >= t,  t = round(p * 2^32)
 
-so the forward pass computes and applies it in the same pass over ``x`` (in place when allowed),
-and :func:`reference_dropout` computes the very same mask with PyTorch integer ops where the
-kernel cannot run (no compiler, ``POSENC_C_KERNELS=0``): a seed gives one mask on every machine,
+so the forward pass computes and applies it in the same pass over ``x``, and
+:func:`reference_dropout` computes the very same mask with PyTorch integer ops where the kernel
+cannot run (no compiler, ``POSENC_C_KERNELS=0``): a seed gives one mask on every machine,
 and the backward pass recomputes it from the seed instead of storing a mask (no saved tensor).
 The seed is drawn from PyTorch's default generator on every call, so ``torch.manual_seed`` makes
 runs reproducible (the masks differ from ``nn.Dropout``'s, which uses another generator, but not
@@ -22,6 +22,10 @@ quantized to a multiple of ``2^-32`` (at most ``1.2e-10`` away), and kept elemen
 (``x * (1 / (1 - p))`` with the scale rounded to ``x``'s dtype): given the same mask, the output is
 bit-identical to PyTorch's, including signed zeros and NaN propagation. SplitMix64 is the
 generator Java's ``SplittableRandom`` uses; its outputs pass BigCrush.
+
+**One way in.** Eager calls and compiled graphs alike call the registered op
+``posenc::dropout_cpu`` (:data:`dropout_op`: fake implementation, one autograd rule); the op runs
+the kernel, or :func:`reference_dropout`'s PyTorch ops where the kernel does not run.
 
 Legend: ``n`` number of elements of ``x`` (any shape; the mask follows the contiguous order).
 """
@@ -36,11 +40,14 @@ from . import _cbuild, _memory, _settings
 
 __all__ = [
     "available",
+    "draw_seed",
     "dropout",
     "dropout_op",
     "keep_mask",
+    "keep_scale",
     "reference_dropout",
     "reference_keep_mask",
+    "seed_tensor",
     "usable",
 ]
 
@@ -88,26 +95,23 @@ def status() -> str:
 
 
 def usable(x: torch.Tensor) -> bool:
-    """Whether :func:`dropout` runs the kernel for ``x``: a plain contiguous CPU tensor of dtype
-    float32/float64/bfloat16, outside tracing/functorch, kernel available (under ``torch.compile``
-    as the registered op :func:`dropout_op`)."""
-    if torch.compiler.is_compiling():  # traced: the kernel enters the graph as posenc::dropout_cpu
+    """Whether :func:`dropout` takes ``x`` (the op ``posenc::dropout_cpu``, eager and compiled): a
+    strided CPU tensor of dtype float32/float64/bfloat16 with elements, a plain tensor in eager mode
+    (no subclass, tracing or ``torch.func`` transform) or a FakeTensor of a graph ``torch.compile``
+    traces (not ``torch.export``). Whether the C kernel runs is decided inside the op
+    (:func:`_kernel`): elsewhere it draws the same mask with PyTorch ops."""
+    if torch.compiler.is_compiling():
         if not _settings.compiled_graph():
             return False  # torch.export or a torch.func transform under compile: the reference path
-        ok = x.device.type == "cpu" and x.layout == torch.strided and x.dtype in _DTYPES
-        return ok and x.is_contiguous() and x.numel() > 0 and _available_when_compiled()
-    if not _settings.eager(x) or x.device.type != "cpu" or x.layout != torch.strided:
+    elif not _settings.eager(x):
         return False  # subclasses, Parameters, tracing, torch.func transforms: the reference path
-    if x.dtype not in _DTYPES or not x.is_contiguous() or x.numel() == 0:
-        return False
-    return _settings.enabled() and available()
+    return x.device.type == "cpu" and x.layout == torch.strided and x.dtype in _DTYPES and x.numel() > 0
 
 
-@torch.compiler.assume_constant_result
-def _available_when_compiled() -> bool:
-    """Switched on and :func:`available`, evaluated once while torch.compile traces (a constant in
-    the graph)."""
-    return _settings.enabled() and available()
+def _kernel():
+    """The C entry point when fast paths are on and the kernel is built, else None: the one
+    decision whether the kernel runs (the op's implementation asks it)."""
+    return _fn() if _settings.enabled() else None
 
 
 def threshold(p: float) -> int:
@@ -115,7 +119,7 @@ def threshold(p: float) -> int:
     return min(round(p * 2.0**32), 2**32 - 1)
 
 
-def _scale(p: float, dtype: torch.dtype) -> float:
+def keep_scale(p: float, dtype: torch.dtype) -> float:
     """``1 / (1 - p)`` computed as PyTorch's dropout computes its noise value: in ``dtype``."""
     return (torch.ones((), dtype=dtype) / (1 - p)).item()
 
@@ -123,48 +127,35 @@ def _scale(p: float, dtype: torch.dtype) -> float:
 def _launch(x: torch.Tensor, out: torch.Tensor, p: float, seed: int) -> torch.Tensor:
     n = x.numel()
     nthreads = 1 if n < _SERIAL_NUMEL else torch.get_num_threads()
-    err = _fn()(
-        _DTYPES[x.dtype], x.data_ptr(), out.data_ptr(), n, threshold(p), _scale(p, x.dtype), seed, nthreads
-    )
-    if err:  # pragma: no cover - usable() rules this out
+    scale = keep_scale(p, x.dtype)
+    err = _fn()(_DTYPES[x.dtype], x.data_ptr(), out.data_ptr(), n, threshold(p), scale, seed, nthreads)
+    if err:  # pragma: no cover - usable() and _kernel() rule this out
         raise RuntimeError(f"posenc dropout kernel rejected dtype {x.dtype}")
     return out
 
 
-def _draw_seed() -> int:
+def draw_seed() -> int:
     """A 64-bit seed from PyTorch's default CPU generator (advances it, like any random op)."""
     return int(torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64)) % 2**64
 
 
-class _Dropout(torch.autograd.Function):
-    """``x * keep(seed) / (1 - p)``; backward recomputes the mask from the seed (nothing saved)."""
-
-    @staticmethod
-    def forward(ctx, x, p, seed, inplace):  # type: ignore[override]
-        ctx.p, ctx.seed = p, seed
-        if inplace:
-            ctx.mark_dirty(x)
-            return _launch(x, x, p, seed)
-        return _launch(x, _memory.empty_like(x), p, seed)
-
-    @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
-        grad = grad.contiguous()
-        return _Dropout.apply(grad, ctx.p, ctx.seed, False), None, None, None
+# --------------------------------------------------------------------------------------------- the op
+# Registered through torch.library's low-level API: one dispatcher round trip per eager call, and
+# nothing of torch.compile's stack imported.
+_lib = torch.library.Library("posenc", "FRAGMENT")
+_lib.define("dropout_cpu(Tensor x, float p, Tensor seed) -> Tensor")
 
 
-# ---------------------------------------------------------------------------------------------- the op
-@torch.library.custom_op("posenc::dropout_cpu", mutates_args=(), device_types="cpu")
-def dropout_op(x: torch.Tensor, p: float, seed: torch.Tensor) -> torch.Tensor:
-    """The kernel as a registered operator for compiled graphs: ``x`` (contiguous) with the mask of
-    ``seed`` (an int64 scalar tensor, read as unsigned) applied, into a new tensor. Fake (meta)
-    implementation and autograd (the same mask on the gradient) are registered."""
-    return _launch(x, _memory.empty_like(x), p, int(seed) % 2**64)
-
-
-@dropout_op.register_fake
-def _(x, p, seed):
-    return torch.empty_like(x)
+def _dropout_cpu(x: torch.Tensor, p: float, seed: torch.Tensor) -> torch.Tensor:
+    """``posenc::dropout_cpu``, the one way into the kernel (eager and compiled): ``x`` with the
+    mask of ``seed`` (an int64 scalar tensor, read as unsigned) applied, into a new contiguous
+    tensor; where the kernel does not run (:func:`_kernel`), the same mask drawn with PyTorch ops.
+    A fake implementation and one autograd rule (the same mask on the gradient) are registered."""
+    u = int(seed) % 2**64
+    if _kernel() is None:
+        return reference_dropout(x, p, u).contiguous()
+    x = x.contiguous()  # the mask follows the contiguous order
+    return _launch(x, _memory.empty_like(x), p, u)
 
 
 def _dropout_setup(ctx, inputs, output) -> None:
@@ -175,38 +166,51 @@ def _dropout_setup(ctx, inputs, output) -> None:
 
 def _dropout_backward(ctx, grad):
     (seed,) = ctx.saved_tensors
-    return dropout_op(grad.contiguous(), ctx.p, seed), None, None
+    return dropout_op(grad, ctx.p, seed), None, None
 
 
-dropout_op.register_autograd(_dropout_backward, setup_context=_dropout_setup)
+_lib.impl("dropout_cpu", _dropout_cpu, "CPU")
+torch.library.register_fake(
+    "posenc::dropout_cpu",
+    lambda x, p, seed: torch.empty_like(x, memory_format=torch.contiguous_format),
+    lib=_lib,
+)
+torch.library.register_autograd(
+    "posenc::dropout_cpu", _dropout_backward, setup_context=_dropout_setup, lib=_lib
+)
+
+#: ``posenc::dropout_cpu`` (see :func:`_dropout_cpu`)
+dropout_op = torch.ops.posenc.dropout_cpu.default
 
 
 def dropout(x: torch.Tensor, p: float, *, inplace: bool = False, seed: int | None = None) -> torch.Tensor:
-    """Training-mode dropout of ``x`` with the counter-based kernel (call only when :func:`usable`).
+    """Training-mode dropout of ``x`` by the op ``posenc::dropout_cpu`` (call only when :func:`usable`).
 
     Args:
-        x: any shape, contiguous.
+        x: any shape.
         p: drop probability in ``(0, 1)``.
-        inplace: overwrite ``x`` (it must not be needed by anything else).
+        inplace: write the result into ``x`` and return ``x`` (it must not be needed by anything
+            else); the op computes into a new tensor that is then copied into ``x``.
         seed: the 64-bit stream to use; default a fresh one from PyTorch's generator.
 
     Returns:
         ``x`` scaled by ``1 / (1 - p)`` where kept, zero where dropped; differentiable in ``x``.
     """
-    if torch.compiler.is_compiling():  # in a compiled graph: the registered op, the seed a graph value
-        if seed is None:
-            drawn = torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64)
-        else:
-            drawn = torch.tensor(_i64(seed % 2**64), dtype=torch.int64)
-        return dropout_op(x, p, drawn)
-    seed = _draw_seed() if seed is None else seed % 2**64
-    if torch.is_grad_enabled() and x.requires_grad:
-        return _Dropout.apply(x, p, seed, inplace)
-    return _launch(x, x if inplace else _memory.empty_like(x), p, seed)
+    y = dropout_op(x, p, seed_tensor(seed))
+    return x.copy_(y) if inplace else y
+
+
+def seed_tensor(seed: int | None) -> torch.Tensor:
+    """The op's ``seed`` argument: ``seed`` (any int, read modulo ``2^64``) as an int64 scalar
+    tensor with the same 64 bits, or one drawn from PyTorch's generator when None (in a compiled
+    graph a graph value, drawn per call)."""
+    if seed is None and torch.compiler.is_compiling():
+        return torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64)
+    return torch.tensor(_i64((draw_seed() if seed is None else seed) % 2**64), dtype=torch.int64)
 
 
 def keep_mask(shape: tuple[int, ...], p: float, seed: int) -> torch.Tensor:
-    """The boolean keep-mask that :func:`dropout` applies for ``seed`` (for tests and inspection)."""
+    """The boolean keep-mask that the C kernel applies for ``seed`` (for tests and inspection)."""
     ones = torch.ones(shape, dtype=torch.float64)
     return _launch(ones, ones, p, seed % 2**64) != 0
 
@@ -249,7 +253,7 @@ def reference_dropout(x: torch.Tensor, p: float, seed: int | None = None) -> tor
 
     Shapes: ``x [...]`` (any layout; the mask follows the contiguous order) -> ``[...]``.
     """
-    seed = _draw_seed() if seed is None else seed % 2**64
+    seed = draw_seed() if seed is None else seed % 2**64
     keep = reference_keep_mask(x.numel(), p, seed, x.device).view(x.shape)  # [...] in contiguous order
-    scale = torch.tensor(_scale(p, x.dtype), dtype=x.dtype, device=x.device)  # 1/(1-p) in x's dtype
+    scale = torch.tensor(keep_scale(p, x.dtype), dtype=x.dtype, device=x.device)  # 1/(1-p) in x's dtype
     return x * torch.where(keep, scale, torch.zeros((), dtype=x.dtype, device=x.device))

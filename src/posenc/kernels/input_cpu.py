@@ -17,8 +17,10 @@ same elements.
 Used for: float32 CPU tensors, an even ``d``, a positional table that needs no gradient
 (sinusoidal, or none), LayerNorm with weight and bias, or none; in eager mode and in compiled
 graphs alike through the registered operators ``posenc::input_layer_cpu`` (and its backward,
-``posenc::input_layer_cpu_backward``), with fake implementations. Tracing, ``torch.export`` and
-``torch.func`` transforms run the composition.
+``posenc::input_layer_cpu_backward``), with fake implementations and one autograd rule. The ops
+run the kernel, or the same layer in PyTorch ops where the kernel does not run (no compiler,
+``POSENC_C_KERNELS=0``). Tracing, ``torch.export`` and ``torch.func`` transforms run the
+composition of posenc's modules.
 
 Legend: ``V`` vocabulary, ``d`` width, ``b`` batch, ``s`` sequence length, ``n = b * s`` rows.
 """
@@ -63,17 +65,18 @@ def available() -> bool:
 
 
 def usable(weight, ids, table, norm_weight, norm_bias) -> bool:
-    """Whether :func:`input_layer` takes these: float32 CPU, fast paths on, outside tracing and
-    ``torch.func`` transforms (under ``torch.compile`` the op ``posenc::input_layer_cpu`` goes into
-    the graph), ``weight`` ``[V, d]`` contiguous with ``d`` even, ``ids`` ``[b, s]``, ``table``
-    None or ``[s, d]`` without gradient, LayerNorm parameters both ``[d]`` or both None."""
-    compiling = torch.compiler.is_compiling()
-    if compiling and not _settings.compiled_graph():
-        return False  # torch.export or a torch.func transform under compile: the composition
-    params = [t for t in (weight, norm_weight, norm_bias) if t is not None]
-    if not compiling and not (
+    """Whether :func:`input_layer` (the op ``posenc::input_layer_cpu``) takes these: float32 CPU,
+    plain tensors (or parameters) in eager mode or FakeTensors of a graph ``torch.compile`` traces
+    (not ``torch.export`` or ``torch.func`` transforms), ``weight`` ``[V, d]`` contiguous with ``d``
+    even, ``ids`` ``[b, s]``, ``table`` None or ``[s, d]`` without gradient, LayerNorm parameters
+    both ``[d]`` or both None. Whether the C kernel runs is decided inside the op (:func:`_kernel`):
+    elsewhere the op runs the composition in PyTorch ops."""
+    if torch.compiler.is_compiling():
+        if not _settings.compiled_graph():
+            return False  # torch.export or a torch.func transform under compile: the composition
+    elif not (
         _settings.eager(ids, *([] if table is None else [table]))
-        and _settings.eager(*params, parameters=True)
+        and _settings.eager(*[t for t in (weight, norm_weight, norm_bias) if t is not None], parameters=True)
     ):
         return False
     if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2 or ids.dim() != 2:
@@ -87,18 +90,16 @@ def usable(weight, ids, table, norm_weight, norm_bias) -> bool:
         return False
     if (norm_weight is None) != (norm_bias is None):
         return False
-    if norm_weight is not None and any(
-        t.dtype != torch.float32 or tuple(t.shape) != (d,) or t.stride(0) != 1 or t.device.type != "cpu"
+    return norm_weight is None or all(
+        t.dtype == torch.float32 and tuple(t.shape) == (d,) and t.stride(0) == 1 and t.device.type == "cpu"
         for t in (norm_weight, norm_bias)
-    ):
-        return False
-    return _available_when_compiled() if compiling else _settings.enabled() and available()
+    )
 
 
-@torch.compiler.assume_constant_result
-def _available_when_compiled() -> bool:
-    """Switched on and :func:`available`, evaluated once while torch.compile traces."""
-    return _settings.enabled() and available()
+def _kernel():
+    """``(forward, backward)`` C entry points when fast paths are on and the kernel is built, else
+    None: the one decision whether the kernel runs (the ops' implementations ask it)."""
+    return _fns() if _settings.enabled() else None
 
 
 def _ptr(t: torch.Tensor | None) -> int:
@@ -128,65 +129,56 @@ def _threads(rows: int) -> int:
 
 
 def _floats(scale: float, eps: float, p: float) -> array.array:
-    return array.array("d", (scale, eps, _dropout_cpu._scale(p, torch.float32) if p > 0 else 1.0))
+    return array.array("d", (scale, eps, _dropout_cpu.keep_scale(p, torch.float32) if p > 0 else 1.0))
 
 
 # ---------------------------------------------------------------------------------------------- the ops
-@torch.library.custom_op("posenc::input_layer_cpu", mutates_args=(), device_types="cpu")
-def input_layer_op(
-    weight: torch.Tensor,
-    ids: torch.Tensor,
-    table: torch.Tensor | None,
-    gamma: torch.Tensor | None,
-    beta: torch.Tensor | None,
-    scale: float,
-    eps: float,
-    p: float,
-    seed: torch.Tensor,
-    padding_idx: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The forward kernel as a registered operator (eager and compiled): ``(out [b, s, d], mean [n],
-    rstd [n])``; ``seed`` an int64 scalar tensor, ``padding_idx`` -1 for none. A fake
-    implementation and an autograd formula (:func:`input_layer_backward_op`) are registered."""
+# Registered through torch.library's low-level API: one dispatcher round trip per eager call, and
+# nothing of torch.compile's stack imported.
+_lib = torch.library.Library("posenc", "FRAGMENT")
+_lib.define(
+    "input_layer_cpu(Tensor weight, Tensor ids, Tensor? table, Tensor? gamma, Tensor? beta, float scale, "
+    "float eps, float p, Tensor seed, int padding_idx) -> (Tensor, Tensor, Tensor)"
+)
+_lib.define(
+    "input_layer_cpu_backward(Tensor grad, Tensor weight, Tensor ids, Tensor? table, Tensor? gamma, "
+    "Tensor? beta, Tensor mean, Tensor rstd, float scale, float eps, float p, Tensor seed, int padding_idx) "
+    "-> (Tensor, Tensor, Tensor)"
+)
+
+
+def _input_layer_cpu(weight, ids, table, gamma, beta, scale, eps, p, seed, padding_idx):
+    """``posenc::input_layer_cpu``, the one way into the kernel (eager and compiled): ``(out [b, s,
+    d], mean [n], rstd [n])``; ``seed`` an int64 scalar tensor, ``padding_idx`` -1 for none. A fake
+    implementation and one autograd rule (``posenc::input_layer_cpu_backward``) are registered."""
+    _check_ids(ids, weight.shape[0])
+    fns = _kernel()
+    if fns is None:
+        return _composition(weight, ids, table, gamma, beta, scale, eps, p, seed)
     n, d = ids.numel(), weight.shape[1]
     nt = _threads(n)
     out = _memory.empty(*ids.shape, d, dtype=torch.float32)  # [b, s, d]
-    _check_ids(ids, weight.shape[0])
     new = torch.empty if gamma is not None else torch.zeros  # no LayerNorm: defined (unused) values
     f32 = {"dtype": torch.float32, "device": "cpu"}  # what the kernel writes, whatever the defaults
     mean, rstd = new(n, **f32), new(n, **f32)  # [n] row statistics for backward
     scratch = torch.empty(nt, 2, d, **f32)  # per-thread rows: the LayerNorm input and the mask
     args = _args(weight, ids, table, gamma, beta, out, mean, rstd, scratch, p, int(seed), nt)
     floats = _floats(scale, eps, p)  # kept alive across the call: the kernel reads its buffer
-    _fns()[0](args.buffer_info()[0], floats.buffer_info()[0])
+    fns[0](args.buffer_info()[0], floats.buffer_info()[0])
     return out, mean, rstd
 
 
-@input_layer_op.register_fake
-def _(weight, ids, table, gamma, beta, scale, eps, p, seed, padding_idx):
-    n = ids.numel()
-    return weight.new_empty(*ids.shape, weight.shape[1]), weight.new_empty(n), weight.new_empty(n)
-
-
-@torch.library.custom_op("posenc::input_layer_cpu_backward", mutates_args=(), device_types="cpu")
-def input_layer_backward_op(
-    grad: torch.Tensor,
-    weight: torch.Tensor,
-    ids: torch.Tensor,
-    table: torch.Tensor | None,
-    gamma: torch.Tensor | None,
-    beta: torch.Tensor | None,
-    mean: torch.Tensor,
-    rstd: torch.Tensor,
-    scale: float,
-    eps: float,
-    p: float,
-    seed: torch.Tensor,
-    padding_idx: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients of :func:`input_layer_op` for ``grad [b, s, d]``: ``(weight [V, d], gamma [d],
-    beta [d])`` (gamma's and beta's ``[0]`` without LayerNorm). The LayerNorm input is rebuilt
-    from the rows and the mask from its seed."""
+def _input_layer_cpu_backward(
+    grad, weight, ids, table, gamma, beta, mean, rstd, scale, eps, p, seed, padding_idx
+):
+    """``posenc::input_layer_cpu_backward``: gradients of the forward op for ``grad [b, s, d]``:
+    ``(weight [V, d], gamma [d], beta [d])`` (gamma's and beta's ``[0]`` without LayerNorm). The
+    LayerNorm input is rebuilt from the rows and the mask from its seed."""
+    fns = _kernel()
+    if fns is None:
+        return _composition_backward(
+            grad, weight, ids, table, gamma, beta, mean, rstd, scale, eps, p, seed, padding_idx
+        )
     grad = grad.contiguous()  # [b, s, d], read row by row
     n, d = ids.numel(), weight.shape[1]
     nt = _threads(n)
@@ -196,7 +188,7 @@ def input_layer_backward_op(
     args = _args(weight, ids, table, gamma, beta, grad, mean, rstd, scratch, p, int(seed), nt)
     args.extend((rows.data_ptr(), partial.data_ptr()))
     floats = _floats(scale, eps, p)  # kept alive across the call: the kernel reads its buffer
-    _fns()[1](args.buffer_info()[0], floats.buffer_info()[0])
+    fns[1](args.buffer_info()[0], floats.buffer_info()[0])
     grad_w = torch.ops.aten.embedding_dense_backward(rows, ids, weight.shape[0], padding_idx, False)  # [V, d]
     sums = partial.sum(0).float()  # [2, d]: float64 partials, one rounding
     if gamma is None:
@@ -204,8 +196,53 @@ def input_layer_backward_op(
     return grad_w, sums[0].clone(), sums[1].clone()
 
 
-@input_layer_backward_op.register_fake
-def _(grad, weight, ids, table, gamma, beta, mean, rstd, scale, eps, p, seed, padding_idx):
+# ------------------------------------------------------------------------- without the kernel: PyTorch ops
+def _normed_input(weight, ids, table, scale):
+    """``weight[ids] * scale (+ table)``: the LayerNorm's input ``[b, s, d]``."""
+    x = torch.nn.functional.embedding(ids, weight) * scale  # [b, s] -> [b, s, d]
+    return x if table is None else x + table  # + [s, d]
+
+
+def _composition(weight, ids, table, gamma, beta, scale, eps, p, seed):
+    """The forward op in PyTorch ops: the same layer (LayerNorm to float32 rounding, the kernel's
+    dropout mask for ``seed``), for where the kernel does not run."""
+    x = _normed_input(weight, ids, table, scale)
+    n, d = ids.numel(), weight.shape[1]
+    if gamma is None:
+        out, mean, rstd = x, x.new_zeros(n), x.new_zeros(n)
+    else:
+        out, mean, rstd = torch.native_layer_norm(x, [d], gamma, beta, eps)  # stats [b, s, 1]
+        mean, rstd = mean.reshape(n), rstd.reshape(n)
+    if p > 0:
+        out = _dropout_cpu.reference_dropout(out, p, int(seed) % 2**64)
+    return out.contiguous(), mean, rstd
+
+
+def _composition_backward(
+    grad, weight, ids, table, gamma, beta, mean, rstd, scale, eps, p, seed, padding_idx
+):
+    """The backward op in PyTorch ops (see :func:`_composition`): the dropout mask again from the
+    seed, LayerNorm's backward on the rebuilt input, the rows' gradient scattered to the table."""
+    if p > 0:
+        grad = _dropout_cpu.reference_dropout(grad, p, int(seed) % 2**64)  # the same mask and scale
+    if gamma is not None:
+        x = _normed_input(weight, ids, table, scale)
+        stats = (*ids.shape, 1)
+        grad, grad_gamma, grad_beta = torch.ops.aten.native_layer_norm_backward(
+            grad, x, [weight.shape[1]], mean.view(stats), rstd.view(stats), gamma, beta, [True, True, True]
+        )
+    else:
+        grad_gamma = grad_beta = grad.new_empty(0)
+    grad_w = torch.ops.aten.embedding_dense_backward(grad * scale, ids, weight.shape[0], padding_idx, False)
+    return grad_w, grad_gamma, grad_beta
+
+
+def _fake(weight, ids, table, gamma, beta, scale, eps, p, seed, padding_idx):
+    n = ids.numel()
+    return weight.new_empty(*ids.shape, weight.shape[1]), weight.new_empty(n), weight.new_empty(n)
+
+
+def _fake_backward(grad, weight, ids, table, gamma, beta, mean, rstd, scale, eps, p, seed, padding_idx):
     d = weight.shape[1] if gamma is not None else 0
     return torch.empty_like(weight), weight.new_empty(d), weight.new_empty(d)
 
@@ -229,7 +266,16 @@ def _backward(ctx, grad, _grad_mean, _grad_rstd):
     return grad_w, None, None, grad_gamma, grad_beta, None, None, None, None, None
 
 
-input_layer_op.register_autograd(_backward, setup_context=_setup)
+_lib.impl("input_layer_cpu", _input_layer_cpu, "CPU")
+_lib.impl("input_layer_cpu_backward", _input_layer_cpu_backward, "CPU")
+torch.library.register_fake("posenc::input_layer_cpu", _fake, lib=_lib)
+torch.library.register_fake("posenc::input_layer_cpu_backward", _fake_backward, lib=_lib)
+torch.library.register_autograd("posenc::input_layer_cpu", _backward, setup_context=_setup, lib=_lib)
+
+#: ``posenc::input_layer_cpu`` (see :func:`_input_layer_cpu`)
+input_layer_op = torch.ops.posenc.input_layer_cpu.default
+#: ``posenc::input_layer_cpu_backward`` (see :func:`_input_layer_cpu_backward`)
+input_layer_backward_op = torch.ops.posenc.input_layer_cpu_backward.default
 
 
 def input_layer(
@@ -257,11 +303,7 @@ def input_layer(
     Returns:
         ``[b, s, d]`` float32.
     """
-    if p > 0 and seed is None and torch.compiler.is_compiling():  # a graph value, drawn per call
-        drawn = torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64)
-    else:
-        seed = (_dropout_cpu._draw_seed() if seed is None else seed) if p > 0 else 0
-        drawn = torch.tensor(_dropout_cpu._i64(seed % 2**64), dtype=torch.int64)
+    drawn = _dropout_cpu.seed_tensor(seed if p > 0 else 0)  # int64 [], drawn when None
     ids = ids if ids.dtype == torch.int64 and ids.is_contiguous() else ids.long().contiguous()
     table = None if table is None else table.contiguous()
     pad = -1 if padding_idx is None else padding_idx

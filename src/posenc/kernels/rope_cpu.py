@@ -16,17 +16,19 @@ products and sums, each output rounded to bf16 once, bit-identical to
 ``(x.float() * cos - ...).to(torch.bfloat16)``. NaN encodings are not part of either contract: a
 NaN stays a NaN (here ``0x7FC0`` when rounded once, as c10's scalar conversion writes it).
 
-**Autograd.** The rotation is linear in ``x``; its gradient is the rotation by the opposite angle,
-i.e. the same kernel with ``-sin``. :class:`RotationFunction` uses that (and is itself
-differentiable, so double backward works). Gradients with respect to ``cos``/``sin`` are not
-provided here: :func:`usable` says no when they require grad, and the reference path runs.
+**One way in.** The kernel is the registered operator ``posenc::rope_cpu`` (:func:`rope_op`:
+one or several tensors, ``q`` and ``k`` in one kernel call, out of place) and its inference
+variant ``posenc::rope_cpu_out`` (:func:`rope_out_op`: in place or into ``out``), called the
+same way in eager mode and under ``torch.compile`` (also with ``fullgraph=True``; fake
+implementations are registered). :func:`takes` says which inputs the op takes; whether the C
+kernel runs is decided inside the op (:func:`_kernel`): where it cannot be built (no compiler, a
+failed self-check) or fast paths are switched off, the op runs the reference rotation
+(:func:`posenc.kernels.rope_reference.rotate`), with the same numbers.
 
-Used for: CPU tensors of dtype float32, float64 or bfloat16 with a contiguous last dim, outside
-tracing and functorch transforms. Under ``torch.compile`` the kernel is the registered operator
-``posenc::rope_cpu`` (:func:`rope_op`, with a fake implementation and an autograd formula), so a
-compiled model keeps the one-pass path, also with ``fullgraph=True``; in eager mode it is called
-directly (a dispatcher round trip costs more than a decoding step's rotation). Everything else
-takes the reference path.
+**Autograd.** The rotation is linear in ``x``; its gradient is the rotation by the opposite angle,
+i.e. the op with ``-sin``: the op's one autograd rule, itself differentiable, so double backward
+works. Gradients with respect to ``cos``/``sin`` are not provided by the op: :func:`takes` says no
+when they require grad, and the reference expression runs.
 
 Legend: ``s`` sequence length, ``d_h`` head width, ``r`` rotary width (even, ``<= d_h``), ``...``
 leading dims (``[b, h]`` for attention tensors).
@@ -40,9 +42,9 @@ import warnings
 
 import torch
 
-from . import _cbuild, _memory, _settings
+from . import _cbuild, _memory, _settings, rope_reference
 
-__all__ = ["available", "check_out", "rope_op", "rotate", "rotate_pair", "usable"]
+__all__ = ["available", "check_out", "rope_op", "rope_out_op", "rotate", "rotate_pair", "status", "takes"]
 
 #: The kernel's C99 source (package data, compiled on first use by :mod:`._cbuild`).
 _SOURCE = _cbuild.source("rope_cpu")
@@ -135,39 +137,34 @@ def status() -> str:
     return "self-check failed" if _state.get("self_check_failed") else _cbuild.status("rope_cpu")
 
 
-def usable(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
-    """Whether :func:`rotate` can take these (already validated) inputs.
+def takes(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    """Whether :func:`posenc.apply_rotary` rotates these (already validated) inputs by the op
+    ``posenc::rope_cpu`` (:func:`rotate`), in eager mode and in a ``torch.compile`` graph alike.
 
-    True for plain CPU tensors (no subclass, not under tracing or a functorch transform; under
-    ``torch.compile`` the op :func:`rope_op` goes into the graph) of dtype float32/float64/bfloat16
-    with a contiguous last dim and at most ``8`` dims, whose ``cos``/``sin`` do not require grad,
-    when the kernel is available.
-    (Ordered so the common case costs ~1 us: this runs on every decoding step.)
+    True for CPU tensors of dtype float32/float64/bfloat16 with a contiguous last dim and at most
+    ``8`` dims, whose ``cos``/``sin`` do not require grad (the op differentiates ``x`` only), that
+    are plain tensors in eager mode (no subclass, tracing or ``torch.func`` transform) or FakeTensors
+    of a graph ``torch.compile`` traces (not ``torch.export``: an exported program keeps the
+    reference's aten ops). Whether the C kernel itself runs is decided inside the op
+    (:func:`_kernel`): where it cannot be built, or fast paths are switched off, the op runs the
+    reference rotation. (Ordered so the common case costs ~1 us: this runs on every decoding step.)
     """
-    compiling = _compiling()
-    if compiling and not _settings.compiled_graph():
-        return False  # torch.export or a torch.func transform under compile: the reference path
-    if not compiling and not _settings.eager(x, cos, sin):
+    if torch.compiler.is_compiling():
+        if not _settings.compiled_graph():
+            return False  # torch.export or a torch.func transform under compile: the reference path
+    elif not _settings.eager(x, cos, sin):
         return False  # subclasses (FakeTensor, DTensor, ...), Parameters, tracing, torch.func
     if x.dtype not in _DTYPES or not (x.is_cpu and cos.is_cpu and sin.is_cpu) or x.layout != torch.strided:
         return False
     if not 2 <= x.dim() <= _MAX_DIMS or x.stride(-1) != 1 or x.numel() == 0:
         return False
-    if (cos.requires_grad or sin.requires_grad) and torch.is_grad_enabled():
-        return False
-    if compiling:  # traced by torch.compile (dynamo sees FakeTensors): the op posenc::rope_cpu
-        return _available_when_compiled()
-    return _settings.enabled() and available()
+    return not ((cos.requires_grad or sin.requires_grad) and torch.is_grad_enabled())
 
 
-_compiling = torch.compiler.is_compiling
-
-
-@torch.compiler.assume_constant_result
-def _available_when_compiled() -> bool:
-    """Switched on and :func:`available`, evaluated once while torch.compile traces (a constant in
-    the graph)."""
-    return _settings.enabled() and available()
+def _kernel():
+    """The C entry point when fast paths are on and the kernel built and passed its self-check,
+    else None: the one decision whether the kernel runs (the op's implementations ask it)."""
+    return _fn() if _settings.enabled() else None
 
 
 def _table_strides(shape: torch.Size, stride: tuple[int, ...], nd: int) -> list[int]:
@@ -221,48 +218,31 @@ def _launch(
     x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor, layout: str, sign: float
 ) -> torch.Tensor:
     args, _tables = _args(x, cos, sin, out, layout, sign)
-    if _fn()(args.buffer_info()[0]):  # pragma: no cover - usable() rules these out
+    if _fn()(args.buffer_info()[0]):  # pragma: no cover - takes() rules these out
         raise RuntimeError(f"posenc rope kernel rejected shape {tuple(x.shape)} dtype {x.dtype}")
     return out
 
 
-def _launch_pair(q, k, q_tables, k_tables, q_out, k_out, layout: str, sign: float):
+def _launch_pair(q, k, q_tables, k_tables, q_out, k_out, layout: str, sign: float) -> None:
     """``q`` and ``k`` rotated into ``q_out``/``k_out`` by one kernel call (q's rows, then k's)."""
     a, _qt = _args(q, *q_tables, q_out, layout, sign)
     b, _kt = _args(k, *k_tables, k_out, layout, sign)
-    if _state["pair"](a.buffer_info()[0], b.buffer_info()[0]):  # pragma: no cover - see usable()
+    if _state["pair"](a.buffer_info()[0], b.buffer_info()[0]):  # pragma: no cover - see takes()
         raise RuntimeError(f"posenc rope kernel rejected shapes {tuple(q.shape)}, {tuple(k.shape)}")
-    return q_out, k_out
 
 
-class RotationFunction(torch.autograd.Function):
-    """Out-of-place rotation by a kernel ``into(x, cos, sin, out, layout, sign) -> out`` into a
-    tensor from ``new(x)``; backward is the same kernel with the opposite angle. Shared by this
-    module and :mod:`posenc.kernels.rope_triton`."""
-
-    @staticmethod
-    def forward(ctx, x, cos, sin, layout, sign, into, new):  # type: ignore[override]
-        ctx.save_for_backward(cos, sin)
-        ctx.layout, ctx.sign, ctx.into, ctx.new = layout, sign, into, new
-        return into(x, cos, sin, new(x), layout, sign)
-
-    @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
-        cos, sin = ctx.saved_tensors
-        if grad.stride(-1) != 1:
-            grad = grad.contiguous()
-        dx = RotationFunction.apply(grad, cos, sin, ctx.layout, -ctx.sign, ctx.into, ctx.new)
-        return dx, None, None, None, None, None, None
-
-
-def rotate_with(into, new, x, cos, sin, layout, out=None):
-    """``out`` given: rotate into it (inference); ``x`` needing a gradient: :class:`RotationFunction`;
-    else into a fresh ``new(x)``. ``into``/``new`` as for :class:`RotationFunction`."""
-    if out is not None:
-        return into(x, cos, sin, out, layout, 1.0)
-    if torch.is_grad_enabled() and x.requires_grad:
-        return RotationFunction.apply(x, cos, sin, layout, 1.0, into, new)
-    return into(x, cos, sin, new(x), layout, 1.0)
+def _rotate_into(xs, coss, sins, outs, layout: str, sign: float) -> None:
+    """Each ``xs[i]`` rotated by ``sign`` times its angles into ``outs[i]`` (which may be
+    ``xs[i]``): by the C kernel, q and k in one call, or by the reference rotation where the kernel
+    does not run (:func:`_kernel`)."""
+    if _kernel() is None:
+        for x, cos, sin, out in zip(xs, coss, sins, outs):
+            out.copy_(rope_reference.rotate(x, cos, sin if sign > 0 else -sin, layout))
+    elif len(xs) == 2:
+        _launch_pair(xs[0], xs[1], (coss[0], sins[0]), (coss[1], sins[1]), outs[0], outs[1], layout, sign)
+    else:
+        for x, cos, sin, out in zip(xs, coss, sins, outs):
+            _launch(x, cos, sin, out, layout, sign)
 
 
 def check_out(x: torch.Tensor, out: object) -> None:
@@ -295,33 +275,55 @@ def check_out(x: torch.Tensor, out: object) -> None:
         raise ValueError("out shares memory with x without being x: pass out=x (in place) or another tensor")
 
 
-# ---------------------------------------------------------------------------------------------- the op
-@torch.library.custom_op("posenc::rope_cpu", mutates_args=(), device_types="cpu")
-def rope_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str, sign: float) -> torch.Tensor:
-    """The kernel as a registered operator: ``x`` rotated by ``sign`` times the angles into a new
-    tensor with ``x``'s strides. A fake (meta) implementation and an autograd formula are registered,
-    so ``torch.compile(fullgraph=True)`` keeps it in the graph and differentiates through it."""
-    return _launch(x, cos, sin, _memory.empty_like(x), layout, sign)
+# --------------------------------------------------------------------------------------------- the ops
+# Registered through torch.library's low-level API: a Python kernel per dispatch key, so an eager
+# call costs one dispatcher round trip and imports nothing of torch.compile's stack.
+_lib = torch.library.Library("posenc", "FRAGMENT")
+_lib.define("rope_cpu(Tensor[] xs, Tensor[] coss, Tensor[] sins, str layout, float sign) -> Tensor[]")
+_lib.define("rope_cpu_out(Tensor[] xs, Tensor[] coss, Tensor[] sins, Tensor(a!)[] outs, str layout) -> ()")
 
 
-@rope_op.register_fake
-def _(x, cos, sin, layout, sign):
-    return torch.empty_like(x)  # same shape, dtype and strides as the real output
+def _rope_cpu(xs, coss, sins, layout: str, sign: float) -> list[torch.Tensor]:
+    """``posenc::rope_cpu``, the rotation, the one way into the kernel (eager and compiled): each
+    ``xs[i] [..., s, d_h]`` rotated by ``sign`` times the angles of ``coss[i]``/``sins[i]``
+    ``[..., s, r/2]`` into a new tensor with ``xs[i]``'s strides, all in one kernel call (``q`` and
+    ``k`` together). Its fake implementation and its one autograd rule (the rotation by the
+    opposite angle, itself this op, so double backward works) are registered below."""
+    outs = [_memory.empty_like(x) for x in xs]
+    _rotate_into(xs, coss, sins, outs, layout, sign)
+    return outs
+
+
+def _rope_cpu_out(xs, coss, sins, outs, layout: str) -> None:
+    """``posenc::rope_cpu_out``: the rotation for inference, written into ``outs`` (each ``xs[i]``
+    itself, in place, or a tensor like it; checked by :func:`check_out`). Not differentiable."""
+    _rotate_into(xs, coss, sins, outs, layout, 1.0)
 
 
 def _rope_setup(ctx, inputs, output) -> None:
-    _, cos, sin, layout, sign = inputs
-    ctx.save_for_backward(cos, sin)
+    _, coss, sins, layout, sign = inputs
+    ctx.save_for_backward(*coss, *sins)
     ctx.layout, ctx.sign = layout, sign
 
 
-def _rope_backward(ctx, grad):
-    cos, sin = ctx.saved_tensors
-    grad = grad if grad.stride(-1) == 1 else grad.contiguous()  # the kernel reads rows
-    return rope_op(grad, cos, sin, ctx.layout, -ctx.sign), None, None, None, None
+def _rope_backward(ctx, grads):
+    tables = ctx.saved_tensors
+    n = len(tables) // 2
+    grads = [g if g.stride(-1) == 1 else g.contiguous() for g in grads]  # the kernel reads rows
+    dxs = rope_op(grads, list(tables[:n]), list(tables[n:]), ctx.layout, -ctx.sign)
+    return dxs, [None] * n, [None] * n, None, None  # no gradient for the tables (see takes())
 
 
-rope_op.register_autograd(_rope_backward, setup_context=_rope_setup)
+_lib.impl("rope_cpu", _rope_cpu, "CPU")
+_lib.impl("rope_cpu_out", _rope_cpu_out, "CPU")
+torch.library.register_fake("posenc::rope_cpu", lambda xs, *_: [torch.empty_like(x) for x in xs], lib=_lib)
+torch.library.register_fake("posenc::rope_cpu_out", lambda *_: None, lib=_lib)
+torch.library.register_autograd("posenc::rope_cpu", _rope_backward, setup_context=_rope_setup, lib=_lib)
+
+#: ``posenc::rope_cpu`` (see :func:`_rope_cpu`)
+rope_op = torch.ops.posenc.rope_cpu.default
+#: ``posenc::rope_cpu_out`` (see :func:`_rope_cpu_out`)
+rope_out_op = torch.ops.posenc.rope_cpu_out.default
 
 
 def rotate(
@@ -331,8 +333,8 @@ def rotate(
     layout: str,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Rotate the first ``r = 2 * cos.shape[-1]`` dims of ``x`` (inputs validated by
-    :func:`posenc.apply_rotary`, ``out`` by :func:`check_out`, and :func:`usable` true).
+    """Rotate the first ``r = 2 * cos.shape[-1]`` dims of ``x`` by the op (inputs validated by
+    :func:`posenc.apply_rotary`, ``out`` by :func:`check_out`, and :func:`takes` true).
 
     Args:
         x: ``[..., s, d_h]`` with ``x.stride(-1) == 1``.
@@ -346,30 +348,14 @@ def rotate(
     Returns:
         ``[..., s, d_h]``: the new tensor, or ``out``.
     """
-    if _compiling():  # in a compiled graph: the registered op (an in-place call becomes a copy)
-        y = rope_op(x, cos, sin, layout, 1.0)
-        return y if out is None else out.copy_(y)
-    return rotate_with(_launch, _memory.empty_like, x, cos, sin, layout, out)
-
-
-class PairRotation(torch.autograd.Function):
-    """``q`` and ``k`` rotated out of place by one kernel call; backward rotates both gradients by
-    the opposite angles, again in one call (double backward works the same way)."""
-
-    @staticmethod
-    def forward(ctx, q, k, q_cos, q_sin, k_cos, k_sin, layout, sign):  # type: ignore[override]
-        ctx.save_for_backward(q_cos, q_sin, k_cos, k_sin)
-        ctx.layout, ctx.sign = layout, sign
-        outs = _memory.empty_like(q), _memory.empty_like(k)
-        return _launch_pair(q, k, (q_cos, q_sin), (k_cos, k_sin), *outs, layout, sign)
-
-    @staticmethod
-    def backward(ctx, grad_q, grad_k):  # type: ignore[override]
-        q_cos, q_sin, k_cos, k_sin = ctx.saved_tensors
-        grad_q = grad_q if grad_q.stride(-1) == 1 else grad_q.contiguous()  # the kernel reads rows
-        grad_k = grad_k if grad_k.stride(-1) == 1 else grad_k.contiguous()
-        dq, dk = PairRotation.apply(grad_q, grad_k, q_cos, q_sin, k_cos, k_sin, ctx.layout, -ctx.sign)
-        return dq, dk, None, None, None, None, None, None
+    if out is None:
+        below = _settings.records_nothing(x)
+        if below is None:
+            return rope_op([x], [cos], [sin], layout, 1.0)[0]
+        with below:
+            return rope_op([x], [cos], [sin], layout, 1.0)[0]
+    rope_out_op([x], [cos], [sin], [out], layout)
+    return out
 
 
 def rotate_pair(
@@ -379,14 +365,16 @@ def rotate_pair(
     k_tables: tuple[torch.Tensor, torch.Tensor],
     layout: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`rotate` of ``q`` and of ``k`` (out of place, each by its own ``(cos, sin)``) in one
-    kernel call; inputs validated as for :func:`rotate`, :func:`usable` true for both.
+    """:func:`rotate` of ``q`` and of ``k`` (out of place, each by its own ``(cos, sin)``) in one op
+    call, one kernel call; inputs validated as for :func:`rotate`, :func:`takes` true for both.
 
     Shapes: ``q [..., s_q, d_h]``, ``k [..., s_k, d_h]``, tables ``[..., s, r/2]`` -> ``(q, k)``.
     """
-    if _compiling():  # in a compiled graph: the registered op, once per tensor
-        return rope_op(q, *q_tables, layout, 1.0), rope_op(k, *k_tables, layout, 1.0)
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
-        return PairRotation.apply(q, k, *q_tables, *k_tables, layout, 1.0)
-    outs = _memory.empty_like(q), _memory.empty_like(k)
-    return _launch_pair(q, k, q_tables, k_tables, *outs, layout, 1.0)
+    args = ([q, k], [q_tables[0], k_tables[0]], [q_tables[1], k_tables[1]], layout, 1.0)
+    below = _settings.records_nothing(q, k)
+    if below is None:
+        q_out, k_out = rope_op(*args)
+    else:
+        with below:
+            q_out, k_out = rope_op(*args)
+    return q_out, k_out

@@ -1,9 +1,12 @@
-"""The reference rotation of RoPE, in PyTorch ops: how the ``r`` rotated dims pair up.
+"""The reference rotation of RoPE in PyTorch ops: how the ``r`` rotated dims pair up, and the
+rotation of a whole ``[..., s, d_h]`` tensor.
 
-The bottom of the rotary stack: :func:`posenc.apply_rotary` runs these (or a kernel that is
-bit-identical to them, which checks itself against them), so this module imports nothing above it.
+This is the maths that :func:`posenc.apply_rotary` runs wherever no kernel applies, and that the
+registered op ``posenc::rope_cpu`` (:mod:`posenc.kernels.rope_cpu`) runs where its C kernel cannot
+be built; the kernels reproduce it bit for bit and check themselves against it. It sits below the
+kernels, so it imports nothing from posenc.
 
-Legend: ``s`` sequence length, ``r`` rotary width (even), ``...`` leading dims.
+Legend: ``s`` sequence length, ``d_h`` head width, ``r`` rotary width (even), ``...`` leading dims.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["ROTARY_LAYOUTS"]
+__all__ = ["ROTARY_LAYOUTS", "rotate"]
 
 
 def _rotate_half_layout(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, r: int) -> torch.Tensor:
@@ -35,3 +38,25 @@ ROTARY_LAYOUTS: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor, in
     "half": _rotate_half_layout,
     "interleaved": _rotate_interleaved_layout,
 }
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:
+    """Rotate the first ``r = 2 * cos.shape[-1]`` dims of ``x``; dims ``r..d_h`` pass through.
+
+    The arithmetic runs in the tables' dtype: tables in ``x``'s dtype round every product and sum
+    to it (PyTorch's elementwise ops); float32 tables with a bf16/fp16 ``x`` compute in float32 and
+    round each output to ``x``'s dtype once.
+
+    Args:
+        x: ``[..., s, d_h]``.
+        cos, sin: ``[..., s, r/2]`` broadcastable to ``x[..., :r/2]``, in ``x``'s dtype or float32.
+        layout: a key of :data:`ROTARY_LAYOUTS`.
+
+    Returns:
+        ``[..., s, d_h]`` in ``x``'s dtype, a new tensor.
+    """
+    r = 2 * cos.shape[-1]
+    y = ROTARY_LAYOUTS[layout](x.to(cos.dtype), cos, sin, r).to(x.dtype)  # [..., s, r]
+    if r < x.shape[-1]:
+        y = torch.cat((y, x[..., r:]), dim=-1)  # [..., s, r] ++ [..., s, d_h - r] -> [..., s, d_h]
+    return y

@@ -33,7 +33,6 @@ import warnings
 import torch
 
 from . import _settings
-from .rope_cpu import rotate_with
 
 __all__ = ["available", "rotate", "rotate_pair", "takes", "usable"]
 
@@ -135,7 +134,7 @@ def _launch(
 def _into(
     x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor, layout: str, sign: float
 ) -> torch.Tensor:
-    """One tensor's rotation into ``out`` (the ``into`` of :func:`rope_cpu.rotate_with`)."""
+    """One tensor's rotation into ``out``."""
     _launch([(x, cos, sin, out)], layout, sign)
     return out
 
@@ -229,6 +228,23 @@ def _self_check(device: torch.device) -> bool:
     return True
 
 
+class _Rotation(torch.autograd.Function):
+    """Out-of-place rotation by the Triton kernel; backward is the same kernel with the opposite
+    angle (itself differentiable, so double backward works)."""
+
+    @staticmethod
+    def forward(ctx, x, cos, sin, layout, sign):  # type: ignore[override]
+        ctx.save_for_backward(cos, sin)
+        ctx.layout, ctx.sign = layout, sign
+        return _into(x, cos, sin, torch.empty_like(x), layout, sign)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        cos, sin = ctx.saved_tensors
+        grad = grad if grad.stride(-1) == 1 else grad.contiguous()  # the kernel reads rows
+        return _Rotation.apply(grad, cos, sin, ctx.layout, -ctx.sign), None, None, None, None
+
+
 def rotate(
     x: torch.Tensor,
     cos: torch.Tensor,
@@ -237,7 +253,7 @@ def rotate(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Rotate the first ``r = 2 * cos.shape[-1]`` dims of ``x`` (validated by
-    :func:`posenc.apply_rotary`, :func:`usable` true); as :func:`posenc.kernels.rope_cpu.rotate`.
+    :func:`posenc.apply_rotary`, :func:`usable` true).
 
     Args:
         x: ``[..., s, d_h]`` (at most 4 dims), last dim contiguous.
@@ -245,7 +261,11 @@ def rotate(
         layout: ``"half"`` or ``"interleaved"``.
         out: None (a new tensor, differentiable in ``x``), ``x`` (in place) or a tensor like ``x``.
     """
-    return rotate_with(_into, torch.empty_like, x, cos, sin, layout, out)
+    if out is not None:
+        return _into(x, cos, sin, out, layout, 1.0)
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _Rotation.apply(x, cos, sin, layout, 1.0)
+    return _into(x, cos, sin, torch.empty_like(x), layout, 1.0)
 
 
 def rotate_pair(

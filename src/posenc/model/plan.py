@@ -89,7 +89,7 @@ class AttentionPlan:
             self._biases[scheme] = scheme.score_bias(self.q_positions, self.k_positions, q)
         return self._biases[scheme]
 
-    def bias_blocks(self, scheme: PositionalScheme, q: torch.Tensor) -> _attention_cpu.BiasFn | None:
+    def bias_blocks(self, scheme: PositionalScheme, q: torch.Tensor) -> _attention_cpu.BlockBias | None:
         """The scheme's bias one query block at a time, for :func:`posenc.kernels.attention_cpu.
         causal_attention_with_bias`, when this forward can take that path (a ``causal_prefix`` plan,
         CPU queries ``[b, h, s, d_h]`` of more than one block, outside ``torch.compile``: see

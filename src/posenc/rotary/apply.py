@@ -10,6 +10,7 @@ import torch
 
 from .._validate import check_choice, check_int
 from ..kernels import rope_cpu as _rope_cpu
+from ..kernels import rope_reference as _rope_reference
 from ..kernels import rope_triton as _rope_triton
 from ..kernels.rope_reference import ROTARY_LAYOUTS
 
@@ -76,24 +77,23 @@ def apply_rotary(
         ``[..., s, d_h]``, same dtype as ``x`` (``out`` when given). Linear in ``x``, so gradients
         flow to ``x`` (and to ``cos``/``sin``).
 
-    On CPU (float32/float64/bfloat16) the rotation runs as one pass over memory in a small C kernel
-    (:mod:`posenc.kernels.rope_cpu`; in a ``torch.compile`` graph as the op ``posenc::rope_cpu``),
-    bit-identical to the PyTorch expression, which runs everywhere else (``torch.export``,
-    ``torch.func`` transforms, other dtypes; on CUDA the Triton kernel where Triton is installed).
+    On CPU (float32/float64/bfloat16) the rotation is the registered op ``posenc::rope_cpu``, in
+    eager mode and in a ``torch.compile`` graph alike: one pass over memory in a small C kernel
+    (:mod:`posenc.kernels.rope_cpu`), bit-identical to the PyTorch expression, which runs everywhere
+    else (``torch.export``, ``torch.func`` transforms, other dtypes, tables that need a gradient;
+    on CUDA the Triton kernel where Triton is installed).
     """
-    rotate = ROTARY_LAYOUTS[check_choice(layout, "layout", ROTARY_LAYOUTS)]
+    check_choice(layout, "layout", ROTARY_LAYOUTS)
     r = _check_args(x, cos, sin, qk_layout, rotary_dim)
     wide = _wide(x, compute_dtype)
     cos, sin = _fit_tables(x, *_in_dtype(x, cos, sin, wide), r, qk_layout)
     if out is not None:
         _rope_cpu.check_out(x, out)
-    if _rope_cpu.usable(x, cos, sin):
-        return _rope_cpu.rotate(x, cos, sin, layout, out)  # one pass, same numbers as below
+    if _rope_cpu.takes(x, cos, sin):
+        return _rope_cpu.rotate(x, cos, sin, layout, out)  # the op posenc::rope_cpu: same numbers as below
     if x.is_cuda and _rope_triton.usable(x, cos, sin):
         return _rope_triton.rotate(x, cos, sin, layout, out)  # Triton, same numbers (self-checked)
-    y = rotate(x.float(), cos, sin, r).to(x.dtype) if wide else rotate(x, cos, sin, r)  # [..., s, r]
-    if r < x.shape[-1]:
-        y = torch.cat((y, x[..., r:]), dim=-1)  # [..., s, r] ++ [..., s, d_h - r] -> [..., s, d_h]
+    y = _rope_reference.rotate(x, cos, sin, layout)  # [..., s, d_h], in the tables' arithmetic
     return y if out is None else out.copy_(y)
 
 
@@ -139,8 +139,8 @@ def apply_rotary_qk(
     wq, wk = _wide(q, compute_dtype), _wide(k, compute_dtype)
     q_tables = _fit_tables(q, *_in_dtype(q, cos, sin, wq), rq, qk_layout)
     k_tables = _fit_tables(k, *_in_dtype(k, k_cos, k_sin, wk), rk, qk_layout)
-    if _rope_cpu.usable(q, *q_tables) and _rope_cpu.usable(k, *k_tables):
-        return _rope_cpu.rotate_pair(q, k, q_tables, k_tables, layout)  # one kernel call
+    if _rope_cpu.takes(q, *q_tables) and _rope_cpu.takes(k, *k_tables):
+        return _rope_cpu.rotate_pair(q, k, q_tables, k_tables, layout)  # one op call, one kernel call
     kw = {"layout": layout, "qk_layout": qk_layout, "compute_dtype": compute_dtype}
     return apply_rotary(q, *q_tables, **kw), apply_rotary(k, *k_tables, **kw)
 
