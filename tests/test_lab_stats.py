@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 
@@ -11,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from posenc.lab.stats import (
+    RESOLVED_TAIL,
     T_975,
     Interval,
     bootstrap_interval,
@@ -145,7 +147,21 @@ def test_paired_bootstrap_matches_a_plain_reference():
     )
     assert got.over == "seeds and documents" and got.mean == pytest.approx(float(values.mean()))
     assert (got.low, got.high) == (pytest.approx(float(low)), pytest.approx(float(high)))
-    assert got.p_value == pytest.approx(2 * (0 + 1) / 101)  # every resample is > 0
+    # every resample is > 0: beyond what 100 resamples resolve, so the tail of the fitted normal,
+    # never above the resampled bound
+    m, sd = statistics.fmean(means), statistics.stdev(means)
+    assert got.p_value == pytest.approx(min(2 * (0 + 1) / 101, math.erfc(m / (sd * math.sqrt(2)))))
+
+
+def test_a_clear_difference_survives_holm_over_many_comparisons():
+    """A difference 10 standard errors from 0 gets a p-value that Holm's correction over 140
+    comparisons keeps below 0.05 (the resampled share alone cannot go below 2/2001)."""
+    values, docs = _clustered(60, 12, doc_sd=0.05, seed=3)
+    got = paired_bootstrap(values - values.mean() + 0.5, docs)
+    assert got.low > 0 and got.p_value < 1e-6
+    assert holm([got.p_value] * 140)[0] < 0.05
+    resolved = paired_bootstrap(values - values.mean() + 0.01, docs)  # many resamples beyond 0
+    assert resolved.p_value >= 2 * (RESOLVED_TAIL + 1) / 2001
 
 
 def test_paired_bootstrap_p_value_tracks_the_interval():

@@ -161,7 +161,8 @@ def scheme_comparisons(results: dict[str, Any], alpha: float = ALPHA) -> dict[st
         r["verdict"] = verdict(r["diff"], r["p_holm"], alpha)
     over = rows[0]["over"] if rows else "documents"
     return {
-        "method": f"paired bootstrap of B - A per window (2000 resamples of {over}); two-sided p-values, "
+        "method": f"paired bootstrap of B - A per window (2000 resamples of {over}); two-sided p-values "
+        "(a normal fitted to the resamples where fewer than 10 fall beyond 0), "
         f"Holm-corrected over the {len(adjusted)} comparisons below",
         "alpha": alpha,
         "family": len(adjusted),

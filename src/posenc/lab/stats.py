@@ -14,7 +14,11 @@ Two sources of uncertainty:
 Every :class:`Interval` says what it covers in ``over`` (``"windows"``, ``"documents"``,
 ``"seeds"``, ``"seeds and documents"``). A paired difference's two-sided p-value is the
 bootstrap's: twice the share of resampled means on the far side of 0 (the interval excludes 0
-exactly when ``p < 0.05``). :func:`holm` corrects a family of p-values for multiplicity.
+when ``p < 0.05``). Where fewer than :data:`RESOLVED_TAIL` resamples fall on the far side, that
+share is below what the resamples resolve (2000 resamples cannot give p < 0.001, which Holm's
+correction over 140 comparisons would need), so the tail is read from a normal fitted to the
+resampled means instead (never above the resampled bound). :func:`holm` corrects a family of
+p-values for multiplicity.
 
 Legend: ``n`` values (windows or seeds), ``K`` windows, ``R`` seeds, ``C`` documents, ``B``
 bootstrap resamples.
@@ -31,6 +35,7 @@ import torch
 from .._validate import check_int
 
 __all__ = [
+    "RESOLVED_TAIL",
     "T_975",
     "Interval",
     "bootstrap_interval",
@@ -145,6 +150,10 @@ def bootstrap_interval(
     return Interval(float(x.mean()), low, high, n, "windows")
 
 
+#: Fewer resampled means than this beyond 0 and the bootstrap's p-value is read from a fitted normal.
+RESOLVED_TAIL = 10
+
+
 def paired_bootstrap(
     values: Sequence[Sequence[float]] | torch.Tensor,
     clusters: Sequence[int] | None = None,
@@ -197,7 +206,16 @@ def paired_bootstrap(
     low, high = torch.quantile(means, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
     tail = min(int((means <= 0).sum()), int((means >= 0).sum()))
     p = min(1.0, 2 * (tail + 1) / (resamples + 1))
+    if tail < RESOLVED_TAIL:  # beyond the resamples' resolution: the fitted normal's tail
+        p = min(p, _normal_two_sided(float(means.mean()), float(means.std())))
     return Interval(mean, low, high, c, over, p)
+
+
+def _normal_two_sided(mean: float, sd: float) -> float:
+    """Two-sided p-value of 0 under a normal of this mean and standard deviation."""
+    if sd == 0.0:
+        return 0.0 if mean != 0.0 else 1.0
+    return math.erfc(abs(mean) / (sd * math.sqrt(2.0)))
 
 
 def holm(p_values: Sequence[float]) -> list[float]:
