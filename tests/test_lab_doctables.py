@@ -67,3 +67,20 @@ def test_a_missing_file_leaves_the_page_unchanged(tmp_path, monkeypatch, capsys)
     assert "has no '<!-- posenc-results: PATH -->'" in capsys.readouterr().err
     assert main(["extrapolate", "--regenerate", str(tmp_path / "missing.md")]) == 2
     assert "--regenerate: cannot read" in capsys.readouterr().err
+
+
+def test_a_resumed_study_says_its_cells_were_reused_and_how_long_they_trained(tmp_path, monkeypatch):
+    """A study resumed from finished cells ran for seconds: its line must not read as the study's
+    time, so it names the reused cells and their own training time."""
+    monkeypatch.chdir(tmp_path)
+    train = {"steps": 10, "resumed_from": 0, "wall_s": 90.0, "tokens_per_s": 1.0, "threads": 1,
+             "final_loss_nats": 2.0, "loss_every_10_steps": [2.0]}  # fmt: skip
+    cell = {"cell": "alibi-seed0", "scheme": "alibi", "seed": 0, "run": "alibi", "setting": {},
+            "run_id": "x", "params": 1, "train": train}  # fmt: skip
+    results = {**_results(0.1), "wall_s": 6.0, "cells": [{**cell, "reused": True}, {**cell, "cell": "b"}]}
+    (tmp_path / "a.json").write_text(json.dumps(results))
+    page = tmp_path / "lab.md"
+    page.write_text("<!-- posenc-results: a.json -->\n<!-- /posenc-results -->\n")
+    regenerate(page)
+    assert "in 0.1 min (2 CPUs, cpu); 1 of 2 cells were reused" in page.read_text()
+    assert "training took 1.5 min of that run" in page.read_text()
