@@ -328,3 +328,48 @@ def test_cell_keys_of_existing_settings_are_unchanged():
     assert cell_key(changed) == {**cell_key(config), "norm_type": "rmsnorm"}
     resumable = dataclasses.replace(config, train=dataclasses.replace(config.train, log_every=1))
     assert cell_key(resumable) == cell_key(config)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("ports")
+def test_a_worker_killed_mid_cell_is_replaced_and_its_cell_resumes(corpus_dir, tmp_path):
+    """A real Dask worker SIGKILLed after its cell's first checkpoint: Dask reruns the cell on another
+    worker, which continues that checkpoint (same run), and the study finishes."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from _lab_toys import TINY
+
+    distributed = pytest.importorskip("distributed")
+    flags = list(TINY)
+    flags[flags.index("--steps") + 1] = "200"  # long enough to be killed between checkpoints
+    out = tmp_path / "study"
+    checkpoint = out / "checkpoints" / "alibi-seed0.safetensors"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    with (
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, protocol="tcp", dashboard_address=None
+        ) as cluster,
+        distributed.Client(cluster) as client,
+    ):
+        cmd = [sys.executable, "-m", "posenc", "extrapolate", "--schemes", "alibi", "--seeds", "0",
+               "--corpus", str(corpus_dir), *flags, "--checkpoint-every", "5", "--no-progress",
+               "--cluster", cluster.scheduler_address, "--out", str(out)]  # fmt: skip
+        study = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + 120
+        while not checkpoint.exists():
+            assert study.poll() is None, study.stdout.read()
+            assert time.monotonic() < deadline, "no checkpoint after 120 s"
+            time.sleep(0.05)
+        busy = [worker for worker, tasks in client.processing().items() if tasks]
+        assert len(busy) == 1
+        os.kill(client.run(os.getpid, workers=busy)[busy[0]], signal.SIGKILL)
+        text, _ = study.communicate(timeout=300)
+    assert study.returncode == 0, text
+    cell = json.loads((out / "cells" / "alibi-seed0.json").read_text())
+    assert 0 < cell["train"]["resumed_from"] < 200 and cell["train"]["steps"] == 200
+    assert json.loads((out / "results.json").read_text())["summary"]

@@ -17,7 +17,7 @@ def test_configure_threads():
         assert configure_threads(1) == 1 and torch.get_num_threads() == 1
         auto = configure_threads()
         assert 1 <= auto <= (os.cpu_count() or 1)
-        with pytest.raises(ValueError, match="num_threads must be >= 1"):
+        with pytest.raises(ValueError, match="--threads must be >= 1"):
             configure_threads(0)
     finally:
         torch.set_num_threads(old)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .._validate import check_int
+from .._threads import MAX_THREADS_PER_CPU, check_threads, usable_cpus
 
 __all__ = [
     "MAX_THREADS_PER_CPU",
@@ -23,20 +23,10 @@ __all__ = [
 ]
 
 
-#: ``--threads`` may oversubscribe the CPUs this process may run on by this factor at most: more
-#: threads only contend (and 100,000 crashed torch's thread pool; 5,000 took minutes to start).
-MAX_THREADS_PER_CPU = 4
-
-
-def _cpus() -> int:
-    """The CPUs this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
 def free_cores(world_size: int = 1) -> int:
     """The CPUs this process may run on, divided among ``world_size`` local processes, minus the
     cores other processes keep busy (1-minute load average); at least 1."""
-    cpus = max(1, _cpus() // max(1, world_size))
+    cpus = max(1, usable_cpus() // max(1, world_size))
     try:
         busy = max(0.0, os.getloadavg()[0] - 1.0)  # the load of everything but ourselves, roughly
     except OSError:  # pragma: no cover - no load average on this platform
@@ -55,13 +45,7 @@ def configure_threads(num_threads: int | None = None, *, world_size: int = 1) ->
     """
     if num_threads is None:
         num_threads = free_cores(world_size)
-    check_int(num_threads, "num_threads")
-    most = MAX_THREADS_PER_CPU * _cpus()
-    if num_threads > most:
-        raise ValueError(
-            f"--threads {num_threads} is more than {MAX_THREADS_PER_CPU} per CPU this process may run on "
-            f"({_cpus()} CPUs): give at most {most}, or leave it out to use the free cores"
-        )
+    check_threads(num_threads)
     torch.set_num_threads(num_threads)
     return num_threads
 
