@@ -154,3 +154,19 @@ def test_a_train_len_past_a_learned_table_is_refused(no_text):
     # the model cannot have been trained at a length its positions do not reach
     with pytest.raises(ValueError, match=r"--train-len 32 is longer than the model's positions allow \(16"):
         prepare_pretrained(_model("learned"), **{**KW, "train_len": 32})
+
+
+def test_a_vocabulary_smaller_than_the_probes_ids_has_no_probe(tmp_path, corpus):
+    # the probe's random strings are ids 0-255: fed to a 37-id model they were out of its vocabulary
+    from posenc.text import train_wordpiece
+
+    tok = train_wordpiece(
+        load_corpus(corpus, seed=0, val_fraction=0.34).texts, vocab_size=60, min_frequency=1
+    )
+    assert tok.vocab_size < 256
+    _model(vocab_size=tok.vocab_size).save_pretrained(tmp_path / "wp", tokenizer=tok)
+    options = {**KW, "corpus": corpus, "eval_windows": 2}
+    results = evaluate_pretrained(tmp_path / "wp", **options, eval_lens=(64,), variants=())
+    assert results["unit"] == "token"
+    assert all(p["probe"] is None for p in results["runs"][0]["eval"])
+    assert results["runs"][0]["eval"][1]["bpb_window"] > 0

@@ -41,6 +41,7 @@ from .stats import format_interval, paired_bootstrap
 
 __all__ = [
     "DEFAULT_MULTIPLES",
+    "PROBE_IDS",
     "PROBE_TRIALS",
     "Setup",
     "at_variant",
@@ -57,6 +58,10 @@ DEFAULT_MULTIPLES = (1, 2, 4, 8)
 
 #: Probe trials per distance by default.
 PROBE_TRIALS = 32
+
+#: The ids the probe's random strings are drawn from (``[0, 256)``: bytes, or a tokenizer's first
+#: ids); a smaller vocabulary has no probe.
+PROBE_IDS = 256
 
 
 # ----------------------------------------------------------------------------------------------
@@ -169,9 +174,10 @@ class Setup:
 
     def probe(self, model, length: int) -> list[dict[str, Any]] | None:
         """The repeated-string probe at every distance that fits in ``length`` (``None``: none
-        fits, or ``probe_trials`` is 0)."""
+        fits, ``probe_trials`` is 0, or the vocabulary has fewer ids than the probe's random strings
+        draw from: :data:`PROBE_IDS`)."""
         distances = probe_distances(length, PROBE_STRING)
-        if not (self.probe_trials and distances):
+        if not (self.probe_trials and distances) or model.config.vocab_size < PROBE_IDS:
             return None
         return repeated_string_probe(
             model,
