@@ -115,6 +115,27 @@ def _lengths(
     return tuple(sorted({*lens, train_len}))
 
 
+def _checked_lengths(model, train_len, limit, eval_lens, multiples, score_len, device):
+    """``(lens, score_len)`` checked against the positions' ``limit`` and, for the longest length,
+    against memory (one window), before the corpus is read."""
+    if limit is not None and train_len > limit:
+        raise ValueError(
+            f"--train-len {train_len} is longer than the model's positions allow ({limit}: a learned "
+            f"table), so it cannot be the length the model was trained at; give {limit} or less"
+        )
+    lens = _lengths(eval_lens, train_len, limit, multiples)
+    score_len = max(1, min(lens) // 2) if score_len is None else check_int(score_len, "--score-len")
+    if not 1 <= score_len <= min(lens):
+        raise ValueError(f"--score-len {score_len} must be in [1, {min(lens)}] (the shortest length)")
+    # evaluate_lm checks each length again when it reaches it, with its batch
+    check_memory(
+        estimate_memory(model.config, 1, max(lens), training=False),
+        device,
+        what=f"evaluation at length {max(lens)} (one window)",
+    )
+    return lens, score_len
+
+
 @dataclass
 class Setup:
     """A loaded model and what it is scored on: the text, the windows, the lengths.
@@ -225,23 +246,8 @@ def prepare_pretrained(
     check_int(eval_windows, "--eval-windows")
     check_int(split_seed, "--split-seed", minimum=0)
     limit = position_limit(model)
-    if limit is not None and train_len > limit:
-        raise ValueError(
-            f"--train-len {train_len} is longer than the model's positions allow ({limit}: a learned "
-            f"table), so it cannot be the length the model was trained at; give {limit} or less"
-        )
-    lens = _lengths(eval_lens, train_len, limit, multiples)
+    lens, score_len = _checked_lengths(model, train_len, limit, eval_lens, multiples, score_len, device)
     chosen = _offered(model, variants)
-    score_len = max(1, min(lens) // 2) if score_len is None else check_int(score_len, "--score-len")
-    if not 1 <= score_len <= min(lens):
-        raise ValueError(f"--score-len {score_len} must be in [1, {min(lens)}] (the shortest length)")
-    # the longest window must fit one at a time before any scoring starts (evaluate_lm checks
-    # each length again when it reaches it, with its batch)
-    check_memory(
-        estimate_memory(model.config, 1, max(lens), training=False),
-        device,
-        what=f"evaluation at length {max(lens)} (one window)",
-    )
     text = read_text(
         corpus,
         tokenizer,
