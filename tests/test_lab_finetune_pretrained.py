@@ -118,3 +118,45 @@ def test_lora_through_peft_trains_adapters_and_merges_them(corpus):
     for run in ft["runs"]:
         assert 0 < run["train"]["trainable"] < total / 2  # adapters only (rank 8 of width 32)
         assert run["eval"][1]["vs_before"]["mean"] != pytest.approx(0.0, abs=1e-6)  # merged: it moved
+
+
+# ----------------------------------------------------------------------------------------------
+# Hostile plans and numbers
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("length", [8, 16])
+def test_a_finetune_len_not_past_l_is_refused(corpus, length):
+    # at or below L a variant's factor E_ft / L would be <= 1 (a compression no scaling means) and the
+    # plain run would repeat the control
+    setup = _setup(_model(), corpus, variants=("yarn",))
+    with pytest.raises(
+        ValueError, match=rf"--finetune-len {length} is not longer than the trained length L=16"
+    ):
+        FinetunePlan.checked(setup, length, 2)
+
+
+def test_a_batch_past_memory_is_refused_before_the_evaluation(corpus):
+    setup = _setup(_model(), corpus, variants=())
+    with pytest.raises(
+        ValueError, match=r"fine-tuning at 32 \(batch 500000000 x 32\) would not fit in memory"
+    ):
+        FinetunePlan.checked(setup, 32, 2, batch_size=10**9)
+
+
+def test_a_bf16_model_is_fine_tuned_on_float32_weights(corpus):
+    # bf16 spaces its values 2^-8 apart relative to their size: AdamW's steps of lr (3e-4) on weights
+    # of ~0.5 round away, so the model is trained on float32 weights and stored back in bf16
+    bf16 = _model().to(torch.bfloat16)
+    same = TransformerLM(bf16.config).eval()
+    same.load_state_dict({k: v.float() for k, v in bf16.state_dict().items()})  # the same weights
+    drops = {}
+    for name, model in (("bf16", bf16), ("float32", same)):
+        setup = _setup(model, corpus, variants=())
+        ft = FinetunePlan.checked(setup, 32, 6, batch_size=4).run(
+            setup, evaluate_setup(setup), progress=False
+        )
+        train = ft["runs"][0]["train"]
+        assert train["dtype"] == "float32"
+        drops[name] = train["loss_first"] - train["loss_last"]
+        assert next(model.parameters()).dtype == (torch.bfloat16 if name == "bf16" else torch.float32)
+    assert drops["float32"] > 0.05
+    assert drops["bf16"] == pytest.approx(drops["float32"], rel=0.2)

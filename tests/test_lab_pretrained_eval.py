@@ -114,3 +114,59 @@ def test_learned_positions_stop_at_their_table(tmp_path, corpus):
     assert [r["name"] for r in results["runs"]] == ["as is"]  # learned positions declare no variants
     with pytest.raises(ValueError, match=r"--eval-lens \[32\] are longer than the model's positions allow"):
         evaluate_pretrained(tmp_path / "posenc", **{**KW, "corpus": corpus}, eval_lens=(32,))
+
+
+# ----------------------------------------------------------------------------------------------
+# Hostile arguments: refused, naming the flag, before the corpus is read or anything is scored
+# ----------------------------------------------------------------------------------------------
+@pytest.fixture
+def no_text(monkeypatch):
+    """Fails a test that reaches the corpus: every check below must run before it is read."""
+
+    def read_text(*args, **kwargs):
+        raise AssertionError("the corpus was read before the arguments were checked")
+
+    monkeypatch.setattr("posenc.lab.pretrained_eval.read_text", read_text)
+
+
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        ({"score_len": 0}, "--score-len must be >= 1, got 0"),  # not read as 'the default'
+        ({"score_len": -3}, "--score-len must be >= 1"),
+        ({"eval_lens": (0,)}, "--eval-lens entry must be >= 1"),
+        ({"eval_lens": (-16,)}, "--eval-lens entry must be >= 1"),
+        ({"train_len": 0}, "--train-len must be >= 1"),
+        ({"eval_windows": 0}, "--eval-windows must be >= 1"),
+        ({"split_seed": -1}, "--split-seed must be >= 0"),
+        ({"variants": ("yarnn",)}, r"did you mean 'yarn'\?"),
+        # one window of 10^9 positions: refused by the memory estimate, not allocated
+        ({"eval_lens": (10**9,)}, r"evaluation at length 1000000000 \(one window\) would not fit"),
+        ({"train_len": 10**8, "variants": ()}, "would not fit in memory"),
+    ],
+)
+def test_bad_arguments_are_refused_before_any_work(no_text, options, match):
+    with pytest.raises(ValueError, match=match):
+        prepare_pretrained(_model(), **{**KW, **options})
+
+
+def test_a_train_len_past_a_learned_table_is_refused(no_text):
+    # the model cannot have been trained at a length its positions do not reach
+    with pytest.raises(ValueError, match=r"--train-len 32 is longer than the model's positions allow \(16"):
+        prepare_pretrained(_model("learned"), **{**KW, "train_len": 32})
+
+
+def test_a_vocabulary_smaller_than_the_probes_ids_has_no_probe(tmp_path, corpus):
+    # the probe's random strings are ids 0-255: fed to a 37-id model they were out of its vocabulary
+    from posenc.text import train_wordpiece
+
+    tok = train_wordpiece(
+        load_corpus(corpus, seed=0, val_fraction=0.34).texts, vocab_size=60, min_frequency=1
+    )
+    assert tok.vocab_size < 256
+    _model(vocab_size=tok.vocab_size).save_pretrained(tmp_path / "wp", tokenizer=tok)
+    options = {**KW, "corpus": corpus, "eval_windows": 2}
+    results = evaluate_pretrained(tmp_path / "wp", **options, eval_lens=(64,), variants=())
+    assert results["unit"] == "token"
+    assert all(p["probe"] is None for p in results["runs"][0]["eval"])
+    assert results["runs"][0]["eval"][1]["bpb_window"] > 0

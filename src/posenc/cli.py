@@ -300,8 +300,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if workers is not None:  # a study's worker processes: stopped, not waited for
             workers.stop_pools()
         what = "terminated (SIGTERM)" if isinstance(err, Terminated) else "interrupted"
+        # a command may say what an interruption left (re-raised with one string argument)
+        left = err.args[0] if err.args and isinstance(err.args[0], str) else None
         print(
-            f"posenc {args.command}: {what}; a run folder keeps its finished work (--resume)", file=sys.stderr
+            f"posenc {args.command}: {what}; {left or 'a run folder keeps its finished work (--resume)'}",
+            file=sys.stderr,
         )
         return 143 if isinstance(err, Terminated) else 130
     except (CLIError, ValueError, TypeError) as err:

@@ -28,6 +28,7 @@ import torch
 
 from .._validate import check_int, check_positive_float
 from .config import TrainConfig
+from .memory import check_memory, estimate_memory
 from .pretrained_eval import Setup, at_variant, format_rows
 from .stats import format_interval
 
@@ -37,6 +38,8 @@ __all__ = ["DEFAULT_BATCH", "DEFAULT_LR", "LORA", "FinetunePlan", "check_peft", 
 DEFAULT_BATCH = 32
 #: The constant learning rate by default: where the lab's own models' cosine ends (``min_lr``).
 DEFAULT_LR = 3e-4
+#: Dtypes a model is stored in but not trained in (trained on float32 weights).
+_HALF = (torch.bfloat16, torch.float16)
 #: ``peft="lora"``: rank, scale and the projections adapted (posenc's linear layer names).
 LORA = {
     "r": 8,
@@ -93,6 +96,12 @@ class FinetunePlan:
         check_int(seed, "--seed", minimum=0)
         batch = check_int(DEFAULT_BATCH if batch_size is None else batch_size, "--batch-size")
         lr = check_positive_float(DEFAULT_LR if lr is None else lr, "--lr")
+        if length <= setup.train_len:
+            raise ValueError(
+                f"--finetune-len {length} is not longer than the trained length L={setup.train_len}: "
+                "fine-tuning extends the context (the control already continues the model at L); "
+                f"give a length above {setup.train_len}"
+            )
         if setup.limit is not None and length > setup.limit:
             raise ValueError(
                 f"--finetune-len {length} is longer than the model's positions allow ({setup.limit}: a "
@@ -108,7 +117,21 @@ class FinetunePlan:
                 f"the corpus's training documents hold {n:,} {setup.text.unit}s, too few for fine-tuning "
                 f"windows of {length}; use a larger --corpus or a shorter --finetune-len"
             )
-        return cls(length, steps, batch, lr, seed, peft)
+        plan = cls(length, steps, batch, lr, seed, peft)
+        plan.check_memory(setup)
+        return plan
+
+    def check_memory(self, setup: Setup) -> None:
+        """Refuse, before the evaluation that precedes fine-tuning, a run whose training would not
+        fit in memory (:func:`~posenc.lab.train.train` checks the same again when it starts)."""
+        n_params = sum(p.numel() for p in setup.model.parameters())
+        for length in (self.length, setup.train_len):
+            tc = self.config(length, setup.train_len)
+            check_memory(
+                estimate_memory(setup.model.config, tc.batch_size, length, num_params=n_params),
+                setup.device,
+                what=f"fine-tuning at {length} (batch {tc.batch_size} x {length})",
+            )
 
     def config(self, length: int, train_len: int) -> TrainConfig:
         """The :class:`~posenc.lab.config.TrainConfig` of a run at ``length``: ``B L`` tokens per step."""
@@ -178,6 +201,12 @@ class FinetunePlan:
             if variant is None
             else at_variant(setup.model, variant, self.length / L, L)
         )
+        # a model stored in 16 bits is trained on float32 weights (steps of lr * update are far below
+        # bf16's spacing and would round away), then stored back, so every run is scored in the
+        # model's own dtype
+        dtype = next(setup.model.parameters()).dtype
+        if dtype in _HALF:
+            model = model.float()
         tc = self.config(length, L)
         seed_everything(self.seed)
         trained = _with_lora(model) if self.peft else model
@@ -193,6 +222,8 @@ class FinetunePlan:
         )
         if self.peft:
             model = trained.merge_and_unload()
+        train_dtype = next(model.parameters()).dtype
+        model = model.to(dtype)
         record = {
             "length": length,
             "steps": tc.steps,
@@ -204,6 +235,7 @@ class FinetunePlan:
             "loss_last": result.losses[-1] if result.losses else None,
             "wall_s": result.wall_s,
             "trainable": trainable,
+            "dtype": str(train_dtype).removeprefix("torch."),
         }
         return model.eval(), record
 

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .._validate import check_int
+from .._threads import check_threads
 
 __all__ = ["ARTIFACTS", "QUICK", "add_model_flags", "run"]
 
@@ -137,15 +137,38 @@ def _given(args: argparse.Namespace, name: str, default: Any) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     """``posenc extrapolate --model PATH``: evaluate (and fine-tune), print the tables, write
-    ``--out/results.json``. A user mistake raises ``ValueError`` (one line, exit code 2)."""
-    from .runs import RunFolder
+    ``--out/results.json``. A user mistake raises ``ValueError`` (one line, exit code 2).
+
+    Every check (the flags, the model, the text, the plan) runs before ``--out`` is taken, so a
+    mistake leaves a previous run there as it was, even with ``--overwrite``."""
+    import torch
+
+    from .runs import RunFolder, check_folder
 
     _check_flags(args)
     out = getattr(args, "out", None)
-    if out is None:
-        return _run(args, None)
-    with RunFolder(out, ARTIFACTS, overwrite=bool(getattr(args, "overwrite", False))) as folder:
-        return _run(args, folder.path)
+    overwrite = bool(getattr(args, "overwrite", False))
+    if out is not None:
+        check_folder(out, "--out")
+        previous = Path(out) / ARTIFACTS[0]
+        if not overwrite and previous.is_file() and not previous.is_symlink():
+            # said here, not by RunFolder, whose message offers --resume: a loaded model's run has none
+            raise ValueError(
+                f"--out {str(out)!r} already holds a run ({ARTIFACTS[0]}); replace it with --overwrite "
+                "or choose another folder"
+            )
+    if getattr(args, "threads", None) is not None:  # capped: 10^5 threads crash OpenMP
+        torch.set_num_threads(check_threads(args.threads))
+    start = (list(os.getloadavg()), time.perf_counter())
+    try:
+        setup = _setup(args)
+        plan = _plan(args, setup)
+        if out is None:
+            return _run(args, setup, plan, start, None)
+        with RunFolder(out, ARTIFACTS, overwrite=overwrite) as folder:
+            return _run(args, setup, plan, start, folder.path)
+    except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM: results.json is written only at the end
+        raise type(err)("no results were written (a loaded model's run does not resume)") from None
 
 
 def _variants(spec: str | tuple[str, ...] | None) -> tuple[str, ...] | None:
@@ -154,6 +177,22 @@ def _variants(spec: str | tuple[str, ...] | None) -> tuple[str, ...] | None:
     if isinstance(spec, tuple):  # converted by the command's flag: () = none
         return spec
     return () if spec == "none" else _comma_list(spec, str, "--variants")
+
+
+def _device(spec: str):
+    """``--device`` as a ``torch.device``: cpu, or cuda when torch sees that device."""
+    import torch
+
+    try:
+        device = torch.device(spec)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {spec!r} is not a device posenc runs on; use cpu, cuda or cuda:N")
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if device.type == "cuda" and (device.index or 0) >= count:
+        raise ValueError(f"--device {spec} but torch sees {count} CUDA device(s); use --device cpu")
+    return device
 
 
 def _setup(args: argparse.Namespace):
@@ -175,7 +214,7 @@ def _setup(args: argparse.Namespace):
         val_fraction=_given(args, "val_fraction", 0.1),
         probe_trials=QUICK["probe_trials"] if quick else PROBE_TRIALS,
         multiples=QUICK["multiples"] if quick else DEFAULT_MULTIPLES,
-        device=_given(args, "device", "cpu"),
+        device=_device(_given(args, "device", "cpu")),
     )
 
 
@@ -196,18 +235,16 @@ def _plan(args: argparse.Namespace, setup):
     )
 
 
-def _run(args: argparse.Namespace, out: Path | None) -> int:
+def _run(args: argparse.Namespace, setup, plan, start: tuple[list[float], float], out: Path | None) -> int:
+    """Score (and fine-tune) the checked ``setup``/``plan``; ``start``: the load average and clock
+    when the command began."""
     import torch
 
     from .._paths import write_json
     from .finetune_pretrained import format_finetune
     from .pretrained_eval import evaluate_setup, format_pretrained
 
-    if getattr(args, "threads", None) is not None:
-        torch.set_num_threads(check_int(args.threads, "--threads"))
-    load_avg, t0 = list(os.getloadavg()), time.perf_counter()
-    setup = _setup(args)
-    plan = _plan(args, setup)
+    load_avg, t0 = start
     results = evaluate_setup(setup)
     if plan is not None:
         progress = False if getattr(args, "no_progress", False) else None
@@ -216,6 +253,7 @@ def _run(args: argparse.Namespace, out: Path | None) -> int:
     results["model"] = str(args.model)
     env = {
         "device": str(setup.device),
+        "dtype": str(next(setup.model.parameters()).dtype).removeprefix("torch."),
         "threads": torch.get_num_threads(),
         "quick": bool(getattr(args, "quick", False)),
     }
@@ -224,7 +262,8 @@ def _run(args: argparse.Namespace, out: Path | None) -> int:
     if plan is not None:
         print("\n".join(format_finetune(results, setup.text.unit)))
     print(
-        f"\nwall time {results['wall_s']:.0f} s on {env['device']} ({env['threads']} thread(s)); load "
+        f"\nwall time {results['wall_s']:.0f} s on {env['device']} ({env['dtype']} weights, "
+        f"{env['threads']} thread(s)); load "
         f"average at start/end {load_avg[0]:.2f}/{results['environment']['load_avg_end'][0]:.2f}"
     )
     if out is not None:

@@ -23,6 +23,7 @@ Legend: ``L`` trained length, ``E`` evaluation length, ``K`` windows, ``S`` scor
 
 from __future__ import annotations
 
+import difflib
 import os
 import time
 from dataclasses import dataclass
@@ -33,12 +34,14 @@ import torch
 from .._validate import check_int
 from .evalset import sample_eval_set
 from .evaluate import PROBE_STRING, EvalPoint, evaluate_lm, paired_deltas
+from .memory import check_memory, estimate_memory
 from .pretrained_load import PretrainedText, checked_model, position_limit, read_text, trained_length
 from .probe import probe_distances, repeated_string_probe
 from .stats import format_interval, paired_bootstrap
 
 __all__ = [
     "DEFAULT_MULTIPLES",
+    "PROBE_IDS",
     "PROBE_TRIALS",
     "Setup",
     "at_variant",
@@ -56,6 +59,10 @@ DEFAULT_MULTIPLES = (1, 2, 4, 8)
 #: Probe trials per distance by default.
 PROBE_TRIALS = 32
 
+#: The ids the probe's random strings are drawn from (``[0, 256)``: bytes, or a tokenizer's first
+#: ids); a smaller vocabulary has no probe.
+PROBE_IDS = 256
+
 
 # ----------------------------------------------------------------------------------------------
 # Scoring
@@ -70,8 +77,11 @@ def _offered(model, variants: tuple[str, ...] | None) -> tuple[str, ...]:
     offered = type(scheme).eval_variants if scheme is not None else ()
     unknown = [v for v in (variants or ()) if v not in offered]
     if unknown:
+        close = difflib.get_close_matches(unknown[0], offered, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ValueError(
-            f"variants {unknown} are not offered by this model's scheme; it offers {list(offered) or 'none'}"
+            f"variants {unknown} are not offered by this model's scheme{hint}; it offers "
+            f"{list(offered) or 'none'}"
         )
     return offered if variants is None else tuple(variants)
 
@@ -95,7 +105,7 @@ def _lengths(
     if eval_lens is None:
         lens = [train_len * k for k in multiples if limit is None or train_len * k <= limit]
     else:
-        lens = [check_int(e, "eval_lens entry") for e in eval_lens]
+        lens = [check_int(e, "--eval-lens entry") for e in eval_lens]
         beyond = [e for e in lens if limit is not None and e > limit]
         if beyond:
             raise ValueError(
@@ -103,6 +113,27 @@ def _lengths(
                 f"learned table); use lengths up to {limit}"
             )
     return tuple(sorted({*lens, train_len}))
+
+
+def _checked_lengths(model, train_len, limit, eval_lens, multiples, score_len, device):
+    """``(lens, score_len)`` checked against the positions' ``limit`` and, for the longest length,
+    against memory (one window), before the corpus is read."""
+    if limit is not None and train_len > limit:
+        raise ValueError(
+            f"--train-len {train_len} is longer than the model's positions allow ({limit}: a learned "
+            f"table), so it cannot be the length the model was trained at; give {limit} or less"
+        )
+    lens = _lengths(eval_lens, train_len, limit, multiples)
+    score_len = max(1, min(lens) // 2) if score_len is None else check_int(score_len, "--score-len")
+    if not 1 <= score_len <= min(lens):
+        raise ValueError(f"--score-len {score_len} must be in [1, {min(lens)}] (the shortest length)")
+    # evaluate_lm checks each length again when it reaches it, with its batch
+    check_memory(
+        estimate_memory(model.config, 1, max(lens), training=False),
+        device,
+        what=f"evaluation at length {max(lens)} (one window)",
+    )
+    return lens, score_len
 
 
 @dataclass
@@ -164,9 +195,10 @@ class Setup:
 
     def probe(self, model, length: int) -> list[dict[str, Any]] | None:
         """The repeated-string probe at every distance that fits in ``length`` (``None``: none
-        fits, or ``probe_trials`` is 0)."""
+        fits, ``probe_trials`` is 0, or the vocabulary has fewer ids than the probe's random strings
+        draw from: :data:`PROBE_IDS`)."""
         distances = probe_distances(length, PROBE_STRING)
-        if not (self.probe_trials and distances):
+        if not (self.probe_trials and distances) or model.config.vocab_size < PROBE_IDS:
             return None
         return repeated_string_probe(
             model,
@@ -209,14 +241,13 @@ def prepare_pretrained(
     """Load and check the model, read the text, choose the windows (arguments as
     :func:`evaluate_pretrained`). Every check runs here, before any scoring."""
     model, tokenizer = checked_model(model, device)
-    train_len = trained_length(model) if train_len is None else check_int(train_len, "train_len")
+    train_len = trained_length(model) if train_len is None else check_int(train_len, "--train-len")
     check_int(probe_trials, "probe_trials", minimum=0)
+    check_int(eval_windows, "--eval-windows")
+    check_int(split_seed, "--split-seed", minimum=0)
     limit = position_limit(model)
-    lens = _lengths(eval_lens, train_len, limit, multiples)
+    lens, score_len = _checked_lengths(model, train_len, limit, eval_lens, multiples, score_len, device)
     chosen = _offered(model, variants)
-    score_len = score_len or max(1, min(lens) // 2)
-    if not 1 <= score_len <= min(lens):
-        raise ValueError(f"score_len={score_len} must be in [1, {min(lens)}] (the shortest length)")
     text = read_text(
         corpus,
         tokenizer,

@@ -61,6 +61,8 @@ def load_pretrained(
             f"--model {str(path)!r} does not exist; give a Hugging Face checkpoint folder or a posenc save"
         )
     config = path / "config.json"
+    if path.is_dir():
+        _check_regular(config, "the model's configuration")
     if path.is_dir() and not config.is_file():
         raise ValueError(
             f"--model {str(path)!r} holds no config.json; give a Hugging Face checkpoint folder "
@@ -77,9 +79,33 @@ def model_tokenizer(path: str | os.PathLike | None):
     model has none, or ``path`` is not a folder)."""
     from ..text import load_tokenizer
 
-    if path is None or not Path(path).is_dir() or not (Path(path) / "tokenizer.json").is_file():
+    if path is None or not Path(path).is_dir() or not os.path.lexists(Path(path) / "tokenizer.json"):
         return None
+    # present but unreadable: refused, since reading the text as bytes instead would score a
+    # subword model on ids it never saw, under the wrong unit
+    _check_regular(Path(path) / "tokenizer.json", "the model's tokenizer")
     return load_tokenizer(path)
+
+
+def _check_regular(path: Path, what: str) -> None:
+    """``ValueError`` when ``path`` exists (or is a link) but is not a regular file: a folder, a
+    device, a pipe or a broken link. A link to a regular file is read (Hugging Face's cache links
+    every file of a checkpoint)."""
+    if os.path.lexists(path) and not path.is_file():
+        raise ValueError(
+            f"{str(path)!r} is not a regular file (a folder, a device, a pipe or a broken link), so "
+            f"{what} cannot be read from it; replace it with the checkpoint's own {path.name}"
+        )
+
+
+def _check_finite(model, where: str) -> None:
+    """``ValueError`` naming the first weight that holds NaN or an infinity (a broken checkpoint
+    would otherwise be scored, or fail later with a message that names no file)."""
+    for name, tensor in model.state_dict().items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise ValueError(
+                f"{where}: the weight {name!r} holds NaN or infinite values; the checkpoint is broken"
+            )
 
 
 def position_limit(model) -> int | None:
@@ -94,10 +120,11 @@ def checked_model(model: Any, device: str | torch.device):
     ``device`` and the tokenizer saved with it (``None``: bytes)."""
     from ..model import TransformerLM
 
-    tokenizer = None
+    tokenizer, where = None, "the model"
     if not isinstance(model, TransformerLM):
-        tokenizer = model_tokenizer(model)
+        tokenizer, where = model_tokenizer(model), f"--model {str(model)!r}"
         model = load_pretrained(model, device=device)
+    _check_finite(model, where)
     vocab = model.config.vocab_size
     if tokenizer is not None and tokenizer.vocab_size > vocab:
         raise ValueError(
