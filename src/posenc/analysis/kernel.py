@@ -53,6 +53,7 @@ __all__ = [
     "kernel_curve",
     "make_probe",
     "positional_kernel",
+    "rotation_axes",
     "rotation_frequencies",
 ]
 
@@ -171,8 +172,9 @@ def _as_probe(scheme: str | PositionalScheme | Probe, context: dict[str, Any] | 
     return scheme if isinstance(scheme, Probe) else make_probe(scheme, context)
 
 
-def _positions(positions: int | Sequence[int] | torch.Tensor, name: str) -> torch.Tensor:
-    """An int ``s`` -> ``arange(s)``; a list or 1-D integer tensor -> int64 ``[s]``."""
+def _positions(positions: int | Sequence[int] | torch.Tensor, name: str, dims: int = 1) -> torch.Tensor:
+    """An int ``s`` -> ``arange(s)``; a list or 1-D integer tensor -> int64 ``[s]``; for a scheme of
+    ``dims`` > 1 position axes, grid coordinates ``[s, dims]`` are taken as they are."""
     if isinstance(positions, bool):
         raise TypeError(f"{name} must be an int or integer positions, got bool")
     if isinstance(positions, int):
@@ -180,8 +182,11 @@ def _positions(positions: int | Sequence[int] | torch.Tensor, name: str) -> torc
     t = torch.as_tensor(positions)
     if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
         raise TypeError(f"{name} must be integer positions, got dtype {t.dtype}; pass e.g. torch.arange(s)")
+    if dims > 1 and t.dim() == 2 and t.shape[1] == dims and t.shape[0] > 0:
+        return t.long()  # grid coordinates [s, dims]
     if t.dim() != 1 or t.numel() == 0:
-        raise ValueError(f"{name} must be a non-empty 1-D tensor [s], got shape {tuple(t.shape)}")
+        grid = f" or grid coordinates [s, {dims}]" if dims > 1 else ""
+        raise ValueError(f"{name} must be a non-empty 1-D tensor [s]{grid}, got shape {tuple(t.shape)}")
     return t.long()
 
 
@@ -195,25 +200,25 @@ def _cast(probe: Probe, dtype: torch.dtype | None) -> PositionalScheme:
 def _embed_table(probe: Probe, pos: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
     """``PE(p)`` rows ``[s, d]`` through ``embed`` on zero input (in ``dtype``, float32 by default).
 
-    A multi-axis scheme (public attribute ``ndim`` > 1, e.g. 2-D sinusoidal) is probed along its
-    first axis, the other coordinates 0.
+    A grid scheme (``position_dims`` > 1, e.g. 2-D sinusoidal) takes coordinates ``[s, n]``, or
+    positions ``[s]`` along its first axis, the other coordinates 0.
     """
     module = _cast(probe, dtype)
     dt = dtype or torch.float32
-    s, d = pos.numel(), probe.d_model
-    ndim = getattr(module, "ndim", 1)
+    s, d = pos.shape[0], probe.d_model
+    ndim = probe.scheme.position_dims
     with torch.no_grad():
-        if isinstance(ndim, int) and ndim > 1:
+        if ndim > 1:
             x = torch.zeros((1, s) + (1,) * (ndim - 1) + (d,), dtype=dt)  # [1, s, 1.., d]
-            coords = torch.zeros((s,) + (1,) * (ndim - 1) + (ndim,), dtype=torch.long)  # [s, 1.., n]
-            coords[..., 0] = pos.view((s,) + (1,) * (ndim - 1))
+            coords = _lift(pos, ndim).view((s,) + (1,) * (ndim - 1) + (ndim,))  # [s, 1.., n]
             return module.embed(x, coords).reshape(s, d)  # [1, s, 1.., d] -> [s, d]
         return module.embed(torch.zeros(1, s, d, dtype=dt), pos)[0]  # [1, s, d] -> [s, d]
 
 
 def _lift(pos: torch.Tensor, axes: int) -> torch.Tensor:
-    """Positions ``[s]`` as coordinates along the first of ``axes`` axes: ``[s]`` or ``[s, axes]``."""
-    if axes == 1:
+    """Positions ``[s]`` as coordinates along the first of ``axes`` axes: ``[s]`` or ``[s, axes]``;
+    coordinates ``[s, axes]`` unchanged."""
+    if axes == 1 or pos.dim() == 2:
         return pos
     coords = torch.zeros(pos.numel(), axes, dtype=torch.long)  # [s, n]: (p, 0, ..)
     coords[:, 0] = pos
@@ -267,7 +272,7 @@ def _rotate_rows(
     module = _cast(probe, dtype)
     dt = dtype or torch.float32
     c = content.shape[0]
-    x = content.to(dt)[:, None, None, :].expand(c, heads, pos.numel(), content.shape[-1])  # [c, h, s, d_h]
+    x = content.to(dt)[:, None, None, :].expand(c, heads, pos.shape[0], content.shape[-1])  # [c, h, s, d_h]
     with torch.no_grad():
         q, k = module.rotate(x.contiguous(), x.contiguous(), coords, coords)
     return q[:, 0], k[:, 0]  # head 0: [c, h, s, d_h] -> [c, s, d_h]
@@ -331,6 +336,43 @@ def rotation_frequencies(
     return torch.sort(angles, descending=True).values[0::2].contiguous()  # one per pair -> [d_h/2]
 
 
+def rotation_axes(
+    scheme: str | PositionalScheme | Probe, context: dict[str, Any] | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which position axis turns each dimension of the head, and by how much per step.
+
+    For each axis ``a`` of a ``rotate`` scheme with ``D = position_dims`` axes, the basis vectors
+    ``e_j`` are rotated at the coordinate one step along ``a`` (the others 0); dimension ``j`` turns
+    with ``a`` when ``R e_j != e_j``, by the angle between ``e_j`` and ``R e_j`` (a pair turning
+    by ``theta`` moves both its dimensions by ``theta``, whatever the layout).
+
+    Returns:
+        ``(axis [d_h]`` int64, -1 for a dimension no axis turns; ``angle [d_h]`` float64, radians
+        per step, 0 where unturned``)``.
+    """
+    probe = _as_probe(scheme, context)
+    if not probe.rotates:
+        raise ValueError(f"scheme {probe.name!r} has no 'rotate' hook (hooks: {list(probe.hooks) or 'none'})")
+    dims = probe.scheme.position_dims
+    eye = torch.eye(probe.head_dim)  # [d_h, d_h]: one basis vector per row
+    axis = torch.full((probe.head_dim,), -1, dtype=torch.long)
+    angle = torch.zeros(probe.head_dim, dtype=torch.float64)
+    for a in range(dims):
+        step = torch.zeros(1, dims, dtype=torch.long)  # one step along axis a: [1, D]
+        step[0, a] = 1
+        if dims == 1:
+            step = step[:, 0]  # [1]
+        q, _ = _rotate_rows(probe, eye, step, None)  # [d_h, 1, d_h]: row j = R e_j
+        moved = q[:, 0, :].double()  # [d_h, d_h]
+        cos = moved.diagonal()  # [d_h]: e_j . R e_j
+        sin = (moved - torch.diag(cos)).norm(dim=-1)  # [d_h]: |R e_j - (e_j . R e_j) e_j|, exact when small
+        theta = torch.atan2(sin, cos)
+        turned = theta > 1e-6
+        axis[turned] = a
+        angle[turned] = theta[turned]
+    return axis, angle
+
+
 def _content(probe: Probe, mode: str, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Query/key contents for ``rotate`` (``[c, d_h]`` each) and the per-head query fed to
     ``score_bias`` (``[h, d_h]``, the same at every position)."""
@@ -372,13 +414,13 @@ def _rotate_kernel(probe: Probe, qp: torch.Tensor, kp: torch.Tensor, mode: str, 
 def _bias_kernel(probe: Probe, qp: torch.Tensor, kp: torch.Tensor, mode: str, seed: int) -> torch.Tensor:
     _, _, qc = _content(probe, mode, seed)
     q = (
-        qc[None, :, None, :].expand(1, probe.num_heads, qp.numel(), probe.head_dim).contiguous()
+        qc[None, :, None, :].expand(1, probe.num_heads, qp.shape[0], probe.head_dim).contiguous()
     )  # [1, h, m, d_h]
     _, axes = _attention_shape(probe, "score_bias")
     with torch.no_grad():
         bias = probe.scheme.score_bias(_lift(qp, axes), _lift(kp, axes), q)
     if bias is None:
-        return torch.zeros(1, qp.numel(), kp.numel(), dtype=torch.float64)
+        return torch.zeros(1, qp.shape[0], kp.shape[0], dtype=torch.float64)
     return bias.double().reshape(-1, *bias.shape[-3:])[0]  # [b | 1, h, m, n] -> [h, m, n]
 
 
@@ -397,8 +439,9 @@ def positional_kernel(
     Args:
         scheme: a registry name, a module, or a :class:`Probe` from :func:`make_probe`.
         q_positions: query positions: an int ``m`` (``0..m-1``) or integer positions ``[m]``; any
-            values, including past the nominal length.
-        k_positions: key positions ``[n]`` (default: the query positions).
+            values, including past the nominal length. A grid scheme (``position_dims`` = ``D`` > 1)
+            also takes coordinates ``[m, D]``; positions ``[m]`` run along its first axis.
+        k_positions: key positions ``[n]`` or ``[n, D]`` (default: the query positions).
         content: ``"mean"`` (expectation over shared isotropic content) or ``"random"`` (a seeded
             independent ``q, k``; biases get one random query per head, the same at every
             position); only ``rotate`` and content-dependent biases use it.
@@ -412,9 +455,10 @@ def positional_kernel(
     """
     probe = _as_probe(scheme, context)
     check_choice(content, "content", CONTENT_MODES)
-    qp = _positions(q_positions, "q_positions")
-    kp = qp if k_positions is None else _positions(k_positions, "k_positions")
-    total = torch.zeros(1, qp.numel(), kp.numel(), dtype=torch.float64)  # [1, m, n]
+    dims = probe.scheme.position_dims
+    qp = _positions(q_positions, "q_positions", dims)
+    kp = qp if k_positions is None else _positions(k_positions, "k_positions", dims)
+    total = torch.zeros(1, qp.shape[0], kp.shape[0], dtype=torch.float64)  # [1, m, n]
     if "embed" in probe.hooks:
         total = total + _embed_kernel(probe, qp, kp, projection)
     if probe.rotates:

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .kernel import Probe, display_kernel, encodings, make_probe, rotation_frequencies
+from .kernel import Probe, display_kernel, encodings, make_probe, positional_kernel, rotation_frequencies
 from .page import esc, table
 
 __all__ = ["HOOK_FORMULAS", "LESSONS", "Lesson", "lesson_html", "math_svg", "worked_example"]
@@ -306,6 +306,11 @@ def _formula(tex: str) -> str:
 EXAMPLE_CONTEXT: dict[str, Any] = {"d_model": 8, "num_heads": 2, "head_dim": 4, "max_len": 16, "causal": True}
 
 
+#: Sizes of a grid scheme's worked example: wide enough that every axis of a 3-D grid gets
+#: dimensions (d = 12: four per axis; multimodal RoPE's default split gives each axis two pairs).
+GRID_EXAMPLE_CONTEXT: dict[str, Any] = {**EXAMPLE_CONTEXT, "d_model": 12, "head_dim": 12}
+
+
 def _fmt(x: float) -> str:
     """Three significant digits, signed (small initial values stay readable)."""
     return f"{x:+.3g}".replace("-", "−")
@@ -323,7 +328,7 @@ def worked_example(name: str) -> str:
     except (ValueError, TypeError) as err:
         return f"<p class='muted'>No worked example: {esc(err)}</p>"
     if probe.scheme.position_dims != 1:
-        return _grid_example(probe)
+        return _grid_example(make_probe(name, GRID_EXAMPLE_CONTEXT))
     state = "; its trainable values at initialisation, random" if probe.trainable else ""
     parts = [
         f"<p><b>Worked example</b> (posenc builds <code>{esc(name)}</code> with d = {probe.d_model}, "
@@ -382,9 +387,40 @@ def worked_example(name: str) -> str:
 
 
 def _grid_example(probe: Probe) -> str:
+    """The worked example of a grid scheme: K between grid points, computed on coordinates."""
+    import torch
+
+    from .grid import axis_names
+
+    dims = probe.scheme.position_dims
+    names = axis_names(probe)
+    origin = torch.zeros(1, dims, dtype=torch.long)  # [1, D]
+    steps = torch.eye(dims, dtype=torch.long)  # [D, D]: one step along each axis
+    k_steps = positional_kernel(probe, origin, torch.cat([origin, steps]))[0, 0]  # [1 + D]
+    offset = torch.tensor([[1, 2, 0][:dims]])  # [1, D]
+    here, there = torch.tensor([[2, 1, 1][:dims]]), torch.tensor([[0] * dims])
+    k_a = float(positional_kernel(probe, there, there + offset)[0, 0, 0])
+    k_b = float(positional_kernel(probe, here, here + offset)[0, 0, 0])
+    k0 = float(k_steps[0])
+    rows = [["the point itself", _fmt(k0), "–"]] + [
+        [f"one step along {esc(n)}", _fmt(float(k_steps[a + 1])), _fmt(float(k_steps[a + 1]) - k0)]
+        for a, n in enumerate(names)
+    ]
+    coords = ", ".join(esc(n) for n in names)
+    same = _same(k_a, k_b)
     return (
-        f"<p><b>Worked example</b>: <code>{esc(probe.name)}</code> encodes {probe.scheme.position_dims}-D "
-        "grid coordinates; its figures below show it along one axis of the grid.</p>"
+        f"<p><b>Worked example</b> (posenc builds <code>{esc(probe.name)}</code> with d = {probe.d_model}, "
+        f"d<sub>h</sub> = {probe.head_dim}): positions are {dims}-D coordinates ({coords}). K between "
+        "the point at the origin and:</p>"
+        + table(["key", "K", "change from the point itself"], rows, numeric=(1, 2))
+        + f"<p>K({tuple(there[0].tolist())}, {tuple((there + offset)[0].tolist())}) = {_fmt(k_a)} and "
+        f"K({tuple(here[0].tolist())}, {tuple((here + offset)[0].tolist())}) = {_fmt(k_b)}, the same "
+        "offset at two places: "
+        + (
+            "equal, so this scheme sees only the offset on each axis.</p>"
+            if same
+            else "not equal, so this scheme also knows where the pair sits.</p>"
+        )
     )
 
 

@@ -35,6 +35,7 @@ from .captions import figure_caption
 from .claims import common_claims, study_claims
 from .default_study import load_default_study
 from .explore import explorers
+from .grid import axis_names, is_grid
 from .interactive import HOOK_COLORS, kernel_profile, overview_figure
 from .kernel import DEFAULT_CONTEXT, Probe, make_probe
 from .lessons import lesson_html
@@ -52,6 +53,7 @@ from .sections import (
 )
 
 __all__ = [
+    "GRID_KINDS",
     "REPORT_CONTEXT",
     "REPORT_KINDS",
     "build_report",
@@ -68,12 +70,18 @@ REPORT_CONTEXT: dict[str, Any] = {**DEFAULT_CONTEXT, "causal": True}
 #: Plot kinds shown per scheme in the report, in order (each only where it applies).
 REPORT_KINDS = ("heatmap", "frequencies", "kernel_curve", "bias", "kernel", "scalings")
 
+#: Plot kinds shown instead for a scheme of grid positions (``position_dims`` > 1): on its grid.
+GRID_KINDS = ("grid_kernel", "axes")
+
 
 def report_kinds(probe: Probe, results: Sequence[PropertyResult]) -> list[str]:
     """The report's plots for one scheme: every applicable kind of :data:`REPORT_KINDS`, except the
     kernel heatmap where it adds nothing to the curve (one head, translation invariant: constant
     diagonals) and the kernel curve where the page's overview already shows it (anything but a
-    rotation, whose curve here adds RoFormer's bound)."""
+    rotation, whose curve here adds RoFormer's bound). A scheme of grid positions gets
+    :data:`GRID_KINDS`: its kernel over the grid and, for a rotation, the axes of its head."""
+    if is_grid(probe):
+        return [kind for kind in GRID_KINDS if PLOT_KINDS[kind].applies(probe) is None]
     invariant = any(r.property == "translation_inv" and r.passed for r in results)
     kinds = []
     for kind in REPORT_KINDS:
@@ -141,6 +149,7 @@ def _scheme_part(
             "group": "none",
             "trainable": False,
             "sequence": False,
+            "along": None,
         }
     results = check(probe)
     figs = [
@@ -173,6 +182,7 @@ def _scheme_part(
         )
     )
     profile = kernel_profile(probe, min(probe.nominal_len, 256)) if probe.hooks else None
+    along = f"along {axis_names(probe)[0]}" if is_grid(probe) else None  # the overview's 1-D cut
     return {
         "section": section,
         "results": results,
@@ -180,6 +190,7 @@ def _scheme_part(
         "group": scheme_group(probe),
         "trainable": probe.trainable,
         "sequence": probe.scheme.position_dims == 1,  # encodes token positions (not a 2-D/3-D grid)
+        "along": along,
     }
 
 
@@ -222,6 +233,8 @@ def _overview(names: list[str], parts: list[dict[str, Any]], trained: dict[str, 
                 )
             elif part["trainable"]:
                 panel["title"] = f"{name} (initialisation)"
+            if part["along"]:
+                panel["title"] = f"{name} ({part['along']})"
             panels.append(panel)
     if not panels:
         return ""

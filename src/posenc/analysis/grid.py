@@ -1,0 +1,75 @@
+"""Schemes of grid positions (image patches, video, volumes) seen on their grid.
+
+A scheme whose positions are coordinates (``position_dims`` = ``D`` > 1: 2-D sinusoidal, axial
+2-D RoPE, multimodal RoPE) is measured on the grid itself: the positional kernel between the
+centre point and every point of a plane through it (:func:`plane_kernel`), one plane per pair of
+axes, and, for a rotation, which axis turns each dimension of the head
+(:func:`~posenc.analysis.kernel.rotation_axes`).
+
+Axes are named by the scheme's declared ``axis_names`` where it has them (multimodal RoPE:
+time, height, width), else ``axis 0``, ``axis 1``, ...
+
+Legend: ``D`` position axes, ``G`` points per side of a plane, ``h`` heads, ``d_h`` head width.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from .kernel import Probe, positional_kernel
+
+__all__ = ["GRID_SIZE", "axis_names", "grid_planes", "is_grid", "plane_coordinates", "plane_kernel"]
+
+#: Points per side of a drawn plane (odd: the centre point is a grid point).
+GRID_SIZE = 33
+
+
+def is_grid(probe: Probe) -> bool:
+    """Whether the scheme's positions are grid coordinates (``position_dims`` > 1)."""
+    return probe.scheme.position_dims > 1
+
+
+def axis_names(probe: Probe) -> tuple[str, ...]:
+    """One name per position axis: the scheme's declared ``axis_names``, or ``axis 0``, ..."""
+    dims = probe.scheme.position_dims
+    names = getattr(probe.scheme, "axis_names", None)  # declared by a grid scheme that names its axes
+    if isinstance(names, (tuple, list)) and len(names) == dims and all(isinstance(n, str) for n in names):
+        return tuple(names)
+    return tuple(f"axis {a}" for a in range(dims))
+
+
+def grid_planes(dims: int) -> list[tuple[int, int]]:
+    """The planes drawn for ``dims`` axes: every pair of axes ``(a, b)``, ``a < b``."""
+    return list(itertools.combinations(range(dims), 2))
+
+
+def plane_coordinates(dims: int, axes: tuple[int, int], size: int = GRID_SIZE) -> torch.Tensor:
+    """Coordinates of the plane through the centre spanned by ``axes``: int64 ``[G * G, D]``, row-major
+    (axis ``axes[0]`` slow, ``axes[1]`` fast), every other coordinate at the centre ``G // 2``."""
+    a, b = axes
+    if not (0 <= a < dims and 0 <= b < dims and a != b):
+        raise ValueError(f"axes must be two different axes of 0..{dims - 1}, got {axes!r}")
+    if size < 1:
+        raise ValueError(f"size must be >= 1, got {size}")
+    coords = torch.full((size, size, dims), size // 2, dtype=torch.long)  # [G, G, D]
+    coords[..., a] = torch.arange(size)[:, None]
+    coords[..., b] = torch.arange(size)[None, :]
+    return coords.reshape(size * size, dims)
+
+
+def plane_kernel(probe: Probe, axes: tuple[int, int], size: int = GRID_SIZE) -> torch.Tensor:
+    """``K(centre, point)`` for every point of the plane spanned by ``axes`` through the centre:
+    float64 ``[h, G, G]`` (row ``i``: coordinate ``i`` on ``axes[0]``; column ``j``: on ``axes[1]``).
+
+    Raises:
+        ValueError: the scheme is not a grid scheme.
+    """
+    dims = probe.scheme.position_dims
+    if dims < 2:
+        raise ValueError(f"scheme {probe.name!r} encodes 1-D positions (position_dims = 1), not a grid")
+    points = plane_coordinates(dims, axes, size)  # [G*G, D]
+    centre = torch.full((1, dims), size // 2, dtype=torch.long)  # [1, D]
+    kern = positional_kernel(probe, centre, points)  # [h, 1, G*G]
+    return kern[:, 0].reshape(-1, size, size)
