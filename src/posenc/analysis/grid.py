@@ -15,12 +15,22 @@ Legend: ``D`` position axes, ``G`` points per side of a plane, ``h`` heads, ``d_
 from __future__ import annotations
 
 import itertools
+import math
 
 import torch
 
 from .kernel import Probe, positional_kernel
 
-__all__ = ["GRID_SIZE", "axis_names", "grid_planes", "is_grid", "plane_coordinates", "plane_kernel"]
+__all__ = [
+    "GRID_SIZE",
+    "SHOW_MAX_HEAD_DIM",
+    "axes_text",
+    "axis_names",
+    "grid_planes",
+    "is_grid",
+    "plane_coordinates",
+    "plane_kernel",
+]
 
 #: Points per side of a drawn plane (odd: the centre point is a grid point).
 GRID_SIZE = 33
@@ -73,3 +83,42 @@ def plane_kernel(probe: Probe, axes: tuple[int, int], size: int = GRID_SIZE) -> 
     centre = torch.full((1, dims), size // 2, dtype=torch.long)  # [1, D]
     kern = positional_kernel(probe, centre, points)  # [h, 1, G*G]
     return kern[:, 0].reshape(-1, size, size)
+
+
+#: The widest head ``posenc show`` maps (the map rotates ``d_h`` basis vectors: ``d_h^2`` values).
+SHOW_MAX_HEAD_DIM = 4096
+
+
+def axes_text(probe: Probe, digits: int = 4, rows: int | None = None) -> str:
+    """Which position axis turns each dimension of a rotating scheme's head, as text: a one-line
+    drawing of the head (one letter per dimension) and a table of dimension, axis, angle per step
+    and wavelength (the first ``rows`` dimensions; all by default).
+
+    Raises:
+        ValueError: the scheme does not rotate q and k with position.
+    """
+    from .kernel import rotation_axes
+
+    axis, angle = rotation_axes(probe)  # [d_h], [d_h]
+    dims = probe.scheme.position_dims
+    names = axis_names(probe) if dims > 1 else ("position",)
+    initials = [n[0].upper() for n in names]
+    letters = initials if len(set(initials)) == len(initials) else [str(a) for a in range(dims)]
+    drawing = "".join("." if a < 0 else letters[a] for a in axis.tolist())
+    key = ", ".join(f"{letter} {name}" for letter, name in zip(letters, names))
+    if bool((axis < 0).any()):
+        key += ", . not rotated"
+    counts = ", ".join(f"{name} {int((axis == a).sum())}" for a, name in enumerate(names))
+    lines = [
+        f"{probe.name}: rotates q and k; {dims} position "
+        + (f"axes ({', '.join(names)})" if dims > 1 else "axis")
+        + f"; head_dim = {axis.numel()}; dimensions per axis: {counts}",
+        f"head: {drawing}  ({key})",
+        f"{'dim':>5}  {'axis':<10} {'angle/step (rad)':>18} {'wavelength (steps)':>20}",
+    ]
+    shown = axis.numel() if rows is None else min(rows, axis.numel())
+    for j in range(shown):
+        a, theta = int(axis[j]), float(angle[j])
+        lam = f"{2 * math.pi / theta:,.{digits}f}" if theta > 0 else "–"
+        lines.append(f"{j:>5}  {names[a] if a >= 0 else '–':<10} {theta:>18.{digits}f} {lam:>20}")
+    return "\n".join(lines)
