@@ -71,7 +71,11 @@ def test_interactive_figures_are_valid_plotly_specs(report):
         assert f'<div class="plot" id="{fig_id}" data-spec="{fig_id}-spec">' in html
     overview = json.loads(specs["overview"])
     titles = [a["text"] for a in overview["layout"]["annotations"]]
-    assert "<b>learned (initialisation)</b>" in titles and "<b>alibi</b>" in titles
+    assert any(t.startswith("<b>learned (initialisation)</b> · max |K| ") for t in titles)
+    # magnitudes shown: ALiBi's mean bias at the far end of the panel, in logit units, in its title
+    alibi = next(t for t in overview["data"] if t["name"] == "alibi: kernel")
+    assert max(abs(v) for v in alibi["y"]) > 1.5
+    assert f"<b>alibi</b> · max |K| {max(abs(v) for v in alibi['y']):.3g}" in titles
 
 
 def test_page_order_labels_and_plain_words(report):

@@ -39,7 +39,7 @@ from .grid import axis_names, is_grid
 from .interactive import HOOK_COLORS, kernel_profile, overview_figure
 from .kernel import DEFAULT_CONTEXT, Probe, make_probe
 from .lessons import lesson_html
-from .page import CSS, esc, figure_data_uri, img, interactive, plotly_script
+from .page import CSS, esc, figure_data_uri, figure_img, interactive, plotly_script
 from .plots import PLOT_KINDS, render
 from .properties import PropertyResult, check
 from .sections import (
@@ -153,11 +153,7 @@ def _scheme_part(
         }
     results = check(probe)
     figs = [
-        img(
-            figure_data_uri(render(probe, kind), dpi=dpi),
-            _caption(probe, kind),
-            f"{name}: {PLOT_KINDS[kind].title}",
-        )
+        figure_img(render(probe, kind), _caption(probe, kind), f"{name}: {PLOT_KINDS[kind].title}", dpi=dpi)
         for kind in report_kinds(probe, results)
     ]
     broken = [r.property for r in results if r.broken_promise]
@@ -181,7 +177,7 @@ def _scheme_part(
             else "<p class='muted'>No positional hooks: nothing to plot (its kernel is zero).</p>"
         )
     )
-    profile = kernel_profile(probe, min(probe.nominal_len, 256)) if probe.hooks else None
+    profile = kernel_profile(probe, min(probe.nominal_len, 256), scaled=False) if probe.hooks else None
     along = f"along {axis_names(probe)[0]}" if is_grid(probe) else None  # the overview's 1-D cut
     return {
         "section": section,
@@ -227,7 +223,7 @@ def _overview(names: list[str], parts: list[dict[str, Any]], trained: dict[str, 
             panel = {"title": name, "group": key, "r": r, "y": y, "label": "kernel"}
             if name in trained:
                 t = trained[name]
-                tr, ty = kernel_profile(t.trained, t.train_len)
+                tr, ty = kernel_profile(t.trained, t.train_len, scaled=False)
                 panel.update(
                     r=tr, y=ty, label=f"trained, L = {t.train_len}", extra=[("initialisation", r, y, "dot")]
                 )
@@ -244,11 +240,14 @@ def _overview(names: list[str], parts: list[dict[str, Any]], trained: dict[str, 
         if k != "none"
     )
     caption = (
-        f"One panel per scheme, colour by where it acts ({legend}); each curve is scaled to a largest "
-        "|K| of 1 so shapes compare on shared axes (hover for values, drag to zoom one panel and all "
-        "follow). Learnable schemes show their trained kernel, with the initialisation dotted. A "
-        "scheme without position has no panel: its kernel is zero. What each shape means is in that "
-        "scheme's section above, written from its own numbers."
+        f"One panel per scheme, colour by where it acts ({legend}): the kernel against distance, mean "
+        "over heads. The menu at the top left chooses the view, and the y-axis title says which is shown: "
+        "<b>magnitude</b> (the default) draws K in logit units, each panel on its own y-axis, its "
+        "largest |K| in its title; <b>shape</b> divides each curve by its own largest |K| and puts "
+        "every panel on one y-axis from −1 to 1, so shapes compare. Hover for values; drag to zoom "
+        "one panel and all follow along the distance. Learnable schemes show their trained kernel, with the "
+        "initialisation dotted. A scheme without position has no panel: its kernel is zero. What each "
+        "shape means is in that scheme's section above, written from its own numbers."
     )
     return interactive("overview", overview_figure(panels), caption)
 
@@ -447,7 +446,8 @@ def build_report(
         schemes: scheme names (default: every registered scheme).
         context: sizes to build schemes with (``d_model``, ``num_heads``, ``head_dim``, ``max_len``,
             ``causal``; default :data:`REPORT_CONTEXT`).
-        dpi: resolution of the embedded PNGs.
+        dpi: the static figures' displayed resolution (CSS pixels per inch); each PNG is drawn at
+            :data:`~posenc.analysis.page.ZOOM` times it, so it stays sharp when enlarged.
         workers: processes drawing schemes in parallel (default: 2, or 1 on a 1-core machine).
         fast: train nothing; learnable schemes show their initialisation, and the page says so.
         study: a ``posenc extrapolate --out`` folder: its tables and figure are shown, and its
