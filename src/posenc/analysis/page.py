@@ -72,8 +72,7 @@ figure{margin:8px 0;max-width:100%}
 .figs figure{flex:1 1 420px}
 .figs img{max-width:100%;height:auto;border:1px solid #eee;cursor:zoom-in}
 figure img.zoom{position:fixed;inset:0;margin:auto;width:auto;max-width:98vw;max-height:98vh;
-height:auto;min-width:min(1100px,98vw);z-index:10;background:#fff;box-shadow:0 0 0 100vmax rgba(0,0,0,.6);
-cursor:zoom-out}
+height:auto;z-index:10;background:#fff;box-shadow:0 0 0 100vmax rgba(0,0,0,.6);cursor:zoom-out}
 .maths{margin:8px 0 12px}.eq{margin:4px 0}img.math{vertical-align:middle;max-width:100%}
 figcaption{font-size:13px;color:#444;max-width:900px;margin-top:4px}
 .plot{width:100%;min-height:200px}
