@@ -261,3 +261,11 @@ def test_study_figure_bands_are_the_intervals():
     (shape,) = fig["layout"]["shapes"]
     assert shape["x0"] == shape["x1"] == 16
     assert fig["layout"]["xaxis"]["type"] == "log"
+
+
+def test_overview_of_a_zero_kernel_says_zero_and_its_menu_sits_above_the_panels():
+    fig = overview_figure([{"title": "flat", "group": "rotate", "r": [0, 1], "y": [0.0, 0.0]}])
+    assert fig["layout"]["annotations"][0]["text"] == "<b>flat</b> · max |K| 0"
+    shape = fig["layout"]["updatemenus"][0]["buttons"][1]
+    assert shape["args"][0]["y"] == [[0.0, 0.0]]
+    assert fig["layout"]["updatemenus"][0]["y"] > 1  # in the top margin, not over the first panel

@@ -63,7 +63,8 @@ OVERVIEW_VIEWS = (
 
 
 def _peak(y: Sequence[float]) -> float:
-    return max((abs(v) for v in y), default=0.0) or 1.0
+    """The largest |value| of a curve (0 for a zero curve)."""
+    return max((abs(v) for v in y), default=0.0)
 
 
 def overview_figure(panels: Sequence[dict[str, Any]], columns: int = 4) -> dict[str, Any]:
@@ -85,7 +86,7 @@ def overview_figure(panels: Sequence[dict[str, Any]], columns: int = 4) -> dict[
         traces = [(panel.get("label", "kernel"), panel["r"], panel["y"], "solid", color)]
         traces += [(label, r, y, dash, "#111") for label, r, y, dash in panel.get("extra", ())]
         for label, r, y, dash, c in traces:
-            shapes.append([v / _peak(y) for v in y])
+            shapes.append([v / (_peak(y) or 1.0) for v in y])
             data.append(
                 {
                     "type": "scatter",
@@ -137,19 +138,19 @@ def overview_figure(panels: Sequence[dict[str, Any]], columns: int = 4) -> dict[
             )
         ys = [t["y"] for t in data] if v == 0 else shapes
         views.append({"label": label, "method": "update", "args": [{"y": ys}, axes]})
+    height, top, bottom = 190 * rows + 140, 90, 60  # pixels: the menu and toolbar sit in the top margin
     layout.update(
         {
             "grid": {"rows": rows, "columns": columns, "pattern": "independent", "ygap": 0.45},
             "annotations": annotations,
-            "height": 190 * rows + 140,
-            "margin": {"l": 60, "r": 10, "t": 90, "b": 60},  # the menu and toolbar above the titles
+            "height": height,
+            "margin": {"l": 60, "r": 10, "t": top, "b": bottom},
             "updatemenus": [
                 {
                     "type": "dropdown",
                     "x": 0.0,
-                    "y": 1.0,
-                    "yref": "container",
-                    "yanchor": "top",
+                    "y": 1 + 40 / (height - top - bottom),  # 40 px above the plotting area, in paper units
+                    "yanchor": "bottom",
                     "xanchor": "left",
                     "active": 0,
                     "buttons": views,

@@ -18,6 +18,7 @@ from typing import Any
 
 __all__ = [
     "CSS",
+    "WIDE",
     "ZOOM",
     "esc",
     "figure_data_uri",
@@ -69,7 +70,7 @@ td.pass{background:#dff3e3}td.fail{background:#f8d0d0;font-weight:bold}td.no{bac
 td.na{color:#999}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .figs{display:flex;flex-wrap:wrap;gap:16px;align-items:flex-start}
 figure{margin:8px 0;max-width:100%}
-.figs figure{flex:1 1 420px}
+.figs figure{flex:1 1 420px}.figs figure.wide{flex-basis:100%}
 .figs img{max-width:100%;height:auto;border:1px solid #eee;cursor:zoom-in}
 figure img.zoom{position:fixed;inset:0;margin:auto;width:auto;max-width:98vw;max-height:98vh;
 height:auto;z-index:10;background:#fff;box-shadow:0 0 0 100vmax rgba(0,0,0,.6);cursor:zoom-out}
@@ -88,6 +89,9 @@ nav a{margin-right:10px}
 #: Image pixels per displayed pixel of a static figure: drawn at ``dpi * ZOOM`` and shown at
 #: ``dpi``, so it stays sharp when enlarged on click (and on high-density screens).
 ZOOM = 2.5
+
+#: A static figure shown wider than this (CSS pixels) takes a row of the page to itself.
+WIDE = 760
 
 
 def figure_data_uri(fig: Any, *, dpi: int = 72) -> str:
@@ -114,7 +118,10 @@ def img(uri: str, caption: str, alt: str, *, width: int | None = None) -> str:
     """A static figure: ``uri`` a data URI, ``caption`` HTML (what to notice), ``alt`` plain text,
     ``width`` the displayed width in CSS pixels (default: the image's own)."""
     size = f' width="{int(width)}"' if width is not None else ""
-    return f'<figure><img src="{uri}"{size} alt="{esc(alt)}"><figcaption>{caption}</figcaption></figure>'
+    wide = " class='wide'" if width is not None and width > WIDE else ""  # a row of its own
+    return (
+        f'<figure{wide}><img src="{uri}"{size} alt="{esc(alt)}"><figcaption>{caption}</figcaption></figure>'
+    )
 
 
 def figure_img(fig: Any, caption: str, alt: str, *, dpi: int = 72, zoom: float = ZOOM) -> str:
