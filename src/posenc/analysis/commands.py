@@ -193,7 +193,8 @@ def report_args(p: argparse.ArgumentParser) -> None:
     train.add_argument(
         "--cache-dir",
         metavar="DIR",
-        help="where the report's trained models are kept and reused (default ~/.cache/posenc/report)",
+        help="where the report's trained models and drawn scheme sections are kept and reused "
+        "(default ~/.cache/posenc/report; --fast keeps nothing unless this is given)",
     )
 
 

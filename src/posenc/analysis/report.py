@@ -195,21 +195,38 @@ def _worker_init() -> None:
 
 
 def _parts(
-    names: list[str], ctx: dict[str, Any], dpi: int, workers: int, study: dict[str, Any] | None = None
+    names: list[str],
+    ctx: dict[str, Any],
+    dpi: int,
+    workers: int,
+    study: dict[str, Any] | None = None,
+    cache: Path | None = None,
 ) -> list[dict[str, Any]]:
-    """:func:`_scheme_part` for every scheme, on ``workers`` forked processes (in order).
+    """:func:`_scheme_part` for every scheme, on ``workers`` forked processes (in order); with a
+    ``cache`` folder, sections stored by an earlier build with the same inputs are read back
+    (:mod:`~posenc.analysis.section_cache`) and the others stored.
 
     Forked workers inherit the registry, so schemes registered at run time are reported too.
     Without ``fork`` (Windows, macOS default) or with one worker, runs in this process.
     """
-    if workers > 1 and len(names) > 1 and "fork" in multiprocessing.get_all_start_methods():
+    from .section_cache import load_section, section_key, store_section
+
+    keys = {n: section_key(n, ctx, dpi, study) for n in names} if cache is not None else {}
+    found = {n: load_section(cache, keys[n]) for n in names} if cache is not None else {}
+    todo = [n for n in names if found.get(n) is None]
+    if workers > 1 and len(todo) > 1 and "fork" in multiprocessing.get_all_start_methods():
         ctx_fork = multiprocessing.get_context("fork")
         with ProcessPoolExecutor(
-            min(workers, len(names)), mp_context=ctx_fork, initializer=_worker_init
+            min(workers, len(todo)), mp_context=ctx_fork, initializer=_worker_init
         ) as pool:
-            futures = [pool.submit(_scheme_part, n, ctx, dpi, study) for n in names]
-            return [f.result() for f in futures]
-    return [_scheme_part(n, ctx, dpi, study) for n in names]
+            futures = [pool.submit(_scheme_part, n, ctx, dpi, study) for n in todo]
+            drawn = dict(zip(todo, (f.result() for f in futures)))
+    else:
+        drawn = {n: _scheme_part(n, ctx, dpi, study) for n in todo}
+    if cache is not None:
+        for n, part in drawn.items():
+            store_section(cache, keys[n], part)
+    return [found.get(n) or drawn[n] for n in names]
 
 
 def _overview(names: list[str], parts: list[dict[str, Any]], trained: dict[str, Any]) -> str:
@@ -312,6 +329,7 @@ def report_html(
     study_folder: str | None = None,
     trained_note: str = "",
     started: float | None = None,
+    section_cache: str | Path | None = None,
 ) -> str:
     """The report as one HTML string (see :func:`build_report`).
 
@@ -325,6 +343,8 @@ def report_html(
         trained_note: one sentence (HTML) on how the trained models were made.
         started: :func:`time.perf_counter` when the build began (the header's build time includes
             the training before this call); default: now.
+        section_cache: a folder where each scheme's section is kept and reused by a later build
+            with the same inputs (:mod:`~posenc.analysis.section_cache`); None keeps nothing.
     """
     t0 = time.perf_counter() if started is None else started
     ctx = {**REPORT_CONTEXT, **(context or {})}
@@ -334,7 +354,9 @@ def report_html(
     workers = min(2, os.cpu_count() or 1) if workers is None else check_int(workers, "workers")
     if study is None:
         study, study_folder = load_default_study(), None
-    parts = _parts(names, ctx, dpi, workers, study)
+    parts = _parts(
+        names, ctx, dpi, workers, study, Path(section_cache) if section_cache is not None else None
+    )
     results: dict[str, list[PropertyResult]] = {n: p["results"] for n, p in zip(names, parts) if p["results"]}
     by_name = {t.name: t for t in trained if t.name in names}
     input_layer = _input_layer(names, parts)
@@ -452,8 +474,9 @@ def build_report(
         fast: train nothing; learnable schemes show their initialisation, and the page says so.
         study: a ``posenc extrapolate --out`` folder: its tables and figure are shown, and its
             checkpoints are the trained schemes (nothing is trained here).
-        cache_dir: where the report's own trained models are kept and reused (default
-            :func:`~posenc.analysis.trained.default_cache_dir`).
+        cache_dir: where the report's own trained models and drawn scheme sections are kept and
+            reused (default :func:`~posenc.analysis.trained.default_cache_dir`; a fast build keeps
+            nothing unless it is given).
         progress: training progress bars (``None`` = when stderr is a terminal).
         log: where training progress lines go (``None`` = silent).
         training: study fields replacing the report's training defaults
@@ -467,6 +490,11 @@ def build_report(
         check_choice(n, "scheme", registered_schemes())
     Path(out_dir).mkdir(parents=True, exist_ok=True)  # a folder that cannot be made fails before any work
     results, trained, note = None, [], ""
+    sections = None  # a fast build keeps nothing unless a cache folder is given
+    if cache_dir is not None or not fast:
+        from .trained import default_cache_dir
+
+        sections = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / "sections"
     if study is not None:
         results = read_study_results(study)  # one line naming the file and field when malformed
         trained = read_study(study)
@@ -486,6 +514,7 @@ def build_report(
         study_folder=Path(study).name if study is not None else None,
         trained_note=note,
         started=started,
+        section_cache=sections,
     )
     path = Path(out_dir) / "index.html"
     write_text(path, page)
