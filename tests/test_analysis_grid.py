@@ -17,8 +17,9 @@ from posenc.analysis.grid import (
     is_grid,
     plane_coordinates,
     plane_kernel,
+    rotation_axes,
 )
-from posenc.analysis.kernel import make_probe, positional_kernel, rotation_axes
+from posenc.analysis.kernel import make_probe, positional_kernel
 from posenc.rotary.mrope import default_mrope_section, pair_axes
 
 SMALL = {"d_model": 16, "head_dim": 16, "num_heads": 2, "max_len": 64}

@@ -17,8 +17,8 @@ from collections.abc import Callable
 
 import torch
 
-from .grid import GRID_SIZE, axis_names, grid_planes, plane_kernel
-from .kernel import Probe, display_kernel, encodings, kernel_curve, make_probe, rotation_axes
+from .grid import GRID_SIZE, axis_names, grid_planes, plane_kernel, rotation_axes
+from .kernel import Probe, display_kernel, encodings, kernel_curve, make_probe
 from .page import esc
 from .spectrum import scheme_frequencies
 

@@ -25,8 +25,18 @@ __all__ = [
 #: the names of ``plots.PLOT_KINDS``, here so that ``posenc plot --help`` and its argument errors
 #: need no matplotlib or torch (tests/test_cli.py checks the two agree)
 PLOT_KIND_NAMES = (
-    "heatmap", "waves", "similarity", "frequencies", "surface", "kernel", "kernel_curve", "bias", "scalings",
-)  # fmt: skip
+    "heatmap",
+    "waves",
+    "similarity",
+    "frequencies",
+    "surface",
+    "kernel",
+    "kernel_curve",
+    "bias",
+    "scalings",
+    "grid_kernel",
+    "axes",
+)
 
 
 # ---------------------------------------------------------------------------------------------- verify

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import Any
 
 import torch
 
-from .kernel import Probe, positional_kernel
+from ..base import PositionalScheme
+from .kernel import Probe, make_probe, positional_kernel, rotate_rows
 
 __all__ = [
     "GRID_SIZE",
@@ -30,6 +32,7 @@ __all__ = [
     "is_grid",
     "plane_coordinates",
     "plane_kernel",
+    "rotation_axes",
 ]
 
 #: Points per side of a drawn plane (odd: the centre point is a grid point).
@@ -85,6 +88,48 @@ def plane_kernel(probe: Probe, axes: tuple[int, int], size: int = GRID_SIZE) -> 
     return kern[:, 0].reshape(-1, size, size)
 
 
+def rotation_axes(
+    scheme: str | PositionalScheme | Probe, context: dict[str, Any] | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which position axis turns each dimension of the head, and by how much per step.
+
+    For each axis ``a`` of a ``rotate`` scheme with ``D = position_dims`` axes, the basis vectors
+    ``e_j`` are rotated at the coordinate one step along ``a`` (the others 0); dimension ``j`` turns
+    with ``a`` when ``R e_j != e_j``, by the angle between ``e_j`` and ``R e_j`` (a pair turning
+    by ``theta`` moves both its dimensions by ``theta``, whatever the layout).
+
+    Returns:
+        ``(axis [d_h]`` int64, -1 for a dimension no axis turns; ``angle [d_h]`` float64, radians
+        per step, 0 where unturned``)``.
+    """
+    probe = scheme if isinstance(scheme, Probe) else make_probe(scheme, context)
+    if not probe.rotates:
+        why = (
+            "its 'rotate' hook does not depend on position"
+            if "rotate" in probe.hooks
+            else f"it has no 'rotate' hook (hooks: {list(probe.hooks) or 'none'})"
+        )
+        raise ValueError(f"scheme {probe.name!r} does not rotate q and k with position: {why}")
+    dims = probe.scheme.position_dims
+    eye = torch.eye(probe.head_dim)  # [d_h, d_h]: one basis vector per row
+    axis = torch.full((probe.head_dim,), -1, dtype=torch.long)
+    angle = torch.zeros(probe.head_dim, dtype=torch.float64)
+    for a in range(dims):
+        step = torch.zeros(1, dims, dtype=torch.long)  # one step along axis a: [1, D]
+        step[0, a] = 1
+        if dims == 1:
+            step = step[:, 0]  # [1]
+        q, _ = rotate_rows(probe, eye, step, None)  # [d_h, 1, d_h]: row j = R e_j
+        moved = q[:, 0, :].double()  # [d_h, d_h]
+        cos = moved.diagonal()  # [d_h]: e_j . R e_j
+        sin = (moved - torch.diag(cos)).norm(dim=-1)  # [d_h]: |R e_j - (e_j . R e_j) e_j|, exact when small
+        theta = torch.atan2(sin, cos)
+        turned = theta > 1e-6
+        axis[turned] = a
+        angle[turned] = theta[turned]
+    return axis, angle
+
+
 #: The widest head ``posenc show`` maps (the map rotates ``d_h`` basis vectors: ``d_h^2`` values).
 SHOW_MAX_HEAD_DIM = 4096
 
@@ -97,8 +142,6 @@ def axes_text(probe: Probe, digits: int = 4, rows: int | None = None) -> str:
     Raises:
         ValueError: the scheme does not rotate q and k with position.
     """
-    from .kernel import rotation_axes
-
     axis, angle = rotation_axes(probe)  # [d_h], [d_h]
     dims = probe.scheme.position_dims
     names = axis_names(probe) if dims > 1 else ("position",)

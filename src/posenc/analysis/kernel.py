@@ -53,7 +53,7 @@ __all__ = [
     "kernel_curve",
     "make_probe",
     "positional_kernel",
-    "rotation_axes",
+    "rotate_rows",
     "rotation_frequencies",
 ]
 
@@ -258,15 +258,17 @@ def _attention_shape(probe: Probe, hook: str) -> tuple[int, int]:
 def _rotate_moves(probe: Probe) -> bool:
     """Whether ``rotate`` changes with position: random content at positions 0 and 1 differ."""
     x = torch.randn(2, probe.head_dim, generator=torch.Generator().manual_seed(2))  # [2, d_h]
-    q, k = _rotate_rows(probe, x, torch.tensor([0, 1]), None)  # [2, 2, d_h] each
+    q, k = rotate_rows(probe, x, torch.tensor([0, 1]), None)  # [2, 2, d_h] each
     moved = torch.cat([(q[:, 1] - q[:, 0]).abs(), (k[:, 1] - k[:, 0]).abs()])
     return bool(moved.max() > 1e-6 * x.abs().max())
 
 
-def _rotate_rows(
-    probe: Probe, content: torch.Tensor, pos: torch.Tensor, dtype: torch.dtype | None
+def rotate_rows(
+    probe: Probe, content: torch.Tensor, pos: torch.Tensor, dtype: torch.dtype | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate each content vector at every position: ``content [c, d_h] -> (R q, R k) [c, s, d_h]``."""
+    """Rotate each content vector at every position through the scheme's ``rotate`` hook, as query
+    and as key (head 0): ``content [c, d_h]``, positions ``[s]`` (or grid coordinates ``[s, D]``)
+    -> ``(R q, R k)``, each ``[c, s, d_h]``, in ``dtype`` (float32 by default)."""
     heads, axes = _attention_shape(probe, "rotate")
     coords = _lift(pos, axes)  # [s] or [s, n]
     module = _cast(probe, dtype)
@@ -307,7 +309,7 @@ def encodings(
         return _embed_table(probe, pos, dtype)
     if probe.rotates:
         u = torch.full((1, probe.head_dim), probe.head_dim**-0.5)  # [1, d_h]
-        return _rotate_rows(probe, u, pos, dtype)[0][0]  # [1, s, d_h] -> [s, d_h]
+        return rotate_rows(probe, u, pos, dtype)[0][0]  # [1, s, d_h] -> [s, d_h]
     raise ValueError(
         f"scheme {probe.name!r} has no per-position vector (hooks: {list(probe.hooks) or 'none'}); "
         "encodings need an 'embed' or 'rotate' hook. Use positional_kernel for biases."
@@ -330,52 +332,10 @@ def rotation_frequencies(
     if not probe.rotates:
         raise ValueError(f"scheme {probe.name!r} has no 'rotate' hook (hooks: {list(probe.hooks) or 'none'})")
     eye = torch.eye(probe.head_dim)  # [d_h, d_h]: one basis vector per row
-    q, _ = _rotate_rows(probe, eye, torch.tensor([1]), None)  # [d_h, 1, d_h]
+    q, _ = rotate_rows(probe, eye, torch.tensor([1]), None)  # [d_h, 1, d_h]
     r1 = q[:, 0, :].double().T  # column j = R_1 e_j -> [d_h, d_h]
     angles = torch.linalg.eigvals(r1).angle().abs()  # [d_h]: +-theta pairs
     return torch.sort(angles, descending=True).values[0::2].contiguous()  # one per pair -> [d_h/2]
-
-
-def rotation_axes(
-    scheme: str | PositionalScheme | Probe, context: dict[str, Any] | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Which position axis turns each dimension of the head, and by how much per step.
-
-    For each axis ``a`` of a ``rotate`` scheme with ``D = position_dims`` axes, the basis vectors
-    ``e_j`` are rotated at the coordinate one step along ``a`` (the others 0); dimension ``j`` turns
-    with ``a`` when ``R e_j != e_j``, by the angle between ``e_j`` and ``R e_j`` (a pair turning
-    by ``theta`` moves both its dimensions by ``theta``, whatever the layout).
-
-    Returns:
-        ``(axis [d_h]`` int64, -1 for a dimension no axis turns; ``angle [d_h]`` float64, radians
-        per step, 0 where unturned``)``.
-    """
-    probe = _as_probe(scheme, context)
-    if not probe.rotates:
-        why = (
-            "its 'rotate' hook does not depend on position"
-            if "rotate" in probe.hooks
-            else f"it has no 'rotate' hook (hooks: {list(probe.hooks) or 'none'})"
-        )
-        raise ValueError(f"scheme {probe.name!r} does not rotate q and k with position: {why}")
-    dims = probe.scheme.position_dims
-    eye = torch.eye(probe.head_dim)  # [d_h, d_h]: one basis vector per row
-    axis = torch.full((probe.head_dim,), -1, dtype=torch.long)
-    angle = torch.zeros(probe.head_dim, dtype=torch.float64)
-    for a in range(dims):
-        step = torch.zeros(1, dims, dtype=torch.long)  # one step along axis a: [1, D]
-        step[0, a] = 1
-        if dims == 1:
-            step = step[:, 0]  # [1]
-        q, _ = _rotate_rows(probe, eye, step, None)  # [d_h, 1, d_h]: row j = R e_j
-        moved = q[:, 0, :].double()  # [d_h, d_h]
-        cos = moved.diagonal()  # [d_h]: e_j . R e_j
-        sin = (moved - torch.diag(cos)).norm(dim=-1)  # [d_h]: |R e_j - (e_j . R e_j) e_j|, exact when small
-        theta = torch.atan2(sin, cos)
-        turned = theta > 1e-6
-        axis[turned] = a
-        angle[turned] = theta[turned]
-    return axis, angle
 
 
 def _content(probe: Probe, mode: str, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -410,8 +370,8 @@ def _embed_kernel(probe: Probe, qp: torch.Tensor, kp: torch.Tensor, projection: 
 
 def _rotate_kernel(probe: Probe, qp: torch.Tensor, kp: torch.Tensor, mode: str, seed: int) -> torch.Tensor:
     cq, ck, _ = _content(probe, mode, seed)
-    rq = _rotate_rows(probe, cq, qp, None)[0].double()  # [c, m, d_h]
-    rk = _rotate_rows(probe, ck, kp, None)[1].double()  # [c, n, d_h]
+    rq = rotate_rows(probe, cq, qp, None)[0].double()  # [c, m, d_h]
+    rk = rotate_rows(probe, ck, kp, None)[1].double()  # [c, n, d_h]
     kern = torch.einsum("cmd,cnd->mn", rq, rk)  # sum over contents and dims -> [m, n]
     return (kern / math.sqrt(probe.head_dim))[None]  # [1, m, n]
 

@@ -20,13 +20,21 @@ from __future__ import annotations
 import base64
 import functools
 import io
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .kernel import Probe, display_kernel, encodings, make_probe, positional_kernel, rotation_frequencies
 from .page import esc, table
+from .settlements import (
+    settle_alibi,
+    settle_kerple_log,
+    settle_mrope,
+    settle_nope_temperature,
+    settle_shaw,
+    settle_sinusoidal,
+    settle_xpos,
+)
 
 __all__ = ["HOOK_FORMULAS", "LESSONS", "Lesson", "lesson_html", "math_svg", "worked_example"]
 
@@ -70,95 +78,6 @@ _ROPE_PAIR = (
 _ROPE_REL = r"$(R_m q)^{\top} (R_n k) = q^{\top} R_{n-m}\, k$"
 
 
-def _settle_sinusoidal() -> str:
-    from .spectrum import scheme_frequencies
-
-    probe = make_probe("sinusoidal")
-    lam = 2 * math.pi / scheme_frequencies(probe)[0]  # fastest first
-    return (
-        f"posenc measures (d = {probe.d_model}): pair 0 repeats every {float(lam[0]):.3g} positions, the "
-        f"last pair every {float(lam[-1]):,.0f}."
-    )
-
-
-def _settle_alibi() -> str:
-    probe = make_probe("alibi")
-    bias = positional_kernel(probe, [1000], [0, 999])[:, 0, :]  # [h, 2]: keys 1000 and 1 back
-    steep = int(bias[:, 0].argmin())
-    far, near = float(bias[steep, 0]), float(bias[steep, 1])
-    return (
-        f"posenc measures ({probe.num_heads} heads): the steepest head's bias is {far:,.4g} for a key "
-        f"1,000 tokens back and {near:.3g} one token back, so the far key gets e<sup>{far - near:,.4g}"
-        f"</sup> of the near one's weight for the same content; the flattest head's is "
-        f"{float(bias[:, 0].max()):,.4g}."
-    )
-
-
-def _settle_kerple_log() -> str:
-    probe = make_probe("kerple_log")
-    bias = positional_kernel(probe, [1000], [0])[:, 0, 0]  # [h]
-    return (
-        f"posenc measures, at initialisation ({probe.num_heads} heads), a bias of {float(bias.max()):.3g} to "
-        f"{float(bias.min()):.3g} for a key 1,000 tokens back."
-    )
-
-
-def _settle_xpos() -> str:
-    probe = make_probe("xpos")
-    last = probe.nominal_len - 1
-    norms = encodings(probe, [0, last]).double().norm(dim=-1)  # [2]: |R_p u| of a unit u
-    return (
-        f"posenc measures |R<sub>p</sub>u| = {float(norms[0]):.3g} at p = 0 and {float(norms[1]):.3g} at "
-        f"p = {last}."
-    )
-
-
-def _settle_shaw() -> str:
-    probe = make_probe("shaw")
-    mean = float(positional_kernel(probe, 64).abs().max())  # mean-content kernel
-    return f"posenc measures the largest |K| of its mean-content kernel over 64 positions: {mean:.3g}."
-
-
-def _settle_mrope() -> str:
-    import torch
-
-    from ..registry import build_with_context
-
-    probe = make_probe("mrope")
-    plain = build_with_context(
-        "rope",
-        {"d_model": probe.d_model, "head_dim": probe.head_dim, "num_heads": 1, "max_len": 256},
-        {"base": probe.scheme.base},
-    )
-    q = torch.randn(1, 1, 256, probe.head_dim, generator=torch.Generator().manual_seed(0))  # [1, 1, s, d_h]
-    pos = torch.arange(256)
-    with torch.no_grad():
-        a, b = probe.scheme.rotate(q, q, pos, pos)[0], plain.rotate(q, q, pos, pos)[0]
-    diff = float((a - b).abs().max())
-    return (
-        f"posenc measures the largest difference between its multimodal RoPE on text positions 0..255 "
-        f"and its RoPE (d<sub>h</sub> = {probe.head_dim}, same base): {diff:.3g}."
-    )
-
-
-def _settle_nope_temperature() -> str:
-    import torch
-
-    probe = make_probe("nope_temperature")
-    n = 1 << 15
-    q = torch.ones(1, 1, n, 1)  # [1, 1, s, 1]: the factor itself
-    with torch.no_grad():
-        factor = probe.scheme.rotate(q, q, torch.arange(n), torch.arange(n))[0][0, 0, :, 0]  # [s]
-    above = (factor != 1).nonzero()
-    if above.numel() == 0:
-        return f"posenc measures a factor of exactly 1 at every position below {n:,}."
-    first = int(above[0])
-    return (
-        f"posenc measures a factor of exactly 1 at positions 0 to {first - 1:,} and "
-        f"{float(factor[first]):.4g} at {first:,}."
-    )
-
-
 LESSONS: dict[str, Lesson] = {
     "nope": Lesson(
         "Attention by itself is blind to order: permute the tokens and each one gets the same output, "
@@ -181,7 +100,7 @@ LESSONS: dict[str, Lesson] = {
         "<i>“Sinusoids let the model read any length.”</i> The vector exists at every position, but a "
         "model trained at L has never seen the later ones; the line above gives what that costs. "
         "<i>“The first dimensions change slowest.”</i> They change fastest; the heatmap shows it.",
-        _settle_sinusoidal,
+        settle_sinusoidal,
     ),
     "scaled_sinusoidal": Lesson(
         "Sinusoidal positions times one learned number g (Hua et al. 2022): the model decides how "
@@ -243,7 +162,7 @@ LESSONS: dict[str, Lesson] = {
         "γ is the scale base (512); ζ<sub>i</sub> &lt; 1, slow pairs decay least.",
         "<i>“xPos is rotation-only, so it keeps norms.”</i> It does not: it scales q and k on "
         "purpose (the <code>bounded</code> check says no, and is not promised).",
-        _settle_xpos,
+        settle_xpos,
     ),
     "rope_2d": Lesson(
         "Axial 2-D RoPE for image patches: half of the rotary pairs turn with the row, half with the "
@@ -263,7 +182,7 @@ LESSONS: dict[str, Lesson] = {
         "<i>“ALiBi reads longer inputs better.”</i> Reading more without getting worse (the line "
         "above) is not using more: the bias grows with the distance times the head's slope, so far "
         "tokens get almost no weight in the steep heads.",
-        _settle_alibi,
+        settle_alibi,
     ),
     "t5": Lesson(
         "T5 (Raffel et al. 2020) learns one number per head for each bucket of distances: exact "
@@ -292,7 +211,7 @@ LESSONS: dict[str, Lesson] = {
         "<i>“Shaw's bias is a number per distance.”</i> It is a vector per distance, dotted with the "
         "query: its kernel has mean zero over random queries, which is why the figures use one "
         "random query.",
-        _settle_shaw,
+        settle_shaw,
     ),
     "transformer_xl": Lesson(
         "Transformer-XL (Dai et al. 2019) splits the logit into four terms: content–content, "
@@ -327,7 +246,7 @@ LESSONS: dict[str, Lesson] = {
         "trained (kept at or above 0.01).",
         "<i>“A logarithmic penalty is no penalty far away.”</i> It still grows without bound, only "
         "slowly, as −r<sub>1</sub>·ln(1 + r<sub>2</sub>|m − n|), which the figures below draw per head.",
-        _settle_kerple_log,
+        settle_kerple_log,
     ),
     "kerple_power": Lesson(
         "KERPLE's power variant subtracts a learned power of the distance; with the exponent 1 and "
@@ -362,7 +281,7 @@ LESSONS: dict[str, Lesson] = {
         "Qwen3-VL interleaves them); θ<sub>i</sub> are RoPE's frequencies.",
         "<i>“Multimodal RoPE changes text.”</i> For a text token all three coordinates are its "
         "index, so every pair turns by p: plain RoPE.",
-        _settle_mrope,
+        settle_mrope,
     ),
     "nope_temperature": Lesson(
         "Llama 4's layers without positions: no rotation at all, but each query is multiplied by a "
@@ -373,7 +292,7 @@ LESSONS: dict[str, Lesson] = {
         "<i>“The temperature is a positional encoding.”</i> It never tells two positions apart "
         "inside a window of F tokens (the factor is exactly 1 there), so order must still come from "
         "the causal mask and the other layers.",
-        _settle_nope_temperature,
+        settle_nope_temperature,
     ),
 }
 

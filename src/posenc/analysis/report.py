@@ -45,6 +45,7 @@ from .properties import PropertyResult, check
 from .sections import (
     GROUPS,
     HOW_TO_READ,
+    PROPERTY_EXPLANATIONS,
     claims_section,
     property_notes,
     property_table,
@@ -103,29 +104,6 @@ def scheme_group(probe: Probe) -> str:
     if probe.rotates:
         return "rotate"
     return "embed" if "embed" in probe.hooks else "none"
-
-
-_EXPLAIN: dict[str, str] = {
-    "distinct_fp32": "Every position must get its own vector, or the model cannot tell them apart. Measured "
-    "as the smallest distance between two positions' vectors relative to a typical norm; it must be > 0.",
-    "distinct_bf16": "The same after <code>module.to(torch.bfloat16)</code>: a table stored in bf16 or "
-    "positions held in bf16 (8 mantissa bits) collapse neighbours; posenc keeps positions integer.",
-    "distinct_fp16": "The same in float16.",
-    "bounded": "Sinusoidal values stay in [−1, 1] at every position; a rotation keeps |R<sub>p</sub>x| = |x| "
-    "(xPos deliberately scales q and k, so it does not).",
-    "relative_linear": "Vaswani et al.'s reason for sinusoids: PE(p+k) = M<sub>k</sub> PE(p) for a fixed "
-    "matrix M<sub>k</sub> (a block rotation). posenc fits M<sub>k</sub> by least squares and reports the "
-    "relative residual: float rounding for sinusoids and rotations, O(1) for a learned table.",
-    "translation_inv": "K(m+t, n+t) = K(m, n): attention sees only the distance m − n. The threshold is "
-    "float32 angle rounding at the largest position used (8·2<sup>−24</sup>·P).",
-    "decay": "Far keys should matter less. ALiBi: the bias falls linearly with its slope. RoPE: RoFormer's "
-    "bound B(r) = mean<sub>j</sub>|Σ<sub>i&lt;j</sub> e<sup>i r θ<sub>i</sub></sup>| falls with r. "
-    "Added encodings: mean |K| far away over |K(0)| (informational).",
-    "symmetry": "K(m, n) = K(n, m) with shared content; informational (causal and bucketed schemes differ).",
-    "beyond_length": "Can the scheme encode positions at 4× its nominal length L? A learned table cannot.",
-    "wavelengths": "Wavelength 2π/θ<sub>i</sub> of each frequency pair against the context length L: pairs "
-    "with wavelength ≤ L wrap around inside the context; the slowest must not, or far positions alias.",
-}
 
 
 def _caption(probe: Probe, kind: str) -> str:
@@ -200,7 +178,7 @@ def _parts(
     dpi: int,
     workers: int,
     study: dict[str, Any] | None = None,
-    cache: Path | None = None,
+    cache: str | Path | None = None,
 ) -> list[dict[str, Any]]:
     """:func:`_scheme_part` for every scheme, on ``workers`` forked processes (in order); with a
     ``cache`` folder, sections stored by an earlier build with the same inputs are read back
@@ -211,6 +189,7 @@ def _parts(
     """
     from .section_cache import load_section, section_key, store_section
 
+    cache = Path(cache) if cache is not None else None
     keys = {n: section_key(n, ctx, dpi, study) for n in names} if cache is not None else {}
     found = {n: load_section(cache, keys[n]) for n in names} if cache is not None else {}
     todo = [n for n in names if found.get(n) is None]
@@ -313,7 +292,7 @@ def _properties(results: dict[str, list[PropertyResult]]) -> str:
         "<b>pass</b>: holds; <b>FAIL</b>: a promised property does not hold (<code>posenc verify</code> "
         f"exits 1); <b>no</b>: does not hold and is not promised; <b>n/a</b>: does not apply. {verdict}</p>"
         + property_table(results)
-        + property_notes(_EXPLAIN)
+        + property_notes(PROPERTY_EXPLANATIONS)
     )
 
 
@@ -343,8 +322,7 @@ def report_html(
         trained_note: one sentence (HTML) on how the trained models were made.
         started: :func:`time.perf_counter` when the build began (the header's build time includes
             the training before this call); default: now.
-        section_cache: a folder where each scheme's section is kept and reused by a later build
-            with the same inputs (:mod:`~posenc.analysis.section_cache`); None keeps nothing.
+        section_cache: a folder keeping each scheme's section for later builds (None: nothing kept).
     """
     t0 = time.perf_counter() if started is None else started
     ctx = {**REPORT_CONTEXT, **(context or {})}
@@ -354,9 +332,7 @@ def report_html(
     workers = min(2, os.cpu_count() or 1) if workers is None else check_int(workers, "workers")
     if study is None:
         study, study_folder = load_default_study(), None
-    parts = _parts(
-        names, ctx, dpi, workers, study, Path(section_cache) if section_cache is not None else None
-    )
+    parts = _parts(names, ctx, dpi, workers, study, section_cache)
     results: dict[str, list[PropertyResult]] = {n: p["results"] for n, p in zip(names, parts) if p["results"]}
     by_name = {t.name: t for t in trained if t.name in names}
     input_layer = _input_layer(names, parts)
