@@ -89,7 +89,7 @@ def test_grid_schemes_are_drawn_on_their_grid():
     from posenc.analysis.grid import GRID_SIZE, plane_kernel
 
     probe = make_probe("mrope", SMALL)
-    fig = render(probe, "grid_kernel")
+    fig = render(probe, "grid")
     images = [im for ax in fig.axes for im in ax.get_images()]
     # one 2-D image per plane of the three axes (time x height, time x width, height x width), each
     # the kernel from the centre of that plane, axes named as the scheme declares them
@@ -102,5 +102,5 @@ def test_grid_schemes_are_drawn_on_their_grid():
     strip = fig.axes[1].get_images()[0].get_array()
     assert strip.shape == (1, 16) and sorted(set(strip.ravel().tolist())) == [1, 2, 3]
     plt.close(fig)
-    assert "grid_kernel" not in applicable_kinds("rope", context=SMALL)
+    assert "grid" not in applicable_kinds("rope", context=SMALL)
     assert "axes" not in applicable_kinds("sinusoidal_2d", context=SMALL)

@@ -41,8 +41,8 @@ def report(tmp_path_factory):
     assert kinds["learned"] == ["heatmap", "kernel"]
     assert kinds["toy_rope"] == ["heatmap", "frequencies", "kernel_curve", "scalings"]
     # grid schemes are drawn on their grid: the kernel over each plane, and a rotation's head axes
-    assert kinds["sinusoidal_2d"] == kinds["sinusoidal_3d"] == ["grid_kernel"]
-    assert kinds["rope_2d"] == kinds["mrope"] == ["grid_kernel", "axes"]
+    assert kinds["sinusoidal_2d"] == kinds["sinusoidal_3d"] == ["grid"]
+    assert kinds["rope_2d"] == kinds["mrope"] == ["grid", "axes"]
     drawn = {k for ks in kinds.values() for k in ks}
     assert kinds["nope"] == [] and set(PLOT_KINDS) - {"waves", "similarity", "surface"} == drawn
     return path, names, sum(len(k) for k in kinds.values())

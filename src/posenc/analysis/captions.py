@@ -303,7 +303,7 @@ CAPTIONS: dict[str, Callable[[Probe], str]] = {
     "bias": _bias,
     "kernel": _kernel,
     "scalings": _scalings,
-    "grid_kernel": _grid_kernel,
+    "grid": _grid_kernel,
     "axes": _axes,
 }
 

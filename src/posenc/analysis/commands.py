@@ -34,7 +34,7 @@ PLOT_KIND_NAMES = (
     "kernel_curve",
     "bias",
     "scalings",
-    "grid_kernel",
+    "grid",
     "axes",
 )
 

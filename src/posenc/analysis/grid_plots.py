@@ -1,4 +1,4 @@
-"""Drawings of grid schemes on their grid (matplotlib): the plot kinds ``grid_kernel`` and ``axes``
+"""Drawings of grid schemes on their grid (matplotlib): the plot kinds ``grid`` and ``axes``
 of :data:`~posenc.analysis.plots.PLOT_KINDS`.
 
 Legend: ``G`` points per side of a plane, ``d_h`` head width.

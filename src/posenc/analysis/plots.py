@@ -15,11 +15,11 @@ kind              shows                                                         
 ``kernel_curve``  ``K`` against relative distance ``m - n``                      any hook
 ``bias``          the bias per head against relative distance                   ``score_bias``
 ``scalings``      wavelengths under each rotary scaling, side by side           ``rotate`` + ``scaling``
-``grid_kernel``   ``K(centre, point)`` over each plane of a grid, as images      grid schemes
+``grid``          ``K(centre, point)`` over each plane of a grid, as images      grid schemes
 ``axes``          which grid axis turns each head dimension, and how fast       grid ``rotate``
 ================  ============================================================  =====================
 
-Grid schemes (``position_dims`` > 1) are drawn on their grid by ``grid_kernel`` and ``axes``;
+Grid schemes (``position_dims`` > 1) are drawn on their grid by ``grid`` and ``axes``;
 the other kinds read them along their first axis.
 
 ``e(p)`` is :func:`~posenc.analysis.kernel.encodings`; ``K`` is in units of the scaled attention
@@ -367,7 +367,7 @@ PLOT_KINDS: dict[str, PlotKind] = {
         PlotKind("kernel_curve", "kernel against distance", _any_hook, _kernel_curve, (8.5, 4.2)),
         PlotKind("bias", "bias per head", _bias_hook, _bias, (10.0, 4.2)),
         PlotKind("scalings", "rotary scalings side by side", _scaling_key, _scalings, (10.0, 4.4)),
-        PlotKind("grid_kernel", "kernel on the grid", _grid_hook, draw_grid_kernel, (13.0, 4.0)),
+        PlotKind("grid", "kernel on the grid", _grid_hook, draw_grid_kernel, (13.0, 4.0)),
         PlotKind("axes", "axes of the head", _grid_rotation, draw_grid_axes, (8.5, 4.6)),
     )
 }

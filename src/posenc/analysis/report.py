@@ -72,7 +72,7 @@ REPORT_CONTEXT: dict[str, Any] = {**DEFAULT_CONTEXT, "causal": True}
 REPORT_KINDS = ("heatmap", "frequencies", "kernel_curve", "bias", "kernel", "scalings")
 
 #: Plot kinds shown instead for a scheme of grid positions (``position_dims`` > 1): on its grid.
-GRID_KINDS = ("grid_kernel", "axes")
+GRID_KINDS = ("grid", "axes")
 
 
 def report_kinds(probe: Probe, results: Sequence[PropertyResult]) -> list[str]:
