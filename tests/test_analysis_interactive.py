@@ -142,20 +142,22 @@ def test_overview_figure_one_panel_per_scheme_on_a_shared_grid():
     data, layout = fig["data"], fig["layout"]
     rows = math.ceil(len(panels) / 2)
     assert layout["grid"]["rows"] == rows == 3 and layout["grid"]["columns"] == 2
-    assert layout["height"] == 190 * rows + 110
+    assert layout["height"] == 190 * rows + 140
     # axis titles: distance under the last panel of each column, K on the first of each row
     x_titled = [i for i, sfx in enumerate(["", "2", "3", "4", "5"]) if layout[f"xaxis{sfx}"]["title"]["text"]]
     y_titled = [i for i, sfx in enumerate(["", "2", "3", "4", "5"]) if layout[f"yaxis{sfx}"]["title"]["text"]]
     assert x_titled == [3, 4] and y_titled == [0, 2, 4]
-    assert [a["text"] for a in layout["annotations"]] == [f"<b>s{i}</b>" for i in range(5)]
+    # each title gives the panel's largest |K| (the magnitudes the shape view divides away)
+    assert [a["text"] for a in layout["annotations"]] == [
+        f"<b>s{i}</b> · max |K| {max(1, i):.3g}" for i in range(5)
+    ]
     suffixes = ["", "2", "3", "4", "5"]
     for i, (ann, sfx) in enumerate(zip(layout["annotations"], suffixes)):
         assert ann["xref"] == f"x{sfx} domain" and ann["yref"] == f"y{sfx} domain"
         assert ann["font"]["color"] == HOOK_COLORS[groups[i]]
-        # every panel's axes match the first panel's
+        # every panel's distance axis matches the first panel's; its y-axis is its own (magnitudes)
         assert layout[f"xaxis{sfx}"]["matches"] == (None if i == 0 else "x")
-        assert layout[f"yaxis{sfx}"]["matches"] == (None if i == 0 else "y")
-        assert layout[f"yaxis{sfx}"]["range"] == [-1.1, 1.1]
+        assert "matches" not in layout[f"yaxis{sfx}"] and layout[f"yaxis{sfx}"]["autorange"] is True
         assert layout[f"xaxis{sfx}"]["showticklabels"] == (i in x_titled)  # ticks where nothing is below
     assert len(data) == 6  # one kernel per panel and one extra
     by_name = {t["name"]: t for t in data}
@@ -163,6 +165,19 @@ def test_overview_figure_one_panel_per_scheme_on_a_shared_grid():
     assert (kernel["xaxis"], kernel["yaxis"], extra["xaxis"], extra["yaxis"]) == ("x2", "y2", "x2", "y2")
     assert extra["line"]["dash"] == "dot" and extra["y"] == [1.0, 0.2]
     assert by_name["s4: kernel"]["y"] == [1.0, 0.5, 4.0] and by_name["s4: kernel"]["xaxis"] == "x5"
+    # the menu: magnitude (raw values, the default) or shape (each curve over its own largest |K|,
+    # every panel on one y-axis from -1.1 to 1.1), each naming itself on the y-axis title
+    magnitude, shape = layout["updatemenus"][0]["buttons"]
+    assert layout["updatemenus"][0]["active"] == 0
+    assert [t["y"] for t in data] == magnitude["args"][0]["y"]
+    names = [t["name"] for t in data]
+    assert shape["args"][0]["y"][names.index("s4: kernel")] == [0.25, 0.125, 1.0]
+    assert shape["args"][0]["y"][names.index("s1: trained")] == [1.0, 0.2]
+    assert all(shape["args"][1][f"yaxis{sfx}.range"] == [-1.1, 1.1] for sfx in suffixes)
+    assert magnitude["args"][1]["yaxis.title.text"] == layout["yaxis"]["title"]["text"] == "K (logit units)"
+    assert (
+        shape["args"][1]["yaxis3.title.text"] == "K / max |K|" and "yaxis2.title.text" not in shape["args"][1]
+    )
 
 
 # ---------------------------------------------------------------------------------------------- trained
@@ -246,3 +261,11 @@ def test_study_figure_bands_are_the_intervals():
     (shape,) = fig["layout"]["shapes"]
     assert shape["x0"] == shape["x1"] == 16
     assert fig["layout"]["xaxis"]["type"] == "log"
+
+
+def test_overview_of_a_zero_kernel_says_zero_and_its_menu_sits_above_the_panels():
+    fig = overview_figure([{"title": "flat", "group": "rotate", "r": [0, 1], "y": [0.0, 0.0]}])
+    assert fig["layout"]["annotations"][0]["text"] == "<b>flat</b> · max |K| 0"
+    shape = fig["layout"]["updatemenus"][0]["buttons"][1]
+    assert shape["args"][0]["y"] == [[0.0, 0.0]]
+    assert fig["layout"]["updatemenus"][0]["y"] > 1  # in the top margin, not over the first panel

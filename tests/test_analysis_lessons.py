@@ -58,3 +58,23 @@ def test_the_study_line_quotes_the_studys_intervals():
     half = (row["delta"]["high"] - row["delta"]["low"]) / 2
     assert f"E = {row['length']}: {row['delta']['mean']:+.3f} ±{half:.3f}" in html
     assert "not in the study above" in lesson_html("xpos", ["rotate"], study)
+
+
+def test_misreadings_type_no_measurement_and_their_numbers_are_computed():
+    # the words of a misreading quote no measured number: only names (GPT-2, 1-D, T5), subscripts and
+    # the constant 1 of a formula; every number a settlement quotes is measured when the page is built
+    for name, lesson in LESSONS.items():
+        words = re.sub(r"<[^>]+>", "", re.sub(r"<sub>\d</sub>|GPT-\d|\d-D|T5", "", lesson.misreading))
+        assert set(re.findall(r"\d+(?:[.,]\d+)*", words)) <= {"1"}, (name, words)
+    settled = {n: lesson.settle() for n, lesson in LESSONS.items() if lesson.settle is not None}
+    assert {"sinusoidal", "alibi", "kerple_log", "nope_temperature", "mrope"} <= set(settled)
+    # closed forms the measurements must reproduce: pair 0 of the sinusoid turns 1 rad per position
+    # (wavelength 2 pi); ALiBi's steepest of 8 heads has slope 2^-1 (bias -500 at 1,000 back); Llama
+    # 4's factor is 1 until (m + 1) / 8192 reaches 1; multimodal RoPE on text is RoPE exactly
+    assert "pair 0 repeats every 6.28 positions" in settled["sinusoidal"]
+    assert "bias is -500 for a key 1,000 tokens back and -0.5 one token back" in settled["alibi"]
+    assert "e<sup>-499.5</sup>" in settled["alibi"]
+    assert "exactly 1 at positions 0 to 8,190 and 1.069 at 8,191" in settled["nope_temperature"]
+    assert settled["mrope"].endswith(": 0.")
+    html = lesson_html("alibi", ["score_bias"])
+    assert settled["alibi"] in html and "<b>Misreading.</b>" in html

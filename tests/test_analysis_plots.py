@@ -83,3 +83,24 @@ def test_plot_defects_stay_fixed():
         "bias (scaled-logit units)", "head"]  # fmt: skip
     for fig in (waves, sim, kernel, bias):
         plt.close(fig)
+
+
+def test_grid_schemes_are_drawn_on_their_grid():
+    from posenc.analysis.grid import GRID_SIZE, plane_kernel
+
+    probe = make_probe("mrope", SMALL)
+    fig = render(probe, "grid")
+    images = [im for ax in fig.axes for im in ax.get_images()]
+    # one 2-D image per plane of the three axes (time x height, time x width, height x width), each
+    # the kernel from the centre of that plane, axes named as the scheme declares them
+    assert [im.get_array().shape for im in images] == [(GRID_SIZE, GRID_SIZE)] * 3
+    assert (images[2].get_array() == plane_kernel(probe, (1, 2))[0].float().numpy()).all()
+    labels = {ax.get_xlabel() for ax in fig.axes}
+    assert {"height offset from the centre", "width offset from the centre"} <= labels
+    plt.close(fig)
+    fig = render(probe, "axes")  # the head as a strip coloured by the axis turning each dimension
+    strip = fig.axes[1].get_images()[0].get_array()
+    assert strip.shape == (1, 16) and sorted(set(strip.ravel().tolist())) == [1, 2, 3]
+    plt.close(fig)
+    assert "grid" not in applicable_kinds("rope", context=SMALL)
+    assert "axes" not in applicable_kinds("sinusoidal_2d", context=SMALL)

@@ -40,6 +40,9 @@ def report(tmp_path_factory):
     assert kinds["toy_alibi"] == ["bias", "kernel"]
     assert kinds["learned"] == ["heatmap", "kernel"]
     assert kinds["toy_rope"] == ["heatmap", "frequencies", "kernel_curve", "scalings"]
+    # grid schemes are drawn on their grid: the kernel over each plane, and a rotation's head axes
+    assert kinds["sinusoidal_2d"] == kinds["sinusoidal_3d"] == ["grid"]
+    assert kinds["rope_2d"] == kinds["mrope"] == ["grid", "axes"]
     drawn = {k for ks in kinds.values() for k in ks}
     assert kinds["nope"] == [] and set(PLOT_KINDS) - {"waves", "similarity", "surface"} == drawn
     return path, names, sum(len(k) for k in kinds.values())
@@ -71,7 +74,11 @@ def test_interactive_figures_are_valid_plotly_specs(report):
         assert f'<div class="plot" id="{fig_id}" data-spec="{fig_id}-spec">' in html
     overview = json.loads(specs["overview"])
     titles = [a["text"] for a in overview["layout"]["annotations"]]
-    assert "<b>learned (initialisation)</b>" in titles and "<b>alibi</b>" in titles
+    assert any(t.startswith("<b>learned (initialisation)</b> · max |K| ") for t in titles)
+    # magnitudes shown: ALiBi's mean bias at the far end of the panel, in logit units, in its title
+    alibi = next(t for t in overview["data"] if t["name"] == "alibi: kernel")
+    assert max(abs(v) for v in alibi["y"]) > 1.5
+    assert f"<b>alibi</b> · max |K| {max(abs(v) for v in alibi['y']):.3g}" in titles
 
 
 def test_page_order_labels_and_plain_words(report):
@@ -227,10 +234,14 @@ window.addEventListener("load", () => {
     if (drawn.length < plots.length && waited < 20000) { waited += 250; setTimeout(report, 250); return; }
     const imgs = [...document.images];
     const ok = imgs.filter((i) => i.complete && i.naturalWidth > 0).length;
+    // static figures: drawn at least twice as wide as they are shown, so an enlarged one is sharp
+    const figs = imgs.filter((i) => !i.classList.contains("math"));
+    const sharp = figs.filter((i) => i.naturalWidth >= 2 * i.width && i.width > 0).length;
     const div = document.createElement("div");
     div.id = "page-check";
     const sliders = document.querySelectorAll("g.slider-container").length;
     div.textContent = `plots drawn ${drawn.length}/${plots.length}; images loaded ${ok}/${imgs.length}; ` +
+      `high-resolution figures ${sharp}/${figs.length}; ` +
       `sliders ${sliders}; errors ${JSON.stringify(window.__errors)}`;
     document.body.appendChild(div);
   };
@@ -267,6 +278,31 @@ window.addEventListener("load", () => {
   };
   run();
 });
+</script></body>"""
+
+
+#: Clicks the first figure of the page and reports its width shown, enlarged and in the image
+#: itself; and whether the section of a grid scheme (rope_2d) shows its kernel on the grid, decoded.
+ZOOM_CHECK = """<script>
+window.addEventListener("load", () => setTimeout(() => {
+  const img = [...document.querySelectorAll("figure img")][0];
+  const shown = img.getBoundingClientRect().width;
+  img.click();
+  setTimeout(() => {
+    const enlarged = img.getBoundingClientRect().width;
+    let grid = 0;
+    for (let el = document.getElementById("rope_2d"); el && el.tagName !== "H2"; el = el.nextElementSibling) {
+      if (el.tagName === "H3" && el.id !== "rope_2d") break;
+      el.querySelectorAll("img").forEach((i) => {
+        if (i.alt === "rope_2d: kernel on the grid" && i.complete && i.naturalWidth > 0) grid = 1;
+      });
+    }
+    const out = document.createElement("div");
+    out.id = "zoom-check";
+    out.textContent = `shown ${shown}; enlarged ${enlarged}; natural ${img.naturalWidth}; grid ${grid}`;
+    document.body.appendChild(out);
+  }, 300);
+}, 500));
 </script></body>"""
 
 
@@ -319,8 +355,19 @@ def test_report_in_headless_chromium(report, tmp_path):
     assert found, checked.stdout[-500:]
     images = expected + html.count("<img class='math'")  # the figures and the typeset formulas
     assert found.group(1) == (
-        f"plots drawn {n_plots}/{n_plots}; images loaded {images}/{images}; sliders 5; errors []"
+        f"plots drawn {n_plots}/{n_plots}; images loaded {images}/{images}; "
+        f"high-resolution figures {expected}/{expected}; sliders 5; errors []"
     )
+    # a click enlarges a figure to its own resolution (not past it: no blur), and a grid scheme's
+    # section holds its kernel as a 2-D image that the browser decoded
+    zoom = _chromium(
+        "--window-size=1400,1000", "--dump-dom", _with_script(path, ZOOM_CHECK).resolve().as_uri()
+    )
+    found = re.search(r'<div id="zoom-check">(.*?)</div>', zoom.stdout)
+    assert found, zoom.stdout[-500:]
+    shown, enlarged, natural, grid = (float(v) for v in re.findall(r"[\d.]+", found.group(1)))
+    assert natural >= 2 * shown and 1.5 * shown <= enlarged <= natural + 2, found.group(1)  # + its border
+    assert grid == 1, found.group(1)
     # the scalings explorer: a new scaling keeps the chosen factor, a new factor keeps the scaling
     selector = _chromium("--dump-dom", _with_script(path, SELECTOR_CHECK).resolve().as_uri())
     found = re.search(r'<div id="selector-check">(.*?)</div>', selector.stdout)

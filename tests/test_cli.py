@@ -34,10 +34,38 @@ def test_show_learned_and_variant(capsys):
     assert "position 7:" in out
 
 
+def test_show_mrope_draws_its_three_axes(capsys):
+    """`posenc show mrope` maps the head: 16 dims at the default split (2, 3, 3) pairs, half layout, so
+    pair i is dims i and i + 8; each axis turns its pairs by RoPE's frequencies base^(-2i/16)."""
+    assert main(["show", "mrope", "--dim", "16", "--digits", "6"]) == 0
+    out = capsys.readouterr().out
+    assert "3 position axes (time, height, width)" in out
+    assert "head: TTHHHWWWTTHHHWWW  (T time, H height, W width)" in out
+    rows = [ln.split() for ln in out.splitlines() if ln.strip()[:1].isdigit()]
+    assert [int(r[0]) for r in rows] == list(range(16))
+    axes = [r[1] for r in rows]
+    assert axes == (["time"] * 2 + ["height"] * 3 + ["width"] * 3) * 2
+    angles = torch.tensor([float(r[2]) for r in rows], dtype=torch.float64)
+    pair = (torch.arange(16) % 8).double()
+    torch.testing.assert_close(angles, 10000.0 ** (-2 * pair / 16.0), atol=5.1e-7, rtol=0)
+
+
+def test_show_rope_is_one_axis(capsys):
+    assert main(["show", "rope", "--dim", "8", "--columns", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "head: PPPPPPPP  (P position)" in out
+    assert len([ln for ln in out.splitlines() if ln.strip()[:1].isdigit()]) == 2
+
+
 @pytest.mark.parametrize(
     ("argv", "match"),
     [
         (["show", "nope"], "has no table to show"),
+        (["show", "alibi"], "has no table to show"),
+        (["show", "transformer_xl"], "its 'rotate' hook does not depend on position"),
+        (["show", "mrope", "--dim", "100000"], "wider than 4,096"),
+        (["show", "mrope", "--dim", "7"], "head_dim must be even"),
+        (["show", "rope", "--variant", "vaswani"], "--variant applies to absolute schemes"),
         (["show", "sinusoidal", "--positions", "a:b"], "is not START:STOP"),
         (["show", "sinusoidal", "--dim", "15"], "d_model must be even"),
         (["show", "magic"], "unknown scheme 'magic'"),

@@ -110,6 +110,7 @@ class Sinusoidal2D(SinusoidalND):
 
     name = "sinusoidal_2d"
     position_dims = 2
+    axis_names = ("x", "y")  # what each coordinate is (drawn by the analysis)
     summary = "sinusoidal per axis for 2D grids (image patches), channels last"
 
     def __init__(self, d_model: int, base: float = 10000.0) -> None:
@@ -121,6 +122,7 @@ class Sinusoidal3D(SinusoidalND):
 
     name = "sinusoidal_3d"
     position_dims = 3
+    axis_names = ("x", "y", "z")  # what each coordinate is (drawn by the analysis)
     summary = "sinusoidal per axis for 3D grids (video, volumes), channels last"
 
     def __init__(self, d_model: int, base: float = 10000.0) -> None:

@@ -118,8 +118,12 @@ def _list_run(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------------------- show
 def _show_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("scheme", help="an absolute scheme (one with the embed hook), e.g. sinusoidal")
-    p.add_argument("--dim", type=int, default=16, help="d_model (default 16)")
+    p.add_argument(
+        "scheme",
+        help="an absolute scheme (embed hook: prints its table), e.g. sinusoidal; or a rotation (prints "
+        "which position axis turns each dimension of the head), e.g. rope or mrope",
+    )
+    p.add_argument("--dim", type=int, default=16, help="d_model, or head_dim for a rotation (default 16)")
     p.add_argument("--positions", default="0:3", help="START:STOP[:STEP] or 0,5,9 (default 0:3)")
     p.add_argument("--columns", type=int, default=None, help="show only the first N dimensions")
     p.add_argument("--digits", type=int, default=4, help="decimal digits (default 4)")
@@ -135,18 +139,20 @@ def _show_run(args: argparse.Namespace) -> int:
     from .registry import build, config_keys, scheme_class, schemes
 
     cls = scheme_class(args.scheme)
-    if "embed" not in cls.hooks:
-        raise CLIError(
-            f"{args.scheme!r} has no table to show: it acts inside attention (hooks: "
-            f"{', '.join(cls.hooks) or 'none'}). Show one of: "
-            + ", ".join(n for n in schemes() if "embed" in scheme_class(n).hooks)
-        )
-    if cls.position_dims != 1:
-        raise CLIError(f"{args.scheme!r} encodes grids, not sequences: use `posenc plot` for it")
     limits = (("--dim", args.dim, 2), ("--digits", args.digits, 0), ("--columns", args.columns, 1))
     for flag, value, low in limits:
         if value is not None and value < low:
             raise CLIError(f"{flag} must be >= {low}, got {value}")
+    if "embed" not in cls.hooks and "rotate" in cls.hooks:
+        return _show_rotation(args)
+    if "embed" not in cls.hooks:
+        raise CLIError(
+            f"{args.scheme!r} has no table to show: it acts inside attention (hooks: "
+            f"{', '.join(cls.hooks) or 'none'}). Show one of: "
+            + ", ".join(n for n in schemes() if {"embed", "rotate"} & set(scheme_class(n).hooks))
+        )
+    if cls.position_dims != 1:
+        raise CLIError(f"{args.scheme!r} encodes grids, not sequences: use `posenc plot` for it")
     if args.dim > SHOW_MAX_VALUES:
         raise CLIError(
             f"--dim {args.dim:,} is more than {SHOW_MAX_VALUES:,} values per position; use a smaller --dim"
@@ -167,6 +173,28 @@ def _show_run(args: argparse.Namespace) -> int:
     for p, row in zip(positions.tolist(), table[:, :cols].tolist()):
         values = ", ".join(f"{v:.{args.digits}f}" for v in row)
         print(f"position {p}: [{values}]")
+    return 0
+
+
+def _show_rotation(args: argparse.Namespace) -> int:
+    """``posenc show`` for a rotation: which position axis turns each dimension of the head."""
+    from .analysis.grid import SHOW_MAX_HEAD_DIM, axes_text
+    from .analysis.kernel import make_probe
+
+    if args.dim > SHOW_MAX_HEAD_DIM:
+        raise CLIError(
+            f"--dim {args.dim:,} is wider than {SHOW_MAX_HEAD_DIM:,} for a rotation's head; use less"
+        )
+    for flag, value in (("--variant", args.variant), ("--max-len", args.max_len)):
+        if value is not None:
+            raise CLIError(f"{flag} applies to absolute schemes; {args.scheme!r} is a rotation")
+    context = {"d_model": args.dim, "head_dim": args.dim, "num_heads": 1}
+    config = {"base": args.base} if args.base is not None else None
+    try:
+        probe = make_probe(args.scheme, context, config)
+        print(axes_text(probe, args.digits, args.columns))
+    except (ValueError, TypeError) as err:
+        raise CLIError(f"posenc show {args.scheme}: {err}") from None
     return 0
 
 
@@ -192,7 +220,11 @@ _ANALYSIS = "posenc.analysis.commands"
 #: name -> (help, add arguments, run). Later features add entries here.
 COMMANDS: dict[str, Command] = {
     "list": ("list every scheme with its hooks", _list_args, _list_run),
-    "show": ("print an absolute encoding's values as a table", _show_args, _show_run),
+    "show": (
+        "print an absolute encoding's values, or which axis turns each dimension of a rotation",
+        _show_args,
+        _show_run,
+    ),
     "encode": (
         "run a text through tokenizer, embedding, positions, LayerNorm, dropout, step by step",
         *_lazy("posenc.text.commands", "encode"),

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import torch
 
+from .grid import GRID_SIZE, axis_names, grid_planes, plane_kernel, rotation_axes
 from .kernel import Probe, display_kernel, encodings, kernel_curve, make_probe
 from .page import esc
 from .spectrum import scheme_frequencies
@@ -230,6 +231,70 @@ def _scalings(probe: Probe) -> str:
     )
 
 
+def _grid_kernel(probe: Probe) -> str:
+    names = axis_names(probe)
+    c = GRID_SIZE // 2
+    parts = []
+    for a, b in grid_planes(probe.scheme.position_dims):
+        k = plane_kernel(probe, (a, b))[0]  # [G, G]
+        centre = float(k[c, c])
+        span_a = float(k[:, c].max() - k[:, c].min())  # along axis a through the centre
+        span_b = float(k[c, :].max() - k[c, :].min())
+        text = (
+            f"{names[a]} × {names[b]}: K is {centre:.3g} at the centre and falls to {float(k.min()):.3g}; "
+            f"moving ±{c} along {names[a]} changes it by {span_a:.3g}, along {names[b]} by {span_b:.3g}"
+        )
+        low, high = sorted(((span_a, names[a]), (span_b, names[b])))
+        if low[0] < 0.1 * high[0]:
+            text += f" (stripes: over these offsets {low[1]} barely moves the logit, {high[1]} does)"
+        parts.append(text)
+    return (
+        f"Each image is one plane of the grid through its centre (+), {GRID_SIZE} × {GRID_SIZE} points: "
+        "the colour is K between a query at the centre and a key at that point (mean content), each "
+        "panel on its own colour scale. " + "; ".join(parts) + "."
+    )
+
+
+def _steps(v: float) -> str:
+    """A wavelength in steps: three significant digits, whole steps with separators from 100."""
+    return f"{v:,.0f}" if v >= 100 else f"{v:.3g}"
+
+
+def _axes(probe: Probe) -> str:
+    axis, angle = rotation_axes(probe)  # [d_h], [d_h]
+    names = axis_names(probe)
+    parts, fastest = [], {}
+    for a, name in enumerate(names):
+        sel = axis == a
+        if not bool(sel.any()):
+            parts.append(f"{name} turns none")
+            continue
+        lam = 2 * math.pi / angle[sel]
+        fastest[name] = float(lam.min())
+        parts.append(
+            f"{name} turns {int(sel.sum())} of the {axis.numel()} dimensions (wavelengths "
+            f"{_steps(float(lam.min()))} to {_steps(float(lam.max()))} steps)"
+        )
+    idle = int((axis < 0).sum())
+    best = min(fastest.values())
+    sharp = [n for n, v in fastest.items() if v <= best * (1 + 1e-6)]
+    verdict = (
+        f"{sharp[0]} holds the fastest turning dimensions, so it tells neighbours apart most sharply; "
+        f"the others start at slower wavelengths and tell mostly far points apart"
+        if len(sharp) == 1
+        else f"{' and '.join(sharp)} start at the same fastest wavelength, so they tell neighbours apart "
+        "equally sharply"
+    )
+    return (
+        "Top: each dimension of the head at the wavelength it turns with, coloured by the position axis "
+        "that turns it; bottom: the head as a strip of those colours (a rotated pair's two dimensions "
+        "share a colour). "
+        + "; ".join(parts)
+        + (f"; {idle} turn with no axis" if idle else "")
+        + f". {verdict}."
+    )
+
+
 #: Caption writer per static plot kind of the per-scheme sections.
 CAPTIONS: dict[str, Callable[[Probe], str]] = {
     "heatmap": _heatmap,
@@ -238,6 +303,8 @@ CAPTIONS: dict[str, Callable[[Probe], str]] = {
     "bias": _bias,
     "kernel": _kernel,
     "scalings": _scalings,
+    "grid": _grid_kernel,
+    "axes": _axes,
 }
 
 

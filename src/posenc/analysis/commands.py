@@ -25,8 +25,18 @@ __all__ = [
 #: the names of ``plots.PLOT_KINDS``, here so that ``posenc plot --help`` and its argument errors
 #: need no matplotlib or torch (tests/test_cli.py checks the two agree)
 PLOT_KIND_NAMES = (
-    "heatmap", "waves", "similarity", "frequencies", "surface", "kernel", "kernel_curve", "bias", "scalings",
-)  # fmt: skip
+    "heatmap",
+    "waves",
+    "similarity",
+    "frequencies",
+    "surface",
+    "kernel",
+    "kernel_curve",
+    "bias",
+    "scalings",
+    "grid",
+    "axes",
+)
 
 
 # ---------------------------------------------------------------------------------------------- verify
@@ -193,7 +203,8 @@ def report_args(p: argparse.ArgumentParser) -> None:
     train.add_argument(
         "--cache-dir",
         metavar="DIR",
-        help="where the report's trained models are kept and reused (default ~/.cache/posenc/report)",
+        help="where the report's trained models and drawn scheme sections are kept and reused "
+        "(default ~/.cache/posenc/report; --fast keeps nothing unless this is given)",
     )
 
 

@@ -20,6 +20,7 @@ from .kernel import Probe, display_kernel, encodings, kernel_curve
 
 __all__ = [
     "HOOK_COLORS",
+    "OVERVIEW_VIEWS",
     "kernel_profile",
     "overview_figure",
     "selector_figure",
@@ -32,12 +33,13 @@ __all__ = [
 HOOK_COLORS = {"embed": "#1f77b4", "rotate": "#d62728", "score_bias": "#2ca02c", "none": "#7f7f7f"}
 
 
-def kernel_profile(probe: Probe, n: int) -> tuple[list[int], list[float]]:
+def kernel_profile(probe: Probe, n: int, *, scaled: bool = True) -> tuple[list[int], list[float]]:
     """The kernel against key distance ``r = 0..n-1`` before the query (mean over heads and query
-    positions), scaled so its largest ``|value|`` is 1: ``(r [n], profile [n])``."""
+    positions): ``(r [n], profile [n])``, scaled so its largest ``|value|`` is 1 (``scaled``), else
+    in scaled-logit units."""
     r, curve = kernel_curve(display_kernel(probe, n)[0])  # [2n-1], [h, 2n-1]
     c = curve.mean(0)[r >= 0]  # [n]: keys at or before the query
-    scale = float(c.abs().max()) or 1.0
+    scale = (float(c.abs().max()) or 1.0) if scaled else 1.0
     return list(range(n)), (c / scale).tolist()
 
 
@@ -52,34 +54,51 @@ def _axis(i: int) -> str:
     return "" if i == 0 else str(i + 1)
 
 
+#: The overview's two views of every panel (its menu): magnitudes on each panel's own y-axis, or
+#: every curve divided by its own largest |K| on one shared axis, so shapes compare.
+OVERVIEW_VIEWS = (
+    ("magnitude: K in logit units, each panel its own y-axis", "K (logit units)"),
+    ("shape: K / max |K|, one shared y-axis", "K / max |K|"),
+)
+
+
+def _peak(y: Sequence[float]) -> float:
+    """The largest |value| of a curve (0 for a zero curve)."""
+    return max((abs(v) for v in y), default=0.0)
+
+
 def overview_figure(panels: Sequence[dict[str, Any]], columns: int = 4) -> dict[str, Any]:
-    """Small multiples: one panel per scheme, shared axes.
+    """Small multiples: one panel per scheme, the distance axis shared, and a menu between the
+    two :data:`OVERVIEW_VIEWS`: raw values (the default; each panel's title gives its largest |K|)
+    or each curve scaled to a largest |K| of 1 on one shared y-axis.
 
     Args:
-        panels: ``{"title", "group", "r", "y", "extra"}`` per scheme: distances, scaled kernel, and
-            optional extra traces (e.g. a trained curve) as ``[(label, r, y, dash)]``.
+        panels: ``{"title", "group", "r", "y", "extra"}`` per scheme: distances, the kernel in
+            logit units, and optional extra traces (e.g. the initialisation beside a trained
+            curve) as ``[(label, r, y, dash)]``.
         columns: panels per row.
     """
     rows = -(-len(panels) // columns)
-    data, annotations, layout = [], [], {}
+    data, annotations, layout, shapes = [], [], {}, []
     for i, panel in enumerate(panels):
         ax = _axis(i)
         color = HOOK_COLORS.get(panel["group"], "#444")
         traces = [(panel.get("label", "kernel"), panel["r"], panel["y"], "solid", color)]
         traces += [(label, r, y, dash, "#111") for label, r, y, dash in panel.get("extra", ())]
         for label, r, y, dash, c in traces:
+            shapes.append([v / (_peak(y) or 1.0) for v in y])
             data.append(
                 {
                     "type": "scatter",
                     "mode": "lines",
                     "x": r,
-                    "y": y,
+                    "y": list(y),
                     "name": f"{panel['title']}: {label}",
                     "line": {"color": c, "width": 1.8, "dash": dash},
                     "xaxis": f"x{ax}",
                     "yaxis": f"y{ax}",
                     "showlegend": False,
-                    "hovertemplate": f"{panel['title']} ({label})<br>r = %{{x}}<br>K/max|K| = %{{y:.3f}}"
+                    "hovertemplate": f"{panel['title']} ({label})<br>r = %{{x}}<br>value = %{{y:.3g}}"
                     "<extra></extra>",
                 }
             )
@@ -91,14 +110,13 @@ def overview_figure(panels: Sequence[dict[str, Any]], columns: int = 4) -> dict[
             "title": {"text": "distance m − n (tokens)" if bottom else "", "font": {"size": 12}},
         }
         layout[f"yaxis{ax}"] = {
-            "matches": "y" if i else None,
-            "range": [-1.1, 1.1],
+            "autorange": True,
             "zeroline": True,
-            "title": {"text": "K / max |K|" if col == 0 else "", "font": {"size": 12}},
+            "title": {"text": OVERVIEW_VIEWS[0][1] if col == 0 else "", "font": {"size": 12}},
         }
         annotations.append(
             {
-                "text": f"<b>{panel['title']}</b>",
+                "text": f"<b>{panel['title']}</b> · max |K| {_peak(panel['y']):.3g}",
                 "xref": f"x{ax} domain",
                 "yref": f"y{ax} domain",
                 "x": 0.5,
@@ -108,12 +126,36 @@ def overview_figure(panels: Sequence[dict[str, Any]], columns: int = 4) -> dict[
                 "font": {"color": color, "size": 12},
             }
         )
+    titled = [f"yaxis{_axis(i)}" for i in range(len(panels)) if i % columns == 0]
+    views = []
+    for v, (label, title) in enumerate(OVERVIEW_VIEWS):
+        axes: dict[str, Any] = {f"{t}.title.text": title for t in titled}
+        for i in range(len(panels)):
+            axes.update(
+                {f"yaxis{_axis(i)}.autorange": True}
+                if v == 0
+                else {f"yaxis{_axis(i)}.range": [-1.1, 1.1], f"yaxis{_axis(i)}.autorange": False}
+            )
+        ys = [t["y"] for t in data] if v == 0 else shapes
+        views.append({"label": label, "method": "update", "args": [{"y": ys}, axes]})
+    height, top, bottom = 190 * rows + 140, 90, 60  # pixels: the menu and toolbar sit in the top margin
     layout.update(
         {
             "grid": {"rows": rows, "columns": columns, "pattern": "independent", "ygap": 0.45},
             "annotations": annotations,
-            "height": 190 * rows + 110,
-            "margin": {"l": 60, "r": 10, "t": 60, "b": 60},  # the toolbar sits above the first titles
+            "height": height,
+            "margin": {"l": 60, "r": 10, "t": top, "b": bottom},
+            "updatemenus": [
+                {
+                    "type": "dropdown",
+                    "x": 0.0,
+                    "y": 1 + 40 / (height - top - bottom),  # 40 px above the plotting area, in paper units
+                    "yanchor": "bottom",
+                    "xanchor": "left",
+                    "active": 0,
+                    "buttons": views,
+                }
+            ],
         }
     )
     return {"data": data, "layout": layout}

@@ -53,6 +53,7 @@ __all__ = [
     "kernel_curve",
     "make_probe",
     "positional_kernel",
+    "rotate_rows",
     "rotation_frequencies",
 ]
 
@@ -171,8 +172,9 @@ def _as_probe(scheme: str | PositionalScheme | Probe, context: dict[str, Any] | 
     return scheme if isinstance(scheme, Probe) else make_probe(scheme, context)
 
 
-def _positions(positions: int | Sequence[int] | torch.Tensor, name: str) -> torch.Tensor:
-    """An int ``s`` -> ``arange(s)``; a list or 1-D integer tensor -> int64 ``[s]``."""
+def _positions(positions: int | Sequence[int] | torch.Tensor, name: str, dims: int = 1) -> torch.Tensor:
+    """An int ``s`` -> ``arange(s)``; a list or 1-D integer tensor -> int64 ``[s]``; for a scheme of
+    ``dims`` > 1 position axes, grid coordinates ``[s, dims]`` are taken as they are."""
     if isinstance(positions, bool):
         raise TypeError(f"{name} must be an int or integer positions, got bool")
     if isinstance(positions, int):
@@ -180,8 +182,11 @@ def _positions(positions: int | Sequence[int] | torch.Tensor, name: str) -> torc
     t = torch.as_tensor(positions)
     if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
         raise TypeError(f"{name} must be integer positions, got dtype {t.dtype}; pass e.g. torch.arange(s)")
+    if dims > 1 and t.dim() == 2 and t.shape[1] == dims and t.shape[0] > 0:
+        return t.long()  # grid coordinates [s, dims]
     if t.dim() != 1 or t.numel() == 0:
-        raise ValueError(f"{name} must be a non-empty 1-D tensor [s], got shape {tuple(t.shape)}")
+        grid = f" or grid coordinates [s, {dims}]" if dims > 1 else ""
+        raise ValueError(f"{name} must be a non-empty 1-D tensor [s]{grid}, got shape {tuple(t.shape)}")
     return t.long()
 
 
@@ -195,25 +200,25 @@ def _cast(probe: Probe, dtype: torch.dtype | None) -> PositionalScheme:
 def _embed_table(probe: Probe, pos: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
     """``PE(p)`` rows ``[s, d]`` through ``embed`` on zero input (in ``dtype``, float32 by default).
 
-    A multi-axis scheme (public attribute ``ndim`` > 1, e.g. 2-D sinusoidal) is probed along its
-    first axis, the other coordinates 0.
+    A grid scheme (``position_dims`` > 1, e.g. 2-D sinusoidal) takes coordinates ``[s, n]``, or
+    positions ``[s]`` along its first axis, the other coordinates 0.
     """
     module = _cast(probe, dtype)
     dt = dtype or torch.float32
-    s, d = pos.numel(), probe.d_model
-    ndim = getattr(module, "ndim", 1)
+    s, d = pos.shape[0], probe.d_model
+    ndim = probe.scheme.position_dims
     with torch.no_grad():
-        if isinstance(ndim, int) and ndim > 1:
+        if ndim > 1:
             x = torch.zeros((1, s) + (1,) * (ndim - 1) + (d,), dtype=dt)  # [1, s, 1.., d]
-            coords = torch.zeros((s,) + (1,) * (ndim - 1) + (ndim,), dtype=torch.long)  # [s, 1.., n]
-            coords[..., 0] = pos.view((s,) + (1,) * (ndim - 1))
+            coords = _lift(pos, ndim).view((s,) + (1,) * (ndim - 1) + (ndim,))  # [s, 1.., n]
             return module.embed(x, coords).reshape(s, d)  # [1, s, 1.., d] -> [s, d]
         return module.embed(torch.zeros(1, s, d, dtype=dt), pos)[0]  # [1, s, d] -> [s, d]
 
 
 def _lift(pos: torch.Tensor, axes: int) -> torch.Tensor:
-    """Positions ``[s]`` as coordinates along the first of ``axes`` axes: ``[s]`` or ``[s, axes]``."""
-    if axes == 1:
+    """Positions ``[s]`` as coordinates along the first of ``axes`` axes: ``[s]`` or ``[s, axes]``;
+    coordinates ``[s, axes]`` unchanged."""
+    if axes == 1 or pos.dim() == 2:
         return pos
     coords = torch.zeros(pos.numel(), axes, dtype=torch.long)  # [s, n]: (p, 0, ..)
     coords[:, 0] = pos
@@ -253,21 +258,23 @@ def _attention_shape(probe: Probe, hook: str) -> tuple[int, int]:
 def _rotate_moves(probe: Probe) -> bool:
     """Whether ``rotate`` changes with position: random content at positions 0 and 1 differ."""
     x = torch.randn(2, probe.head_dim, generator=torch.Generator().manual_seed(2))  # [2, d_h]
-    q, k = _rotate_rows(probe, x, torch.tensor([0, 1]), None)  # [2, 2, d_h] each
+    q, k = rotate_rows(probe, x, torch.tensor([0, 1]), None)  # [2, 2, d_h] each
     moved = torch.cat([(q[:, 1] - q[:, 0]).abs(), (k[:, 1] - k[:, 0]).abs()])
     return bool(moved.max() > 1e-6 * x.abs().max())
 
 
-def _rotate_rows(
-    probe: Probe, content: torch.Tensor, pos: torch.Tensor, dtype: torch.dtype | None
+def rotate_rows(
+    probe: Probe, content: torch.Tensor, pos: torch.Tensor, dtype: torch.dtype | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate each content vector at every position: ``content [c, d_h] -> (R q, R k) [c, s, d_h]``."""
+    """Rotate each content vector at every position through the scheme's ``rotate`` hook, as query
+    and as key (head 0): ``content [c, d_h]``, positions ``[s]`` (or grid coordinates ``[s, D]``)
+    -> ``(R q, R k)``, each ``[c, s, d_h]``, in ``dtype`` (float32 by default)."""
     heads, axes = _attention_shape(probe, "rotate")
     coords = _lift(pos, axes)  # [s] or [s, n]
     module = _cast(probe, dtype)
     dt = dtype or torch.float32
     c = content.shape[0]
-    x = content.to(dt)[:, None, None, :].expand(c, heads, pos.numel(), content.shape[-1])  # [c, h, s, d_h]
+    x = content.to(dt)[:, None, None, :].expand(c, heads, pos.shape[0], content.shape[-1])  # [c, h, s, d_h]
     with torch.no_grad():
         q, k = module.rotate(x.contiguous(), x.contiguous(), coords, coords)
     return q[:, 0], k[:, 0]  # head 0: [c, h, s, d_h] -> [c, s, d_h]
@@ -302,7 +309,7 @@ def encodings(
         return _embed_table(probe, pos, dtype)
     if probe.rotates:
         u = torch.full((1, probe.head_dim), probe.head_dim**-0.5)  # [1, d_h]
-        return _rotate_rows(probe, u, pos, dtype)[0][0]  # [1, s, d_h] -> [s, d_h]
+        return rotate_rows(probe, u, pos, dtype)[0][0]  # [1, s, d_h] -> [s, d_h]
     raise ValueError(
         f"scheme {probe.name!r} has no per-position vector (hooks: {list(probe.hooks) or 'none'}); "
         "encodings need an 'embed' or 'rotate' hook. Use positional_kernel for biases."
@@ -325,7 +332,7 @@ def rotation_frequencies(
     if not probe.rotates:
         raise ValueError(f"scheme {probe.name!r} has no 'rotate' hook (hooks: {list(probe.hooks) or 'none'})")
     eye = torch.eye(probe.head_dim)  # [d_h, d_h]: one basis vector per row
-    q, _ = _rotate_rows(probe, eye, torch.tensor([1]), None)  # [d_h, 1, d_h]
+    q, _ = rotate_rows(probe, eye, torch.tensor([1]), None)  # [d_h, 1, d_h]
     r1 = q[:, 0, :].double().T  # column j = R_1 e_j -> [d_h, d_h]
     angles = torch.linalg.eigvals(r1).angle().abs()  # [d_h]: +-theta pairs
     return torch.sort(angles, descending=True).values[0::2].contiguous()  # one per pair -> [d_h/2]
@@ -363,8 +370,8 @@ def _embed_kernel(probe: Probe, qp: torch.Tensor, kp: torch.Tensor, projection: 
 
 def _rotate_kernel(probe: Probe, qp: torch.Tensor, kp: torch.Tensor, mode: str, seed: int) -> torch.Tensor:
     cq, ck, _ = _content(probe, mode, seed)
-    rq = _rotate_rows(probe, cq, qp, None)[0].double()  # [c, m, d_h]
-    rk = _rotate_rows(probe, ck, kp, None)[1].double()  # [c, n, d_h]
+    rq = rotate_rows(probe, cq, qp, None)[0].double()  # [c, m, d_h]
+    rk = rotate_rows(probe, ck, kp, None)[1].double()  # [c, n, d_h]
     kern = torch.einsum("cmd,cnd->mn", rq, rk)  # sum over contents and dims -> [m, n]
     return (kern / math.sqrt(probe.head_dim))[None]  # [1, m, n]
 
@@ -372,13 +379,13 @@ def _rotate_kernel(probe: Probe, qp: torch.Tensor, kp: torch.Tensor, mode: str, 
 def _bias_kernel(probe: Probe, qp: torch.Tensor, kp: torch.Tensor, mode: str, seed: int) -> torch.Tensor:
     _, _, qc = _content(probe, mode, seed)
     q = (
-        qc[None, :, None, :].expand(1, probe.num_heads, qp.numel(), probe.head_dim).contiguous()
+        qc[None, :, None, :].expand(1, probe.num_heads, qp.shape[0], probe.head_dim).contiguous()
     )  # [1, h, m, d_h]
     _, axes = _attention_shape(probe, "score_bias")
     with torch.no_grad():
         bias = probe.scheme.score_bias(_lift(qp, axes), _lift(kp, axes), q)
     if bias is None:
-        return torch.zeros(1, qp.numel(), kp.numel(), dtype=torch.float64)
+        return torch.zeros(1, qp.shape[0], kp.shape[0], dtype=torch.float64)
     return bias.double().reshape(-1, *bias.shape[-3:])[0]  # [b | 1, h, m, n] -> [h, m, n]
 
 
@@ -397,8 +404,9 @@ def positional_kernel(
     Args:
         scheme: a registry name, a module, or a :class:`Probe` from :func:`make_probe`.
         q_positions: query positions: an int ``m`` (``0..m-1``) or integer positions ``[m]``; any
-            values, including past the nominal length.
-        k_positions: key positions ``[n]`` (default: the query positions).
+            values, including past the nominal length. A grid scheme (``position_dims`` = ``D`` > 1)
+            also takes coordinates ``[m, D]``; positions ``[m]`` run along its first axis.
+        k_positions: key positions ``[n]`` or ``[n, D]`` (default: the query positions).
         content: ``"mean"`` (expectation over shared isotropic content) or ``"random"`` (a seeded
             independent ``q, k``; biases get one random query per head, the same at every
             position); only ``rotate`` and content-dependent biases use it.
@@ -412,9 +420,10 @@ def positional_kernel(
     """
     probe = _as_probe(scheme, context)
     check_choice(content, "content", CONTENT_MODES)
-    qp = _positions(q_positions, "q_positions")
-    kp = qp if k_positions is None else _positions(k_positions, "k_positions")
-    total = torch.zeros(1, qp.numel(), kp.numel(), dtype=torch.float64)  # [1, m, n]
+    dims = probe.scheme.position_dims
+    qp = _positions(q_positions, "q_positions", dims)
+    kp = qp if k_positions is None else _positions(k_positions, "k_positions", dims)
+    total = torch.zeros(1, qp.shape[0], kp.shape[0], dtype=torch.float64)  # [1, m, n]
     if "embed" in probe.hooks:
         total = total + _embed_kernel(probe, qp, kp, projection)
     if probe.rotates:

@@ -20,12 +20,21 @@ from __future__ import annotations
 import base64
 import functools
 import io
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .kernel import Probe, display_kernel, encodings, make_probe, rotation_frequencies
+from .kernel import Probe, display_kernel, encodings, make_probe, positional_kernel, rotation_frequencies
 from .page import esc, table
+from .settlements import (
+    settle_alibi,
+    settle_kerple_log,
+    settle_mrope,
+    settle_nope_temperature,
+    settle_shaw,
+    settle_sinusoidal,
+    settle_xpos,
+)
 
 __all__ = ["HOOK_FORMULAS", "LESSONS", "Lesson", "lesson_html", "math_svg", "worked_example"]
 
@@ -38,13 +47,16 @@ class Lesson:
         problem: what the scheme is for, and the idea in one or two sentences.
         formulas: its definition, each a mathtext string (``$...$``).
         where: where each symbol comes from (one sentence).
-        misreading: a common misreading and the measurement that settles it.
+        misreading: a common misreading and what settles it, in words (no typed measurement).
+        settle: where the settlement quotes a number, the function that measures it with posenc
+            when the page is built (the scheme built by name at its default sizes), as a sentence.
     """
 
     problem: str
     formulas: tuple[str, ...]
     where: str
     misreading: str
+    settle: Callable[[], str] | None = None
 
 
 #: The attention logit every hook changes, shown where a scheme has no lesson of its own.
@@ -64,6 +76,7 @@ _ROPE_PAIR = (
     r"q'_{2i+1} = q_{2i} \sin m\theta_i + q_{2i+1} \cos m\theta_i,\quad \theta_i = b^{-2i/d_h}$"
 )
 _ROPE_REL = r"$(R_m q)^{\top} (R_n k) = q^{\top} R_{n-m}\, k$"
+
 
 LESSONS: dict[str, Lesson] = {
     "nope": Lesson(
@@ -86,8 +99,8 @@ LESSONS: dict[str, Lesson] = {
         "model width.",
         "<i>“Sinusoids let the model read any length.”</i> The vector exists at every position, but a "
         "model trained at L has never seen the later ones; the line above gives what that costs. "
-        "<i>“The first dimensions change slowest.”</i> They change fastest (pair 0 repeats every 2π "
-        "positions); the heatmap shows it.",
+        "<i>“The first dimensions change slowest.”</i> They change fastest; the heatmap shows it.",
+        settle_sinusoidal,
     ),
     "scaled_sinusoidal": Lesson(
         "Sinusoidal positions times one learned number g (Hua et al. 2022): the model decides how "
@@ -149,6 +162,7 @@ LESSONS: dict[str, Lesson] = {
         "γ is the scale base (512); ζ<sub>i</sub> &lt; 1, slow pairs decay least.",
         "<i>“xPos is rotation-only, so it keeps norms.”</i> It does not: it scales q and k on "
         "purpose (the <code>bounded</code> check says no, and is not promised).",
+        settle_xpos,
     ),
     "rope_2d": Lesson(
         "Axial 2-D RoPE for image patches: half of the rotary pairs turn with the row, half with the "
@@ -166,8 +180,9 @@ LESSONS: dict[str, Lesson] = {
         (r"$a_{mn} = \frac{q_m^{\top} k_n}{\sqrt{d_h}} - s_h\,(m - n),\quad s_h = 2^{-8h/H}$",),
         "h = 1..H is the head; the slopes form a geometric sequence (for H a power of two).",
         "<i>“ALiBi reads longer inputs better.”</i> Reading more without getting worse (the line "
-        "above) is not using more: the bias at 1 000 tokens back is −1 000·s<sub>h</sub>, so far "
+        "above) is not using more: the bias grows with the distance times the head's slope, so far "
         "tokens get almost no weight in the steep heads.",
+        settle_alibi,
     ),
     "t5": Lesson(
         "T5 (Raffel et al. 2020) learns one number per head for each bucket of distances: exact "
@@ -196,6 +211,7 @@ LESSONS: dict[str, Lesson] = {
         "<i>“Shaw's bias is a number per distance.”</i> It is a vector per distance, dotted with the "
         "query: its kernel has mean zero over random queries, which is why the figures use one "
         "random query.",
+        settle_shaw,
     ),
     "transformer_xl": Lesson(
         "Transformer-XL (Dai et al. 2019) splits the logit into four terms: content–content, "
@@ -229,8 +245,8 @@ LESSONS: dict[str, Lesson] = {
         "r<sub>1</sub> sets the penalty's height and r<sub>2</sub> how soon it bends; both are "
         "trained (kept at or above 0.01).",
         "<i>“A logarithmic penalty is no penalty far away.”</i> It still grows without bound, only "
-        "slowly: at 1 000 tokens back it is −r<sub>1</sub>·ln(1 + 1000 r<sub>2</sub>), which the "
-        "figures below draw per head.",
+        "slowly, as −r<sub>1</sub>·ln(1 + r<sub>2</sub>|m − n|), which the figures below draw per head.",
+        settle_kerple_log,
     ),
     "kerple_power": Lesson(
         "KERPLE's power variant subtracts a learned power of the distance; with the exponent 1 and "
@@ -264,7 +280,8 @@ LESSONS: dict[str, Lesson] = {
         "a(i) is the axis pair i belongs to (mrope_section splits the pairs into three runs; "
         "Qwen3-VL interleaves them); θ<sub>i</sub> are RoPE's frequencies.",
         "<i>“Multimodal RoPE changes text.”</i> For a text token all three coordinates are its "
-        "index, so every pair turns by p: plain RoPE, bit for bit (tested).",
+        "index, so every pair turns by p: plain RoPE.",
+        settle_mrope,
     ),
     "nope_temperature": Lesson(
         "Llama 4's layers without positions: no rotation at all, but each query is multiplied by a "
@@ -273,8 +290,9 @@ LESSONS: dict[str, Lesson] = {
         (r"$q_m \leftarrow q_m \left(\beta \ln\!\left(1 + \lfloor (m + 1)/F \rfloor\right) + 1\right)$",),
         "F = floor_scale (8192) and β = attn_scale (0.1) in Llama 4; keys are not touched.",
         "<i>“The temperature is a positional encoding.”</i> It never tells two positions apart "
-        "inside a window of F tokens (the factor is exactly 1 below F − 1), so order must still "
-        "come from the causal mask and the other layers.",
+        "inside a window of F tokens (the factor is exactly 1 there), so order must still come from "
+        "the causal mask and the other layers.",
+        settle_nope_temperature,
     ),
 }
 
@@ -306,6 +324,11 @@ def _formula(tex: str) -> str:
 EXAMPLE_CONTEXT: dict[str, Any] = {"d_model": 8, "num_heads": 2, "head_dim": 4, "max_len": 16, "causal": True}
 
 
+#: Sizes of a grid scheme's worked example: wide enough that every axis of a 3-D grid gets
+#: dimensions (d = 12: four per axis; multimodal RoPE's default split gives each axis two pairs).
+GRID_EXAMPLE_CONTEXT: dict[str, Any] = {**EXAMPLE_CONTEXT, "d_model": 12, "head_dim": 12}
+
+
 def _fmt(x: float) -> str:
     """Three significant digits, signed (small initial values stay readable)."""
     return f"{x:+.3g}".replace("-", "−")
@@ -323,7 +346,7 @@ def worked_example(name: str) -> str:
     except (ValueError, TypeError) as err:
         return f"<p class='muted'>No worked example: {esc(err)}</p>"
     if probe.scheme.position_dims != 1:
-        return _grid_example(probe)
+        return _grid_example(make_probe(name, GRID_EXAMPLE_CONTEXT))
     state = "; its trainable values at initialisation, random" if probe.trainable else ""
     parts = [
         f"<p><b>Worked example</b> (posenc builds <code>{esc(name)}</code> with d = {probe.d_model}, "
@@ -382,9 +405,40 @@ def worked_example(name: str) -> str:
 
 
 def _grid_example(probe: Probe) -> str:
+    """The worked example of a grid scheme: K between grid points, computed on coordinates."""
+    import torch
+
+    from .grid import axis_names
+
+    dims = probe.scheme.position_dims
+    names = axis_names(probe)
+    origin = torch.zeros(1, dims, dtype=torch.long)  # [1, D]
+    steps = torch.eye(dims, dtype=torch.long)  # [D, D]: one step along each axis
+    k_steps = positional_kernel(probe, origin, torch.cat([origin, steps]))[0, 0]  # [1 + D]
+    offset = torch.tensor([[1, 2, 0][:dims]])  # [1, D]
+    here, there = torch.tensor([[2, 1, 1][:dims]]), torch.tensor([[0] * dims])
+    k_a = float(positional_kernel(probe, there, there + offset)[0, 0, 0])
+    k_b = float(positional_kernel(probe, here, here + offset)[0, 0, 0])
+    k0 = float(k_steps[0])
+    rows = [["the point itself", _fmt(k0), "–"]] + [
+        [f"one step along {esc(n)}", _fmt(float(k_steps[a + 1])), _fmt(float(k_steps[a + 1]) - k0)]
+        for a, n in enumerate(names)
+    ]
+    coords = ", ".join(esc(n) for n in names)
+    same = _same(k_a, k_b)
     return (
-        f"<p><b>Worked example</b>: <code>{esc(probe.name)}</code> encodes {probe.scheme.position_dims}-D "
-        "grid coordinates; its figures below show it along one axis of the grid.</p>"
+        f"<p><b>Worked example</b> (posenc builds <code>{esc(probe.name)}</code> with d = {probe.d_model}, "
+        f"d<sub>h</sub> = {probe.head_dim}): positions are {dims}-D coordinates ({coords}). K between "
+        "the point at the origin and:</p>"
+        + table(["key", "K", "change from the point itself"], rows, numeric=(1, 2))
+        + f"<p>K({tuple(there[0].tolist())}, {tuple((there + offset)[0].tolist())}) = {_fmt(k_a)} and "
+        f"K({tuple(here[0].tolist())}, {tuple((here + offset)[0].tolist())}) = {_fmt(k_b)}, the same "
+        "offset at two places: "
+        + (
+            "equal, so this scheme sees only the offset on each axis.</p>"
+            if same
+            else "not equal, so this scheme also knows where the pair sits.</p>"
+        )
     )
 
 
@@ -432,5 +486,11 @@ def lesson_html(name: str, hooks: Sequence[str], study: dict[str, Any] | None = 
         f"<div class='maths'>{maths}<p class='muted'>{lesson.where}</p></div>"
         + worked_example(name)
         + _study_line(name, study)
-        + (f"<p><b>Misreading.</b> {lesson.misreading}</p>" if lesson.misreading else "")
+        + (
+            f"<p><b>Misreading.</b> {lesson.misreading}"
+            + (f" {lesson.settle()}" if lesson.settle is not None else "")
+            + "</p>"
+            if lesson.misreading
+            else ""
+        )
     )

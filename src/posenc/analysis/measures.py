@@ -93,9 +93,9 @@ def _bounded(probe: Probe) -> Measurement:
         return Measurement(top, 1.0, f"max |PE(p)_i| over {pos.numel()} positions up to {int(pos.max())}")
     g = torch.Generator().manual_seed(0)
     x = torch.randn(1, probe.head_dim, generator=g)  # [1, d_h]
-    from .kernel import _rotate_rows
+    from .kernel import rotate_rows
 
-    rq, rk = _rotate_rows(probe, x, pos, None)  # [1, s, d_h] each
+    rq, rk = rotate_rows(probe, x, pos, None)  # [1, s, d_h] each
     ratio = torch.cat([rq, rk], 0).double().norm(dim=-1) / x.double().norm()  # [2, s]
     dev = float((ratio - 1).abs().max())
     return Measurement(
@@ -109,10 +109,10 @@ def _bounded_promised(probe: Probe) -> bool:
     if probe.trainable:
         return False
     if probe.rotates:  # promised when one step is a pure rotation
-        from .kernel import _rotate_rows
+        from .kernel import rotate_rows
 
         x = torch.randn(1, probe.head_dim, generator=torch.Generator().manual_seed(1))
-        rq, rk = _rotate_rows(probe, x, torch.tensor([1]), None)
+        rq, rk = rotate_rows(probe, x, torch.tensor([1]), None)
         return bool(
             torch.allclose(rq.norm(), x.norm(), rtol=1e-5) and torch.allclose(rk.norm(), x.norm(), rtol=1e-5)
         )

@@ -15,7 +15,12 @@ kind              shows                                                         
 ``kernel_curve``  ``K`` against relative distance ``m - n``                      any hook
 ``bias``          the bias per head against relative distance                   ``score_bias``
 ``scalings``      wavelengths under each rotary scaling, side by side           ``rotate`` + ``scaling``
+``grid``          ``K(centre, point)`` over each plane of a grid, as images      grid schemes
+``axes``          which grid axis turns each head dimension, and how fast       grid ``rotate``
 ================  ============================================================  =====================
+
+Grid schemes (``position_dims`` > 1) are drawn on their grid by ``grid`` and ``axes``;
+the other kinds read them along their first axis.
 
 ``e(p)`` is :func:`~posenc.analysis.kernel.encodings`; ``K`` is in units of the scaled attention
 logit. Legend: ``h`` heads, ``m``/``n`` query/key positions, ``r = m - n``.
@@ -39,6 +44,8 @@ from matplotlib.figure import Figure
 from .._validate import check_choice
 from ..base import PositionalScheme
 from ..registry import config_keys
+from .grid import is_grid
+from .grid_plots import draw_grid_axes, draw_grid_kernel
 from .kernel import Probe, display_kernel, encodings, kernel_curve, make_probe, positional_kernel
 from .measures import PROPERTIES
 from .spectrum import roformer_bound, scheme_frequencies
@@ -102,6 +109,16 @@ def _scaling_key(probe: Probe) -> str | None:
     except ValueError:
         return f"{probe.name!r} is not registered, so its scalings cannot be built"
     return None if "scaling" in keys else f"{probe.name!r} takes no 'scaling' option"
+
+
+def _grid_hook(probe: Probe) -> str | None:
+    if not is_grid(probe):
+        return f"needs grid positions (position_dims > 1); {probe.name!r} encodes 1-D positions"
+    return _any_hook(probe)
+
+
+def _grid_rotation(probe: Probe) -> str | None:
+    return _grid_hook(probe) or (None if probe.rotates else f"{probe.name!r} does not rotate q and k")
 
 
 def _what(probe: Probe) -> str:
@@ -350,6 +367,8 @@ PLOT_KINDS: dict[str, PlotKind] = {
         PlotKind("kernel_curve", "kernel against distance", _any_hook, _kernel_curve, (8.5, 4.2)),
         PlotKind("bias", "bias per head", _bias_hook, _bias, (10.0, 4.2)),
         PlotKind("scalings", "rotary scalings side by side", _scaling_key, _scalings, (10.0, 4.4)),
+        PlotKind("grid", "kernel on the grid", _grid_hook, draw_grid_kernel, (13.0, 4.0)),
+        PlotKind("axes", "axes of the head", _grid_rotation, draw_grid_axes, (8.5, 4.6)),
     )
 }
 

@@ -35,15 +35,17 @@ from .captions import figure_caption
 from .claims import common_claims, study_claims
 from .default_study import load_default_study
 from .explore import explorers
+from .grid import axis_names, is_grid
 from .interactive import HOOK_COLORS, kernel_profile, overview_figure
 from .kernel import DEFAULT_CONTEXT, Probe, make_probe
 from .lessons import lesson_html
-from .page import CSS, esc, figure_data_uri, img, interactive, plotly_script
+from .page import CSS, esc, figure_data_uri, figure_img, interactive, plotly_script
 from .plots import PLOT_KINDS, render
 from .properties import PropertyResult, check
 from .sections import (
     GROUPS,
     HOW_TO_READ,
+    PROPERTY_EXPLANATIONS,
     claims_section,
     property_notes,
     property_table,
@@ -52,6 +54,7 @@ from .sections import (
 )
 
 __all__ = [
+    "GRID_KINDS",
     "REPORT_CONTEXT",
     "REPORT_KINDS",
     "build_report",
@@ -68,12 +71,18 @@ REPORT_CONTEXT: dict[str, Any] = {**DEFAULT_CONTEXT, "causal": True}
 #: Plot kinds shown per scheme in the report, in order (each only where it applies).
 REPORT_KINDS = ("heatmap", "frequencies", "kernel_curve", "bias", "kernel", "scalings")
 
+#: Plot kinds shown instead for a scheme of grid positions (``position_dims`` > 1): on its grid.
+GRID_KINDS = ("grid", "axes")
+
 
 def report_kinds(probe: Probe, results: Sequence[PropertyResult]) -> list[str]:
     """The report's plots for one scheme: every applicable kind of :data:`REPORT_KINDS`, except the
     kernel heatmap where it adds nothing to the curve (one head, translation invariant: constant
     diagonals) and the kernel curve where the page's overview already shows it (anything but a
-    rotation, whose curve here adds RoFormer's bound)."""
+    rotation, whose curve here adds RoFormer's bound). A scheme of grid positions gets
+    :data:`GRID_KINDS`: its kernel over the grid and, for a rotation, the axes of its head."""
+    if is_grid(probe):
+        return [kind for kind in GRID_KINDS if PLOT_KINDS[kind].applies(probe) is None]
     invariant = any(r.property == "translation_inv" and r.passed for r in results)
     kinds = []
     for kind in REPORT_KINDS:
@@ -97,29 +106,6 @@ def scheme_group(probe: Probe) -> str:
     return "embed" if "embed" in probe.hooks else "none"
 
 
-_EXPLAIN: dict[str, str] = {
-    "distinct_fp32": "Every position must get its own vector, or the model cannot tell them apart. Measured "
-    "as the smallest distance between two positions' vectors relative to a typical norm; it must be > 0.",
-    "distinct_bf16": "The same after <code>module.to(torch.bfloat16)</code>: a table stored in bf16 or "
-    "positions held in bf16 (8 mantissa bits) collapse neighbours; posenc keeps positions integer.",
-    "distinct_fp16": "The same in float16.",
-    "bounded": "Sinusoidal values stay in [−1, 1] at every position; a rotation keeps |R<sub>p</sub>x| = |x| "
-    "(xPos deliberately scales q and k, so it does not).",
-    "relative_linear": "Vaswani et al.'s reason for sinusoids: PE(p+k) = M<sub>k</sub> PE(p) for a fixed "
-    "matrix M<sub>k</sub> (a block rotation). posenc fits M<sub>k</sub> by least squares and reports the "
-    "relative residual: float rounding for sinusoids and rotations, O(1) for a learned table.",
-    "translation_inv": "K(m+t, n+t) = K(m, n): attention sees only the distance m − n. The threshold is "
-    "float32 angle rounding at the largest position used (8·2<sup>−24</sup>·P).",
-    "decay": "Far keys should matter less. ALiBi: the bias falls linearly with its slope. RoPE: RoFormer's "
-    "bound B(r) = mean<sub>j</sub>|Σ<sub>i&lt;j</sub> e<sup>i r θ<sub>i</sub></sup>| falls with r. "
-    "Added encodings: mean |K| far away over |K(0)| (informational).",
-    "symmetry": "K(m, n) = K(n, m) with shared content; informational (causal and bucketed schemes differ).",
-    "beyond_length": "Can the scheme encode positions at 4× its nominal length L? A learned table cannot.",
-    "wavelengths": "Wavelength 2π/θ<sub>i</sub> of each frequency pair against the context length L: pairs "
-    "with wavelength ≤ L wrap around inside the context; the slowest must not, or far positions alias.",
-}
-
-
 def _caption(probe: Probe, kind: str) -> str:
     tag = " <span class='tag untrained'>initialisation</span>" if probe.trainable else ""
     return f"<b>{esc(PLOT_KINDS[kind].title)}</b>{tag}. {figure_caption(probe, kind)}"
@@ -141,14 +127,11 @@ def _scheme_part(
             "group": "none",
             "trainable": False,
             "sequence": False,
+            "along": None,
         }
     results = check(probe)
     figs = [
-        img(
-            figure_data_uri(render(probe, kind), dpi=dpi),
-            _caption(probe, kind),
-            f"{name}: {PLOT_KINDS[kind].title}",
-        )
+        figure_img(render(probe, kind), _caption(probe, kind), f"{name}: {PLOT_KINDS[kind].title}", dpi=dpi)
         for kind in report_kinds(probe, results)
     ]
     broken = [r.property for r in results if r.broken_promise]
@@ -172,7 +155,8 @@ def _scheme_part(
             else "<p class='muted'>No positional hooks: nothing to plot (its kernel is zero).</p>"
         )
     )
-    profile = kernel_profile(probe, min(probe.nominal_len, 256)) if probe.hooks else None
+    profile = kernel_profile(probe, min(probe.nominal_len, 256), scaled=False) if probe.hooks else None
+    along = f"along {axis_names(probe)[0]}" if is_grid(probe) else None  # the overview's 1-D cut
     return {
         "section": section,
         "results": results,
@@ -180,6 +164,7 @@ def _scheme_part(
         "group": scheme_group(probe),
         "trainable": probe.trainable,
         "sequence": probe.scheme.position_dims == 1,  # encodes token positions (not a 2-D/3-D grid)
+        "along": along,
     }
 
 
@@ -188,21 +173,39 @@ def _worker_init() -> None:
 
 
 def _parts(
-    names: list[str], ctx: dict[str, Any], dpi: int, workers: int, study: dict[str, Any] | None = None
+    names: list[str],
+    ctx: dict[str, Any],
+    dpi: int,
+    workers: int,
+    study: dict[str, Any] | None = None,
+    cache: str | Path | None = None,
 ) -> list[dict[str, Any]]:
-    """:func:`_scheme_part` for every scheme, on ``workers`` forked processes (in order).
+    """:func:`_scheme_part` for every scheme, on ``workers`` forked processes (in order); with a
+    ``cache`` folder, sections stored by an earlier build with the same inputs are read back
+    (:mod:`~posenc.analysis.section_cache`) and the others stored.
 
     Forked workers inherit the registry, so schemes registered at run time are reported too.
     Without ``fork`` (Windows, macOS default) or with one worker, runs in this process.
     """
-    if workers > 1 and len(names) > 1 and "fork" in multiprocessing.get_all_start_methods():
+    from .section_cache import load_section, section_key, store_section
+
+    cache = Path(cache) if cache is not None else None
+    keys = {n: section_key(n, ctx, dpi, study) for n in names} if cache is not None else {}
+    found = {n: load_section(cache, keys[n]) for n in names} if cache is not None else {}
+    todo = [n for n in names if found.get(n) is None]
+    if workers > 1 and len(todo) > 1 and "fork" in multiprocessing.get_all_start_methods():
         ctx_fork = multiprocessing.get_context("fork")
         with ProcessPoolExecutor(
-            min(workers, len(names)), mp_context=ctx_fork, initializer=_worker_init
+            min(workers, len(todo)), mp_context=ctx_fork, initializer=_worker_init
         ) as pool:
-            futures = [pool.submit(_scheme_part, n, ctx, dpi, study) for n in names]
-            return [f.result() for f in futures]
-    return [_scheme_part(n, ctx, dpi, study) for n in names]
+            futures = [pool.submit(_scheme_part, n, ctx, dpi, study) for n in todo]
+            drawn = dict(zip(todo, (f.result() for f in futures)))
+    else:
+        drawn = {n: _scheme_part(n, ctx, dpi, study) for n in todo}
+    if cache is not None:
+        for n, part in drawn.items():
+            store_section(cache, keys[n], part)
+    return [found.get(n) or drawn[n] for n in names]
 
 
 def _overview(names: list[str], parts: list[dict[str, Any]], trained: dict[str, Any]) -> str:
@@ -216,12 +219,14 @@ def _overview(names: list[str], parts: list[dict[str, Any]], trained: dict[str, 
             panel = {"title": name, "group": key, "r": r, "y": y, "label": "kernel"}
             if name in trained:
                 t = trained[name]
-                tr, ty = kernel_profile(t.trained, t.train_len)
+                tr, ty = kernel_profile(t.trained, t.train_len, scaled=False)
                 panel.update(
                     r=tr, y=ty, label=f"trained, L = {t.train_len}", extra=[("initialisation", r, y, "dot")]
                 )
             elif part["trainable"]:
                 panel["title"] = f"{name} (initialisation)"
+            if part["along"]:
+                panel["title"] = f"{name} ({part['along']})"
             panels.append(panel)
     if not panels:
         return ""
@@ -231,11 +236,14 @@ def _overview(names: list[str], parts: list[dict[str, Any]], trained: dict[str, 
         if k != "none"
     )
     caption = (
-        f"One panel per scheme, colour by where it acts ({legend}); each curve is scaled to a largest "
-        "|K| of 1 so shapes compare on shared axes (hover for values, drag to zoom one panel and all "
-        "follow). Learnable schemes show their trained kernel, with the initialisation dotted. A "
-        "scheme without position has no panel: its kernel is zero. What each shape means is in that "
-        "scheme's section above, written from its own numbers."
+        f"One panel per scheme, colour by where it acts ({legend}): the kernel against distance, mean "
+        "over heads. The menu at the top left chooses the view, and the y-axis title says which is shown: "
+        "<b>magnitude</b> (the default) draws K in logit units, each panel on its own y-axis, its "
+        "largest |K| in its title; <b>shape</b> divides each curve by its own largest |K| and puts "
+        "every panel on one y-axis from −1 to 1, so shapes compare. Hover for values; drag to zoom "
+        "one panel and all follow along the distance. Learnable schemes show their trained kernel, with the "
+        "initialisation dotted. A scheme without position has no panel: its kernel is zero. What each "
+        "shape means is in that scheme's section above, written from its own numbers."
     )
     return interactive("overview", overview_figure(panels), caption)
 
@@ -284,7 +292,7 @@ def _properties(results: dict[str, list[PropertyResult]]) -> str:
         "<b>pass</b>: holds; <b>FAIL</b>: a promised property does not hold (<code>posenc verify</code> "
         f"exits 1); <b>no</b>: does not hold and is not promised; <b>n/a</b>: does not apply. {verdict}</p>"
         + property_table(results)
-        + property_notes(_EXPLAIN)
+        + property_notes(PROPERTY_EXPLANATIONS)
     )
 
 
@@ -300,6 +308,7 @@ def report_html(
     study_folder: str | None = None,
     trained_note: str = "",
     started: float | None = None,
+    section_cache: str | Path | None = None,
 ) -> str:
     """The report as one HTML string (see :func:`build_report`).
 
@@ -313,6 +322,7 @@ def report_html(
         trained_note: one sentence (HTML) on how the trained models were made.
         started: :func:`time.perf_counter` when the build began (the header's build time includes
             the training before this call); default: now.
+        section_cache: a folder keeping each scheme's section for later builds (None: nothing kept).
     """
     t0 = time.perf_counter() if started is None else started
     ctx = {**REPORT_CONTEXT, **(context or {})}
@@ -322,7 +332,7 @@ def report_html(
     workers = min(2, os.cpu_count() or 1) if workers is None else check_int(workers, "workers")
     if study is None:
         study, study_folder = load_default_study(), None
-    parts = _parts(names, ctx, dpi, workers, study)
+    parts = _parts(names, ctx, dpi, workers, study, section_cache)
     results: dict[str, list[PropertyResult]] = {n: p["results"] for n, p in zip(names, parts) if p["results"]}
     by_name = {t.name: t for t in trained if t.name in names}
     input_layer = _input_layer(names, parts)
@@ -434,13 +444,15 @@ def build_report(
         schemes: scheme names (default: every registered scheme).
         context: sizes to build schemes with (``d_model``, ``num_heads``, ``head_dim``, ``max_len``,
             ``causal``; default :data:`REPORT_CONTEXT`).
-        dpi: resolution of the embedded PNGs.
+        dpi: the static figures' displayed resolution (CSS pixels per inch); each PNG is drawn at
+            :data:`~posenc.analysis.page.ZOOM` times it, so it stays sharp when enlarged.
         workers: processes drawing schemes in parallel (default: 2, or 1 on a 1-core machine).
         fast: train nothing; learnable schemes show their initialisation, and the page says so.
         study: a ``posenc extrapolate --out`` folder: its tables and figure are shown, and its
             checkpoints are the trained schemes (nothing is trained here).
-        cache_dir: where the report's own trained models are kept and reused (default
-            :func:`~posenc.analysis.trained.default_cache_dir`).
+        cache_dir: where the report's own trained models and drawn scheme sections are kept and
+            reused (default :func:`~posenc.analysis.trained.default_cache_dir`; a fast build keeps
+            nothing unless it is given).
         progress: training progress bars (``None`` = when stderr is a terminal).
         log: where training progress lines go (``None`` = silent).
         training: study fields replacing the report's training defaults
@@ -454,6 +466,11 @@ def build_report(
         check_choice(n, "scheme", registered_schemes())
     Path(out_dir).mkdir(parents=True, exist_ok=True)  # a folder that cannot be made fails before any work
     results, trained, note = None, [], ""
+    sections = None  # a fast build keeps nothing unless a cache folder is given
+    if cache_dir is not None or not fast:
+        from .trained import default_cache_dir
+
+        sections = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / "sections"
     if study is not None:
         results = read_study_results(study)  # one line naming the file and field when malformed
         trained = read_study(study)
@@ -473,6 +490,7 @@ def build_report(
         study_folder=Path(study).name if study is not None else None,
         trained_note=note,
         started=started,
+        section_cache=sections,
     )
     path = Path(out_dir) / "index.html"
     write_text(path, page)

@@ -20,6 +20,7 @@ from .properties import PROPERTIES, PropertyResult
 __all__ = [
     "GROUPS",
     "HOW_TO_READ",
+    "PROPERTY_EXPLANATIONS",
     "claims_section",
     "interval_text",
     "property_notes",
@@ -51,6 +52,30 @@ menus above a figure to change a parameter. Static images are per scheme, furthe
 model trained them and <span class="tag untrained">initialisation</span> where they show their
 random starting values.</li>
 </ul></div>"""
+
+#: What each checked property means, in words (HTML), under the property table.
+PROPERTY_EXPLANATIONS: dict[str, str] = {
+    "distinct_fp32": "Every position must get its own vector, or the model cannot tell them apart. Measured "
+    "as the smallest distance between two positions' vectors relative to a typical norm; it must be > 0.",
+    "distinct_bf16": "The same after <code>module.to(torch.bfloat16)</code>: a table stored in bf16 or "
+    "positions held in bf16 (8 mantissa bits) collapse neighbours; posenc keeps positions integer.",
+    "distinct_fp16": "The same in float16.",
+    "bounded": "Sinusoidal values stay in [−1, 1] at every position; a rotation keeps |R<sub>p</sub>x| = |x| "
+    "(xPos deliberately scales q and k, so it does not).",
+    "relative_linear": "Vaswani et al.'s reason for sinusoids: PE(p+k) = M<sub>k</sub> PE(p) for a fixed "
+    "matrix M<sub>k</sub> (a block rotation). posenc fits M<sub>k</sub> by least squares and reports the "
+    "relative residual: float rounding for sinusoids and rotations, O(1) for a learned table.",
+    "translation_inv": "K(m+t, n+t) = K(m, n): attention sees only the distance m − n. The threshold is "
+    "float32 angle rounding at the largest position used (8·2<sup>−24</sup>·P).",
+    "decay": "Far keys should matter less. ALiBi: the bias falls linearly with its slope. RoPE: RoFormer's "
+    "bound B(r) = mean<sub>j</sub>|Σ<sub>i&lt;j</sub> e<sup>i r θ<sub>i</sub></sup>| falls with r. "
+    "Added encodings: mean |K| far away over |K(0)| (informational).",
+    "symmetry": "K(m, n) = K(n, m) with shared content; informational (causal and bucketed schemes differ).",
+    "beyond_length": "Can the scheme encode positions at 4× its nominal length L? A learned table cannot.",
+    "wavelengths": "Wavelength 2π/θ<sub>i</sub> of each frequency pair against the context length L: pairs "
+    "with wavelength ≤ L wrap around inside the context; the slowest must not, or far positions alias.",
+}
+
 
 _STATUS_CLASS = {"pass": "pass", "FAIL": "fail", "no": "no", "n/a": "na"}
 

@@ -167,6 +167,7 @@ class Rope2D(RotaryEmbedding):
     name = "rope_2d"
     eval_variants = ()  # grids, not sequences
     position_dims = 2
+    axis_names = ("row", "column")  # what each coordinate is (drawn by the analysis)
     summary = "axial 2D RoPE for image patches: half the rotary pairs per axis (row, column)"
 
     def __init__(
