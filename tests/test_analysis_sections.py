@@ -5,6 +5,7 @@ property table's status cells."""
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import re
@@ -72,7 +73,9 @@ def test_trained_section_draws_each_trained_scheme():
         assert f"<h3 id='trained-{name}'>{name}<span class='tag trained'>trained</span></h3>" in out
     # 2.5 nats = 2.5 / ln 2 = 3.61 bits: the page speaks bits/byte everywhere
     assert out.count("after 3 steps at L = 8 (final training loss 3.61 bits/byte)") == 2 and "nats" not in out
-    assert "<i>learned</i>: head-mean K at distances 0-2" in out and "<i>t5</i>: head-mean K" in out
+    assert "Head-mean K at distances 0-2" in out and "<i>t5</i>: head 0's K reaches" in out
+    assert "far smaller" not in out  # the initial panel's range is measured, not assumed smaller
+
     assert "<i>learned</i>: the mean cosine between neighbouring positions' vectors" in out
     specs = dict(SPEC.findall(out))
     assert set(specs) == {"trained-learned", "trained-learned-pe", "trained-t5"}  # vectors only for embed
@@ -193,3 +196,14 @@ def test_property_table_marks_each_status():
         else:
             assert text == f"{rows[i].status}<br><small>{0.125 * (i + 1):.3g}</small>"
     assert [c[0] for c in cells].count("fail") == sum(r.status == "FAIL" for r in rows) > 0
+
+
+def test_the_trained_caption_says_which_panel_reaches_further_from_the_numbers():
+    from posenc.analysis.captions import trained_kernel_note
+
+    scheme = build_with_context("t5", {**SMALL, "causal": False})
+    small, big = make_probe(scheme, SMALL), make_probe(copy.deepcopy(scheme), SMALL)
+    with torch.no_grad():
+        big.scheme.relative_attention_bias.weight.mul_(10.0)
+    assert "(10x larger)" in trained_kernel_note(small, big, 8)
+    assert "(10x smaller)" in trained_kernel_note(big, small, 8)

@@ -16,7 +16,7 @@ import os
 
 import torch
 
-__all__ = ["InsufficientMemoryError", "available_memory", "check_allocation"]
+__all__ = ["InsufficientMemoryError", "available_memory", "check_allocation", "format_gib"]
 
 
 class InsufficientMemoryError(MemoryError, ValueError):
@@ -48,7 +48,8 @@ def factory_kwargs(device: object = None, dtype: object = None) -> dict:
     return {"device": device, "dtype": dtype}
 
 
-def _gib(n: float) -> str:
+def format_gib(n: float) -> str:
+    """``n`` bytes as GiB (from 128 MiB) or MiB, two or one decimals."""
     return f"{n / 2**30:.2f} GiB" if n >= 2**27 else f"{n / 2**20:.1f} MiB"
 
 
@@ -92,6 +93,6 @@ def check_allocation(
     free = available_memory(device)
     if need > headroom * free:
         raise InsufficientMemoryError(
-            f"{what} needs a {list(shape)} table of about {_gib(need)}, but only {_gib(free)} is free on "
-            f"{device}; {fix}"
+            f"{what} needs a {list(shape)} table of about {format_gib(need)}, but only "
+            f"{format_gib(free)} is free on {device}; {fix}"
         )

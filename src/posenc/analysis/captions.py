@@ -315,13 +315,32 @@ def figure_caption(probe: Probe, kind: str) -> str:
     return f"<i>{esc(probe.name)}</i>: {CAPTIONS[kind](probe)}" if kind in CAPTIONS else ""
 
 
+def _span_change(initial: float, trained: float) -> str:
+    """How far head 0's kernel reaches (max |K|) before and after training, as the titles show it."""
+    if initial == 0.0:
+        return (
+            f"head 0's K is exactly 0 at initialisation (a uniform panel) and reaches {trained:.3g} "
+            "after training."
+        )
+    ratio = trained / initial
+    change = (
+        f"{ratio:.3g}x larger"
+        if ratio >= 1.5
+        else f"{1 / ratio:.3g}x smaller"
+        if ratio <= 1 / 1.5
+        else "about as large"
+    )
+    return f"head 0's K reaches {initial:.3g} at initialisation and {trained:.3g} after training ({change})."
+
+
 def trained_kernel_note(initial: Probe, trained: Probe, train_len: int) -> str:
     """What training did to a scheme's kernel, from its numbers: the head-mean kernel at distance
     0 and at the far end of the trained window, before and after, and whether it now falls with
     distance (recency)."""
-    out = []
+    out, spans = [], []
     for probe in (initial, trained):
         kern, _ = display_kernel(probe, train_len)  # [h, L, L]
+        spans.append(float(kern[0].abs().max()))  # head 0, as the heatmaps show it
         r, curve = kernel_curve(kern)  # [2L-1], [h, 2L-1]
         mean = curve.mean(0)
         near = float(mean[(r >= 0) & (r <= 2)].mean())  # the key itself and its two predecessors
@@ -333,7 +352,8 @@ def trained_kernel_note(initial: Probe, trained: Probe, train_len: int) -> str:
     )
     heads = "" if spread is None else f" Heads differ by {spread:.3g} logit units on average."
     return (
-        f"<i>{esc(trained.name)}</i>: head-mean K at distances 0-2 against the far half of the window: "
+        f"<i>{esc(trained.name)}</i>: {_span_change(*spans)} "
+        f"Head-mean K at distances 0-2 against the far half of the window: "
         f"{n0:.3g} against {f0:.3g} at initialisation, {n1:.3g} against {f1:.3g} after training; the "
         f"trained kernel {trend}.{heads}"
     )

@@ -254,8 +254,8 @@ def trained_figure(initial: Probe, trained: Probe, train_len: int) -> dict[str, 
     k_trained, _ = display_kernel(trained, n)  # [h, n, n]
     bar = {"len": 0.9, "thickness": 10, "xanchor": "left", "tickfont": {"size": 11}}
     data = [
-        _heat(k_init[0], name="initial", x="key n", y="query m", axis=0, colorbar={**bar, "x": 0.265}),
-        _heat(k_trained[0], name="trained", x="key n", y="query m", axis=1, colorbar={**bar, "x": 0.575}),
+        _heat(k_init[0], name="initial", x="key n", y="query m", axis=0, colorbar={**bar, "x": 0.245}),
+        _heat(k_trained[0], name="trained", x="key n", y="query m", axis=1, colorbar={**bar, "x": 0.615}),
     ]
     r, curve = kernel_curve(k_trained)  # [2n-1], [h, 2n-1]
     keep = r >= 0  # keys at or before the query: what a causal model attends to
@@ -265,11 +265,11 @@ def trained_figure(initial: Probe, trained: Probe, train_len: int) -> dict[str, 
     data.append(_line(r[keep], curve0.mean(0)[keep], "initial (mean of heads)", axis=2, dash="dot"))
     layout = {
         "grid": {"rows": 1, "columns": 3, "pattern": "independent", "xgap": 0.12},
-        "xaxis": {"title": {"text": "key n"}, "domain": [0, 0.26]},
+        "xaxis": {"title": {"text": "key n"}, "domain": [0, 0.24]},
         "yaxis": {"title": {"text": "query m"}, "scaleanchor": "x"},
-        "xaxis2": {"title": {"text": "key n"}, "domain": [0.31, 0.57]},
+        "xaxis2": {"title": {"text": "key n"}, "domain": [0.37, 0.61]},  # clear of the first colour bar
         "yaxis2": {"scaleanchor": "x2"},
-        "xaxis3": {"title": {"text": "distance m − n"}, "domain": [0.72, 1.0]},
+        "xaxis3": {"title": {"text": "distance m − n"}, "domain": [0.75, 1.0]},
         "yaxis3": {"title": {"text": "K (logit units)"}},
         "annotations": [
             _panel_title(f"initial K(m, n), head 0 (±{float(k_init[0].abs().max()):.2g})", 0),

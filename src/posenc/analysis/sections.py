@@ -150,7 +150,7 @@ def trained_section(trained: Sequence[Any], fast: bool, note: str) -> str:
         caption = (
             f"Left and middle: K(m, n) of head 0 at initialisation and after {t.steps} steps at L = "
             f"{t.train_len} (final training loss {t.final_loss / math.log(2):.2f} bits/byte), each on "
-            "its own colour scale (its range in its title: the initial values are far smaller). "
+            "its own colour scale (its range in its title). "
             "Right: K against distance per head, trained (solid) and at initialisation (dotted). "
             + trained_kernel_note(t.initial, t.trained, t.train_len)
         )

@@ -751,7 +751,8 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 #: Task-mode defaults, applied when a synthetic task is chosen and the user did not set these: the
-#: budget with which copy, reverse and addition reach >= 95% exact match at L (docs/lab.md).
+#: budget with which copy and reverse reach >= 95% exact match at L; addition does not learn with it
+#: (docs/lab.md, "Reverse and addition").
 TASK_DEFAULTS: dict[str, Any] = {
     "train_len": 8,
     "eval_lens": (8, 9, 10, 11, 12, 13, 14, 15, 16, 24),  # posenc extrapolate: lab.tasks.task_eval_lens(L)

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from .._alloc import InsufficientMemoryError, _gib, available_memory
+from .._alloc import InsufficientMemoryError, available_memory, format_gib
 
 __all__ = ["InsufficientMemoryError", "MemoryEstimate", "available_memory", "check_memory", "estimate_memory"]
 
@@ -36,8 +36,8 @@ class MemoryEstimate:
             ("AdamW", self.optimizer),
             ("activations", self.activations),
         ]
-        inner = ", ".join(f"{k} {_gib(v)}" for k, v in parts if v)
-        return f"{_gib(self.total)} ({inner}{'; ' + self.detail if self.detail else ''})"
+        inner = ", ".join(f"{k} {format_gib(v)}" for k, v in parts if v)
+        return f"{format_gib(self.total)} ({inner}{'; ' + self.detail if self.detail else ''})"
 
 
 def estimate_memory(
@@ -101,6 +101,6 @@ def check_memory(
     if estimate.total > headroom * free:
         raise InsufficientMemoryError(
             f"{what} would not fit in memory: it needs about {estimate.summary()}, but only "
-            f"{_gib(free)} is free on {torch.device(device)}. Reduce the batch size (or evaluate in smaller "
-            "chunks), the sequence length or the model size, or use a device with more memory."
+            f"{format_gib(free)} is free on {torch.device(device)}. Reduce the batch size (or evaluate in "
+            "smaller chunks), the sequence length or the model size, or use a device with more memory."
         )
