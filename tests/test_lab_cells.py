@@ -39,7 +39,7 @@ def test_same_cell_same_numbers_here_in_processes_and_on_a_dask_cluster(corpus_d
     local = {r.cell: r for r in iter_cells(config, cells, workers=2, **kw)}
     with (
         distributed.LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
         ) as cluster,
         distributed.Client(cluster) as client,
     ):
@@ -267,7 +267,7 @@ def test_a_scheduler_without_workers_is_a_clear_error_after_a_timeout(corpus_dir
     monkeypatch.setattr(cells_mod, "WORKER_WAIT_S", 1.0)
     config = tiny_study(corpus_dir)
     refused = pytest.raises(ValueError, match=r"has no workers after 1 s; start some \(dask worker tcp://")
-    with distributed.LocalCluster(n_workers=0, protocol="tcp", dashboard_address=None) as cluster, refused:
+    with distributed.LocalCluster(n_workers=0, protocol="tcp", dashboard_address=":0") as cluster, refused:
         list(iter_cells(config, study_cells(config), out=None, device=torch.device("cpu"), resume=False,
                         progress=False, cluster=cluster.scheduler_address))  # fmt: skip
 
@@ -352,7 +352,7 @@ def test_a_worker_killed_mid_cell_is_replaced_and_its_cell_resumes(corpus_dir, t
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
     with (
         distributed.LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, protocol="tcp", dashboard_address=None
+            n_workers=2, threads_per_worker=1, processes=True, protocol="tcp", dashboard_address=":0"
         ) as cluster,
         distributed.Client(cluster) as client,
     ):
