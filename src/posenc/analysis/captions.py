@@ -319,14 +319,18 @@ def _span_change(initial: float, trained: float) -> str:
     """How far head 0's kernel reaches (max |K|) before and after training, as the titles show it."""
     if initial == 0.0:
         return (
-            f"head 0's K is exactly 0 at initialisation (a uniform panel) and reaches {trained:.3g} "
-            "after training."
+            f"head 0's K is exactly 0 at initialisation (a uniform panel: nothing varies yet) and "
+            f"reaches {trained:.3g} after training."
         )
     ratio = trained / initial
+
+    def times(x: float) -> str:
+        return f"{x:,.0f}x" if x >= 1000 else f"{x:.3g}x"
+
     change = (
-        f"{ratio:.3g}x larger"
+        f"{times(ratio)} larger"
         if ratio >= 1.5
-        else f"{1 / ratio:.3g}x smaller"
+        else f"{times(1 / ratio)} smaller"
         if ratio <= 1 / 1.5
         else "about as large"
     )
