@@ -173,20 +173,12 @@ def test_dropout_module_gives_one_mask_with_or_without_the_kernel(monkeypatch, w
 
 def test_eager_dropout_is_the_registered_op():
     """Eager forward and backward both reach posenc::dropout_cpu, as a compiled graph does."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    names = []
-
-    class Ops(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func.namespace == "posenc":
-                names.append(str(func))
-            return func(*args, **(kwargs or {}))
+    from _op_calls import OpCalls
 
     x = torch.randn(4, 33, requires_grad=True)
-    with Ops():
+    with OpCalls() as ops:
         dropout_cpu.dropout(x * 1.0, 0.3, inplace=True, seed=9).sum().backward()
-    assert names == ["posenc.dropout_cpu.default", "posenc.dropout_cpu.default"]
+    assert ops.names == ["posenc.dropout_cpu.default", "posenc.dropout_cpu.default"]
 
 
 # ---------------------------------------------------------------------------------------------- compiled

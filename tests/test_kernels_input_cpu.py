@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import posenc
+from _op_calls import OpCalls
 from posenc.kernels import dropout_cpu, input_cpu
 
 pytestmark = pytest.mark.skipif(not input_cpu.available(), reason="no C compiler: the composition runs")
@@ -28,19 +28,6 @@ def _composition(module, ids, seed, *, op=False):
         input_cpu.usable = real
 
 
-class _OpCalls(TorchDispatchMode):
-    """Records the posenc ops that reach the dispatcher (aten ops are left out)."""
-
-    def __enter__(self):
-        self.names = []
-        return super().__enter__()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.namespace == "posenc":
-            self.names.append(str(func))
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize("kernel", [True, False])
 def test_eager_input_layer_is_the_registered_op(kernel):
     """In eager mode the fused input layer's forward and backward reach posenc::input_layer_cpu and
@@ -49,7 +36,7 @@ def test_eager_input_layer_is_the_registered_op(kernel):
     ids = torch.randint(0, 40, (2, 5))
     posenc.kernels.set_enabled(kernel)
     try:
-        with _OpCalls() as ops:
+        with OpCalls() as ops:
             layer(ids).square().sum().backward()
     finally:
         posenc.kernels.set_enabled(None)
@@ -73,7 +60,7 @@ def test_the_op_without_its_kernel_gives_the_composition(layer_norm, training):
     grad = torch.randn(3, 17, 24)
     posenc.kernels.set_enabled(False)
     try:
-        with _OpCalls() as ops:
+        with OpCalls() as ops:
             got = _composition(module, ids, 7, op=True)
             g_got = torch.autograd.grad(got, params, grad)
     finally:

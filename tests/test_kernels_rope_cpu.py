@@ -8,9 +8,9 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import posenc
+from _op_calls import OpCalls
 from posenc.kernels import _cbuild, rope_cpu
 from posenc.rotary import ROTARY_LAYOUTS
 
@@ -281,7 +281,7 @@ def test_without_the_kernel_the_op_runs_the_reference(monkeypatch):
     calls = _counting(monkeypatch)
     monkeypatch.setitem(rope_cpu._state, "fn", None)
     assert rope_cpu.takes(x, cos, sin)
-    with _OpCalls() as ops:
+    with OpCalls() as ops:
         got = rotate(x, cos, sin)
         got.backward(grad)
         with torch.no_grad():
@@ -383,19 +383,6 @@ def _counting(monkeypatch):
     return calls
 
 
-class _OpCalls(TorchDispatchMode):
-    """Records the posenc ops that reach the dispatcher (aten ops are left out)."""
-
-    def __enter__(self):
-        self.names = []
-        return super().__enter__()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.namespace == "posenc":
-            self.names.append(str(func))
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_eager_rotation_is_the_registered_op(dtype):
     """In eager mode RotaryEmbedding.rotate, apply_rotary (out of place, in place) and its
@@ -403,12 +390,12 @@ def test_eager_rotation_is_the_registered_op(dtype):
     rope = posenc.RotaryEmbedding(16)
     q = torch.randn(2, 4, 6, 16, dtype=dtype, requires_grad=True)
     k = torch.randn(2, 2, 6, 16, dtype=dtype, requires_grad=True)
-    with _OpCalls() as ops:
+    with OpCalls() as ops:
         rq, rk = rope.rotate(q, k)
         (rq.float().square().sum() + rk.float().square().sum()).backward()
     assert ops.names == ["posenc.rope_cpu.default", "posenc.rope_cpu.default"]  # forward, backward
     cos, sin = rope.cos_sin(torch.arange(6))
-    with _OpCalls() as ops, torch.no_grad():
+    with OpCalls() as ops, torch.no_grad():
         y = q.detach().clone()
         posenc.apply_rotary(y, cos, sin, out=y)
         posenc.apply_rotary(q.detach(), cos, sin)

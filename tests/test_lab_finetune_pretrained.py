@@ -9,30 +9,20 @@ import importlib.util
 import pytest
 import torch
 
+from _pretrained_toys import untrained_model, write_code_corpus
 from posenc.cli import main as cli_main
 from posenc.lab.finetune_pretrained import FinetunePlan, check_peft, format_finetune
 from posenc.lab.pretrained_eval import evaluate_setup, prepare_pretrained
-from posenc.model import ModelConfig, TransformerLM
+from posenc.model import TransformerLM
 from posenc.model.hf import save_transformers
-
-TEXT = "def f(x):\n    return x * 2 + 1\n" * 40
 
 
 @pytest.fixture
 def corpus(tmp_path):
-    folder = tmp_path / "corpus"
-    folder.mkdir()
-    for i in range(6):
-        (folder / f"m{i}.py").write_text(TEXT.replace("2", str(i)))
-    return str(folder)
+    return write_code_corpus(tmp_path)
 
 
-def _model(position="rope") -> TransformerLM:
-    torch.manual_seed(0)
-    config = ModelConfig(
-        vocab_size=256, d_model=32, num_layers=2, num_heads=4, position=position, max_len=16, init_std=0.5
-    )
-    return TransformerLM(config).eval()
+_model = untrained_model
 
 
 def _setup(model, corpus, **kw):

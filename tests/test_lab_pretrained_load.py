@@ -8,39 +8,20 @@ import json
 import pytest
 import torch
 
+from _pretrained_toys import untrained_model, write_code_corpus
 from posenc.lab.evalset import sample_eval_set
 from posenc.lab.evaluate import evaluate_lm
 from posenc.lab.pretrained_eval import evaluate_pretrained, format_pretrained
 from posenc.lab.pretrained_load import checked_model, load_pretrained, read_text
-from posenc.model import ModelConfig, TransformerLM
 from posenc.text import load_corpus, load_tokenizer, train_bpe
-
-TEXT = "def f(x):\n    return x * 2 + 1\n" * 40
 
 
 @pytest.fixture
 def corpus(tmp_path):
-    folder = tmp_path / "corpus"
-    folder.mkdir()
-    for i in range(6):
-        (folder / f"m{i}.py").write_text(TEXT.replace("2", str(i)))
-    return str(folder)
+    return write_code_corpus(tmp_path)
 
 
-def _model(position="rope", vocab_size=256, max_len=16, **kw) -> TransformerLM:
-    torch.manual_seed(0)
-    # a large init makes attention, and so positions, matter in an untrained model
-    config = ModelConfig(
-        vocab_size=vocab_size,
-        d_model=32,
-        num_layers=2,
-        num_heads=4,
-        position=position,
-        max_len=max_len,
-        init_std=0.5,
-        **kw,
-    )
-    return TransformerLM(config).eval()
+_model = untrained_model
 
 
 KW = dict(corpus=None, val_fraction=0.34, eval_windows=8)
