@@ -130,7 +130,8 @@ LESSONS: dict[str, Lesson] = {
         "apart; the per-axis code keeps vertical neighbours close.",
     ),
     "sinusoidal_3d": Lesson(
-        "Video and volumes: a third of the channels per axis (time, row, column), each a 1-D sinusoid.",
+        "Video and volumes: a third of the channels per axis (x, y, z: time, row and column of a "
+        "video), each a 1-D sinusoid.",
         (
             r"$\mathrm{PE}(t, r, c) = [\,\mathrm{PE}_{d/3}(t)\,;\, \mathrm{PE}_{d/3}(r)\,;\, "
             r"\mathrm{PE}_{d/3}(c)\,]$",
