@@ -35,6 +35,7 @@ def _cli(capsys, *argv) -> tuple[int, str, str]:
 def test_the_command_prints_the_table_and_writes_results(tmp_path, corpus, capsys):
     save_transformers(_model(), tmp_path / "hf")
     flags = ["--corpus", corpus, "--val-fraction", "0.34", "--eval-windows", "4", "--variants", "yarn"]
+    flags += ["--train-len", "16"]  # a study flag --model reads
     code, out, err = _cli(
         capsys, "--model", tmp_path / "hf", "--eval-lens", "32", *flags, "--out", tmp_path / "o"
     )
@@ -65,9 +66,11 @@ def test_the_command_gives_one_line_for_each_user_error(tmp_path, corpus, capsys
         "longer than the model's positions allow": ["--model", tmp_path / "learned", "--eval-lens", "32"],
         "too few for 4 windows of up to 4096": ["--model", tmp_path / "hf", "--eval-lens", "4096"],
         "--schemes train models of their own": ["--model", tmp_path / "hf", "--schemes", "alibi"],
-        "--layers, --norm-type train models of their own": [
+        "--layers, --norm-type train models of their own": [  # --train-len is read, not refused
             "--model",
             tmp_path / "hf",
+            "--train-len",
+            "16",
             "--layers",
             "3",
             "--norm-type",

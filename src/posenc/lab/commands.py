@@ -111,12 +111,12 @@ def _given(args: argparse.Namespace, cls: type) -> dict[str, Any]:
 
 def _pretrained_args(args: argparse.Namespace) -> argparse.Namespace:
     """The flags of ``--model`` by field name: the hand-declared ones as parsed, the configuration's
-    converted by type (``--train-len`` as ``train_len``); ``config_fields`` names the ones given."""
+    converted by type; ``config_fields`` maps each configuration field given to its flag."""
     from .config import StudyConfig
 
     given = _given(args, StudyConfig)
     flat = {k: v for k, v in vars(args).items() if "__" not in k}
-    flat.update({"train_len" if name == "seq_len" else name: value for name, value in given.items()})
+    flat.update(given)
     flat["config_fields"] = {name: FLAG_NAMES.get(name, "--" + name.replace("_", "-")) for name in given}
     return argparse.Namespace(**flat)
 
