@@ -257,3 +257,25 @@ def test_gather_kept_serves_only_what_it_can_check():
     # check_trace off: the traced graph differs from eager on purpose (no gather baked in)
     traced = torch.jit.trace(kept_or_first, torch.tensor([1, 2]), check_trace=False)
     assert torch.equal(traced(torch.tensor([5, 6])), rows[0, :1])  # tracing never baked in a gather
+
+
+@pytest.mark.parametrize("position", ["sinusoidal", "rope", "alibi"])
+def test_tables_compile_where_dynamo_cannot_trace_the_autocast_check(monkeypatch, position):
+    """TorchDynamo before torch 2.13 cannot trace ``torch.amp.is_autocast_available`` (seen with
+    torch 2.11 on CUDA: every scheme building a table under autocast_off failed
+    ``fullgraph=True``); made untraceable here, the model still compiles in one graph, under
+    autocast too, and gives the eager numbers."""
+    from posenc.model import ModelConfig, TransformerLM
+
+    monkeypatch.setattr(
+        torch.amp, "is_autocast_available", torch._dynamo.disable(torch.amp.is_autocast_available)
+    )
+    torch._dynamo.reset()
+    config = ModelConfig(vocab_size=11, d_model=16, num_layers=1, num_heads=2, position=position, max_len=32)
+    model = TransformerLM(config).eval()
+    ids = torch.randint(0, 11, (2, 9))
+    compiled = torch.compile(model, fullgraph=True, backend="eager")
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        got, want = compiled(ids).logits, model(ids).logits
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    torch._dynamo.reset()

@@ -11,8 +11,14 @@ import torch
 
 def autocast_off(device: torch.device) -> contextlib.AbstractContextManager:
     """A context that disables autocast on ``device`` (a no-op where autocast does not exist, e.g.
-    meta, or is off already: entering ``torch.autocast`` costs ~3 us per table)."""
-    if torch.amp.is_autocast_available(device.type) and torch.is_autocast_enabled(device.type):
+    meta, or is off already: entering ``torch.autocast`` costs ~3 us per table).
+
+    While ``torch.compile`` traces, the availability check is skipped: TorchDynamo before torch
+    2.13 cannot trace ``torch.amp.is_autocast_available`` (a graph break, an error under
+    ``fullgraph=True``), and a traced tensor is on a device with autocast (CPU, CUDA, ...)."""
+    if not torch.compiler.is_compiling() and not torch.amp.is_autocast_available(device.type):
+        return contextlib.nullcontext()
+    if torch.is_autocast_enabled(device.type):
         return torch.autocast(device_type=device.type, enabled=False)
     return contextlib.nullcontext()
 
