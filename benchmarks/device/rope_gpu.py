@@ -58,6 +58,22 @@ def timed(fn, device: torch.device, repeats: int) -> float:
     return statistics.median(times)
 
 
+def graph_timed(fn, repeats: int) -> float:
+    """Median seconds of one replay of a CUDA graph holding 10 calls of ``fn`` (divided by 10): the
+    GPU's time alone, without Python or launch overhead."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(10):
+            fn()
+    return timed(graph.replay, torch.device("cuda"), repeats) / 10
+
+
 def tables(s: int, d_h: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """``cos, sin [s, d_h/2]`` in float32 from posenc's own RoPE."""
     rope = posenc.build("rope", head_dim=d_h).to(device)
@@ -150,12 +166,28 @@ def run_case(shape, dtype, device, repeats, record) -> None:
         except Exception as err:
             rec["times_s"][name] = None
             rec["checks"][f"{name}_error"] = f"{type(err).__name__}: {err}"[:500]
+    if device.type == "cuda":  # the GPU's own time: CUDA graphs (the compiled path has its own)
+        rec["graph_times_s"] = {}
+        for name in ("posenc", "posenc_inplace", "hf", "copy"):
+            if name not in paths:
+                continue
+            try:
+                rec["graph_times_s"][name] = graph_timed(paths[name], repeats)
+            except Exception as err:
+                rec["graph_times_s"][name] = None
+                rec["checks"][f"{name}_graph_error"] = f"{type(err).__name__}: {err}"[:300]
     record.append(rec)
     floor = rec["times_s"]["copy"]
     row = "  ".join(
         f"{n} {t * 1e6:8.1f}us ({t / floor:4.2f}x)" for n, t in rec["times_s"].items() if t is not None
     )
     print(f"{shape} {rec['dtype']:8s} triton={rec['triton_used']} {row}", flush=True)
+    if rec.get("graph_times_s", {}).get("copy"):
+        g = rec["graph_times_s"]
+        row = "  ".join(
+            f"{n} {t * 1e6:8.1f}us ({t / g['copy']:4.2f}x)" for n, t in g.items() if t is not None
+        )
+        print(f"   GPU time (CUDA graphs) {row}", flush=True)
     print(f"   checks {rec['checks']}", flush=True)
 
 
