@@ -217,3 +217,30 @@ def test_a_float64_model_is_scored_in_float64():
     point = evaluate_lm(model, es, 16, train_len=8, score_len=4)
     windows, _, _ = reference(model, es, 16, 8, 4)
     assert point.window_bits == pytest.approx(windows, rel=1e-12)
+
+
+class WrongOnOddDigitSums(CopyOracle):
+    """Copies the question, but gets the first answer digit wrong where the question's digits sum
+    to an odd number: a per-question pattern the record must keep in order."""
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        logits = super().forward(ids).logits  # [b, s, V]
+        n = (ids.shape[1] - 2) // 2
+        odd = ids[:, 1 : n + 1].sum(-1) % 2 == 1  # [b] by the question's token ids
+        first = logits[:, n + 1].argmax(-1)  # [b] the first answer digit's prediction
+        bad = nn.functional.one_hot((first + 1) % len(TASK_VOCAB), len(TASK_VOCAB)).float()
+        logits[:, n + 1] = torch.where(odd[:, None], bad, logits[:, n + 1])
+        return LMOutput(logits)
+
+
+def test_task_records_each_question_right_or_wrong_in_order():
+    """``example_correct`` holds one 0/1 per question, in the questions' order across batches of
+    64, and its mean is the exact match."""
+    from posenc.text.tasks import generate_task
+
+    point = evaluate_task(WrongOnOddDigitSums(), "copy", 6, 150, seed=3)
+    ex = generate_task("copy", 150, 6, seed=3)
+    q = ex.tokens[:, 1:7]  # [150, 6] the question digits
+    want = (q.sum(-1) % 2 == 0).int().tolist()
+    assert point.example_correct == want
+    assert 0 < sum(want) < 150 and point.accuracy == pytest.approx(sum(want) / 150)

@@ -98,3 +98,59 @@ def test_ranking_per_length_orders_the_runs_with_their_intervals():
     lines = format_ranking_by_length(by_length)
     assert lines[0].endswith("NoPE > T5 > ALiBi ~ RoPE > absolute")
     assert lines[1].startswith("9: nope 1.000 [0.981, 1.000] > alibi 0.845 [")
+
+
+def _per_question(name: str, seed: int, correct: dict[int, list[int]]) -> dict:
+    points = [{"length": n, "accuracy": sum(c) / len(c), "example_correct": c} for n, c in correct.items()]
+    return {"name": name, "seed": seed, "eval": points}
+
+
+def test_task_comparisons_pair_questions_and_seeds_and_give_verdicts():
+    """B - A exact match per question past L: a scheme right on every question where the other is
+    wrong on most is "better" (and the other "worse"), an identical one "no difference shown";
+    lengths at or below L are not compared; Holm counts every comparison."""
+    from posenc.lab.tasks import task_comparisons
+
+    good = [1] * 40
+    poor = [1 if i % 10 == 0 else 0 for i in range(40)]  # 4 of 40
+    runs = []
+    for seed in (0, 1, 2):
+        runs += [
+            _per_question("nope", seed, {8: good, 9: good, 10: poor}),
+            _per_question("rope", seed, {8: good, 9: poor, 10: poor}),
+            _per_question("alibi", seed, {8: good, 9: good, 10: poor}),
+        ]
+    cmp = task_comparisons(runs, train_len=8)
+    assert cmp["higher_is_better"] is True and cmp["family"] == 6  # 3 pairs x lengths 9, 10
+    rows = {(r["a"], r["b"], r["length"]): r for r in cmp["rows"]}
+    assert set(rows) == {
+        (a, b, n) for a, b in [("nope", "rope"), ("nope", "alibi"), ("rope", "alibi")] for n in (9, 10)
+    }
+    worse = rows["nope", "rope", 9]
+    assert worse["diff"]["mean"] == pytest.approx(-0.9) and worse["verdict"] == "worse"
+    assert worse["diff"]["over"] == "seeds and questions" and worse["seeds"] == [0, 1, 2]
+    assert rows["rope", "alibi", 9]["verdict"] == "better"
+    assert rows["nope", "alibi", 9]["verdict"] == "no difference shown"
+    assert rows["nope", "alibi", 9]["diff"]["p_value"] == 1.0
+    assert all(r["p_holm"] >= r["diff"]["p_value"] for r in cmp["rows"])
+
+
+def test_task_comparisons_need_per_question_records():
+    """Results of earlier versions (no per-question records) give no comparisons, not made-up ones;
+    a run with another number of questions is not paired."""
+    from posenc.lab.tasks import task_comparisons
+
+    assert task_comparisons(RUNS, train_len=8) is None
+    runs = [_per_question("a", 0, {9: [1, 0, 1]}), _per_question("b", 0, {9: [1, 1]})]
+    assert task_comparisons(runs, train_len=8) is None
+
+
+def test_task_comparisons_are_printed_with_the_study():
+    """The study's tables print the comparisons with the accuracy direction (> 0: B is better)."""
+    from posenc.lab.compare import format_scheme_comparisons
+    from posenc.lab.tasks import task_comparisons
+
+    runs = [_per_question(n, s, {9: c}) for s in (0, 1) for n, c in (("a", [0] * 30), ("b", [1] * 30))]
+    lines = format_scheme_comparisons(task_comparisons(runs, train_len=8))
+    assert "exact match on the same questions and seeds (> 0: B is better)" in lines[0]
+    assert any(line.startswith("b - a") and line.rstrip().endswith("b better") for line in lines)

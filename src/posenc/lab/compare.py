@@ -119,13 +119,16 @@ def paired_rows(
     return rows
 
 
-def verdict(diff: dict[str, Any], p_adjusted: float | None, alpha: float = ALPHA) -> str:
-    """B's verdict against A from a difference B - A in bits/byte (lower is better) and its
-    corrected p-value: ``"better"`` / ``"worse"`` when ``p_adjusted < alpha``, else ``"no
-    difference shown"`` (also without a p-value: one seed on one document has none)."""
+def verdict(
+    diff: dict[str, Any], p_adjusted: float | None, alpha: float = ALPHA, higher_is_better: bool = False
+) -> str:
+    """B's verdict against A from a difference B - A (bits/byte: lower is better; with
+    ``higher_is_better``, e.g. accuracy, higher) and its corrected p-value: ``"better"`` /
+    ``"worse"`` when ``p_adjusted < alpha``, else ``"no difference shown"`` (also without a
+    p-value: one seed on one document has none)."""
     if p_adjusted is None or p_adjusted >= alpha:
         return "no difference shown"
-    return "better" if diff["mean"] < 0 else "worse"
+    return "better" if (diff["mean"] > 0) == higher_is_better else "worse"
 
 
 def scheme_comparisons(results: dict[str, Any], alpha: float = ALPHA) -> dict[str, Any]:
@@ -175,9 +178,11 @@ def format_scheme_comparisons(comparisons: dict[str, Any], markdown: bool = Fals
     rows = comparisons.get("rows", [])
     if not rows:
         return []
+    metric = comparisons.get("metric", "sliding-window bits/byte on the same bytes and seeds")
+    better = "> 0" if comparisons.get("higher_is_better") else "< 0"
     title = (
-        f"scheme vs scheme: B - A sliding-window bits/byte on the same bytes and seeds (< 0: B is "
-        f"better); {comparisons['method']}; verdict at Holm p < {comparisons['alpha']}"
+        f"scheme vs scheme: B - A {metric} ({better}: B is better); {comparisons['method']}; "
+        f"verdict at Holm p < {comparisons['alpha']}"
     )
     table = []
     for r in rows:

@@ -87,6 +87,9 @@ class EvalPoint:
             ``stopped_at_L``), Wilson's 95% interval over the examples (digits for digit accuracy).
         probe: ``lm`` mode, at the longest length: the repeated-string effective-context probe
             per distance (:func:`~posenc.lab.probe.repeated_string_probe`).
+        example_correct: task modes: ``[examples]`` 1 where the example's answer was exactly
+            right, else 0, in the examples' order (the same questions for every model and seed of
+            a study, so two schemes pair example for example).
     """
 
     length: int
@@ -110,6 +113,7 @@ class EvalPoint:
     stopped_at_L: float | None = None
     wilson: dict | None = None
     probe: list[dict] | None = None
+    example_correct: list[int] = field(default_factory=list)
 
     @property
     def measured(self) -> bool:
@@ -281,6 +285,7 @@ def evaluate_task(
     if train_len is not None:
         trained_answer = int(generate_task(task, 1, train_len, seed=0).answer_mask.sum()) - 1  # digits
     exact = digits_right = digits = early = at_l = right_tokens = 0
+    correct: list[int] = []  # [examples] 1 = exact match
     model.eval()
     for i in range(0, examples, 64):
         tokens, mask = ex.tokens[i : i + 64].to(device), ex.answer_mask[i : i + 64].to(device)  # [b, s]
@@ -292,6 +297,7 @@ def evaluate_task(
         pred = out.logits.argmax(-1)  # [b, s - 1]: prediction for position t + 1
         sc = score_answers(pred, tokens[:, 1:], mask[:, 1:])
         exact += int(sc.exact.sum())
+        correct += sc.exact.int().tolist()
         digits_right += int(sc.digits_right.sum())
         digits += int(sc.digits.sum())
         early += int((sc.early_end >= 0).sum())
@@ -315,6 +321,7 @@ def evaluate_task(
         wilson=wilson,
         n_scored=examples,
         wall_s=time.perf_counter() - t0,
+        example_correct=correct,
     )
 
 

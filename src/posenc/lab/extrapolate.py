@@ -226,8 +226,9 @@ def _collect(ordered: list[CellRecord], config: StudyConfig, data, env: dict[str
     if config.finetune_len:
         results.finetune = finetune_summary(view)
     if not config.lm:
-        from .tasks import ranking_by_length, task_ranking
+        from .tasks import ranking_by_length, task_comparisons, task_ranking
 
+        results.comparisons = task_comparisons(view["runs"], config.train_len)
         results.ranking = task_ranking(view["runs"], config.train_len)
         results.ranking_by_length = ranking_by_length(results.summary, config.train_len)
     return results

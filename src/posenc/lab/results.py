@@ -206,7 +206,8 @@ class StudyResults:
         train_config: the training of the cells (the first seed's).
         model_configs: per trained run, its model's configuration.
         training: per trained run, the final loss and loss curve across seeds.
-        comparisons: lm mode: every pair of schemes at every length, paired, Holm-corrected.
+        comparisons: every pair of schemes at every length (lm mode: bits/byte; task modes: exact
+            match past L, per question), paired, Holm-corrected.
         probe: lm mode: the effective-context probe per run and distance.
         settings: with ``vary`` or randomized positions: each setting minus the first, paired.
         finetune: with fine-tuning: fine-tuned minus not, and minus the control, paired.

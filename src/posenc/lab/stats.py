@@ -160,6 +160,7 @@ def paired_bootstrap(
     *,
     resamples: int = 2000,
     seed: int = 0,
+    unit: str | None = None,
 ) -> Interval:
     """Mean, 95% percentile interval and two-sided p-value of per-window values ``[R, K]``
     (``R`` seeds scored on the same ``K`` windows; ``[K]`` = one seed), resampling documents.
@@ -167,11 +168,12 @@ def paired_bootstrap(
     Each resample draws ``C`` documents with replacement (``clusters[i]``: window ``i``'s document;
     ``None`` = every window its own) and, with ``R > 1``, ``R`` seeds with replacement; its value is
     the mean over the drawn seeds of the mean over the drawn documents' windows. Deterministic for
-    a given ``seed``.
+    a given ``seed``. ``unit`` names what the ``K`` values are when each is its own cluster (e.g.
+    ``"examples"``; default ``"windows"``).
 
     Returns:
         an :class:`Interval` with ``n`` = documents, ``over`` = ``"documents"`` or ``"seeds and
-        documents"`` (``"windows"`` when each window is its own document) and ``p_value``.
+        documents"`` (``"windows"``, or ``unit``, when each window is its own document) and ``p_value``.
     """
     shape = torch.as_tensor(values, dtype=torch.float64).shape
     if len(shape) not in (1, 2):
@@ -188,7 +190,7 @@ def paired_bootstrap(
     c = int(ids.max()) + 1
     sums = torch.zeros(r, c, dtype=torch.float64).index_add_(1, ids, x)  # [R, C]
     counts = torch.bincount(ids, minlength=c).double()  # [C]
-    unit = "windows" if c == k and clusters is None else "documents"
+    unit = (unit or "windows") if c == k and clusters is None else "documents"
     over = unit if r == 1 else f"seeds and {unit}"
     mean = float(x.mean())
     if c < 2 and r < 2:

@@ -9,13 +9,16 @@ the scheme reached :data:`LEARNED_AT` at the training length ``L``.
 For each run (a scheme, or a scheme with an evaluation-time variant) and seed, the score past
 ``L`` is the mean exact match over the evaluated lengths ``n > L``; across seeds, the mean with a
 95% t interval (:func:`~posenc.lab.stats.seed_interval`).
+
+Comparisons are tests (:func:`task_comparisons`): every pair of schemes at every length past ``L``,
+B - A exact match on the same questions and seeds, resampling seeds and questions, Holm-corrected.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .stats import Interval, seed_interval
+from .stats import Interval, holm, paired_bootstrap, seed_interval
 
 __all__ = [
     "LEARNED_AT",
@@ -23,6 +26,7 @@ __all__ = [
     "format_ranking",
     "format_ranking_by_length",
     "ranking_by_length",
+    "task_comparisons",
     "task_eval_lens",
     "task_ranking",
 ]
@@ -156,3 +160,71 @@ def format_ranking_by_length(by_length: list[dict[str, Any]], markdown: bool = F
         text = f"{row['length']}: " + " > ".join(cell(e) for e in row["order"])
         lines.append(f"- {text}" if markdown else text)
     return [*lines, ""]
+
+
+def task_comparisons(
+    runs: list[dict[str, Any]], train_len: int, alpha: float = 0.05
+) -> dict[str, Any] | None:
+    """Every pair of schemes of a task study (plain runs: no evaluation-time variant, the first
+    setting) at every length past ``L``: B - A exact match per question, paired by seed and question
+    (every model of a study answers the same questions), with :func:`~posenc.lab.stats.paired_bootstrap`
+    over seeds and questions and Holm's correction over all of them.
+
+    Returns:
+        ``{"method", "alpha", "family", "metric", "higher_is_better", "rows"}`` as
+        :func:`~posenc.lab.compare.scheme_comparisons`, each row ``{"a", "b", "length", "seeds",
+        "diff", "p_holm", "verdict"}``; ``None`` when no pair has per-question records (results of
+        earlier versions).
+    """
+    from .compare import verdict
+
+    plain = [r for r in runs if not r.get("variant") and not r.get("finetune")]
+    first_setting = plain[0].get("setting", {}) if plain else {}
+    by_name: dict[str, dict[int, dict]] = {}
+    for r in plain:
+        if r.get("setting", {}) == first_setting:
+            by_name.setdefault(r["name"], {})[r["seed"]] = r
+    names = list(by_name)
+    rows = []
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            seeds = sorted(s for s in by_name[b] if s in by_name[a])
+            for length in sorted({p["length"] for p in by_name[a][seeds[0]]["eval"]} if seeds else ()):
+                if length <= train_len:
+                    continue
+                diffs = _paired_correct(by_name[a], by_name[b], seeds, length)  # [R][K]
+                if diffs is None:
+                    continue
+                diff = paired_bootstrap(diffs, unit="questions").to_dict()
+                rows.append({"a": a, "b": b, "length": length, "seeds": seeds, "diff": diff})
+    if not rows:
+        return None
+    adjusted = holm([r["diff"]["p_value"] for r in rows if r["diff"]["p_value"] is not None])
+    it = iter(adjusted)
+    for r in rows:
+        r["p_holm"] = next(it) if r["diff"]["p_value"] is not None else None
+        r["verdict"] = verdict(r["diff"], r["p_holm"], alpha, higher_is_better=True)
+    return {
+        "method": f"paired bootstrap of B - A per question (2000 resamples of {rows[0]['diff']['over']}); "
+        "two-sided p-values (a normal fitted to the resamples where fewer than 10 fall beyond 0), "
+        f"Holm-corrected over the {len(adjusted)} comparisons below",
+        "alpha": alpha,
+        "family": len(adjusted),
+        "metric": "exact match on the same questions and seeds",
+        "higher_is_better": True,
+        "rows": rows,
+    }
+
+
+def _paired_correct(a: dict[int, dict], b: dict[int, dict], seeds: list[int], length: int):
+    """``[R][K]`` B's minus A's per-question exact match at ``length`` for each seed, or None where
+    a run lacks per-question records there (or their counts differ)."""
+    out = []
+    for seed in seeds:
+        pa = next((p for p in a[seed]["eval"] if p["length"] == length), None)
+        pb = next((p for p in b[seed]["eval"] if p["length"] == length), None)
+        ca, cb = (p.get("example_correct") if p else None for p in (pa, pb))
+        if not ca or not cb or len(ca) != len(cb):
+            return None
+        out.append([y - x for x, y in zip(ca, cb)])
+    return out
