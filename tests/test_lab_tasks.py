@@ -145,6 +145,18 @@ def test_task_comparisons_need_per_question_records():
     assert task_comparisons(runs, train_len=8) is None
 
 
+def test_task_comparisons_include_settings_and_variants():
+    """Randomized positions and their re-sampled evaluation are runs of their own, compared with
+    the plain run (Ruoss et al.'s claim is one of these pairs); fine-tuned runs are left out."""
+    from posenc.lab.tasks import task_comparisons
+
+    names = ["rope", "rope[random_positions=64]", "rope[random_positions=64]+resampled"]
+    runs = [_per_question(n, s, {9: [1, 0] * 10}) for s in (0, 1) for n in names]
+    runs.append({**_per_question("rope+ft16", 0, {9: [1] * 20}), "finetune": {"len": 16}})
+    rows = task_comparisons(runs, train_len=8)["rows"]
+    assert {(r["a"], r["b"]) for r in rows} == {(a, b) for i, a in enumerate(names) for b in names[i + 1 :]}
+
+
 def test_task_comparisons_are_printed_with_the_study():
     """The study's tables print the comparisons with the accuracy direction (> 0: B is better)."""
     from posenc.lab.compare import format_scheme_comparisons

@@ -10,7 +10,7 @@ For each run (a scheme, or a scheme with an evaluation-time variant) and seed, t
 ``L`` is the mean exact match over the evaluated lengths ``n > L``; across seeds, the mean with a
 95% t interval (:func:`~posenc.lab.stats.seed_interval`).
 
-Comparisons are tests (:func:`task_comparisons`): every pair of schemes at every length past ``L``,
+Comparisons are tests (:func:`task_comparisons`): every pair of runs at every length past ``L``,
 B - A exact match on the same questions and seeds, resampling seeds and questions, Holm-corrected.
 """
 
@@ -165,8 +165,9 @@ def format_ranking_by_length(by_length: list[dict[str, Any]], markdown: bool = F
 def task_comparisons(
     runs: list[dict[str, Any]], train_len: int, alpha: float = 0.05
 ) -> dict[str, Any] | None:
-    """Every pair of schemes of a task study (plain runs: no evaluation-time variant, the first
-    setting) at every length past ``L``: B - A exact match per question, paired by seed and question
+    """Every pair of runs of a task study (schemes, settings such as randomized positions, and
+    evaluation-time variants such as re-sampled positions) at every length past ``L``: B - A exact
+    match per question, paired by seed and question
     (every model of a study answers the same questions), with :func:`~posenc.lab.stats.paired_bootstrap`
     over seeds and questions and Holm's correction over all of them.
 
@@ -178,11 +179,9 @@ def task_comparisons(
     """
     from .compare import verdict
 
-    plain = [r for r in runs if not r.get("variant") and not r.get("finetune")]
-    first_setting = plain[0].get("setting", {}) if plain else {}
     by_name: dict[str, dict[int, dict]] = {}
-    for r in plain:
-        if r.get("setting", {}) == first_setting:
+    for r in runs:
+        if not r.get("finetune"):
             by_name.setdefault(r["name"], {})[r["seed"]] = r
     names = list(by_name)
     rows = []
