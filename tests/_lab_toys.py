@@ -59,8 +59,17 @@ def tiny_study(corpus: Path, **overrides):
 def torchrun_command(args: list[str], nproc: int = 2) -> tuple[list[str], dict[str, str]]:
     """``torchrun --standalone --nproc-per-node N -m posenc ARGS`` and an environment that finds posenc."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-           "-m", "posenc", *args]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(nproc),
+        "-m",
+        "posenc",
+        *args,
+    ]
     return cmd, env
 
 

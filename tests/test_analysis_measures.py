@@ -16,9 +16,17 @@ SMALL = {"d_model": 32, "head_dim": 16, "num_heads": 4, "max_len": 64}
 
 def test_every_property_declares_its_rules():
     assert list(PROPERTIES) == [
-        "distinct_fp32", "distinct_bf16", "distinct_fp16", "bounded", "relative_linear",
-        "translation_inv", "decay", "symmetry", "beyond_length", "wavelengths",
-    ]  # fmt: skip
+        "distinct_fp32",
+        "distinct_bf16",
+        "distinct_fp16",
+        "bounded",
+        "relative_linear",
+        "translation_inv",
+        "decay",
+        "symmetry",
+        "beyond_length",
+        "wavelengths",
+    ]
     for name, prop in PROPERTIES.items():
         assert prop.name == name and prop.comparison in ("<=", "<", ">", ">=") and prop.formula
 

@@ -80,7 +80,9 @@ def test_plot_defects_stay_fixed():
     assert kernel.get_size_inches()[0] < 5.5
     bias = render("alibi", "bias")  # both panels carry a colour bar (the curves: which head)
     assert sorted(ax.get_ylabel() for ax in bias.axes if ax.get_label() == "<colorbar>") == [
-        "bias (scaled-logit units)", "head"]  # fmt: skip
+        "bias (scaled-logit units)",
+        "head",
+    ]
     for fig in (waves, sim, kernel, bias):
         plt.close(fig)
 

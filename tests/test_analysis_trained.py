@@ -125,8 +125,9 @@ def test_a_study_at_seed_3_is_paired_with_seed_3s_initialisation(corpus, tmp_pat
     from posenc.lab.extrapolate import run_study
 
     out = tmp_path / "seed3"
-    config = tiny_study(corpus, schemes=("t5",), steps=1, lr=1e-9, min_lr=1e-9, eval_lens=(8,), variants=(),
-                        seeds=(3,))  # fmt: skip
+    config = tiny_study(
+        corpus, schemes=("t5",), steps=1, lr=1e-9, min_lr=1e-9, eval_lens=(8,), variants=(), seeds=(3,)
+    )
     run_study(config, out=out, log=None, workers=1)
     assert (out / "checkpoints" / "t5-seed3.safetensors").is_file()
     (t5,) = read_study(out)

@@ -116,9 +116,15 @@ def test_alibi_causal_equals_bloom_up_to_row_constant():
     torch.testing.assert_close((ours + row_const)[:, kept], hf.expand(h, s, s)[:, kept])
 
 
-@pytest.mark.parametrize("build", [lambda: ALiBi(8), lambda: ALiBi(5, causal=False),
-                                   lambda: T5RelativeBias(4, bidirectional=False),
-                                   lambda: posenc.build("alibi", num_heads=8)])  # fmt: skip
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: ALiBi(8),
+        lambda: ALiBi(5, causal=False),
+        lambda: T5RelativeBias(4, bidirectional=False),
+        lambda: posenc.build("alibi", num_heads=8),
+    ],
+)
 def test_no_bias_favours_a_future_key(build):
     """A causal bias is never larger for a key after the query than for the query itself, so an
     encoder built from the plain ALiBi line without a causal mask does not favour far-future tokens

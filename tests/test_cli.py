@@ -158,8 +158,23 @@ FUZZ_VALUES = ["-1", "0", "abc", "1e309", "99999999999999999999", "/nonexistent/
 
 def _fuzz_base(tmp_path, corpus) -> dict[str, list[str]]:
     """Per command, arguments that make a valid run cheap (so a bad value is what is tested)."""
-    tiny = ["--train-len", "8", "--steps", "2", "--batch-size", "2", "--d-model", "16", "--layers", "1",
-            "--heads", "2", "--corpus", str(corpus), "--no-progress"]  # fmt: skip
+    tiny = [
+        "--train-len",
+        "8",
+        "--steps",
+        "2",
+        "--batch-size",
+        "2",
+        "--d-model",
+        "16",
+        "--layers",
+        "1",
+        "--heads",
+        "2",
+        "--corpus",
+        str(corpus),
+        "--no-progress",
+    ]
     return {
         "list": [],
         "show": ["sinusoidal"],
@@ -275,11 +290,27 @@ print(code)
 
 @pytest.mark.parametrize(
     "argv",
-    [["--help"], ["--version"], [], ["list"], ["list", "--json"], ["show", "--help"], ["lst"],
-     ["show", "sinusoidal", "--dmi", "4"], ["bench", "--help"], ["encode", "--help"], ["train", "--help"],
-     ["extrapolate", "--help"], ["train", "--out", "x", "--stpes", "3"], ["encode"], ["plot", "--help"],
-     ["verify", "--help"], ["report", "--help"], ["report", "--fats"]],
-)  # fmt: skip
+    [
+        ["--help"],
+        ["--version"],
+        [],
+        ["list"],
+        ["list", "--json"],
+        ["show", "--help"],
+        ["lst"],
+        ["show", "sinusoidal", "--dmi", "4"],
+        ["bench", "--help"],
+        ["encode", "--help"],
+        ["train", "--help"],
+        ["extrapolate", "--help"],
+        ["train", "--out", "x", "--stpes", "3"],
+        ["encode"],
+        ["plot", "--help"],
+        ["verify", "--help"],
+        ["report", "--help"],
+        ["report", "--fats"],
+    ],
+)
 def test_help_version_list_and_argument_errors_do_not_import_torch(argv):
     done = subprocess.run(
         [sys.executable, "-c", _NO_TORCH, *argv], capture_output=True, text=True, timeout=60
@@ -309,7 +340,7 @@ def test_list_reads_the_same_schemes_as_the_registry(capsys):
         (["show", "rop"], "unknown scheme 'rop'; valid schemes: nope,"),
         (["show", "sinusoidal", "--dim", "x"], "posenc show: error: argument --dim: invalid int value: 'x'"),
     ],
-)  # fmt: skip
+)
 def test_argument_errors_are_one_line_with_close_matches(argv, expected, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
@@ -350,10 +381,13 @@ def test_verify_prints_a_compact_matrix_and_details_with_verbose(capsys):
     ("raise_it", "code", "line"),
     [
         (lambda: (_ for _ in ()).throw(KeyboardInterrupt), 130, "posenc list: interrupted; "),
-        (lambda: __import__("os").kill(__import__("os").getpid(), __import__("signal").SIGTERM), 143,
-         "posenc list: terminated (SIGTERM); "),
+        (
+            lambda: __import__("os").kill(__import__("os").getpid(), __import__("signal").SIGTERM),
+            143,
+            "posenc list: terminated (SIGTERM); ",
+        ),
     ],
-)  # fmt: skip
+)
 def test_ctrl_c_and_sigterm_end_a_command_with_one_line(raise_it, code, line, monkeypatch, capsys):
     import signal
     import threading
@@ -411,9 +445,30 @@ def test_a_full_disk_is_one_line_not_a_traceback(where, tmp_path, monkeypatch, c
 
         monkeypatch.setattr(os, "fsync", full_fsync)
     out = tmp_path / "run"
-    argv = ["train", "--corpus", str(corpus), "--out", str(out), "--steps", "2", "--train-len", "8",
-            "--batch-size", "2", "--d-model", "16", "--layers", "1", "--heads", "2", "--threads", "1",
-            "--no-progress", "--checkpoint-every", "1"]  # fmt: skip
+    argv = [
+        "train",
+        "--corpus",
+        str(corpus),
+        "--out",
+        str(out),
+        "--steps",
+        "2",
+        "--train-len",
+        "8",
+        "--batch-size",
+        "2",
+        "--d-model",
+        "16",
+        "--layers",
+        "1",
+        "--heads",
+        "2",
+        "--threads",
+        "1",
+        "--no-progress",
+        "--checkpoint-every",
+        "1",
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err

@@ -73,10 +73,25 @@ def test_a_resumed_study_says_its_cells_were_reused_and_how_long_they_trained(tm
     """A study resumed from finished cells ran for seconds: its line must not read as the study's
     time, so it names the reused cells and their own training time."""
     monkeypatch.chdir(tmp_path)
-    train = {"steps": 10, "resumed_from": 0, "wall_s": 90.0, "tokens_per_s": 1.0, "threads": 1,
-             "final_loss_nats": 2.0, "loss_every_10_steps": [2.0]}  # fmt: skip
-    cell = {"cell": "alibi-seed0", "scheme": "alibi", "seed": 0, "run": "alibi", "setting": {},
-            "run_id": "x", "params": 1, "train": train}  # fmt: skip
+    train = {
+        "steps": 10,
+        "resumed_from": 0,
+        "wall_s": 90.0,
+        "tokens_per_s": 1.0,
+        "threads": 1,
+        "final_loss_nats": 2.0,
+        "loss_every_10_steps": [2.0],
+    }
+    cell = {
+        "cell": "alibi-seed0",
+        "scheme": "alibi",
+        "seed": 0,
+        "run": "alibi",
+        "setting": {},
+        "run_id": "x",
+        "params": 1,
+        "train": train,
+    }
     results = {**_results(0.1), "wall_s": 6.0, "cells": [{**cell, "reused": True}, {**cell, "cell": "b"}]}
     (tmp_path / "a.json").write_text(json.dumps(results))
     page = tmp_path / "lab.md"

@@ -22,8 +22,20 @@ def corpus_dir(tmp_path_factory):
 
 def test_tiny_study_with_two_seeds_end_to_end(tmp_path, corpus_dir, capsys):
     out = tmp_path / "study"
-    command = ["extrapolate", "--schemes", "learned,alibi,rope", "--seeds", "0,1", "--variants", "linear",
-               "--corpus", str(corpus_dir), *TINY, "--out", str(out)]  # fmt: skip
+    command = [
+        "extrapolate",
+        "--schemes",
+        "learned,alibi,rope",
+        "--seeds",
+        "0,1",
+        "--variants",
+        "linear",
+        "--corpus",
+        str(corpus_dir),
+        *TINY,
+        "--out",
+        str(out),
+    ]
     code = main(command)
     assert code == 0
     printed = capsys.readouterr().out

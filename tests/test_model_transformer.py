@@ -214,7 +214,7 @@ def test_generate_is_greedy_by_default_as_hugging_face():
         ({"temperature": 0}, "temperature=0 with do_sample"),
     ):
         with pytest.raises(ValueError, match=match):
-            model.generate(ids, 2, do_sample=True, **bad)  # fmt: skip
+            model.generate(ids, 2, do_sample=True, **bad)
     with pytest.raises(TypeError, match="do_sample must be a bool"):
         model.generate(ids, 2, do_sample="yes")
     with pytest.raises(ValueError, match="eos_token_id"):

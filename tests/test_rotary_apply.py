@@ -117,9 +117,19 @@ def test_property_logit_depends_only_on_distance(d, m, n, t, layout, seed):
     torch.testing.assert_close(logit(m, n), logit(m + t, n + t), rtol=1e-9, atol=1e-9)
 
 
-@pytest.mark.parametrize("make", [lambda: RotaryEmbedding(64), lambda: XPos(64), lambda: RotaryEmbedding(
-    64, layout="interleaved", partial_rotary_factor=0.5,
-    scaling={"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 32})])  # fmt: skip
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: RotaryEmbedding(64),
+        lambda: XPos(64),
+        lambda: RotaryEmbedding(
+            64,
+            layout="interleaved",
+            partial_rotary_factor=0.5,
+            scaling={"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 32},
+        ),
+    ],
+)
 @pytest.mark.parametrize("per_row", [False, True])
 def test_bshd_equals_bhsd_transposed(make, per_row):
     rope = make()
@@ -127,8 +137,10 @@ def test_bshd_equals_bhsd_transposed(make, per_row):
     q, k = torch.randn(2, 4, 100, 64), torch.randn(2, 2, 100, 64)  # GQA: h_kv = 2
     pos = torch.randint(0, 90, (2, 100)) if per_row else torch.arange(7, 107)
     ref_q, ref_k = rope.rotate(q, k, pos, pos)
-    for qs, ks in ((q.transpose(1, 2), k.transpose(1, 2)),  # views
-                   (q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous())):  # fmt: skip
+    for qs, ks in (
+        (q.transpose(1, 2), k.transpose(1, 2)),  # views
+        (q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous()),
+    ):
         got_q, got_k = rope.rotate(qs, ks, pos, pos, qk_layout="bshd")
         assert got_q.shape == (2, 100, 4, 64) and got_k.shape == (2, 100, 2, 64)
         torch.testing.assert_close(got_q.transpose(1, 2), ref_q, rtol=0, atol=0)

@@ -119,8 +119,9 @@ def test_classes_are_exported():
 @pytest.mark.parametrize("per_row", [False, True])
 def test_rotate_with_prebuilt_tables_equals_rotate(per_row):
     """rotary_tables + rotate(tables=...) gives rotate's bits; equal q/k positions share one table."""
-    rope = RotaryEmbedding(16, rotary_dim=8, scaling={"rope_type": "yarn", "factor": 2.0,
-                                                      "original_max_position_embeddings": 8})  # fmt: skip
+    rope = RotaryEmbedding(
+        16, rotary_dim=8, scaling={"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 8}
+    )
     q, k = torch.randn(2, 4, 5, 16), torch.randn(2, 2, 5, 16)
     pos = torch.arange(3, 8).expand(2, 5) if per_row else torch.arange(3, 8)
     tabs = rope.rotary_tables(q, k, pos, pos.clone())
@@ -291,8 +292,15 @@ def test_precomputed_rows_in_a_model_and_after_inference_mode():
 
     def lm(options):
         torch.manual_seed(0)
-        cfg = ModelConfig(vocab_size=50, d_model=32, num_layers=2, num_heads=4, position="rope",
-                          position_options=options, max_len=64)  # fmt: skip
+        cfg = ModelConfig(
+            vocab_size=50,
+            d_model=32,
+            num_layers=2,
+            num_heads=4,
+            position="rope",
+            position_options=options,
+            max_len=64,
+        )
         return TransformerLM(cfg).eval()
 
     ids = torch.randint(0, 50, (2, 20), generator=torch.Generator().manual_seed(1))
@@ -452,8 +460,9 @@ def test_a_model_passes_its_head_count():
     from posenc.model import ModelConfig, TransformerLM
 
     for scheme in ("rope", "xpos"):
-        lm = TransformerLM(ModelConfig(vocab_size=16, d_model=32, num_layers=1, num_heads=4, num_kv_heads=2,
-                                       position=scheme))  # fmt: skip
+        lm = TransformerLM(
+            ModelConfig(vocab_size=16, d_model=32, num_layers=1, num_heads=4, num_kv_heads=2, position=scheme)
+        )
         assert lm.decoder.scheme(0).num_heads == 4
         assert lm(torch.randint(0, 16, (2, 5))).logits.shape == (2, 5, 16)
 

@@ -175,8 +175,15 @@ def test_yarn_mscale_and_mscale_all_dim_give_deepseeks_attention_factor():
     """DeepSeek-V2/V3's YaRN: attention factor mscale(s, mscale) / mscale(s, mscale_all_dim) with
     mscale(s, m) = 0.1 m ln s + 1: factor 40, mscale 1.0, mscale_all_dim 0.707 gives 1.0857 (the tests
     before used mscale = mscale_all_dim = 1, where ignoring mscale went unseen); the same as HF's."""
-    scaling = {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
-               "mscale": 1.0, "mscale_all_dim": 0.707, "beta_fast": 32, "beta_slow": 1}  # fmt: skip
+    scaling = {
+        "rope_type": "yarn",
+        "factor": 40.0,
+        "original_max_position_embeddings": 4096,
+        "mscale": 1.0,
+        "mscale_all_dim": 0.707,
+        "beta_fast": 32,
+        "beta_slow": 1,
+    }
     rope = posenc.build("rope", head_dim=64, scaling=scaling)
     want = (0.1 * 1.0 * math.log(40) + 1) / (0.1 * 0.707 * math.log(40) + 1)
     assert rope.frequencies()[1] == pytest.approx(want, rel=1e-12) and round(want, 4) == 1.0857
@@ -187,8 +194,13 @@ def test_yarn_mscale_and_mscale_all_dim_give_deepseeks_attention_factor():
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     params = {k: v for k, v in scaling.items()} | {"rope_theta": 10000.0}
-    cfg = transformers.LlamaConfig(hidden_size=128, num_attention_heads=2, head_dim=64,
-                                   max_position_embeddings=4096 * 40, rope_parameters=params)  # fmt: skip
+    cfg = transformers.LlamaConfig(
+        hidden_size=128,
+        num_attention_heads=2,
+        head_dim=64,
+        max_position_embeddings=4096 * 40,
+        rope_parameters=params,
+    )
     hf_inv, hf_scale = ROPE_INIT_FUNCTIONS["yarn"](cfg, None)
     assert rope.frequencies()[1] == pytest.approx(hf_scale, rel=1e-12)
     torch.testing.assert_close(rope.frequencies()[0].float(), hf_inv, rtol=4 * 2.0**-23, atol=0)
@@ -204,3 +216,27 @@ def test_proportional_validates_its_fraction():
     with pytest.raises(ValueError, match="must be a finite number > 0"):
         posenc.rope_frequencies(64, scaling={"rope_type": "proportional", "partial_rotary_factor": 0})
     assert "proportional" not in posenc.RotaryEmbedding.eval_variants  # needs a fraction, not just a factor
+
+
+def test_llama3_is_an_evaluation_variant_with_llama_3_1_settings():
+    """``llama3`` is offered for evaluation at factor E / L: Llama 3.1's low/high frequency factors
+    (1 and 4) with the trained length as the original one, equal to HF's llama3 rule for that
+    config; ``longrope`` (searched per-pair factors) is not offered."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    rope_cls = posenc.RotaryEmbedding
+    assert "llama3" in rope_cls.eval_variants and "longrope" not in rope_cls.eval_variants
+    options = rope_cls.variant_options("llama3", 4.0, 512)
+    assert options["scaling"]["original_max_position_embeddings"] == 512
+    rope = posenc.build("rope", head_dim=64, **options)
+    params = {**options["scaling"], "rope_theta": 10000.0}
+    cfg = transformers.LlamaConfig(
+        hidden_size=128,
+        num_attention_heads=2,
+        head_dim=64,
+        max_position_embeddings=2048,
+        rope_parameters=params,
+    )
+    hf_inv, _ = ROPE_INIT_FUNCTIONS["llama3"](cfg, None)
+    torch.testing.assert_close(rope.frequencies()[0].float(), hf_inv, rtol=4 * 2.0**-23, atol=0)

@@ -54,8 +54,13 @@ def test_text_vectors_align_to_a_vocabulary_with_coverage(tmp_path, header):
 
 def test_unknown_rows_follow_the_init_std(tmp_path):
     words, vectors = ["a"], torch.ones(1, 64)
-    weight, coverage = align_vectors(words, vectors, [f"t{i}" for i in range(2000)], init_std=0.05,
-                                     generator=torch.Generator().manual_seed(0))  # fmt: skip
+    weight, coverage = align_vectors(
+        words,
+        vectors,
+        [f"t{i}" for i in range(2000)],
+        init_std=0.05,
+        generator=torch.Generator().manual_seed(0),
+    )
     assert coverage.found == 0 and abs(float(weight.std()) - 0.05) < 0.002
 
 

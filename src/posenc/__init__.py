@@ -102,10 +102,27 @@ _EXPORTS: dict[str, str] = {
 
 #: subpackages and modules reachable as attributes (``posenc.registry.SCHEMES``, ``posenc.text``)
 _SUBMODULES = (
-    "absolute", "analysis", "base", "bias", "benchmarks", "cli", "cope", "embedding", "fire", "kernels",
-    "kerple", "lab", "model", "positions", "registry", "relative", "rotary", "temperature", "text",
+    "absolute",
+    "analysis",
+    "base",
+    "bias",
+    "benchmarks",
+    "cli",
+    "cope",
+    "embedding",
+    "fire",
+    "kernels",
+    "kerple",
+    "lab",
+    "model",
+    "positions",
+    "registry",
+    "relative",
+    "rotary",
+    "temperature",
+    "text",
     "vectors",
-)  # fmt: skip
+)
 
 
 __getattr__, __dir__ = lazy_attributes(__name__, _EXPORTS, _SUBMODULES)

@@ -105,12 +105,14 @@ def builtin_schemes() -> list[dict[str, Any]]:
         for attrs in reversed(chain):
             info.update(attrs)
         keys = _keys(info["__init__"])
-        out.append({
-            "name": info["name"],
-            "hooks": list(info["hooks"]),
-            "summary": info["summary"],
-            "causal": info["causal_ok"],
-            "required": [k for k, v in keys.items() if v is ...],
-            "optional": {k: v for k, v in keys.items() if v is not ...},
-        })  # fmt: skip
+        out.append(
+            {
+                "name": info["name"],
+                "hooks": list(info["hooks"]),
+                "summary": info["summary"],
+                "causal": info["causal_ok"],
+                "required": [k for k, v in keys.items() if v is ...],
+                "optional": {k: v for k, v in keys.items() if v is not ...},
+            }
+        )
     return out

@@ -47,6 +47,12 @@ def check_position_reach(reach: int, name: str = "positions") -> None:
         )
 
 
+def angle_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype positional angles and tables are computed in for a result of ``dtype``: float64
+    for float64 (its range reaches further), else float32 (bf16/fp16 would merge positions)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def wide_dtype(device: torch.device | str) -> torch.dtype:
     """float64, or float32 on devices without float64 (Apple's MPS): for frequencies and angles."""
     return torch.float32 if torch.device(device).type == "mps" else torch.float64
@@ -188,8 +194,12 @@ def _split_angles(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.
     wide = wide_dtype(positions.device)
     f_wide = inv_freq.to(positions.device, wide)  # [r]
     near = lo.to(dtype)[..., None] * inv_freq.to(positions.device, dtype)  # [..., r]
-    if (not torch.compiler.is_compiling() and positions.device.type == "cpu" and positions.numel()
-            and inv_freq.dim() == 1):  # fmt: skip
+    if (
+        not torch.compiler.is_compiling()
+        and positions.device.type == "cpu"
+        and positions.numel()
+        and inv_freq.dim() == 1
+    ):
         q0, q1 = int(q.min()), int(q.max())  # a host reduction: CPU only (no GPU sync, no meta)
         if q1 - q0 < positions.numel():  # few blocks: a [blocks, r] table, gathered
             blocks = torch.arange(q0, q1 + 1, device=positions.device).to(wide) * ANGLE_SPLIT  # [u]

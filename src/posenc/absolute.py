@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from ._alloc import check_allocation, factory_kwargs
-from ._precision import autocast_off, gather_kept, position_angles, wide_dtype
+from ._precision import angle_dtype, autocast_off, gather_kept, position_angles, wide_dtype
 from ._validate import check_choice, check_int, check_positive_float
 from .base import PositionalScheme
 from .positions import resolve_positions
@@ -108,10 +108,6 @@ def sinusoidal_frequencies(
     return inv_freq.to(device=device, dtype=dtype)
 
 
-def _angle_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 def sinusoidal_table(
     positions: int | torch.Tensor,
     dim: int,
@@ -148,7 +144,7 @@ def sinusoidal_table(
             f"positions must be an integer tensor, got dtype {positions.dtype}; pass e.g. positions.long()"
         )
     spec = SINUSOIDAL_VARIANTS[check_choice(variant, "variant", SINUSOIDAL_VARIANTS)]
-    adt = _angle_dtype(dtype)
+    adt = angle_dtype(dtype)
     # float64 frequencies: a float32-rounded frequency times a position near 2^24 is off by a radian
     wide = wide_dtype(positions.device)
     inv_freq = sinusoidal_frequencies(dim, base, variant, dtype=wide, device=positions.device)
@@ -228,7 +224,7 @@ class SinusoidalPE(PositionalScheme):
             return None
         fix = "pass a smaller precompute (0 computes the table in each call)"
         check_allocation((self.precompute, self.d_model), dtype, "precomputed rows", fix, device=device)
-        dtype = _angle_dtype(dtype)
+        dtype = angle_dtype(dtype)
         return self.table(torch.arange(self.precompute, device=device), dtype).to(dtype)
 
     def _apply(self, fn, recurse=True):  # type: ignore[override]
@@ -243,7 +239,7 @@ class SinusoidalPE(PositionalScheme):
         """The table ``[s, d]`` (or ``[b, s, d]`` for ``[b, s]`` positions) that ``like``
         ``[b, s, d]`` gets, at the precision of its dtype: the precomputed rows where they serve."""
         s, rows = like.shape[1], self.rows
-        usable = rows is not None and rows.device == like.device and rows.dtype == _angle_dtype(like.dtype)
+        usable = rows is not None and rows.device == like.device and rows.dtype == angle_dtype(like.dtype)
         if positions is None and usable and s <= rows.shape[0]:  # the table's precision
             return rows[:s]  # [n, d] -> [s, d], a view
         pos = resolve_positions(positions, s, like.device, batch=batch)
@@ -253,7 +249,7 @@ class SinusoidalPE(PositionalScheme):
     def table(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The encoding ``[..., d]`` of integer positions ``[...]``, in float32 (float64 angles and
         values when ``dtype`` is float64)."""
-        return sinusoidal_table(positions, self.d_model, self.base, self.variant, dtype=_angle_dtype(dtype))
+        return sinusoidal_table(positions, self.d_model, self.base, self.variant, dtype=angle_dtype(dtype))
 
     def _check_width(self, x: torch.Tensor) -> None:
         if x.dim() != 3 or x.shape[-1] != self.d_model:

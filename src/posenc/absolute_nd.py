@@ -13,8 +13,9 @@ import math
 
 import torch
 
+from ._precision import angle_dtype
 from ._validate import check_int, check_positive_float
-from .absolute import _angle_dtype, sinusoidal_table
+from .absolute import sinusoidal_table
 from .base import PositionalScheme
 
 __all__ = ["Sinusoidal2D", "Sinusoidal3D", "SinusoidalND", "sinusoidal_nd_table"]
@@ -91,14 +92,14 @@ class SinusoidalND(PositionalScheme):
             )
         grid = tuple(x.shape[1:-1])
         if positions is None:
-            pe = sinusoidal_nd_table(grid, self.d_model, self.base, dtype=_angle_dtype(x.dtype)).to(x.device)
+            pe = sinusoidal_nd_table(grid, self.d_model, self.base, dtype=angle_dtype(x.dtype)).to(x.device)
         else:
             if positions.shape[-1] != self.ndim or tuple(positions.shape[-1 - self.ndim : -1]) != grid:
                 raise ValueError(
                     f"positions must have shape [*grid, {self.ndim}] or [b, *grid, {self.ndim}] with "
                     f"grid={grid}, got {tuple(positions.shape)}"
                 )
-            pe = sinusoidal_nd_table(positions, self.d_model, self.base, dtype=_angle_dtype(x.dtype))
+            pe = sinusoidal_nd_table(positions, self.d_model, self.base, dtype=angle_dtype(x.dtype))
         return x + pe.to(x.dtype)  # pe: [*grid, c] float32 (float64 for float64 x)
 
     def extra_repr(self) -> str:

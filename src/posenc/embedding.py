@@ -398,9 +398,16 @@ class InputEmbedding(nn.Module):
             if not _input_cpu.usable(weight, ids, table, gamma, beta):
                 return None  # a table with a gradient (learned): the composition
         return _input_cpu.input_layer(
-            weight, ids, scale=self.token.scale, table=table, norm_weight=gamma, norm_bias=beta,
-            eps=norm.eps if norm is not None else 0.0, p=p, padding_idx=self.token.padding_idx,
-        )  # fmt: skip
+            weight,
+            ids,
+            scale=self.token.scale,
+            table=table,
+            norm_weight=gamma,
+            norm_bias=beta,
+            eps=norm.eps if norm is not None else 0.0,
+            p=p,
+            padding_idx=self.token.padding_idx,
+        )
 
     def _fusable_norm(self) -> nn.LayerNorm | bool | None:
         """The LayerNorm the one-pass kernel can apply, None for no normalisation, False when it

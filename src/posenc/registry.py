@@ -68,16 +68,26 @@ def register(cls: type[PositionalScheme], *, name: str | None = None) -> type[Po
 
 
 _BUILTIN = (
-    NoPE, SinusoidalPE, ScaledSinusoidalPE, LearnedPE, Sinusoidal2D, Sinusoidal3D,  # absolute(_nd).py
-    RotaryEmbedding, XPos, Rope2D,  # rotary.py
+    NoPE,
+    SinusoidalPE,
+    ScaledSinusoidalPE,
+    LearnedPE,
+    Sinusoidal2D,
+    Sinusoidal3D,  # absolute(_nd).py
+    RotaryEmbedding,
+    XPos,
+    Rope2D,  # rotary.py
     MultimodalRope,  # rotary/mrope.py
-    ALiBi, T5RelativeBias,  # bias.py
-    ShawRelative, TransformerXLRelative,  # relative.py
+    ALiBi,
+    T5RelativeBias,  # bias.py
+    ShawRelative,
+    TransformerXLRelative,  # relative.py
     FIRE,  # fire.py
-    KerpleLog, KerplePower,  # kerple.py
+    KerpleLog,
+    KerplePower,  # kerple.py
     CoPE,  # cope.py
     QueryTemperature,  # temperature.py
-)  # fmt: skip
+)
 for _cls in _BUILTIN:
     register(_cls)
 

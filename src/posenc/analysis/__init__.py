@@ -41,9 +41,23 @@ __all__ = sorted(_EXPORTS)
 
 #: submodules reachable as attributes (``posenc.analysis.properties``), imported on first use
 _SUBMODULES = (
-    "claims", "commands", "context", "embeddings", "explore", "input_layer", "interactive", "kernel",
-    "measures", "page", "plots", "properties", "report", "sections", "spectrum", "trained",
-)  # fmt: skip
+    "claims",
+    "commands",
+    "context",
+    "embeddings",
+    "explore",
+    "input_layer",
+    "interactive",
+    "kernel",
+    "measures",
+    "page",
+    "plots",
+    "properties",
+    "report",
+    "sections",
+    "spectrum",
+    "trained",
+)
 
 
 __getattr__, __dir__ = lazy_attributes(__name__, _EXPORTS, _SUBMODULES)

@@ -207,13 +207,16 @@ def study_claims(results: dict[str, Any]) -> list[Claim]:
 #: Claims about the input layer that a study varying one model field settles: the field, the
 #: value the claim says is better, and the claim as it is usually made.
 INPUT_LAYER_CLAIMS: dict[str, tuple[Any, str]] = {
-    "embed_scale": ("sqrt_d_model", "scaling the token embedding by sqrt(d_model) keeps the positions "
-                    "from drowning the tokens (or the reverse), so it trains a better model"),
+    "embed_scale": (
+        "sqrt_d_model",
+        "scaling the token embedding by sqrt(d_model) keeps the positions "
+        "from drowning the tokens (or the reverse), so it trains a better model",
+    ),
     "embed_norm": (True, "a LayerNorm right after the embedding speeds training"),
     "tie": ("output", "tying the output layer to the token embedding helps small models"),
     "init_std": (0.02, "initialising the weights with std 0.02 (GPT-2) works better than other scales"),
     "norm": ("pre", "pre-LayerNorm trains better than post-LayerNorm"),
-}  # fmt: skip
+}
 
 
 def input_layer_claims(results: dict[str, Any]) -> list[Claim]:

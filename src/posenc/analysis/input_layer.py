@@ -56,9 +56,17 @@ def _step_figure(results: dict[str, Any], d_model: int) -> dict[str, Any]:
             vmax = float(z.abs().max()) or 1.0  # each step its own colour range
             hover = f"token %{{y}}<br>dimension %{{x}}<br>value %{{z:.4f}}<extra>{esc(res[step].title)}"
             traces[(scheme, label)] = [
-                {"type": "heatmap", "z": z.tolist(), "y": labels, "zmin": -vmax, "zmax": vmax,
-                 "colorscale": "RdBu", "name": res[step].title, "hovertemplate": hover + "</extra>"}
-            ]  # fmt: skip
+                {
+                    "type": "heatmap",
+                    "z": z.tolist(),
+                    "y": labels,
+                    "zmin": -vmax,
+                    "zmax": vmax,
+                    "colorscale": "RdBu",
+                    "name": res[step].title,
+                    "hovertemplate": hover + "</extra>",
+                }
+            ]
     layout = {
         "xaxis": {"title": {"text": f"dimension (d = {d_model})"}, "dtick": 1},
         "yaxis": {"autorange": "reversed", "type": "category"},
@@ -76,11 +84,18 @@ def _stats_table(result: Any, d_model: int) -> str:
         ["E[ids]", "each id picks its row of the embedding matrix E [V, d]", st["lookup"].stats["std"]],
         ["× √d", f"every value times √{d_model} = {d_model**0.5:.3g}", st["scaled"].stats["std"]],
         ["+ PE", esc(st["positional"].stats["note"]), st["sum"].stats["std"]],
-        ["LayerNorm", "per token: mean 0, variance 1 (then a learned gain and bias, 1 and 0 at start)",
-         st["layer_norm"].stats["std"]],
-        ["dropout", f"training only: {drop['zeroed_fraction']:.0%} of values zeroed here, the rest × "
-         f"{drop['keep_scale']:.3g}; identity at evaluation", drop["std"]],
-    ]  # fmt: skip
+        [
+            "LayerNorm",
+            "per token: mean 0, variance 1 (then a learned gain and bias, 1 and 0 at start)",
+            st["layer_norm"].stats["std"],
+        ],
+        [
+            "dropout",
+            f"training only: {drop['zeroed_fraction']:.0%} of values zeroed here, the rest × "
+            f"{drop['keep_scale']:.3g}; identity at evaluation",
+            drop["std"],
+        ],
+    ]
     head = ["step", "what happens", f"std over the {len(result.tokens)} × {d_model} values"]
     return table(head, [[a, b, f"{c:.3f}"] for a, b, c in rows], numeric=(2,))
 

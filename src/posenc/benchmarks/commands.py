@@ -34,8 +34,11 @@ __all__ = ["bench_args", "bench_run", "run"]
 SCHEMA = 1
 
 #: the peers' import names and the packages that provide them (the ``bench`` extra)
-PEERS = {"transformers": "transformers", "rotary_embedding_torch": "rotary-embedding-torch",
-         "x_transformers": "x-transformers"}  # fmt: skip
+PEERS = {
+    "transformers": "transformers",
+    "rotary_embedding_torch": "rotary-embedding-torch",
+    "x_transformers": "x-transformers",
+}
 
 
 def missing_peers() -> list[str]:

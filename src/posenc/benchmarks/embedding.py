@@ -100,14 +100,34 @@ def _case(name: str, description: str, b: int, s: int, d: int, vocab: int, mode:
         return run
 
     impls = [
-        Impl("posenc_input_embedding", step(mine), "posenc", None, "posenc.InputEmbedding('sinusoidal')",
-             form="module", output=evaluated(mine)),
-        Impl("posenc_input_embedding_precomputed", step(kept), "posenc", None,
-             "posenc.InputEmbedding('sinusoidal', scheme_options={'precompute': s})", form="module",
-             output=evaluated(kept)),
-        Impl("eager_composition", step(eager), "peer", None, "nn.Embedding * sqrt(d) + pe[:s], nn.LayerNorm, "
-             "nn.Dropout", form="module", output=evaluated(eager)),
-    ]  # fmt: skip
+        Impl(
+            "posenc_input_embedding",
+            step(mine),
+            "posenc",
+            None,
+            "posenc.InputEmbedding('sinusoidal')",
+            form="module",
+            output=evaluated(mine),
+        ),
+        Impl(
+            "posenc_input_embedding_precomputed",
+            step(kept),
+            "posenc",
+            None,
+            "posenc.InputEmbedding('sinusoidal', scheme_options={'precompute': s})",
+            form="module",
+            output=evaluated(kept),
+        ),
+        Impl(
+            "eager_composition",
+            step(eager),
+            "peer",
+            None,
+            "nn.Embedding * sqrt(d) + pe[:s], nn.LayerNorm, nn.Dropout",
+            form="module",
+            output=evaluated(eager),
+        ),
+    ]
     bsd = b * s * d * 4
     nbytes = ids.numel() * 8 + 2 * bsd + s * d * 4 + (3 * bsd if mode == "backward" else 0)
     params = {"b": b, "s": s, "d": d, "vocab": vocab, "dropout": 0.1, "mode": mode}

@@ -172,9 +172,12 @@ def _hf_module(q, k, positions, r: int, skipped: dict[str, str]) -> list[Impl]:
         )
         return []
     cfg = hf.LlamaConfig(  # type: ignore[attr-defined]
-        hidden_size=q.shape[1] * d, num_attention_heads=q.shape[1], head_dim=d,
-        partial_rotary_factor=r / d, max_position_embeddings=int(positions.max()) + 1,
-    )  # fmt: skip
+        hidden_size=q.shape[1] * d,
+        num_attention_heads=q.shape[1],
+        head_dim=d,
+        partial_rotary_factor=r / d,
+        max_position_embeddings=int(positions.max()) + 1,
+    )
     hf_rope = hf.LlamaRotaryEmbedding(cfg)  # type: ignore[attr-defined]
     ids = positions[None] if positions.dim() == 1 else positions  # [1 | b, s]
 
@@ -196,14 +199,30 @@ def _module_impls(q, k, positions, r: int, skipped: dict[str, str]) -> list[Impl
     pos = None if shared and int(positions[0]) == 0 else positions
     doc = "RotaryEmbedding.rotate(q, k)"
     impls = [
-        Impl("posenc_module", lambda: rope.rotate(q, k, pos, pos), "posenc", "half", doc, form="module",
-             versus="posenc_half")  # timed next to the function it wraps, on tables made beforehand
-    ]  # fmt: skip
+        Impl(
+            "posenc_module",
+            lambda: rope.rotate(q, k, pos, pos),
+            "posenc",
+            "half",
+            doc,
+            form="module",
+            versus="posenc_half",
+        )  # timed next to the function it wraps, on tables made beforehand
+    ]
     # rows made at build time for every position of the case (a slice, or gathered for explicit ones)
     kept = posenc.RotaryEmbedding(d, rotary_dim=r, precompute=int(positions.max()) + 1)
     doc_kept = "RotaryEmbedding(precompute=n).rotate(q, k)"
-    impls.append(Impl("posenc_module_precompute", lambda: kept.rotate(q, k, pos, pos), "posenc", _KEPT_ROWS,
-                      doc_kept, form="module", versus="posenc_half"))  # fmt: skip
+    impls.append(
+        Impl(
+            "posenc_module_precompute",
+            lambda: kept.rotate(q, k, pos, pos),
+            "posenc",
+            _KEPT_ROWS,
+            doc_kept,
+            form="module",
+            versus="posenc_half",
+        )
+    )
     impls += _hf_module(q, k, positions, r, skipped)
     ret, why = _optional("rotary_embedding_torch")
     if ret is None or not shared:
@@ -213,13 +232,23 @@ def _module_impls(q, k, positions, r: int, skipped: dict[str, str]) -> list[Impl
     else:
         mod = ret.RotaryEmbedding(dim=r)  # type: ignore[attr-defined]
         off = int(positions[0])
-        impls.append(Impl(
-            "rotary_embedding_torch_module",
-            lambda: (mod.rotate_queries_or_keys(q, offset=off), mod.rotate_queries_or_keys(k, offset=off)),
-            "peer", "interleaved", "rotate_queries_or_keys (caches its freqs)", form="module",
-            agrees=None if q.dtype == torch.float32 else "same work, different numbers: it builds the "
-            "positions in the input dtype, and bfloat16 rounds positions past 256",
-        ))  # fmt: skip
+        impls.append(
+            Impl(
+                "rotary_embedding_torch_module",
+                lambda: (
+                    mod.rotate_queries_or_keys(q, offset=off),
+                    mod.rotate_queries_or_keys(k, offset=off),
+                ),
+                "peer",
+                "interleaved",
+                "rotate_queries_or_keys (caches its freqs)",
+                form="module",
+                agrees=None
+                if q.dtype == torch.float32
+                else "same work, different numbers: it builds the "
+                "positions in the input dtype, and bfloat16 rounds positions past 256",
+            )
+        )
     xt, why = _optional("x_transformers.x_transformers")
     if xt is None:
         skipped["x_transformers_module"] = why
@@ -278,13 +307,27 @@ def _case(
         return lambda: (fn(q), fn(k))
 
     impls = [
-        Impl("posenc_half", pair(lambda t: posenc.apply_rotary(t, cos, sin)), "posenc", "half",
-             "apply_rotary(x, cos, sin)"),
-        Impl("posenc_interleaved", pair(lambda t: posenc.apply_rotary(t, cos, sin, layout="interleaved")),
-             "posenc", "interleaved"),
-        Impl("meta_complex", pair(lambda t: meta_complex_rotary(t, freqs_cis, r)), "peer", "interleaved",
-             "Llama reference code, written in the benchmark"),
-    ]  # fmt: skip
+        Impl(
+            "posenc_half",
+            pair(lambda t: posenc.apply_rotary(t, cos, sin)),
+            "posenc",
+            "half",
+            "apply_rotary(x, cos, sin)",
+        ),
+        Impl(
+            "posenc_interleaved",
+            pair(lambda t: posenc.apply_rotary(t, cos, sin, layout="interleaved")),
+            "posenc",
+            "interleaved",
+        ),
+        Impl(
+            "meta_complex",
+            pair(lambda t: meta_complex_rotary(t, freqs_cis, r)),
+            "peer",
+            "interleaved",
+            "Llama reference code, written in the benchmark",
+        ),
+    ]
     impls += _inplace_impls(q, k, cos, sin, "half") + _inplace_impls(q, k, cos, sin, "interleaved")
     skipped: dict[str, str] = {}
     impls += _peer_impls(q, k, (hf_cos, hf_sin, freqs_4d, freqs_3d), r, d, compile_peers, skipped)
@@ -307,9 +350,17 @@ def _case(
     refs = {layout: _reference(q, k, cos, sin, layout, r) for layout in ("half", "interleaved")}
     refs[_INPUT_MATH] = refs[_KEPT_ROWS] = refs["half"]
     return Case(
-        name, description, nbytes, impls, params, skipped,
-        reference=lambda: refs, atol=atol, rtol=rtol, dtype=dtype,
-    )  # fmt: skip
+        name,
+        description,
+        nbytes,
+        impls,
+        params,
+        skipped,
+        reference=lambda: refs,
+        atol=atol,
+        rtol=rtol,
+        dtype=dtype,
+    )
 
 
 def _peer_impls(q, k, tables, r: int, d: int, compile_peers: bool, skipped: dict[str, str]) -> list[Impl]:

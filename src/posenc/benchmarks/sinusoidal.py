@@ -77,8 +77,16 @@ def _table_case(name: str, s: int, d: int) -> Case:
     nbytes = s * d * 4
     for impl in impls:
         impl.form = "table"
-    return Case(name, f"[{s}, {d}] float32 table", nbytes, impls, {"s": s, "d": d}, skipped,
-                reference=lambda: refs, atol=1e-6)  # fmt: skip
+    return Case(
+        name,
+        f"[{s}, {d}] float32 table",
+        nbytes,
+        impls,
+        {"s": s, "d": d},
+        skipped,
+        reference=lambda: refs,
+        atol=1e-6,
+    )
 
 
 def _embed_case(name: str, b: int, s: int, d: int) -> Case:
@@ -115,8 +123,15 @@ def _embed_case(name: str, b: int, s: int, d: int) -> Case:
     else:
         scaled = xt.ScaledSinusoidalEmbedding(d)  # type: ignore[attr-defined]
         learned = xt.AbsolutePositionalEmbedding(d, s)  # type: ignore[attr-defined]
-        impls.append(Impl("x_transformers_scaled_sinusoidal", lambda: x + scaled(x), "peer", "concatenated",
-                          agrees=_XT_SCALED))  # fmt: skip
+        impls.append(
+            Impl(
+                "x_transformers_scaled_sinusoidal",
+                lambda: x + scaled(x),
+                "peer",
+                "concatenated",
+                agrees=_XT_SCALED,
+            )
+        )
         impls.append(
             Impl(
                 "x_transformers_absolute",
@@ -130,8 +145,16 @@ def _embed_case(name: str, b: int, s: int, d: int) -> Case:
     nbytes = 2 * tensor_bytes(x)
     params = {"b": b, "s": s, "d": d}
     want = x + buffer[:s]
-    return Case(name, f"x + PE for x [{b}, {s}, {d}] float32", nbytes, impls, params, skipped,
-                reference=lambda: want, atol=1e-6)  # fmt: skip
+    return Case(
+        name,
+        f"x + PE for x [{b}, {s}, {d}] float32",
+        nbytes,
+        impls,
+        params,
+        skipped,
+        reference=lambda: want,
+        atol=1e-6,
+    )
 
 
 def cases(quick: bool) -> dict[str, Callable[[], Case]]:

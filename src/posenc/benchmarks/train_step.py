@@ -126,9 +126,16 @@ def _case(name: str, scheme: str, b: int, s: int, d: int, layers: int, heads: in
     ).train()
     first = _first_loss(mine, ids, targets)
     impls = [
-        Impl(f"posenc_{scheme}", _step(mine, ids, targets), "posenc", None, "model.TransformerLM",
-             form="training", output=first),
-    ]  # fmt: skip
+        Impl(
+            f"posenc_{scheme}",
+            _step(mine, ids, targets),
+            "posenc",
+            None,
+            "model.TransformerLM",
+            form="training",
+            output=first,
+        ),
+    ]
     if s > 256 and "score_bias" in scheme_class(scheme).hooks:  # more than one query block: blocked bias
         impls.append(
             Impl(
@@ -182,11 +189,30 @@ def _case(name: str, scheme: str, b: int, s: int, d: int, layers: int, heads: in
             note = f"TransformerWrapper(Decoder({kwargs}, attn_flash={flash}))"
             step = _step(other, ids, targets, peer=True)
             other_init = "same work, different numbers: a separately initialised model of the same size"
-            impls.append(Impl(f"x_transformers_{scheme}{suffix}", step, "peer", None, note, form="training",
-                              agrees=other_init))  # fmt: skip
+            impls.append(
+                Impl(
+                    f"x_transformers_{scheme}{suffix}",
+                    step,
+                    "peer",
+                    None,
+                    note,
+                    form="training",
+                    agrees=other_init,
+                )
+            )
     reference = _reference_loss(first)
-    return Case(name, f"one training step, {scheme}, batch {b} x L={s}", 0, impls, params, skipped,
-                baselines=False, reference=reference, atol=1e-5, rtol=1e-5)  # fmt: skip
+    return Case(
+        name,
+        f"one training step, {scheme}, batch {b} x L={s}",
+        0,
+        impls,
+        params,
+        skipped,
+        baselines=False,
+        reference=reference,
+        atol=1e-5,
+        rtol=1e-5,
+    )
 
 
 def cases(quick: bool) -> dict[str, Callable[[], Case]]:

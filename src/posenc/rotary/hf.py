@@ -14,7 +14,7 @@ import torch
 from .._validate import check_choice, check_int
 from .apply import _describe
 from .modules import RotaryEmbedding
-from .scalings import _L0, ROPE_SCALINGS
+from .scalings import ORIGINAL_LENGTH, ROPE_SCALINGS
 
 # ----------------------------------------------------------------------------------------------
 # Interop: Hugging Face configs, checkpoint layouts
@@ -92,13 +92,13 @@ def hf_rope_config(config: Any, *, layout: str | None = None) -> dict[str, Any]:
         scaling["partial_rotary_factor"] = 1.0 if partial is None else float(partial)
     max_pos = _get(config, "max_position_embeddings")
     if rule == "dynamic":  # HF's dynamic NTK measures growth against max_position_embeddings
-        scaling[_L0] = max_pos
+        scaling[ORIGINAL_LENGTH] = max_pos
     elif rule in ("yarn", "llama3", "longrope"):
         # As HF: a top-level original_max_position_embeddings (Phi-3) wins, then the rope dict's, max_pos.
-        top = _get(config, _L0)
-        scaling[_L0] = top if top is not None else params.get(_L0, max_pos)
+        top = _get(config, ORIGINAL_LENGTH)
+        scaling[ORIGINAL_LENGTH] = top if top is not None else params.get(ORIGINAL_LENGTH, max_pos)
         if rule == "yarn" and scaling.get("factor") is None:
-            scaling["factor"] = max_pos / scaling[_L0]
+            scaling["factor"] = max_pos / scaling[ORIGINAL_LENGTH]
         if rule == "longrope":
             scaling["max_position_embeddings"] = max_pos
     out["scaling"] = {"rope_type": rule, **scaling}

@@ -8,10 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 from .modules import RotaryEmbedding
+from .scalings import ORIGINAL_LENGTH
 
 __all__ = ["hf_rope_fields"]
-
-_L0 = "original_max_position_embeddings"
 
 
 def hf_rope_fields(scheme: object, max_len: int | None) -> dict[str, Any] | None:
@@ -44,16 +43,16 @@ def hf_rope_fields(scheme: object, max_len: int | None) -> dict[str, Any] | None
     }
     out: dict[str, Any] = {"max_position_embeddings": max_len or 2048, "layout": scheme.layout}
     scaling = dict(scheme.scaling_params)
-    l0 = scaling.pop(_L0, None)
+    l0 = scaling.pop(ORIGINAL_LENGTH, None)
     if rule == "dynamic":
         out["max_position_embeddings"] = l0  # HF's dynamic NTK grows past max_position_embeddings
     elif rule == "longrope":  # Phi-3 keeps both lengths at the top level
         out["max_position_embeddings"] = scaling.pop(
             "max_position_embeddings", out["max_position_embeddings"]
         )
-        out[_L0] = l0
+        out[ORIGINAL_LENGTH] = l0
     elif l0 is not None:
-        params[_L0] = l0
+        params[ORIGINAL_LENGTH] = l0
     params.update(scaling)
     out["rope_parameters"] = params
     out.update(

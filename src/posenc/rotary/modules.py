@@ -7,14 +7,13 @@ Legend: ``b`` batch, ``h`` heads, ``s`` sequence length, ``d_h`` head width, ``r
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 
 from .._alloc import check_allocation
-from .._precision import gather_kept
+from .._precision import angle_dtype, gather_kept
 from .._validate import check_choice, check_int, check_positive_float
-from ..absolute import _angle_dtype
 from ..base import PositionalScheme
 from ..kernels.rope_reference import ROTARY_LAYOUTS
 from ..positions import resolve_positions
@@ -30,11 +29,11 @@ from .apply import (
     check_compute_dtype,
 )
 from .scalings import (
-    _L0,
+    ORIGINAL_LENGTH,
     ROPE_SCALINGS,
-    _check_scaling,
-    _resolve_rotary_dim,
+    check_scaling,
     document_lengths,
+    resolve_rotary_dim,
     rope_cos_sin,
 )
 
@@ -155,6 +154,11 @@ class RotaryTables(NamedTuple):
     qk_layout: str
 
 
+#: The settings a RoPE evaluation variant takes besides the factor and the trained length: Llama
+#: 3.1's released values for ``llama3`` (its config.json's ``rope_scaling``).
+VARIANT_DEFAULTS: dict[str, dict[str, float]] = {"llama3": {"low_freq_factor": 1.0, "high_freq_factor": 4.0}}
+
+
 class RotaryEmbedding(PositionalScheme):
     """Rotary position embedding (Su et al. 2021) with any scaling rule from :data:`ROPE_SCALINGS`.
 
@@ -202,21 +206,26 @@ class RotaryEmbedding(PositionalScheme):
     name = "rope"
     hooks = ("rotate",)
     summary = "rotary (Su 2021): half/interleaved, partial, scalings linear/ntk/dynamic/yarn/llama3/longrope"
-    #: the scalings that need nothing but the factor and the trained length
+    variant_defaults: ClassVar[dict[str, dict[str, float]]] = VARIANT_DEFAULTS
+    #: the scalings that need nothing but the factor, the trained length and those settings
     eval_variants = tuple(
-        rule for rule, spec in ROPE_SCALINGS.items()
-        if rule != "default" and set(spec.required) <= {"factor", _L0}
-    )  # fmt: skip
+        rule
+        for rule, spec in ROPE_SCALINGS.items()
+        if rule != "default"
+        and set(spec.required) <= {"factor", ORIGINAL_LENGTH, *VARIANT_DEFAULTS.get(rule, {})}
+    )
 
     @classmethod
     def variant_options(cls, variant: str, factor: float, trained_len: int) -> dict[str, Any]:
         """``{"scaling": {"rope_type": variant, "factor": factor, ...}}``, with
-        ``original_max_position_embeddings = trained_len`` for the rules that need it (YaRN, dynamic)."""
+        ``original_max_position_embeddings = trained_len`` for the rules that need it (YaRN,
+        dynamic, llama3) and :attr:`variant_defaults`."""
         if variant not in cls.eval_variants:
             return super().variant_options(variant, factor, trained_len)
         scaling: dict[str, Any] = {"rope_type": variant, "factor": float(factor)}
-        if _L0 in ROPE_SCALINGS[variant].required:
-            scaling[_L0] = trained_len
+        scaling.update(cls.variant_defaults.get(variant, {}))
+        if ORIGINAL_LENGTH in ROPE_SCALINGS[variant].required:
+            scaling[ORIGINAL_LENGTH] = trained_len
         return {"scaling": scaling}
 
     def __init__(
@@ -237,10 +246,10 @@ class RotaryEmbedding(PositionalScheme):
         self.num_heads = None if num_heads is None else check_int(num_heads, "num_heads")
         self.compute_dtype = check_compute_dtype(compute_dtype)
         self.head_dim = check_int(head_dim, "head_dim", minimum=2)
-        self.rotary_dim = _resolve_rotary_dim(head_dim, rotary_dim, partial_rotary_factor)
+        self.rotary_dim = resolve_rotary_dim(head_dim, rotary_dim, partial_rotary_factor)
         self.base = check_positive_float(base, "base")
         self.layout = check_choice(layout, "layout", ROTARY_LAYOUTS)
-        self.scaling_rule, self.scaling_params = _check_scaling(scaling, self.rotary_dim)
+        self.scaling_rule, self.scaling_params = check_scaling(scaling, self.rotary_dim)
         # An instance attribute: only length-dependent rules need the model to cache raw keys.
         self.needs_unrotated_cache = ROPE_SCALINGS[self.scaling_rule].length_dependent
         # A rule that does not depend on the length has fixed frequencies: computed here and again
@@ -276,7 +285,7 @@ class RotaryEmbedding(PositionalScheme):
             return None
         fix = "pass a smaller precompute (0 builds the tables in each call)"
         shape = (2, self.precompute, self.rotary_dim // 2)
-        dtype = _angle_dtype(dtype)
+        dtype = angle_dtype(dtype)
         check_allocation(shape, dtype, "precomputed rows", fix, device=device)
         inv, scale = self.frequencies(device=device)
         positions = torch.arange(self.precompute, device=device)  # [n]
@@ -289,7 +298,7 @@ class RotaryEmbedding(PositionalScheme):
         another device or precision, positions outside ``0..n-1``. Explicit positions (``given``)
         are gathered: CPU eager only (:func:`~posenc._precision.gather_kept`)."""
         rows, dtype = self.rows, self._table_dtype(x)
-        if rows is None or rows.device != x.device or rows.dtype != _angle_dtype(dtype):
+        if rows is None or rows.device != x.device or rows.dtype != angle_dtype(dtype):
             return None
         if given is None:  # the default arange(s)
             s = positions.shape[0]
@@ -372,8 +381,10 @@ class RotaryEmbedding(PositionalScheme):
         ``None, None`` for rules whose frequencies do not depend on the length."""
         if not self.needs_unrotated_cache or (qp.numel() == 0 and kp.numel() == 0):
             return None, None
-        return (None if qp.numel() == 0 else document_lengths(qp)[..., None],
-                None if kp.numel() == 0 else document_lengths(kp)[..., None])  # fmt: skip
+        return (
+            None if qp.numel() == 0 else document_lengths(qp)[..., None],
+            None if kp.numel() == 0 else document_lengths(kp)[..., None],
+        )
 
     def _tables(self, q, k, q_positions, k_positions, qk_layout: str = "bhsd"):
         """cos/sin for q and for k (frequencies per document under a length-dependent rule)."""

@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from .._precision import autocast_off, position_angles
+from .._precision import angle_dtype, autocast_off, position_angles
 from .._validate import check_int, check_positive_float
-from ..absolute import _angle_dtype, sinusoidal_frequencies
+from ..absolute import sinusoidal_frequencies
 from .apply import _describe
 
 
@@ -161,7 +161,8 @@ def _proportional(r, base, p, seq_len, device):
     return torch.where(pair < turning, inv, torch.zeros_like(inv)) / p["factor"], 1.0
 
 
-_L0 = "original_max_position_embeddings"
+#: The key of a scaling rule's trained length (Hugging Face's name).
+ORIGINAL_LENGTH = "original_max_position_embeddings"
 
 
 def _check_llama3(params: dict[str, Any]) -> None:
@@ -198,14 +199,14 @@ ROPE_SCALINGS: dict[str, RopeScaling] = {
     "ntk": RopeScaling(_ntk, ("factor",), {}, False, "NTK-aware (bloc97 2023): base -> base * s^(r/(r-2))"),
     "dynamic": RopeScaling(
         _dynamic,
-        ("factor", _L0),
+        ("factor", ORIGINAL_LENGTH),
         {},
         True,
         "dynamic NTK (emozilla 2023): NTK with s grown from the current length; needs an unrotated KV cache",
     ),
     "yarn": RopeScaling(
         _yarn,
-        ("factor", _L0),
+        ("factor", ORIGINAL_LENGTH),
         {
             "beta_fast": 32.0,
             "beta_slow": 1.0,
@@ -219,7 +220,7 @@ ROPE_SCALINGS: dict[str, RopeScaling] = {
     ),
     "llama3": RopeScaling(
         _llama3,
-        ("factor", "low_freq_factor", "high_freq_factor", _L0),
+        ("factor", "low_freq_factor", "high_freq_factor", ORIGINAL_LENGTH),
         {},
         False,
         "Meta Llama 3.1: interpolate long wavelengths, keep short ones, blend between",
@@ -227,7 +228,7 @@ ROPE_SCALINGS: dict[str, RopeScaling] = {
     ),
     "longrope": RopeScaling(
         _longrope,
-        ("short_factor", "long_factor", _L0),
+        ("short_factor", "long_factor", ORIGINAL_LENGTH),
         {"factor": None, "attention_factor": None, "max_position_embeddings": None},
         True,
         "Ding et al. 2024 (LongRoPE, Phi-3): per-pair factors, short/long by current length",
@@ -245,7 +246,7 @@ ROPE_SCALINGS: dict[str, RopeScaling] = {
 }
 
 
-def _check_scaling(scaling: Any, r: int) -> tuple[str, dict[str, Any]]:
+def check_scaling(scaling: Any, r: int) -> tuple[str, dict[str, Any]]:
     """Validate a ``scaling`` argument; return ``(rule name, params with defaults filled)``."""
     if scaling is None:
         return "default", {}
@@ -278,7 +279,7 @@ def _check_scaling(scaling: Any, r: int) -> tuple[str, dict[str, Any]]:
     for key, value in params.items():
         if value is None or key == "truncate":
             continue
-        if key in (_L0, "max_position_embeddings"):
+        if key in (ORIGINAL_LENGTH, "max_position_embeddings"):
             check_int(value, f"scaling[{key!r}]")
         elif key in ("short_factor", "long_factor"):
             if not isinstance(value, (list, tuple)) or len(value) != r // 2:
@@ -296,7 +297,7 @@ def _check_scaling(scaling: Any, r: int) -> tuple[str, dict[str, Any]]:
     return name, params
 
 
-def _resolve_rotary_dim(head_dim: int, rotary_dim: int | None, partial_rotary_factor: float | None) -> int:
+def resolve_rotary_dim(head_dim: int, rotary_dim: int | None, partial_rotary_factor: float | None) -> int:
     check_int(head_dim, "head_dim", minimum=2, even=rotary_dim is None and partial_rotary_factor is None)
     if rotary_dim is not None and partial_rotary_factor is not None:
         raise ValueError(
@@ -348,8 +349,8 @@ def rope_frequencies(
     Raises:
         ValueError: unknown rule or key (lists the valid ones), a missing key, bad dims.
     """
-    r = _resolve_rotary_dim(head_dim, rotary_dim, partial_rotary_factor)
-    name, params = _check_scaling(scaling, r)
+    r = resolve_rotary_dim(head_dim, rotary_dim, partial_rotary_factor)
+    name, params = check_scaling(scaling, r)
     base = check_positive_float(base, "base")
     if seq_len is not None and not isinstance(seq_len, torch.Tensor):
         check_int(seq_len, "seq_len")
@@ -381,7 +382,7 @@ def rope_cos_sin(
             f"positions must be an integer tensor, got {_describe(positions)}: float positions lose "
             "precision (bf16 cannot tell 257 from 256); pass e.g. positions.long()"
         )
-    adt = _angle_dtype(dtype)
+    adt = angle_dtype(dtype)
     with autocast_off(positions.device):
         angles = position_angles(positions, inv_freq, adt)  # [...] x [r/2] -> [..., r/2], any position
         cos, sin = torch.cos(angles), torch.sin(angles)

@@ -10,9 +10,8 @@ import math
 
 import torch
 
-from .._precision import autocast_off
+from .._precision import angle_dtype, autocast_off
 from .._validate import check_int, check_positive_float
-from ..absolute import _angle_dtype
 from .apply import _describe, _is_integer, _seq_axis, apply_rotary
 from .modules import RotaryEmbedding, _check_qk, _for_heads, _one_call
 from .scalings import _default_inv_freq, rope_cos_sin
@@ -119,7 +118,7 @@ class XPos(RotaryEmbedding):
         inv, _ = self.frequencies(device=q.device)
         out = []
         for x, pos, sign in ((q, qp, 1.0), (k, kp, -1.0)):
-            dtype = _angle_dtype(x.dtype)  # float32, float64 for a float64 x (its range reaches further)
+            dtype = angle_dtype(x.dtype)  # float32, float64 for a float64 x (its range reaches further)
             cos, sin = rope_cos_sin(pos, inv, dtype=dtype)  # [..., s, r/2]
             scale = self._scale(pos, sign, dtype)
             cos, sin = (cos * scale).to(x.dtype), (sin * scale).to(x.dtype)

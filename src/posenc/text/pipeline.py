@@ -441,8 +441,16 @@ def plot_pipeline(result: PipelineResult, out_path: str | Path) -> Path:
         x = step.tensor.float()
         ax.set_title(step.title, fontsize=9)
         if not bool(x.any()):  # e.g. the positional part of a scheme that acts inside attention
-            ax.text(0.5, 0.5, step.stats.get("note") or "all zeros", ha="center", va="center", wrap=True,
-                    fontsize=8, transform=ax.transAxes)  # fmt: skip
+            ax.text(
+                0.5,
+                0.5,
+                step.stats.get("note") or "all zeros",
+                ha="center",
+                va="center",
+                wrap=True,
+                fontsize=8,
+                transform=ax.transAxes,
+            )
             ax.set_axis_off()
             continue
         lim = float(x.abs().max())
