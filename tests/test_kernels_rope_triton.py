@@ -35,13 +35,24 @@ def _interpreter():
 
 @pytest.fixture
 def launches(monkeypatch):
-    """Counts the kernel's launches (one per tensor, or per q-and-k pair), after its self-check."""
-    assert rope_triton.status(DEVICE) == "ok"  # the self-check launches too: run it before counting
-    calls = []
-    original = rope_triton._launch
-    monkeypatch.setattr(
-        rope_triton, "_launch", lambda jobs, *a: calls.append(len(jobs)) or original(jobs, *a)
-    )
+    """Counts the kernel's launches (one per tensor, or per q-and-k pair), not its self-checks'."""
+    calls, checking = [], []
+    launch, self_check = rope_triton._launch, rope_triton._self_check
+
+    def counted(jobs, *args):
+        if not checking:
+            calls.append(len(jobs))
+        return launch(jobs, *args)
+
+    def checked(*args):
+        checking.append(1)
+        try:
+            return self_check(*args)
+        finally:
+            checking.pop()
+
+    monkeypatch.setattr(rope_triton, "_launch", counted)
+    monkeypatch.setattr(rope_triton, "_self_check", checked)
     return calls
 
 
@@ -293,7 +304,7 @@ def test_switched_off_the_op_runs_the_reference(no_c_kernel, launches):
 
 def test_a_failed_self_check_warns_once_and_the_op_runs_the_reference(monkeypatch):
     monkeypatch.setattr(rope_triton, "_state", {})
-    monkeypatch.setattr(rope_triton, "_self_check", lambda device: False)
+    monkeypatch.setattr(rope_triton, "_self_check", lambda *variant: False)
     calls = []
     monkeypatch.setattr(rope_triton, "_launch", lambda *a: calls.append(1))
     x = torch.randn(1, 2, 5, 8).to(DEVICE, torch.float16)
@@ -301,13 +312,36 @@ def test_a_failed_self_check_warns_once_and_the_op_runs_the_reference(monkeypatc
     with pytest.warns(RuntimeWarning, match="does not reproduce the reference"):
         got = rope_triton.rotate(x, cos, sin, "half")
     assert torch.equal(got, reference(x, cos, sin, "half")) and calls == []
-    assert rope_triton.status(DEVICE) == "self-check failed"
+    with pytest.warns(RuntimeWarning, match="does not reproduce"):  # the variants status() checks
+        assert rope_triton.status(DEVICE) == "self-check failed"
+
+
+def test_each_variant_is_checked_once_on_first_use_and_alone(monkeypatch, launches):
+    """A call checks only the variant it compiles (dtype, arithmetic, pairing, widths), once; a
+    variant that fails its check leaves the others on the kernel."""
+    monkeypatch.setattr(rope_triton, "_state", {})
+    checked = []
+    real = rope_triton._self_check
+
+    def only_float16_fails(device, dtype, *rest):
+        checked.append((dtype, *rest))
+        return dtype != torch.float16 and real(device, dtype, *rest)
+
+    monkeypatch.setattr(rope_triton, "_self_check", only_float16_fails)
+    cos, sin = tables(torch.rand(5, 4, dtype=torch.float64) * 9, torch.float32)
+    x = torch.randn(1, 2, 5, 12).to(DEVICE, torch.bfloat16)
+    for _ in range(2):
+        assert torch.equal(rope_triton.rotate(x, cos, sin, "half"), reference(x, cos, sin, "half"))
+    assert checked == [(torch.bfloat16, True, "half", 12, 4)] and launches == [1, 1]
+    with pytest.warns(RuntimeWarning, match="does not reproduce the reference"):
+        got = rope_triton.rotate(x.half(), cos, sin, "half")
+    assert torch.equal(got, reference(x.half(), cos, sin, "half")) and launches == [1, 1]
 
 
 def test_a_kernel_that_raises_is_reported_and_not_used(monkeypatch):
     monkeypatch.setattr(rope_triton, "_state", {})
 
-    def broken(device):
+    def broken(*variant):
         raise RuntimeError("no kernel image")
 
     monkeypatch.setattr(rope_triton, "_self_check", broken)
@@ -316,7 +350,8 @@ def test_a_kernel_that_raises_is_reported_and_not_used(monkeypatch):
     with pytest.warns(RuntimeWarning, match="failed on"):
         got = rope_triton.rotate(x, cos, sin, "half")
     assert torch.equal(got, reference(x, cos, sin, "half"))
-    assert rope_triton.status(DEVICE) == "failed: RuntimeError: no kernel image"
+    with pytest.warns(RuntimeWarning, match="failed on"):
+        assert rope_triton.status(DEVICE) == "failed: RuntimeError: no kernel image"
 
 
 def test_not_taken_where_it_cannot_run():

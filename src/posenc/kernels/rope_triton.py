@@ -11,8 +11,8 @@ are ``(i, i + r/2)`` ("half") or ``(2i, 2i + 1)`` ("interleaved"); dims ``r..d_h
 (copied when the output is a new tensor); the tables may broadcast over any of the leading dims
 (shared positions ``[s, r/2]``, per-token positions ``[b, 1, s, r/2]``, packed/varlen sequences
 ``[total, r/2]`` with ``x`` viewed as ``[1, h, total, d_h]``). On first use on a device the kernel
-checks itself against the reference; on any difference or error it warns and the op runs the
-reference rotation there.
+checks each variant it compiles (dtype, arithmetic, pairing, widths) against the reference; on any
+difference or error it warns and the op runs the reference rotation for that variant.
 
 **One way in.** As the CPU kernel (:mod:`posenc.kernels.rope_cpu`), the kernel is a registered
 operator: ``posenc::rope_triton`` (:func:`rope_op`, out of place, one or several tensors, ``q`` and
@@ -125,32 +125,52 @@ def takes(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
     return _INSTALLED
 
 
-def _kernel(device: torch.device):
-    """``(triton, kernel)`` when the Triton kernel runs on ``device``: fast paths on, Triton
-    importable, a CUDA device (or the CPU under the interpreter) whose first-use self-check passed;
-    else None, and the op runs the reference rotation. The op's implementations ask it."""
+def _variant(x: torch.Tensor, cos: torch.Tensor, layout: str) -> tuple:
+    """What one compiled kernel fixes for rotating ``x`` by ``cos``'s angles: x's dtype, the
+    arithmetic (rounded once or per operation), the pairing, ``d_h`` and ``r/2``."""
+    return (x.dtype, _rounded_once(x, cos), layout, x.shape[-1], cos.shape[-1])
+
+
+#: the variants :func:`available` and :func:`status` check: every dtype, arithmetic and pairing, on
+#: an odd width (unaligned rows) with partial rotary (26 of 29 dims)
+_CHECKED = tuple(
+    (dtype, once, layout, 29, 13)
+    for dtype in _DTYPES
+    for once in ((False,) if dtype == torch.float32 else (False, True))
+    for layout in _LAYOUTS
+)
+
+
+def _kernel(device: torch.device, variant: tuple):
+    """``(triton, kernel)`` when the Triton kernel runs ``variant`` (:func:`_variant`) on
+    ``device``: fast paths on, Triton importable, a CUDA device (or the CPU under the interpreter),
+    the variant's first-use self-check passed there; else None, and the op runs the reference
+    rotation. The op's implementations ask it."""
     if not _settings.enabled() or not (device.type == "cuda" or (device.type == "cpu" and _interpreting())):
         return None
     mod = _triton()
     if mod is None:
         return None
-    return mod if _checked(device) else None
+    return mod if _checked(device, variant) else None
 
 
-def _checked(device: torch.device) -> bool:
-    """Whether the kernel passed its self-check on ``device`` (run on first use, then remembered)."""
-    key = ("checked", str(device), _interpreting())
+def _checked(device: torch.device, variant: tuple) -> bool:
+    """Whether ``variant`` passed its self-check on ``device`` (run on first use, then remembered):
+    each variant the op meets is compiled and checked once, so a model pays for what it uses."""
+    key = ("checked", str(device), _interpreting(), variant)
     if key not in _state:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return False  # no self-check inside CUDA-graph capture (it copies and syncs): try later
         _state[key] = False
+        arithmetic = "rounded once" if variant[1] else "every operation rounded"
+        what = f"{device} ({variant[0]}, {arithmetic}, {variant[2]} pairs)"
         try:
             with _settings.outside_traces(), torch.no_grad():  # real tensors, even while a graph is traced
-                _state[key] = _self_check(device)
+                _state[key] = _self_check(device, *variant)
         except Exception as err:  # compilation or launch failure on this device
             _state[("error", str(device))] = f"{type(err).__name__}: {err}"
             warnings.warn(
-                f"posenc: the Triton RoPE kernel failed on {device} ({type(err).__name__}: {err}); "
+                f"posenc: the Triton RoPE kernel failed on {what}: {type(err).__name__}: {err}; "
                 "using the PyTorch reference path",
                 RuntimeWarning,
                 stacklevel=3,
@@ -158,7 +178,7 @@ def _checked(device: torch.device) -> bool:
             return False
         if not _state[key]:
             warnings.warn(
-                f"posenc: the Triton RoPE kernel does not reproduce the reference on {device}; "
+                f"posenc: the Triton RoPE kernel does not reproduce the reference on {what}; "
                 "using the PyTorch reference path",
                 RuntimeWarning,
                 stacklevel=3,
@@ -168,16 +188,19 @@ def _checked(device: torch.device) -> bool:
 
 def available(device: torch.device | str | None = None) -> bool:
     """Whether the kernel runs here: fast paths on and Triton importable; with ``device``, also
-    that the first-use self-check against the PyTorch reference passed there (run now if not yet)."""
+    that the self-check against the PyTorch reference passes there for every dtype, arithmetic and
+    pairing (run now where not yet run)."""
     if device is None:
         return _settings.enabled() and _triton() is not None
-    return _kernel(torch.device(device)) is not None
+    device = torch.device(device)
+    return all([_kernel(device, variant) is not None for variant in _CHECKED])  # each one checked
 
 
 def status(device: torch.device | str) -> str:
-    """``"ok"`` (the kernel runs on ``device``), or why not: ``"disabled"`` (fast paths off),
-    ``"not installed"``, ``"unusable: ..."`` (Triton fails to import), ``"not a CUDA device"``,
-    ``"failed: ..."`` (compiling or launching the self-check raised), ``"self-check failed"``."""
+    """``"ok"`` (the kernel runs on ``device``, see :func:`available`), or why not: ``"disabled"``
+    (fast paths off), ``"not installed"``, ``"unusable: ..."`` (Triton fails to import), ``"not a
+    CUDA device"``, ``"failed: ..."`` (compiling or launching a self-check raised), ``"self-check
+    failed"``."""
     device = torch.device(device)
     if available(device):
         return "ok"
@@ -272,7 +295,7 @@ def _rotate_into(xs, coss, sins, outs, layout: str, sign: float) -> None:
     fast = []
     for job in zip(xs, coss, sins, outs):
         x, cos, sin, out = job
-        if _fits(x, cos) and out.stride(-1) == 1 and _kernel(x.device) is not None:
+        if _fits(x, cos) and out.stride(-1) == 1 and _kernel(x.device, _variant(x, cos, layout)) is not None:
             fast.append(job)
         else:
             out.copy_(rope_reference.rotate(x, cos, sin if sign > 0 else -sin, layout))
@@ -289,26 +312,25 @@ def same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(nan, b.isnan()) and torch.equal(a[~nan], b[~nan])
 
 
-def _self_check(device: torch.device) -> bool:
-    """The kernel against posenc's reference rotation: every dtype and pairing, partial rotary,
-    NaN and infinities, rounded once, and a q-and-k launch with shapes and tables of their own."""
+def _self_check(device: torch.device, dtype: torch.dtype, once: bool, layout: str, d: int, half: int) -> bool:
+    """One variant of the kernel (see :func:`_variant`) against posenc's reference rotation: a
+    q-and-k launch with shapes and tables of their own (rows that fill no whole block), NaN and
+    infinities, into new tensors (dims ``2 * half..d`` copied)."""
     gen = torch.Generator().manual_seed(1234)
-    for dtype in _DTYPES:
-        x = torch.randn(2, 3, 5, 2 * 13 + 3, generator=gen)
-        x[0, 0, 0, :3] = torch.tensor([float("nan"), float("inf"), -float("inf")])  # specials survive
-        x = x.to(device=device, dtype=dtype)
-        k = torch.randn(2, 1, 7, 2 * 13 + 3, generator=gen).to(device=device, dtype=dtype)
-        angles = torch.rand(7, 13, generator=gen, dtype=torch.float64) * 100
-        for table_dtype in {dtype, torch.float32}:  # in x's dtype; float32: rounded once
-            cos, sin = angles.cos().to(device, table_dtype), angles.sin().to(device, table_dtype)
-            for layout in _LAYOUTS:
-                out, k_out = torch.empty_like(x), torch.empty_like(k)
-                _launch([(x, cos[:5], sin[:5], out), (k, cos, sin, k_out)], layout, 1.0)
-                if not same_values(out, rope_reference.rotate(x, cos[:5], sin[:5], layout)):
-                    return False
-                if not same_values(k_out, rope_reference.rotate(k, cos, sin, layout)):
-                    return False
-    return True
+    x = torch.randn(2, 3, 5, d, generator=gen)
+    x[0, 0, 0, :3] = torch.tensor([float("nan"), float("inf"), -float("inf")])[
+        : min(3, d)
+    ]  # specials survive
+    x = x.to(device=device, dtype=dtype)
+    k = torch.randn(2, 1, 7, d, generator=gen).to(device=device, dtype=dtype)
+    angles = torch.rand(7, half, generator=gen, dtype=torch.float64) * 100
+    table_dtype = torch.float32 if once else dtype  # float32 tables select the rounded-once arithmetic
+    cos, sin = angles.cos().to(device, table_dtype), angles.sin().to(device, table_dtype)
+    out, k_out = torch.empty_like(x), torch.empty_like(k)
+    _launch([(x, cos[:5], sin[:5], out), (k, cos, sin, k_out)], layout, 1.0)
+    return same_values(out, rope_reference.rotate(x, cos[:5], sin[:5], layout)) and same_values(
+        k_out, rope_reference.rotate(k, cos, sin, layout)
+    )
 
 
 # ---------------------------------------------------------------------------------------- the ops
