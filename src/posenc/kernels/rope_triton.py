@@ -157,7 +157,7 @@ def _kernel(device: torch.device, variant: tuple):
 def _checked(device: torch.device, variant: tuple) -> bool:
     """Whether ``variant`` passed its self-check on ``device`` (run on first use, then remembered):
     each variant the op meets is compiled and checked once, so a model pays for what it uses."""
-    key = ("checked", str(device), _interpreting(), variant)
+    key = (device, variant)  # CPU devices reach here only under the interpreter
     if key not in _state:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return False  # no self-check inside CUDA-graph capture (it copies and syncs): try later
