@@ -409,7 +409,26 @@ def check_compile(device, d, interpret: bool):
     gw = torch.autograd.grad(sum(t.float().square().sum() for t in want), (q, k))
     assert equal(ga, gw), "compiled gradients != eager gradients"
     COMPILED.update(eager=lambda: fn(q, k), compiled=lambda: compiled(q, k))
-    return {"graph_ops": sorted({t for t in targets if "posenc" in t}), "backend": backend}
+
+    def inplace(t):  # inference, out=x: posenc::rope_triton_out in the graph
+        posenc.apply_rotary(t, cos, sin, out=t)
+        return t
+
+    in_place_targets = []
+
+    def capture_in_place(gm, example_inputs):
+        in_place_targets.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = torch.compile(inplace, fullgraph=True, backend=capture_in_place)(q.detach().clone())
+        assert "posenc.rope_triton_out.default" in in_place_targets, f"graph targets: {in_place_targets}"
+        assert equal(got, want[0].detach()), "compiled in place != eager"
+        got = torch.compile(inplace, fullgraph=True, backend="aot_eager")(q.detach().clone())
+        assert equal(got, want[0].detach()), "compiled (aot_eager) in place != eager"
+    ops = sorted({t for t in targets + in_place_targets if "posenc" in t})
+    return {"graph_ops": ops, "backend": backend}
 
 
 #: the function and its compiled form from :func:`check_compile`, for :func:`check_profiler`
