@@ -325,6 +325,18 @@ def test_a_failed_self_check_warns_once_and_the_op_runs_the_reference(monkeypatc
         assert rope_triton.status(DEVICE) == "self-check failed"
 
 
+def test_the_self_check_catches_a_wrong_kernel(monkeypatch):
+    """A kernel launched with the pairings swapped gives other numbers: its self-check says so and
+    the op keeps the reference's numbers."""
+    monkeypatch.setattr(rope_triton, "_state", {})
+    monkeypatch.setattr(rope_triton, "_LAYOUTS", {"half": 1, "interleaved": 0})
+    x = torch.randn(1, 2, 5, 8).to(DEVICE, torch.bfloat16)
+    cos, sin = tables(torch.rand(5, 4, dtype=torch.float64) * 9, torch.float32)
+    with pytest.warns(RuntimeWarning, match="does not reproduce the reference"):
+        got = rope_triton.rotate(x, cos, sin, "half")
+    assert torch.equal(got, reference(x, cos, sin, "half"))
+
+
 def test_each_variant_is_checked_once_on_first_use_and_alone(monkeypatch, launches):
     """A call checks only the variant it compiles (dtype, arithmetic, pairing, widths), once; a
     variant that fails its check leaves the others on the kernel."""
