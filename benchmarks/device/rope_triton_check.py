@@ -580,28 +580,38 @@ def print_table(rec: Record) -> None:
 
 
 def tuning_sweep(device, rec: Record):
-    """Diagnostic: rows per program of the kernel at two sizes (bf16), to tune its one knob."""
-    old = rope_triton._BLOCK_ROWS
+    """Diagnostic: the kernel's two launch knobs (rows per program, warps) at a large and a decode
+    size (bf16), to tune them; each pair compiles a variant, so it runs last, as time allows."""
+    old = rope_triton._BLOCK_ROWS, rope_triton._NUM_WARPS
+    if device.type == "cpu":  # --interpret: the code path only
+        plan = [((1, 2, 4, 16), ((16, 4), (32, 4)))]
+    else:
+        big = tuple((rows, warps) for rows in (8, 16, 32, 64) for warps in (2, 4, 8))
+        plan = [((8, 32, 4096, 128), big), ((8, 32, 1, 128), ((4, 1), (4, 4), (16, 1), (16, 4)))]
     try:
-        h, d, sizes = (2, 16, ((1, 4),)) if device.type == "cpu" else (32, 128, ((8, 4096), (8, 1)))
-        for b, s in sizes:
-            q = torch.randn(b, h, s, d, device=device, dtype=torch.bfloat16)
+        for shape, knobs in plan:
+            q = torch.randn(*shape, device=device, dtype=torch.bfloat16)
             k = torch.randn_like(q)
-            cos, sin = posenc.RotaryEmbedding(d).to(device).cos_sin(torch.arange(s, device=device))
-            entry = {"b": b, "s": s, "ms_by_block_rows": {}}
-            for rows in (4, 8, 16, 32, 64):
-                if time.perf_counter() > rec.budget_end - 5:
-                    break
-                rope_triton._BLOCK_ROWS = rows
-                with torch.no_grad():
-                    entry["ms_by_block_rows"][rows] = round(
-                        time_ms(lambda q=q, k=k, c=cos, s_=sin: posenc.apply_rotary_qk(q, k, c, s_), device),
-                        5,
-                    )
+            rope = posenc.RotaryEmbedding(shape[-1]).to(device)
+            cos, sin = rope.cos_sin(torch.arange(shape[2], device=device))
+            with torch.no_grad():
+                want = posenc.apply_rotary_qk(q, k, cos, sin)  # the default knobs' numbers
+            entry = {"shape": list(shape), "ms_by_rows_warps": {}, "differ_from_default": []}
             rec.data["tuning"].append(entry)
+            for rows, warps in knobs:
+                if time.perf_counter() > rec.budget_end - 4:
+                    break
+                rope_triton._BLOCK_ROWS, rope_triton._NUM_WARPS = rows, warps
+                with torch.no_grad():
+                    if not equal(posenc.apply_rotary_qk(q, k, cos, sin), want):
+                        entry["differ_from_default"].append(f"{rows}x{warps}")
+                    ms = time_ms(lambda q=q, k=k, c=cos, s_=sin: posenc.apply_rotary_qk(q, k, c, s_), device)
+                entry["ms_by_rows_warps"][f"{rows}x{warps}"] = round(ms, 5)
+                rec.save()
+            assert not entry["differ_from_default"], f"knobs that change the numbers: {entry}"
         return rec.data["tuning"]
     finally:
-        rope_triton._BLOCK_ROWS = old
+        rope_triton._BLOCK_ROWS, rope_triton._NUM_WARPS = old
 
 
 # ----------------------------------------------------------------------------------------------- main

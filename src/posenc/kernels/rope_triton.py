@@ -55,6 +55,7 @@ __all__ = ["available", "rope_op", "rope_out_op", "rotate", "rotate_pair", "same
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _LAYOUTS = {"half": 0, "interleaved": 1}
 _BLOCK_ROWS = 16
+_NUM_WARPS = 4
 _MAX_DIMS = 4
 #: whether Triton can be imported (looked up once, without importing it)
 _INSTALLED = importlib.util.find_spec("triton") is not None
@@ -272,6 +273,7 @@ def _launch(
             BLOCK_ROWS=_BLOCK_ROWS,
             BLOCK_PAIRS=triton.next_power_of_2(half),
             BLOCK_REST=64,
+            num_warps=_NUM_WARPS,
             **kwargs,
         )
 
