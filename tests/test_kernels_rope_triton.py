@@ -189,6 +189,16 @@ def test_ordinary_cpu_tensors_keep_the_c_kernel(monkeypatch):
     assert ops.names == (["posenc.rope_cpu.default"] if rope_cpu.takes(x, cos, sin) else [])
 
 
+def test_deciding_on_a_cpu_tensor_keeps_a_full_graph(monkeypatch):
+    """takes() reads TRITON_INTERPRET for a CPU tensor no CPU kernel takes (float16): under
+    torch.compile(fullgraph=True) that read is traced, not a graph break."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    x = torch.randn(1, 2, 5, 8, dtype=torch.float16)
+    cos, sin = torch.rand(5, 4).cos(), torch.rand(5, 4).sin()
+    compiled = torch.compile(lambda t: posenc.apply_rotary(t, cos, sin), fullgraph=True, backend="eager")
+    assert torch.equal(compiled(x), reference(x, cos, sin, "half"))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
 def test_backward_and_double_backward_are_the_reference_ones(dtype, layout, no_c_kernel, launches):

@@ -112,13 +112,13 @@ def takes(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
     mode (no subclass, tracing or ``torch.func`` transform) or FakeTensors of a graph
     ``torch.compile`` traces (not ``torch.export``: an exported program keeps the reference's aten
     ops). Whether the Triton kernel itself runs is decided inside the op (:func:`_kernel`)."""
+    if not (x.is_cuda or (x.device.type == "cpu" and _interpreting())):  # is_cuda first: no env read
+        return False  # first: CPU tensors that reach here (float16, ...) pay one check
     if torch.compiler.is_compiling():
         if not _settings.compiled_graph():
             return False  # torch.export or a torch.func transform under compile: the reference path
     elif not _settings.eager(x, cos, sin):
         return False  # subclasses (FakeTensor, DTensor, ...), Parameters, tracing, torch.func
-    if not (x.is_cuda or (x.device.type == "cpu" and _interpreting())):  # is_cuda first: no env read
-        return False
     if cos.device != x.device or sin.device != x.device or not _fits(x, cos):
         return False
     if (cos.requires_grad or sin.requires_grad) and torch.is_grad_enabled():
