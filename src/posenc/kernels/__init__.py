@@ -1,6 +1,6 @@
 """Optional fast paths behind posenc's pure functions (users never call a different API).
 
-Each CPU fast path is one registered ``torch.library`` operator (a fake implementation, one
+Each fast path is one registered ``torch.library`` operator per device (a fake implementation, one
 autograd rule), called the same way in eager mode and under ``torch.compile``:
 
 * :mod:`posenc.kernels.rope_cpu` -- ``posenc::rope_cpu`` (and ``posenc::rope_cpu_out``, in place or
@@ -11,12 +11,13 @@ autograd rule), called the same way in eager mode and under ``torch.compile``:
 * :mod:`posenc.kernels.input_cpu` -- ``posenc::input_layer_cpu``: the whole input layer of
   :class:`posenc.InputEmbedding` in one pass;
 * :mod:`posenc.kernels.attention_cpu` -- causal attention with a bias built per query block;
-* :mod:`posenc.kernels.rope_triton` -- RoPE on GPUs, q and k in one launch (Triton, called
-  directly in eager mode; not a registered operator).
+* :mod:`posenc.kernels.rope_triton` -- ``posenc::rope_triton`` (and ``posenc::rope_triton_out``):
+  the same rotation on CUDA in a Triton kernel, q and k in one launch, bit-identical likewise.
 
-C kernels are built on first use (:mod:`posenc.kernels._cbuild`). Whether a kernel runs is decided
-inside its operator: where it cannot be built, or with ``POSENC_C_KERNELS=0`` (read once;
-:func:`set_enabled` switches at run time), the operator computes the same numbers with PyTorch ops.
+C kernels are built on first use (:mod:`posenc.kernels._cbuild`), Triton kernels compiled and
+self-checked on first use. Whether a kernel runs is decided inside its operator: where it cannot be
+built, or with ``POSENC_C_KERNELS=0`` (read once; :func:`set_enabled` switches at run time; it
+covers the Triton kernel too), the operator computes the same numbers with PyTorch ops.
 """
 
 from ._settings import enabled, set_enabled

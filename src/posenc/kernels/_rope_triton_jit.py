@@ -92,7 +92,9 @@ def _rows(
             tl.store(o_ptr + o_off[:, None] + j[None, :], v, mask=mr)
 
 
-@triton.jit
+# row counts and sizes change with every shape (a decoding step grows the key cache): not
+# specialized on, so they do not compile new variants; strides are (16-divisibility lets loads vectorize)
+@triton.jit(do_not_specialize=["n1", "H1", "S1", "progs1", "n2", "H2", "S2"])
 def rope_pair_kernel(
     x1,
     o1,

@@ -1,7 +1,7 @@
-"""RoPE on GPUs: one Triton kernel that rotates queries and keys in a single launch.
+"""RoPE on GPUs: the registered op ``posenc::rope_triton``, one Triton kernel that rotates one
+tensor, or queries and keys together, in a single launch.
 
-Used by :func:`posenc.apply_rotary` for CUDA tensors when Triton is installed (one tensor per call)
-and by :func:`rotate_pair` (``q`` and ``k`` in one launch). It computes what the PyTorch reference
+**Same numbers.** The kernel computes what the PyTorch reference (:mod:`posenc.kernels.rope_reference`)
 computes, in the same order and with the same roundings: each product and each sum of
 ``x1*cos - x2*sin`` / ``x2*cos + x1*sin`` is rounded to the tensor's dtype, as PyTorch's elementwise
 ops round each result, and the compiler is told not to fuse multiplies and adds (no FMA); with
@@ -10,15 +10,31 @@ sums stay float32 and each output is rounded once, as the reference's rounded-on
 are ``(i, i + r/2)`` ("half") or ``(2i, 2i + 1)`` ("interleaved"); dims ``r..d_h`` pass through
 (copied when the output is a new tensor); the tables may broadcast over any of the leading dims
 (shared positions ``[s, r/2]``, per-token positions ``[b, 1, s, r/2]``, packed/varlen sequences
-``[total, r/2]`` with ``x`` viewed as ``[1, h, total, d_h]``). The backward pass is the rotation by
-the opposite angle (``sign = -1``), the same kernel.
+``[total, r/2]`` with ``x`` viewed as ``[1, h, total, d_h]``). On first use on a device the kernel
+checks each variant it compiles (dtype, arithmetic, pairing, widths) against the reference; on any
+difference or error it warns and the op runs the reference rotation for that variant.
 
-**Status.** Written and tested for correctness with Triton's interpreter on CPU
-(``TRITON_INTERPRET=1``, tests/test_kernels_rope_triton.py, bit-identical to the reference for
-float32, bfloat16 and float16). It has not yet run on a GPU: no GPU was lent to the sessions that
-wrote it. On first use on a GPU it checks itself against the PyTorch reference and, on any
-difference or error, warns and leaves every call to the reference path. Its speed against
-Liger-Kernel and flash-attention's rotary is still to be measured on a GPU.
+**One way in.** As the CPU kernel (:mod:`posenc.kernels.rope_cpu`), the kernel is a registered
+operator: ``posenc::rope_triton`` (:func:`rope_op`, out of place, one or several tensors, ``q`` and
+``k`` in one launch) and ``posenc::rope_triton_out`` (:func:`rope_out_op`, in place or into
+``out``), with a fake implementation, called the same way in eager mode and under
+``torch.compile`` (also ``fullgraph=True``). :func:`takes` is the one decision whether
+:func:`posenc.apply_rotary` calls the op; whether the Triton kernel itself runs is decided inside
+the op (:func:`_kernel`: fast paths on, Triton importable, self-check passed on the device),
+which otherwise runs the reference rotation, with the same numbers. The op has its own name
+rather than a CUDA kernel under ``posenc::rope_cpu``: the two kernels take different inputs
+(float16 here, float64 there; at most 4 dims here), and Triton's interpreter
+(``TRITON_INTERPRET=1``, how it is tested without a GPU) runs it on CPU tensors, which a shared
+op's CPU key would have to take away from the C kernel. Its CPU implementation runs the kernel
+only under the interpreter (the reference otherwise); :func:`takes` never sends an ordinary CPU
+tensor to it.
+
+**Autograd.** The rotation is linear in ``x``; its gradient is the rotation by the opposite angle,
+i.e. the op with ``-sin``: the op's one autograd rule, itself differentiable, so double backward
+works. Tables that require grad are not taken (:func:`takes`): the reference expression runs.
+
+Importing this module imports neither Triton nor ``torch._dynamo``: Triton is imported at the op's
+first real launch.
 
 Legend: ``b`` batch, ``h`` heads, ``s`` sequence, ``d_h`` head width, ``r`` rotary width.
 """
@@ -32,28 +48,38 @@ import warnings
 
 import torch
 
-from . import _settings
+from . import _settings, rope_reference
 
-__all__ = ["available", "rotate", "rotate_pair", "takes", "usable"]
+__all__ = ["available", "rope_op", "rope_out_op", "rotate", "rotate_pair", "same_values", "status", "takes"]
 
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _LAYOUTS = {"half": 0, "interleaved": 1}
 _BLOCK_ROWS = 16
-_state: dict[str, object] = {}
+_NUM_WARPS = 4
+_MAX_DIMS = 4
+#: whether Triton can be imported (looked up once, without importing it)
+_INSTALLED = importlib.util.find_spec("triton") is not None
+_state: dict[object, object] = {}
 
 
 def _interpreting() -> bool:
+    """Triton's interpreter is on (``TRITON_INTERPRET=1``): the kernel then runs on CPU tensors."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def _triton():
-    """``(triton, kernel)`` or None when Triton is not installed."""
+    """``(triton, kernel)``, imported on first use, or None when Triton is missing or broken."""
     if "mod" not in _state:
         _state["mod"] = None
-        if importlib.util.find_spec("triton") is not None:
+        if _INSTALLED:
             try:
-                _state["mod"] = _build()
+                import triton
+
+                from . import _rope_triton_jit  # the @triton.jit functions (module level, as Triton needs)
+
+                _state["mod"] = (triton, _rope_triton_jit.rope_pair_kernel)
             except Exception as err:  # pragma: no cover - a broken Triton install
+                _state["error"] = f"{type(err).__name__}: {err}"
                 warnings.warn(
                     f"posenc: Triton present but unusable ({err}); RoPE uses PyTorch",
                     RuntimeWarning,
@@ -62,20 +88,145 @@ def _triton():
     return _state["mod"]
 
 
-def _build():
-    import triton
+# ----------------------------------------------------------------------------------- the decisions
+def _fits(x: torch.Tensor, cos: torch.Tensor) -> bool:
+    """The kernel's own limits on one tensor: dtype, 2..4 dims, contiguous last dim, not empty."""
+    return (
+        x.dtype in _DTYPES
+        and x.layout == torch.strided
+        and 2 <= x.dim() <= _MAX_DIMS
+        and cos.dim() <= x.dim()
+        and x.stride(-1) == 1
+        and x.numel() > 0
+    )
 
-    from . import _rope_triton_jit  # the @triton.jit functions (module level, as Triton needs)
 
-    return triton, _rope_triton_jit.rope_pair_kernel
+def takes(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    """Whether :func:`posenc.apply_rotary` rotates these (already validated) inputs by the op
+    ``posenc::rope_triton`` (:func:`rotate`), in eager mode and in a ``torch.compile`` graph alike:
+    the one decision for this kernel.
+
+    True, with Triton installed, for CUDA tensors (CPU ones only under ``TRITON_INTERPRET=1``) of
+    dtype float32/bfloat16/float16, 2 to 4 dims, a contiguous last dim, tables on the same device
+    that do not require grad (the op differentiates ``x`` only), that are plain tensors in eager
+    mode (no subclass, tracing or ``torch.func`` transform) or FakeTensors of a graph
+    ``torch.compile`` traces (not ``torch.export``: an exported program keeps the reference's aten
+    ops). Whether the Triton kernel itself runs is decided inside the op (:func:`_kernel`)."""
+    if not (x.is_cuda or (x.device.type == "cpu" and _interpreting())):  # is_cuda first: no env read
+        return False  # first: CPU tensors that reach here (float16, ...) pay one check
+    if torch.compiler.is_compiling():
+        if not _settings.compiled_graph():
+            return False  # torch.export or a torch.func transform under compile: the reference path
+    elif not _settings.eager(x, cos, sin):
+        return False  # subclasses (FakeTensor, DTensor, ...), Parameters, tracing, torch.func
+    if cos.device != x.device or sin.device != x.device or not _fits(x, cos):
+        return False
+    if (cos.requires_grad or sin.requires_grad) and torch.is_grad_enabled():
+        return False
+    return _INSTALLED
 
 
-# ----------------------------------------------------------------------------------------------
-# Host side
-# ----------------------------------------------------------------------------------------------
+def _variant(x: torch.Tensor, cos: torch.Tensor, layout: str) -> tuple:
+    """What one compiled kernel fixes for rotating ``x`` by ``cos``'s angles: x's dtype, the
+    arithmetic (rounded once or per operation), the pairing, ``d_h`` and ``r/2``."""
+    return (x.dtype, _rounded_once(x, cos), layout, x.shape[-1], cos.shape[-1])
+
+
+#: the variants :func:`available` and :func:`status` check: every dtype, arithmetic and pairing, on
+#: an odd width (unaligned rows) with partial rotary (26 of 29 dims)
+_CHECKED = tuple(
+    (dtype, once, layout, 29, 13)
+    for dtype in _DTYPES
+    for once in ((False,) if dtype == torch.float32 else (False, True))
+    for layout in _LAYOUTS
+)
+
+
+def _kernel(device: torch.device, variant: tuple):
+    """``(triton, kernel)`` when the Triton kernel runs ``variant`` (:func:`_variant`) on
+    ``device``: fast paths on, Triton importable, a CUDA device (or the CPU under the interpreter),
+    the variant's first-use self-check passed there; else None, and the op runs the reference
+    rotation. The op's implementations ask it."""
+    if not _settings.enabled() or not (device.type == "cuda" or (device.type == "cpu" and _interpreting())):
+        return None
+    mod = _triton()
+    if mod is None:
+        return None
+    return mod if _checked(device, variant) else None
+
+
+def _checked(device: torch.device, variant: tuple) -> bool:
+    """Whether ``variant`` passed its self-check on ``device`` (run on first use, then remembered):
+    each variant the op meets is compiled and checked once, so a model pays for what it uses."""
+    key = (device, variant)  # CPU devices reach here only under the interpreter
+    if key not in _state:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return False  # no self-check inside CUDA-graph capture (it copies and syncs): try later
+        _state[key] = False
+        arithmetic = "rounded once" if variant[1] else "every operation rounded"
+        what = f"{device} ({variant[0]}, {arithmetic}, {variant[2]} pairs)"
+        try:
+            with _settings.outside_traces(), torch.no_grad():  # real tensors, even while a graph is traced
+                _state[key] = _self_check(device, *variant)
+        except Exception as err:  # compilation or launch failure on this device
+            _state[("error", str(device))] = f"{type(err).__name__}: {err}"
+            warnings.warn(
+                f"posenc: the Triton RoPE kernel failed on {what}: {type(err).__name__}: {err}; "
+                "using the PyTorch reference path",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return False
+        if not _state[key]:
+            warnings.warn(
+                f"posenc: the Triton RoPE kernel does not reproduce the reference on {what}; "
+                "using the PyTorch reference path",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+    return bool(_state[key])
+
+
+def available(device: torch.device | str | None = None) -> bool:
+    """Whether the kernel runs here: fast paths on and Triton importable; with ``device``, also
+    that the self-check against the PyTorch reference passes there for every dtype, arithmetic and
+    pairing (run now where not yet run)."""
+    if device is None:
+        return _settings.enabled() and _triton() is not None
+    device = torch.device(device)
+    return all([_kernel(device, variant) is not None for variant in _CHECKED])  # each one checked
+
+
+def status(device: torch.device | str) -> str:
+    """``"ok"`` (the kernel runs on ``device``, see :func:`available`), or why not: ``"disabled"``
+    (fast paths off), ``"not installed"``, ``"unusable: ..."`` (Triton fails to import), ``"not a
+    CUDA device"``, ``"failed: ..."`` (compiling or launching a self-check raised), ``"self-check
+    failed"``."""
+    device = torch.device(device)
+    if available(device):
+        return "ok"
+    if not _settings.enabled():
+        return "disabled"
+    if not _INSTALLED:
+        return "not installed"
+    if _triton() is None:
+        return f"unusable: {_state.get('error')}"
+    if not (device.type == "cuda" or (device.type == "cpu" and _interpreting())):
+        return "not a CUDA device"
+    error = _state.get(("error", str(device)))
+    return f"failed: {error}" if error else "self-check failed"
+
+
+# ------------------------------------------------------------------------------------- host side
 def _as4(t: torch.Tensor) -> torch.Tensor:
     """``[..., s, n]`` with at most 4 dims -> a ``[b, h, s, n]`` view (leading 1s added)."""
     return t.reshape((1,) * (4 - t.dim()) + tuple(t.shape)) if t.dim() < 4 else t
+
+
+def _rounded_once(x: torch.Tensor, cos: torch.Tensor) -> bool:
+    """Float32 tables with a bf16/fp16 ``x`` select float32 arithmetic rounded once (the default of
+    :func:`posenc.apply_rotary`), as on the CPU kernel; tables in ``x``'s dtype, every operation rounded."""
+    return x.dtype in (torch.bfloat16, torch.float16) and cos.dtype == torch.float32
 
 
 def _operands(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor) -> list:
@@ -93,24 +244,19 @@ def _operands(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.
     return [x4, o4, c4, _as4(s), b * h * n_s, h, n_s, *x4.stride()[:3], *o4.stride()[:3], *c4.stride()[:3]]
 
 
-def _rounded_once(x: torch.Tensor, cos: torch.Tensor) -> bool:
-    """Float32 tables with a bf16/fp16 ``x`` select float32 arithmetic rounded once (the default of
-    :func:`posenc.apply_rotary`), as on the CPU kernel; tables in ``x``'s dtype, every operation rounded."""
-    return x.dtype in (torch.bfloat16, torch.float16) and cos.dtype == torch.float32
-
-
 def _launch(
-    pairs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]], layout: str, sign: float
+    jobs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]], layout: str, sign: float
 ) -> None:
-    """Rotate one or two ``(x, cos, sin, out)`` in a single launch (they share ``d_h`` and ``r``)."""
+    """Rotate one or two ``(x, cos, sin, out)`` in a single launch (two only where
+    :func:`_together`): programs ``[0, progs1)`` take the first tensor's rows, the rest the second's."""
     triton, kernel = _triton()
-    x, cos, _, _ = pairs[0]
+    x, cos, _, _ = jobs[0]
     half, d = cos.shape[-1], x.shape[-1]
-    first = _operands(*pairs[0])
-    second = _operands(*pairs[1]) if len(pairs) > 1 else [*first[:4], 0, *first[5:]]  # no rows
+    first = _operands(*jobs[0])
+    second = _operands(*jobs[1]) if len(jobs) > 1 else [*first[:4], 0, *first[5:]]  # no rows
     progs1 = triton.cdiv(first[4], _BLOCK_ROWS)
     grid = (progs1 + triton.cdiv(second[4], _BLOCK_ROWS),)
-    copy_rest = 2 * half < d and any(o.data_ptr() != xx.data_ptr() for xx, _, _, o in pairs)
+    copy_rest = 2 * half < d and any(o.data_ptr() != xx.data_ptr() for xx, _, _, o in jobs)
     kwargs = {} if _interpreting() else {"enable_fp_fusion": False}  # no FMA: the reference's roundings
     with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():  # x's GPU, not the current
         kernel[grid](
@@ -127,122 +273,119 @@ def _launch(
             BLOCK_ROWS=_BLOCK_ROWS,
             BLOCK_PAIRS=triton.next_power_of_2(half),
             BLOCK_REST=64,
+            num_warps=_NUM_WARPS,
             **kwargs,
         )
 
 
-def _into(
-    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor, layout: str, sign: float
-) -> torch.Tensor:
-    """One tensor's rotation into ``out``."""
-    _launch([(x, cos, sin, out)], layout, sign)
-    return out
+def _together(a: tuple, b: tuple) -> bool:
+    """Whether two jobs ``(x, cos, sin, out)`` share what one launch fixes: device, dtype, ``d_h``,
+    ``r`` and arithmetic (rounded once or not)."""
+    return (
+        a[0].device == b[0].device
+        and a[0].dtype == b[0].dtype
+        and a[0].shape[-1] == b[0].shape[-1]
+        and a[1].shape[-1] == b[1].shape[-1]
+        and _rounded_once(a[0], a[1]) == _rounded_once(b[0], b[1])
+    )
 
 
-def _device_ok(x: torch.Tensor) -> bool:
-    return x.is_cuda or (_interpreting() and x.device.type == "cpu")
+def _rotate_into(xs, coss, sins, outs, layout: str, sign: float) -> None:
+    """Each ``xs[i]`` rotated by ``sign`` times its angles into ``outs[i]`` (which may be
+    ``xs[i]``): by the Triton kernel, two tensors per launch where they fit together, or by the
+    reference rotation where the kernel does not run (:func:`_kernel`) or cannot take a tensor."""
+    fast = []
+    for job in zip(xs, coss, sins, outs):
+        x, cos, sin, out = job
+        if _fits(x, cos) and out.stride(-1) == 1 and _kernel(x.device, _variant(x, cos, layout)) is not None:
+            fast.append(job)
+        else:
+            out.copy_(rope_reference.rotate(x, cos, sin if sign > 0 else -sin, layout))
+    while fast:
+        launch = fast[:2] if len(fast) > 1 and _together(fast[0], fast[1]) else fast[:1]
+        _launch(launch, layout, sign)
+        fast = fast[len(launch) :]
 
 
-def usable(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
-    """Whether :func:`posenc.apply_rotary` should use :func:`rotate` for these (validated) inputs:
-    :func:`takes` them, and fast paths are not switched off (``POSENC_C_KERNELS=0``)."""
-    return _settings.enabled() and takes(x, cos, sin)
-
-
-def takes(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
-    """Whether the kernel can rotate ``x``: CUDA tensors (CPU ones under ``TRITON_INTERPRET=1``) of
-    dtype float32/bfloat16/float16, at most 4 dims, contiguous last dim, tables without gradients,
-    outside ``torch.compile``, with Triton installed and its self-check passed on this device."""
-    if torch.compiler.is_compiling() or not _settings.eager(x, cos, sin):
-        return False
-    if x.dtype not in _DTYPES or not _device_ok(x) or cos.device != x.device or sin.device != x.device:
-        return False
-    if not 2 <= x.dim() <= 4 or x.stride(-1) != 1 or x.numel() == 0 or cos.dim() > x.dim():
-        return False
-    if (cos.requires_grad or sin.requires_grad) and torch.is_grad_enabled():
-        return False
-    return available(x.device)
-
-
-def available(device: torch.device | str | None = None) -> bool:
-    """Whether the kernel can run here (Triton importable; on ``device``, its first-use self-check
-    against the PyTorch reference passed)."""
-    if _triton() is None:
-        return False
-    if device is None:
-        return True
-    key = ("checked", str(device))
-    if key not in _state:
-        if torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return False  # no self-check inside CUDA-graph capture (it copies and syncs); try later
-        _state[key] = False
-        try:
-            _state[key] = _self_check(torch.device(device))
-        except Exception as err:  # compilation or launch failure on this device
-            warnings.warn(
-                f"posenc: the Triton RoPE kernel failed on {device} ({type(err).__name__}: {err}); "
-                "using the PyTorch reference path",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-            return False
-        if not _state[key]:
-            warnings.warn(
-                f"posenc: the Triton RoPE kernel does not reproduce the reference on {device}; "
-                "using the PyTorch reference path",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-    return bool(_state[key])
-
-
+# ------------------------------------------------------------------------------------- self-check
 def same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
     """``a == b`` elementwise with NaN equal to NaN (payloads may differ between implementations)."""
     nan = a.isnan()
     return torch.equal(nan, b.isnan()) and torch.equal(a[~nan], b[~nan])
 
 
-def _self_check(device: torch.device) -> bool:
-    """The kernel against posenc's reference expression, every dtype and pairing, partial rotary."""
-    from .rope_reference import ROTARY_LAYOUTS  # the reference rotation
-
+def _self_check(device: torch.device, dtype: torch.dtype, once: bool, layout: str, d: int, half: int) -> bool:
+    """One variant of the kernel (see :func:`_variant`) against posenc's reference rotation: a
+    q-and-k launch with shapes and tables of their own (rows that fill no whole block), NaN and
+    infinities, into new tensors (dims ``2 * half..d`` copied)."""
     gen = torch.Generator().manual_seed(1234)
-    for dtype in _DTYPES:
-        x = torch.randn(2, 3, 5, 2 * 13 + 3, generator=gen)
-        x[0, 0, 0, :3] = torch.tensor([float("nan"), float("inf"), -float("inf")])  # specials survive
-        x = x.to(device=device, dtype=dtype)
-        angles = torch.rand(5, 13, generator=gen, dtype=torch.float64) * 100
-        cos, sin = angles.cos().to(device=device, dtype=dtype), angles.sin().to(device=device, dtype=dtype)
-        for layout in _LAYOUTS:
-            out = torch.empty_like(x)
-            _launch([(x, cos, sin, out)], layout, 1.0)
-            want = torch.cat((ROTARY_LAYOUTS[layout](x, cos, sin, 26), x[..., 26:]), dim=-1)
-            if not same_values(out, want):
-                return False
-            if dtype != torch.float32:  # rounded once: float32 tables, the float32 expression cast once
-                c32, s32 = cos.float(), sin.float()
-                _launch([(x, c32, s32, out)], layout, 1.0)
-                once = ROTARY_LAYOUTS[layout](x.float(), c32, s32, 26).to(dtype)
-                if not same_values(out, torch.cat((once, x[..., 26:]), dim=-1)):
-                    return False
-    return True
+    x = torch.randn(2, 3, 5, d, generator=gen)
+    specials = torch.tensor([float("nan"), float("inf"), -float("inf")])[: min(3, d)]
+    x[0, 0, 0, : len(specials)] = specials  # they come out as the reference gives them
+    x = x.to(device=device, dtype=dtype)
+    k = torch.randn(2, 1, 7, d, generator=gen).to(device=device, dtype=dtype)
+    angles = torch.rand(7, half, generator=gen, dtype=torch.float64) * 100
+    table_dtype = torch.float32 if once else dtype  # float32 tables select the rounded-once arithmetic
+    cos, sin = angles.cos().to(device, table_dtype), angles.sin().to(device, table_dtype)
+    out, k_out = torch.empty_like(x), torch.empty_like(k)
+    _launch([(x, cos[:5], sin[:5], out), (k, cos, sin, k_out)], layout, 1.0)
+    return same_values(out, rope_reference.rotate(x, cos[:5], sin[:5], layout)) and same_values(
+        k_out, rope_reference.rotate(k, cos, sin, layout)
+    )
 
 
-class _Rotation(torch.autograd.Function):
-    """Out-of-place rotation by the Triton kernel; backward is the same kernel with the opposite
-    angle (itself differentiable, so double backward works)."""
+# ---------------------------------------------------------------------------------------- the ops
+# Registered through torch.library's low-level API, as posenc::rope_cpu: a Python kernel per
+# dispatch key, so an eager call costs one dispatcher round trip and imports nothing of
+# torch.compile's stack.
+_lib = torch.library.Library("posenc", "FRAGMENT")
+_lib.define("rope_triton(Tensor[] xs, Tensor[] coss, Tensor[] sins, str layout, float sign) -> Tensor[]")
+_lib.define("rope_triton_out(Tensor[] xs, Tensor[] coss, Tensor[] sins, Tensor(a!)[] outs, str layout) -> ()")
 
-    @staticmethod
-    def forward(ctx, x, cos, sin, layout, sign):  # type: ignore[override]
-        ctx.save_for_backward(cos, sin)
-        ctx.layout, ctx.sign = layout, sign
-        return _into(x, cos, sin, torch.empty_like(x), layout, sign)
 
-    @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
-        cos, sin = ctx.saved_tensors
-        grad = grad if grad.stride(-1) == 1 else grad.contiguous()  # the kernel reads rows
-        return _Rotation.apply(grad, cos, sin, ctx.layout, -ctx.sign), None, None, None, None
+def _rope_triton(xs, coss, sins, layout: str, sign: float) -> list[torch.Tensor]:
+    """``posenc::rope_triton``, the one way into the kernel (eager and compiled): each
+    ``xs[i] [..., s, d_h]`` rotated by ``sign`` times the angles of ``coss[i]``/``sins[i]``
+    ``[..., s, r/2]`` into a new tensor like ``xs[i]`` (``q`` and ``k`` in one launch). Its fake
+    implementation and its one autograd rule (the rotation by the opposite angle, itself this op,
+    so double backward works) are registered below."""
+    outs = [torch.empty_like(x) for x in xs]
+    _rotate_into(xs, coss, sins, outs, layout, sign)
+    return outs
+
+
+def _rope_triton_out(xs, coss, sins, outs, layout: str) -> None:
+    """``posenc::rope_triton_out``: the rotation for inference, written into ``outs`` (each
+    ``xs[i]`` itself, in place, or a tensor like it; checked by :func:`posenc.apply_rotary`)."""
+    _rotate_into(xs, coss, sins, outs, layout, 1.0)
+
+
+def _rope_setup(ctx, inputs, output) -> None:
+    _, coss, sins, layout, sign = inputs
+    ctx.save_for_backward(*coss, *sins)
+    ctx.layout, ctx.sign = layout, sign
+
+
+def _rope_backward(ctx, grads):
+    tables = ctx.saved_tensors
+    n = len(tables) // 2
+    grads = [g if g.stride(-1) == 1 else g.contiguous() for g in grads]  # the kernel reads rows
+    dxs = rope_op(grads, list(tables[:n]), list(tables[n:]), ctx.layout, -ctx.sign)
+    return dxs, [None] * n, [None] * n, None, None  # no gradient for the tables (see takes())
+
+
+# CUDA, and CPU for Triton's interpreter (the reference rotation there otherwise, see _kernel)
+for _key in ("CUDA", "CPU"):
+    _lib.impl("rope_triton", _rope_triton, _key)
+    _lib.impl("rope_triton_out", _rope_triton_out, _key)
+torch.library.register_fake("posenc::rope_triton", lambda xs, *_: [torch.empty_like(x) for x in xs], lib=_lib)
+torch.library.register_fake("posenc::rope_triton_out", lambda *_: None, lib=_lib)
+torch.library.register_autograd("posenc::rope_triton", _rope_backward, setup_context=_rope_setup, lib=_lib)
+
+#: ``posenc::rope_triton`` (see :func:`_rope_triton`)
+rope_op = torch.ops.posenc.rope_triton.default
+#: ``posenc::rope_triton_out`` (see :func:`_rope_triton_out`)
+rope_out_op = torch.ops.posenc.rope_triton_out.default
 
 
 def rotate(
@@ -252,49 +395,48 @@ def rotate(
     layout: str,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Rotate the first ``r = 2 * cos.shape[-1]`` dims of ``x`` (validated by
-    :func:`posenc.apply_rotary`, :func:`usable` true).
+    """Rotate the first ``r = 2 * cos.shape[-1]`` dims of ``x`` by the op (inputs validated by
+    :func:`posenc.apply_rotary`, ``out`` checked there, and :func:`takes` true).
 
     Args:
-        x: ``[..., s, d_h]`` (at most 4 dims), last dim contiguous.
-        cos, sin: ``[..., s, r/2]`` broadcastable to ``x[..., :r/2]``.
+        x: ``[..., s, d_h]`` (2 to 4 dims), last dim contiguous.
+        cos, sin: ``[..., s, r/2]`` broadcastable to ``x[..., :r/2]``, in ``x.dtype``, or float32
+            with a bf16/fp16 ``x``: then the products and sums are float32 and each output is
+            rounded once.
         layout: ``"half"`` or ``"interleaved"``.
         out: None (a new tensor, differentiable in ``x``), ``x`` (in place) or a tensor like ``x``.
+
+    Returns:
+        ``[..., s, d_h]``: the new tensor, or ``out``.
     """
-    if out is not None:
-        return _into(x, cos, sin, out, layout, 1.0)
-    if torch.is_grad_enabled() and x.requires_grad:
-        return _Rotation.apply(x, cos, sin, layout, 1.0)
-    return _into(x, cos, sin, torch.empty_like(x), layout, 1.0)
+    if out is None:
+        below = _settings.records_nothing(x)
+        if below is None:
+            return rope_op([x], [cos], [sin], layout, 1.0)[0]
+        with below:
+            return rope_op([x], [cos], [sin], layout, 1.0)[0]
+    rope_out_op([x], [cos], [sin], [out], layout)
+    return out
 
 
 def rotate_pair(
     q: torch.Tensor,
     k: torch.Tensor,
-    cos_q: torch.Tensor,
-    sin_q: torch.Tensor,
-    cos_k: torch.Tensor,
-    sin_k: torch.Tensor,
-    layout: str = "half",
-    *,
-    inplace: bool = False,
+    q_tables: tuple[torch.Tensor, torch.Tensor],
+    k_tables: tuple[torch.Tensor, torch.Tensor],
+    layout: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate ``q [b, h, s_q, d_h]`` and ``k [b, h_kv, s_k, d_h]`` in one kernel launch (inference:
-    no autograd). Tables ``[..., s, r/2]`` as for :func:`rotate`; ``inplace`` writes into q and k.
+    """:func:`rotate` of ``q`` and of ``k`` (out of place, each by its own ``(cos, sin)``) in one op
+    call, one kernel launch where they share dtype, ``d_h`` and ``r``; inputs validated as for
+    :func:`rotate`, :func:`takes` true for both. Differentiable in ``q`` and ``k``.
 
-    Returns:
-        ``(q_rotated, k_rotated)``.
+    Shapes: ``q [..., s_q, d_h]``, ``k [..., s_k, d_h]``, tables ``[..., s, r/2]`` -> ``(q, k)``.
     """
-    for x, c, s in ((q, cos_q, sin_q), (k, cos_k, sin_k)):
-        if not takes(x, c, s):
-            raise ValueError(
-                f"rotate_pair needs CUDA float32/bfloat16/float16 tensors of at most 4 dims with a "
-                f"contiguous last dim and Triton installed; got {tuple(x.shape)} {x.dtype} on {x.device}"
-            )
-    if q.shape[-1] != k.shape[-1] or cos_q.shape[-1] != cos_k.shape[-1] or q.dtype != k.dtype:
-        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must share d_h, r and dtype")
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
-        raise ValueError("rotate_pair is for inference: call it under torch.no_grad(), or use apply_rotary")
-    out_q, out_k = (q, k) if inplace else (torch.empty_like(q), torch.empty_like(k))
-    _launch([(q, cos_q, sin_q, out_q), (k, cos_k, sin_k, out_k)], layout, 1.0)
-    return out_q, out_k
+    args = ([q, k], [q_tables[0], k_tables[0]], [q_tables[1], k_tables[1]], layout, 1.0)
+    below = _settings.records_nothing(q, k)
+    if below is None:
+        q_out, k_out = rope_op(*args)
+    else:
+        with below:
+            q_out, k_out = rope_op(*args)
+    return q_out, k_out

@@ -79,9 +79,11 @@ def apply_rotary(
 
     On CPU (float32/float64/bfloat16) the rotation is the registered op ``posenc::rope_cpu``, in
     eager mode and in a ``torch.compile`` graph alike: one pass over memory in a small C kernel
-    (:mod:`posenc.kernels.rope_cpu`), bit-identical to the PyTorch expression, which runs everywhere
-    else (``torch.export``, ``torch.func`` transforms, other dtypes, tables that need a gradient;
-    on CUDA the Triton kernel where Triton is installed).
+    (:mod:`posenc.kernels.rope_cpu`), bit-identical to the PyTorch expression. On CUDA
+    (float32/bfloat16/float16, Triton installed) it is the op ``posenc::rope_triton``, a Triton
+    kernel (:mod:`posenc.kernels.rope_triton`), bit-identical likewise. The PyTorch expression runs
+    everywhere else (``torch.export``, ``torch.func`` transforms, other dtypes, tables that need a
+    gradient).
     """
     check_choice(layout, "layout", ROTARY_LAYOUTS)
     r = _check_args(x, cos, sin, qk_layout, rotary_dim)
@@ -91,8 +93,8 @@ def apply_rotary(
         _rope_cpu.check_out(x, out)
     if _rope_cpu.takes(x, cos, sin):
         return _rope_cpu.rotate(x, cos, sin, layout, out)  # the op posenc::rope_cpu: same numbers as below
-    if x.is_cuda and _rope_triton.usable(x, cos, sin):
-        return _rope_triton.rotate(x, cos, sin, layout, out)  # Triton, same numbers (self-checked)
+    if _rope_triton.takes(x, cos, sin):
+        return _rope_triton.rotate(x, cos, sin, layout, out)  # the op posenc::rope_triton: same numbers
     y = _rope_reference.rotate(x, cos, sin, layout)  # [..., s, d_h], in the tables' arithmetic
     return y if out is None else out.copy_(y)
 
@@ -113,8 +115,8 @@ def apply_rotary_qk(
     """Rotate queries and keys in one call: :func:`apply_rotary` of ``q`` by ``(cos, sin)`` and of
     ``k`` by ``(k_cos, k_sin)`` (default: the same tables), out of place.
 
-    On the CPU fast path both rotations run in one kernel call, q's rows then k's (and their
-    backward likewise); the numbers are :func:`apply_rotary`'s, bit for bit.
+    On the CPU and CUDA fast paths both rotations run in one kernel call, q's rows then k's (and
+    their backward likewise); the numbers are :func:`apply_rotary`'s, bit for bit.
 
     Args:
         q: ``[b, h, s_q, d_h]`` (``"bshd"``: ``[b, s_q, h, d_h]``).
@@ -141,6 +143,8 @@ def apply_rotary_qk(
     k_tables = _fit_tables(k, *_in_dtype(k, k_cos, k_sin, wk), rk, qk_layout)
     if _rope_cpu.takes(q, *q_tables) and _rope_cpu.takes(k, *k_tables):
         return _rope_cpu.rotate_pair(q, k, q_tables, k_tables, layout)  # one op call, one kernel call
+    if _rope_triton.takes(q, *q_tables) and _rope_triton.takes(k, *k_tables):
+        return _rope_triton.rotate_pair(q, k, q_tables, k_tables, layout)  # one op call, one launch
     kw = {"layout": layout, "qk_layout": qk_layout, "compute_dtype": compute_dtype}
     return apply_rotary(q, *q_tables, **kw), apply_rotary(k, *k_tables, **kw)
 
