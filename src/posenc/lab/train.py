@@ -42,7 +42,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._validate import check_int
-from .checkpoint import load_checkpoint, read_checkpoint_meta, save_checkpoint, unwrap_model
+from .checkpoint import (
+    checkpoint_exists,
+    load_checkpoint,
+    read_checkpoint_meta,
+    save_checkpoint,
+    unwrap_model,
+)
 from .config import IGNORE_INDEX, RESUMABLE_CHANGES, BatchFn, TrainConfig
 from .distributed import dist_info
 from .memory import check_memory, estimate_memory
@@ -214,10 +220,7 @@ def _check_resumable(path: Path, config: TrainConfig, module: nn.Module, data_id
     ]
     model_config = getattr(module, "config", None)
     if hasattr(model_config, "to_dict") and saved_model:
-        from ..model.io import config_from_metadata
-
-        now = model_config.to_dict()  # and the saved config as it was built (old files: old defaults)
-        saved_model = config_from_metadata(meta["model_config"], meta).to_dict()
+        now = model_config.to_dict()  # the saved config is as it was built (old files: old defaults)
         diff += [
             f"model {k}: checkpoint {saved_model.get(k)!r} vs now {now.get(k)!r}"
             for k in sorted(set(now) | set(saved_model))
@@ -362,7 +365,7 @@ def _checkpoint(ckpt, module, optimizer, step: int, config, losses, elapsed_s: f
 def _start(ckpt: Path | None, resume: bool, config: TrainConfig, module: nn.Module, optimizer, data_id):
     """``(first step, loss history, seconds already trained)``: from the checkpoint when resuming;
     a checkpoint that exists without ``resume`` is refused (it would be overwritten)."""
-    if resume and ckpt is not None and ckpt.is_file():
+    if resume and ckpt is not None and checkpoint_exists(ckpt):
         _check_resumable(ckpt, config, module, data_id)  # before anything is loaded into the model
         state = load_checkpoint(ckpt, module, optimizer)
         return state.step, state.losses, state.elapsed_s
