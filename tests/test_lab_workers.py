@@ -62,11 +62,13 @@ def test_killing_a_two_worker_study_leaves_no_process(tmp_path, sig):
         main = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=err)
     try:
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and len(list((out / "checkpoints").glob("*.safetensors"))) < 2:
+        while (
+            time.monotonic() < deadline and len(list((out / "checkpoints").glob("*/trainer.safetensors"))) < 2
+        ):
             assert main.poll() is None, log.read_text()
             time.sleep(0.2)
         workers = _group(main.pid, but=main.pid)
-        assert len(list((out / "checkpoints").glob("*.safetensors"))) == 2 and len(workers) >= 2
+        assert len(list((out / "checkpoints").glob("*/trainer.safetensors"))) == 2 and len(workers) >= 2
         main.send_signal(sig)
         code = main.wait(timeout=30)
         stderr = log.read_text()

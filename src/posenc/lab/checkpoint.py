@@ -190,7 +190,10 @@ def _write_folder(
     for leftover in (tmp, old):  # of a killed write by a process with the same pid
         shutil.rmtree(leftover, ignore_errors=True)
     try:
-        write_model(tmp)
+        try:
+            write_model(tmp)
+        except OSError as err:  # named by the checkpoint, not by its temporary folder
+            raise OSError(err.errno, err.strerror, str(path)) from None
         trainer = tmp / TRAINER_FILE
         try:
             safetensors.torch.save_file(tensors, str(trainer), metadata=metadata)
