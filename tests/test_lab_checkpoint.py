@@ -128,6 +128,33 @@ def test_a_swap_cut_between_its_renames_is_completed(tmp_path):
     assert not checkpoint_exists(tmp_path / "other")
 
 
+def test_a_swap_cut_after_the_new_folder_was_complete_keeps_the_newer_checkpoint(tmp_path):
+    cfg = TrainConfig(steps=3)
+    model, opt = _stepped(cfg)
+    path = tmp_path / "c"
+    save_checkpoint(path, model, opt, 1, train_config=cfg)
+    save_checkpoint(tmp_path / "d", model, opt, 2, train_config=cfg)
+    os.replace(path, tmp_path / ".c.old777")  # step 1 renamed aside
+    os.replace(tmp_path / "d", tmp_path / ".c.tmp777")  # step 2 was complete, not yet renamed in
+    (tmp_path / ".c.tmp888").mkdir()  # an unfinished write of another process: never taken
+    assert checkpoint_exists(path) and read_checkpoint_meta(path)["step"] == "2"
+    save_checkpoint(path, model, opt, 3, train_config=cfg)  # the leftovers go with the next write
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]
+
+
+def test_a_model_a_checkpoint_cannot_hold_is_refused_before_training(tmp_path):
+    class Unregistered(TransformerLM):
+        """A model class load_model could not rebuild."""
+
+    model = Unregistered(tiny_config())
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(TypeError, match=r"a checkpoint holds one of posenc's models .*got Unregistered"):
+        train(model, tiny_data(), TrainConfig(steps=2, batch_size=4, seq_len=16), checkpoint=tmp_path / "c")
+    assert (
+        all(torch.equal(a, b) for a, b in zip(before, model.parameters())) and not (tmp_path / "c").exists()
+    )
+
+
 def test_a_checkpoint_never_replaces_what_is_not_a_checkpoint(tmp_path):
     cfg = TrainConfig(steps=2)
     model, opt = _stepped(cfg)

@@ -13,7 +13,6 @@ A checkpoint an earlier version wrote as one ``NAME.safetensors`` file is conver
 
 from __future__ import annotations
 
-import glob
 import json
 import math
 import os
@@ -35,6 +34,7 @@ from .runs import check_owner, current_run_id
 __all__ = [
     "TRAINER_FORMAT",
     "CheckpointState",
+    "check_checkpointable",
     "checkpoint_exists",
     "load_checkpoint",
     "load_trained_model",
@@ -150,6 +150,19 @@ def save_checkpoint(
     _write_folder(path, lambda tmp: save_model(model, tmp), tensors, metadata)
 
 
+def check_checkpointable(model: nn.Module) -> None:
+    """``TypeError`` unless a checkpoint can hold ``model``: one of posenc's model classes
+    (:data:`~posenc.model.MODEL_CLASSES`), whose folder :func:`posenc.model.load_model` rebuilds."""
+    from ..model.classes import MODEL_CLASSES
+
+    name = type(unwrap_model(model)).__name__
+    if MODEL_CLASSES.get(name) is not type(unwrap_model(model)):
+        raise TypeError(
+            f"a checkpoint holds one of posenc's models ({', '.join(MODEL_CLASSES)}), got {name}; "
+            "register its class (posenc.model.classes.register_model) or train without a checkpoint"
+        )
+
+
 def _is_checkpoint(path: Path) -> bool:
     return (
         path.is_dir() and not path.is_symlink() and is_model_folder(path) and (path / TRAINER_FILE).is_file()
@@ -186,14 +199,19 @@ def _write_folder(
     from ..model.io import write_error
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp, old = _temporary(path, "tmp"), _temporary(path, "old")
-    for leftover in (tmp, old):  # of a killed write by a process with the same pid
+    # One process at a time writes a checkpoint (the run's owner, rank 0): temporary folders of
+    # this one that exist now were left by a killed write (the swap was completed or undone by
+    # checkpoint_exists before this call).
+    for leftover in _temporaries(path):
         shutil.rmtree(leftover, ignore_errors=True)
+    tmp, old = _temporary(path, "tmp"), _temporary(path, "old")
     try:
         try:
             write_model(tmp)
-        except OSError as err:  # named by the checkpoint, not by its temporary folder
-            raise OSError(err.errno, err.strerror, str(path)) from None
+        except OSError as err:
+            if err.errno is None:
+                raise
+            raise OSError(err.errno, err.strerror, str(path)) from None  # the checkpoint, not its temporary
         trainer = tmp / TRAINER_FILE
         try:
             safetensors.torch.save_file(tensors, str(trainer), metadata=metadata)
@@ -209,26 +227,35 @@ def _write_folder(
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _temporaries(path: Path) -> list[Path]:
+    """The temporary folders of writes of ``path``: ``.NAME.tmp<PID>`` and ``.NAME.old<PID>``."""
+    pattern = re.compile(rf"\.{re.escape(path.name)}\.(tmp|old)\d+")
+    if not path.parent.is_dir():
+        return []
+    return [
+        p for p in path.parent.iterdir() if pattern.fullmatch(p.name) and p.is_dir() and not p.is_symlink()
+    ]
+
+
 def checkpoint_exists(path: str | os.PathLike) -> bool:
     """Whether a checkpoint folder is at ``path``, after completing a swap a killed write left
-    half done (the previous checkpoint renamed aside, the new one not yet in) and converting a
-    checkpoint an earlier version wrote as ``PATH.safetensors`` into the folder."""
+    half done (the previous checkpoint renamed aside as ``.NAME.old<PID>``, the new one complete
+    in ``.NAME.tmp<PID>`` but not yet renamed in) and converting a checkpoint an earlier version
+    wrote as ``PATH.safetensors`` into the folder."""
     path = Path(path)
-    if not path.exists() and not path.is_symlink() and path.parent.is_dir():
-        aside = sorted(
-            (p for p in path.parent.glob(f".{glob.escape(path.name)}.old*") if _is_checkpoint(p)),
-            key=lambda p: p.stat().st_mtime,
-        )
-        if aside:
-            os.replace(aside[-1], path)
-        elif (old_file := path.with_name(f"{path.name}.safetensors")).is_file():
-            _convert_legacy(old_file, path)
-    return path.exists() or path.is_symlink()
-
-
-def glob_escape(name: str) -> str:
-    """``name`` with the characters :meth:`Path.glob` reads as patterns escaped."""
-    return re.sub(r"([*?\[])", r"[\1]", name)
+    if path.exists() or path.is_symlink():
+        return True
+    for aside in _temporaries(path):
+        kind, pid = aside.name[len(path.name) + 2 :][:3], aside.name[len(path.name) + 5 :]
+        if kind != "old" or not _is_checkpoint(aside):
+            continue
+        # the new folder was complete before the old one was renamed aside: it is the newer one
+        new = path.with_name(f".{path.name}.tmp{pid}")
+        os.replace(new if _is_checkpoint(new) else aside, path)
+        return True
+    if (old_file := path.with_name(f"{path.name}.safetensors")).is_file():
+        _convert_legacy(old_file, path)
+    return path.exists()
 
 
 def _convert_legacy(old_file: Path, path: Path) -> None:

@@ -43,6 +43,7 @@ from torch import nn
 
 from .._validate import check_int
 from .checkpoint import (
+    check_checkpointable,
     checkpoint_exists,
     load_checkpoint,
     read_checkpoint_meta,
@@ -365,6 +366,8 @@ def _checkpoint(ckpt, module, optimizer, step: int, config, losses, elapsed_s: f
 def _start(ckpt: Path | None, resume: bool, config: TrainConfig, module: nn.Module, optimizer, data_id):
     """``(first step, loss history, seconds already trained)``: from the checkpoint when resuming;
     a checkpoint that exists without ``resume`` is refused (it would be overwritten)."""
+    if ckpt is not None:
+        check_checkpointable(module)  # before a step is spent
     if resume and ckpt is not None and checkpoint_exists(ckpt):
         _check_resumable(ckpt, config, module, data_id)  # before anything is loaded into the model
         state = load_checkpoint(ckpt, module, optimizer)
