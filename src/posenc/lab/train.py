@@ -7,8 +7,8 @@ What it does, step by step (:func:`train`)::
       -> this rank's rows       DDP: rank r takes rows [r B/W, (r+1) B/W) of the global batch B
       -> forward (bf16 autocast on CUDA) -> cross-entropy -> backward (DDP averages gradients)
       -> clip the global gradient norm -> AdamW with lr_at(step): linear warmup, cosine decay
-      -> every ``checkpoint_every`` steps: weights, optimizer state, RNG states, step and loss
-         history into one safetensors file, written atomically (temporary file + ``os.replace``)
+      -> every ``checkpoint_every`` steps: the model's folder with the optimizer state, RNG
+         states, step and loss history beside it, written atomically (a temporary folder, renamed)
 
 Because the batch depends only on ``(seed, step)``, resuming needs only the weights, the AdamW
 moments, the RNG states (dropout) and the step: a run killed after a checkpoint and resumed ends
@@ -264,8 +264,8 @@ def train(
             equal to :data:`IGNORE_INDEX` do not count, e.g. the questions of a synthetic task).
         config: the :class:`TrainConfig`.
         device: where the model lives (default: the device of its first parameter).
-        checkpoint: path of the checkpoint file (written every ``config.checkpoint_every`` steps
-            and at the end by rank 0).
+        checkpoint: the checkpoint folder (:mod:`posenc.lab.checkpoint`; written every
+            ``config.checkpoint_every`` steps and at the end by rank 0; a posenc model folder).
         resume: continue from ``checkpoint`` if it exists (a fresh start if it does not).
         progress: show a tqdm bar (loss, tokens/s, lr); ``None`` = only when stderr is a terminal,
             and never on ranks other than 0.
