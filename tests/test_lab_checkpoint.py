@@ -83,14 +83,17 @@ def test_checkpoint_round_trip(tmp_path):
 
 
 def test_a_checkpoint_folder_is_a_model_folder(tmp_path):
-    """load_model (and everything that takes a model path) reads a checkpoint as its model."""
+    """load_model (and everything that takes a model path: load_trained_model, the loader of
+    ``posenc extrapolate --model``) reads a checkpoint as its model."""
     from posenc.lab import load_trained_model
+    from posenc.lab.pretrained_load import load_pretrained
 
     cfg = TrainConfig(steps=2)
     model, opt = _stepped(cfg)
     save_checkpoint(tmp_path / "c", model, opt, 1, train_config=cfg)
     ids = torch.randint(0, 32, (1, 8))
-    for loaded in (load_model(tmp_path / "c"), load_trained_model(tmp_path / "c")):
+    for load in (load_model, load_trained_model, load_pretrained):
+        loaded = load(tmp_path / "c")
         assert not loaded.training and loaded.config == model.config
         assert torch.equal(loaded(ids).logits, model.eval()(ids).logits)
 
@@ -336,3 +339,18 @@ def test_a_checkpoint_whose_config_json_is_broken_is_refused(tmp_path):
     model = TransformerLM(tiny_config())
     with pytest.raises(ValueError, match="does not describe the weights"):
         load_checkpoint(path, model)
+
+
+def test_posenc_extrapolate_takes_a_checkpoint_folder_as_its_model(tmp_path, capsys):
+    from _pretrained_toys import untrained_model, write_code_corpus
+    from posenc.cli import main
+
+    model = untrained_model(position="alibi")
+    cfg = TrainConfig(steps=1)
+    save_checkpoint(tmp_path / "ck", model, make_optimizer(model, cfg), 1, train_config=cfg)
+    corpus = write_code_corpus(tmp_path)
+    argv = ["extrapolate", "--model", str(tmp_path / "ck"), "--corpus", corpus, "--val-fraction", "0.34"]
+    argv += ["--eval-windows", "4", "--train-len", "16", "--eval-lens", "32", "--out", str(tmp_path / "o")]
+    assert main(argv) == 0, capsys.readouterr().err
+    record = json.loads((tmp_path / "o" / "results.json").read_text())
+    assert record["model"] == str(tmp_path / "ck") and record["runs"][0]["name"] == "as is"
