@@ -96,7 +96,7 @@ def load_legacy_file(
     path = Path(path)
     meta = read_metadata(path, "model file")
     if meta.get("posenc_checkpoint") == LEGACY_CHECKPOINT_FORMAT:
-        name, config, _ = _checkpoint_model(path, meta)
+        name, config = _checkpoint_model(path, meta)
         model = build_saved(name, config, device, cross_attention=True)
         return load_weights(model, path, device, dtype, prefix="model.").eval()
     if "posenc_model" not in meta or "posenc_config" not in meta:
@@ -117,8 +117,8 @@ def load_legacy_file(
     return load_weights(model, path, device, dtype).eval()
 
 
-def _checkpoint_model(path: Path, meta: dict[str, str]) -> tuple[str, ModelConfig, int]:
-    """The model class name, the upgraded config and the format version an old checkpoint records."""
+def _checkpoint_model(path: Path, meta: dict[str, str]) -> tuple[str, ModelConfig]:
+    """The model class name and the upgraded config an old checkpoint records."""
     name = meta.get("model_class", "")
     if name not in MODEL_CLASSES or not meta.get("model_config") or meta["model_config"] == "null":
         raise ValueError(
@@ -126,7 +126,7 @@ def _checkpoint_model(path: Path, meta: dict[str, str]) -> tuple[str, ModelConfi
         )
     version = saved_version(None, meta.get("posenc_defaults"))
     where = f"the checkpoint {str(path)!r} field 'model_config'"
-    return name, config_from_saved(parse_json(meta["model_config"], where), version, where), version
+    return name, config_from_saved(parse_json(meta["model_config"], where), version, where)
 
 
 def legacy_checkpoint_parts(
@@ -149,7 +149,7 @@ def legacy_checkpoint_parts(
             f"{str(path)!r} is not a posenc training checkpoint (format "
             f"{meta.get('posenc_checkpoint')!r}, expected {LEGACY_CHECKPOINT_FORMAT!r})"
         )
-    name, config, _ = _checkpoint_model(path, meta)
+    name, config = _checkpoint_model(path, meta)
     model = build_saved(name, config, "cpu", cross_attention=True)
     load_weights(model, path, "cpu", prefix="model.")
     try:
