@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -354,3 +355,21 @@ def test_posenc_extrapolate_takes_a_checkpoint_folder_as_its_model(tmp_path, cap
     assert main(argv) == 0, capsys.readouterr().err
     record = json.loads((tmp_path / "o" / "results.json").read_text())
     assert record["model"] == str(tmp_path / "ck") and record["runs"][0]["name"] == "as is"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="renameat2 is Linux's")
+def test_on_linux_a_checkpoint_is_replaced_in_one_step(tmp_path, monkeypatch):
+    """The previous checkpoint is exchanged with the new folder, never renamed aside: a reader
+    (a worker restarted on another machine) never finds the path missing."""
+    cfg = TrainConfig(steps=3)
+    model, opt = _stepped(cfg)
+    path = tmp_path / "c"
+    save_checkpoint(path, model, opt, 1, train_config=cfg)
+    renames = []
+    real = os.replace
+    monkeypatch.setattr(
+        os, "replace", lambda a, b: renames.append((Path(a).name, Path(b).name)) or real(a, b)
+    )
+    save_checkpoint(path, model, opt, 2, train_config=cfg)
+    assert ("c", f".c.old{os.getpid()}") not in renames
+    assert read_checkpoint_meta(path)["step"] == "2" and sorted(p.name for p in tmp_path.iterdir()) == ["c"]

@@ -13,12 +13,15 @@ A checkpoint an earlier version wrote as one ``NAME.safetensors`` file is conver
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import json
 import math
 import os
 import random
 import re
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -219,12 +222,32 @@ def _write_folder(
             raise write_error(err, path / TRAINER_FILE) from None
         with open(trainer, "rb") as fh:
             os.fsync(fh.fileno())
+        if path.exists() and _exchange(tmp, path):
+            return  # tmp now holds the previous checkpoint: deleted below
         if path.exists():
             os.replace(path, old)
         os.replace(tmp, path)
         shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap the folders ``a`` and ``b`` in one step (Linux ``renameat2`` with
+    ``RENAME_EXCHANGE``), so ``b`` never goes missing; ``False`` where the system or the file
+    system cannot (the caller renames in two steps)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if renameat2 is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), str(b))
 
 
 def _temporaries(path: Path) -> list[Path]:

@@ -364,8 +364,10 @@ def run_config(args: argparse.Namespace):
     return RunConfig(**_given(args, RunConfig))
 
 
-#: What ``posenc train`` writes into its folder (their presence means the folder holds a run).
-TRAIN_ARTIFACTS = ("checkpoint", "model", "train.json")
+#: What ``posenc train`` writes into its folder (their presence means the folder holds a run),
+#: and the single files earlier versions wrote instead of the two folders (``--resume`` converts
+#: the checkpoint).
+TRAIN_ARTIFACTS = ("checkpoint", "model", "train.json", "checkpoint.safetensors", "model.safetensors")
 
 
 def train_run(args: argparse.Namespace) -> int:
