@@ -12,14 +12,14 @@ def test_plot_embeddings_of_a_byte_level_model(tmp_path, capsys):
     model = TransformerLM(
         ModelConfig(vocab_size=256, d_model=16, num_layers=1, num_heads=2, position="alibi")
     )
-    save_model(model, tmp_path / "lm.safetensors")
+    save_model(model, tmp_path / "lm")
     out = tmp_path / "emb.png"
     code = main(
         [
             "plot",
             "embeddings",
             "--checkpoint",
-            str(tmp_path / "lm.safetensors"),
+            str(tmp_path / "lm"),
             "-o",
             str(out),
             "--top-k",
@@ -34,7 +34,7 @@ def test_plot_embeddings_of_a_byte_level_model(tmp_path, capsys):
         "plot",
         "embeddings",
         "--checkpoint",
-        str(tmp_path / "lm.safetensors"),
+        str(tmp_path / "lm"),
         "-o",
         str(out2),
         "--top-k",
@@ -50,8 +50,8 @@ def test_plot_embeddings_errors(tmp_path, capsys):
     assert main(["plot", "embeddings", "-o", str(tmp_path / "x.png")]) == 2
     assert "needs --checkpoint PATH" in capsys.readouterr().err
     model = TransformerLM(ModelConfig(vocab_size=50, d_model=16, num_layers=1, num_heads=2, position="nope"))
-    save_model(model, tmp_path / "lm.safetensors")
-    assert main(["plot", "embeddings", "--checkpoint", str(tmp_path / "lm.safetensors"), "-o", "x.png"]) == 2
+    save_model(model, tmp_path / "lm")
+    assert main(["plot", "embeddings", "--checkpoint", str(tmp_path / "lm"), "-o", "x.png"]) == 2
     assert "pass --tokenizer PATH" in capsys.readouterr().err
     assert main(["plot", "sinusoidal", "-o", str(tmp_path / "x.png")]) == 2
     assert "--kind is required" in capsys.readouterr().err

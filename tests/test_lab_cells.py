@@ -233,7 +233,7 @@ def test_a_cell_run_again_in_the_same_run_continues_its_own_checkpoint(corpus_di
         with pytest.raises(KeyboardInterrupt):
             run_cell(config, Cell("alibi", 0), **kw)
         monkeypatch.setattr(cells_mod, "train", real_train)
-        assert (tmp_path / "checkpoints" / "alibi-seed0.safetensors").is_file()
+        assert (tmp_path / "checkpoints" / "alibi-seed0" / "trainer.safetensors").is_file()
         record = run_cell(config, Cell("alibi", 0), **kw)  # Dask's rerun: resume=False
         assert record.train.resumed_from == 2 and record.train.steps == 4
         assert record.run_id == run.run_id
@@ -348,7 +348,7 @@ def test_a_worker_killed_mid_cell_is_replaced_and_its_cell_resumes(corpus_dir, t
     flags = list(TINY)
     flags[flags.index("--steps") + 1] = "200"  # long enough to be killed between checkpoints
     out = tmp_path / "study"
-    checkpoint = out / "checkpoints" / "alibi-seed0.safetensors"
+    checkpoint = out / "checkpoints" / "alibi-seed0"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
     with (
         distributed.LocalCluster(

@@ -149,20 +149,20 @@ def test_workers_default_to_the_free_cores_and_threads_stay_per_cell(monkeypatch
 def test_cli_never_loses_or_mislabels_a_run(tmp_path, text_corpus, capsys):
     run = tmp_path / "run"
     assert main(train_cli_args(text_corpus, run, 6)) == 0
-    saved = (run / "checkpoint.safetensors").read_bytes()
+    saved = (run / "checkpoint" / "trainer.safetensors").read_bytes()
     capsys.readouterr()
     # a new run into the same folder: refused, the old run untouched
     assert main(train_cli_args(text_corpus, run, 3)) == 2
     err = capsys.readouterr().err
-    assert "already holds a run (checkpoint.safetensors, model.safetensors, train.json)" in err
-    assert (run / "checkpoint.safetensors").read_bytes() == saved
+    assert "already holds a run (checkpoint, model, train.json)" in err
+    assert (run / "checkpoint" / "trainer.safetensors").read_bytes() == saved
     # resuming with another architecture: refused with the differing fields, nothing written
     changed = [*train_cli_args(text_corpus, run, 6), "--resume", "--dropout", "0.2"]
     changed[changed.index("alibi")] = "nope"
     assert main(changed) == 2
     err = capsys.readouterr().err
     assert "model dropout: checkpoint 0.0 vs now 0.2" in err and "model position: checkpoint 'alibi'" in err
-    assert (run / "checkpoint.safetensors").read_bytes() == saved
+    assert (run / "checkpoint" / "trainer.safetensors").read_bytes() == saved
     assert json.loads((run / "train.json").read_text())["model_config"]["position"] == "alibi"
     # an explicit --overwrite replaces it
     assert main([*train_cli_args(text_corpus, run, 3), "--overwrite"]) == 0

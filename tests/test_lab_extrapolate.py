@@ -43,7 +43,7 @@ def test_tiny_study_with_two_seeds_end_to_end(tmp_path, corpus_dir, capsys):
     assert "sliding-window bits/byte" in printed and " ±" in printed and "n/a" in printed
     results = json.loads((out / "results.json").read_text())
     assert (out / "extrapolation.png").stat().st_size > 0 and (out / "extrapolation.svg").stat().st_size > 0
-    assert (out / "checkpoints" / "alibi-seed1.safetensors").exists()
+    assert (out / "checkpoints" / "alibi-seed1" / "trainer.safetensors").exists()
     assert (out / "cells" / "rope-seed0.json").exists()
 
     cfg = results["config"]
@@ -225,5 +225,5 @@ def test_a_per_layer_pattern_is_a_scheme_of_a_study(tmp_path, corpus_dir, capsys
     cell = json.loads((out / "cells" / "alibi-x2+nope-seed0.json").read_text())
     assert cell["model_config"]["layer_positions"] == ["alibi", "alibi", "nope"]
     assert cell["model_config"]["position"] == "nope"
-    assert (out / "checkpoints" / "alibi-x2+nope-seed0.safetensors").exists()
+    assert (out / "checkpoints" / "alibi-x2+nope-seed0" / "trainer.safetensors").exists()
     assert all(p["bpb_window"] is not None for p in results["runs"][1]["eval"])

@@ -78,15 +78,19 @@ def test_finetuning_starts_from_the_trained_checkpoint(corpus_dir, tmp_path):
 
     config = _config(corpus_dir, seeds=(0,))
     run_study(tiny_study(corpus_dir, schemes=("rope",), variants=()), out=tmp_path, log=None)
-    base = tmp_path / "checkpoints" / "rope-seed0.safetensors"
-    started = tmp_path / "started.safetensors"
+    base = tmp_path / "checkpoints" / "rope-seed0"
+    started = tmp_path / "started"
     ft = FinetuneCell(Cell("rope", 0), "linear", 16)
     data = study_data(config)
     model = TransformerLM(ft_module._model_config(config, ft, data))
     assert model.config.position_options["scaling"] == {"rope_type": "linear", "factor": 2.0}
     ft_module._start_from_base(base, started, model, finetune_config(config, 0), data.data_id)
     assert states_equal(load_trained_model(started), load_trained_model(base))
-    with safetensors.safe_open(str(base), "pt") as a, safetensors.safe_open(str(started), "pt") as b:
+    trainer = "trainer.safetensors"
+    with (
+        safetensors.safe_open(str(base / trainer), "pt") as a,
+        safetensors.safe_open(str(started / trainer), "pt") as b,
+    ):
         moments = [k for k in a.keys() if k.startswith("optimizer.")]  # noqa: SIM118
         assert moments and all(torch.equal(a.get_tensor(k), b.get_tensor(k)) for k in moments)
         assert torch.equal(a.get_tensor("rng.torch"), b.get_tensor("rng.torch"))

@@ -155,7 +155,7 @@ def test_a_checkpoint_of_a_lost_run_is_not_written(tmp_path):
 
     model = TransformerLM(tiny_config())
     opt = torch.optim.AdamW(model.parameters())
-    ckpt = tmp_path / "checkpoints" / "a.safetensors"
+    ckpt = tmp_path / "checkpoints" / "a"
     with RunFolder(tmp_path, ["results.json"]) as run, writing_for(tmp_path, run.run_id):
         save_checkpoint(ckpt, model, opt, 1, train_config=TrainConfig(steps=2))
         assert read_checkpoint_meta(ckpt)["run_id"] == run.run_id

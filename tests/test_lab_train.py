@@ -214,7 +214,7 @@ def test_same_seed_same_run():
 
 
 def test_resume_refuses_a_changed_config(tmp_path):
-    data, ckpt = tiny_data(), tmp_path / "c.safetensors"
+    data, ckpt = tiny_data(), tmp_path / "c"
     model = TransformerLM(tiny_config())
     cfg = TrainConfig(steps=4, batch_size=4, seq_len=16)
     train(model, data, cfg, checkpoint=ckpt, progress=False, stop_at=2)
@@ -232,7 +232,7 @@ def test_resume_refuses_a_changed_config(tmp_path):
 def test_resume_refuses_another_split_of_the_same_corpus(tmp_path):
     """A data id is the corpus sha256 and the split: two splits of one corpus share the first 64+
     characters, so a check of a prefix would let a resume train on the other split's bytes."""
-    data, ckpt = tiny_data(), tmp_path / "c.safetensors"
+    data, ckpt = tiny_data(), tmp_path / "c"
     cfg = TrainConfig(steps=4, batch_size=4, seq_len=16)
     sha = "9f" * 32
     train(TransformerLM(tiny_config()), data, cfg, checkpoint=ckpt, progress=False, stop_at=2,
@@ -247,7 +247,7 @@ def test_resume_refuses_another_split_of_the_same_corpus(tmp_path):
 
 def test_resume_refuses_another_model_before_loading_it(tmp_path):
     """Schemes without positional parameters share every shape: only the config tells them apart."""
-    data, ckpt = tiny_data(), tmp_path / "c.safetensors"
+    data, ckpt = tiny_data(), tmp_path / "c"
     cfg = TrainConfig(steps=4, batch_size=4, seq_len=16)
     train(TransformerLM(tiny_config()), data, cfg, checkpoint=ckpt, progress=False, stop_at=2)
     other = TransformerLM(ModelConfig(**{**tiny_config().to_dict(), "position": "nope", "dropout": 0.2}))
@@ -262,13 +262,13 @@ def test_resume_refuses_another_model_before_loading_it(tmp_path):
 
 
 def test_a_new_run_never_overwrites_a_checkpoint(tmp_path):
-    data, ckpt = tiny_data(), tmp_path / "c.safetensors"
+    data, ckpt = tiny_data(), tmp_path / "c"
     cfg = TrainConfig(steps=2, batch_size=4, seq_len=16)
     train(TransformerLM(tiny_config()), data, cfg, checkpoint=ckpt, progress=False)
-    saved = ckpt.read_bytes()
+    saved = {p.name: p.read_bytes() for p in ckpt.iterdir()}
     with pytest.raises(ValueError, match=r"a checkpoint already exists at .*resume it"):
         train(TransformerLM(tiny_config()), data, cfg, checkpoint=ckpt, progress=False)
-    assert ckpt.read_bytes() == saved
+    assert {p.name: p.read_bytes() for p in ckpt.iterdir()} == saved
 
 
 def test_checkpoint_every_needs_a_path():
@@ -291,10 +291,10 @@ def test_stop_and_resume_in_fresh_objects_is_bit_identical(tmp_path):
         model = TransformerLM(tiny_config(dropout=0.2))
         return model, train(model, data, cfg, checkpoint=ckpt, resume=resume, stop_at=stop_at, progress=False)
 
-    full, full_result = run(tmp_path / "a.safetensors")
-    _, first = run(tmp_path / "b.safetensors", stop_at=6)  # "preempted" after step 6 (checkpoint written)
+    full, full_result = run(tmp_path / "a")
+    _, first = run(tmp_path / "b", stop_at=6)  # "preempted" after step 6 (checkpoint written)
     assert not first.completed and first.end_step == 6
-    resumed, second = run(tmp_path / "b.safetensors", resume=True)
+    resumed, second = run(tmp_path / "b", resume=True)
     assert second.start_step == 6 and second.completed
     assert states_equal(full, resumed)
     assert second.losses == full_result.losses  # the history spans both halves
@@ -314,21 +314,21 @@ def test_killed_run_resumes_to_identical_weights(tmp_path, text_corpus):
     args = train_cli_args(text_corpus, killed_dir, steps, checkpoint_every=10)
     cmd = [sys.executable, "-m", "posenc", *args]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    ckpt = killed_dir / "checkpoint.safetensors"
+    ckpt = killed_dir / "checkpoint"
     deadline = time.monotonic() + 120
     while not ckpt.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
     proc.send_signal(signal.SIGKILL)
     _, err = proc.communicate()
     assert proc.returncode == -signal.SIGKILL, f"the run ended before being killed: {err.decode()[-500:]}"
-    with safetensors.safe_open(str(ckpt), framework="pt") as fh:
+    with safetensors.safe_open(str(ckpt / "trainer.safetensors"), framework="pt") as fh:
         killed_at = int(fh.metadata()["step"])
     assert 0 < killed_at < steps
-    assert not (killed_dir / "model.safetensors").exists()
+    assert not (killed_dir / "model").exists()
 
     assert main([*args, "--resume"]) == 0
     assert main(train_cli_args(text_corpus, full_dir, steps)) == 0
-    resumed, full = load_model(killed_dir / "model.safetensors"), load_model(full_dir / "model.safetensors")
+    resumed, full = load_model(killed_dir / "model"), load_model(full_dir / "model")
     assert states_equal(resumed, full)
     record = json.loads((killed_dir / "train.json").read_text())
     assert record["start_step"] == killed_at and record["end_step"] == steps
@@ -345,8 +345,8 @@ def test_two_gloo_processes_match_one(tmp_path, text_corpus):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "2 process(es)" in done.stdout
     assert main(train_cli_args(text_corpus, one, 8, checkpoint_every=4)) == 0
-    a = load_model(one / "model.safetensors").state_dict()
-    b = load_model(two / "model.safetensors").state_dict()
+    a = load_model(one / "model").state_dict()
+    b = load_model(two / "model").state_dict()
     for key in a:  # float summation order differs (gradients averaged over ranks), nothing else
         torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6)
     la = json.loads((one / "train.json").read_text())["losses"]

@@ -46,13 +46,9 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-__all__ = ["DEFAULTS_VERSION", "HOOKS", "PositionalScheme"]
+__all__ = ["HOOKS", "PositionalScheme"]
 
 HOOKS = ("embed", "rotate", "score_bias")
-
-#: Written into every saved model and checkpoint. Files without it were saved before a scheme
-#: changed a default; loading them fills in each scheme's ``legacy_defaults`` (the old values).
-DEFAULTS_VERSION = "2"
 
 
 class PositionalScheme(nn.Module):
@@ -77,8 +73,6 @@ class PositionalScheme(nn.Module):
             computes the bias after the cache is updated, never one query block at a time.
         position_dims: coordinates per position: 1 for token sequences, 2 for image grids, 3 for
             volumes (whose positions are ``[..., s, 2]`` / grid coordinates). Sequence models take 1.
-        legacy_defaults: constructor defaults that changed in defaults version 2, with their old
-            values (T5: ``max_distance=128``), so a model saved before loads as it was trained.
         eval_variants: variants a model trained with this scheme can be *evaluated* with, without
             retraining, on inputs longer than it was trained on (RoPE: its scalings); each is turned
             into ``position_options`` by :meth:`variant_options`.
@@ -99,7 +93,6 @@ class PositionalScheme(nn.Module):
     score_bias_uses_keys: ClassVar[bool] = False
     position_dims: ClassVar[int] = 1
     eval_variants: ClassVar[tuple[str, ...]] = ()
-    legacy_defaults: ClassVar[dict[str, Any]] = {}
     additive_table: ClassVar[bool] = False
     promises: ClassVar[tuple[str, ...] | None] = None
     max_len: int | None = None

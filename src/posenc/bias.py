@@ -22,7 +22,6 @@ Legend: ``b`` batch, ``h`` heads, ``s_q``/``s_k`` query/key lengths.
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -320,9 +319,6 @@ class T5RelativeBias(PositionalScheme):
 
     name = "t5"
     hooks = ("score_bias",)
-    legacy_defaults: ClassVar[dict[str, Any]] = {
-        "max_distance": T5_MAX_DISTANCE
-    }  # before max_distance followed max_len
     summary = "learned scalar per (log-bucketed distance, head) on the logits (Raffel et al. 2020)"
 
     def __init__(

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from .. import __version__
-from ..base import DEFAULTS_VERSION, PositionalScheme
+from ..base import PositionalScheme
 from .kernel import Probe, make_probe
 
 __all__ = [
@@ -107,8 +107,10 @@ def default_cache_dir() -> Path:
 
 def _study_key(config) -> str:
     """A short hash of what decides the trained weights: the study, posenc's version and defaults."""
+    from ..model.saving import FORMAT_VERSION
+
     text = json.dumps(
-        {"config": config.to_dict(), "posenc": __version__, "defaults": DEFAULTS_VERSION},
+        {"config": config.to_dict(), "posenc": __version__, "defaults": str(FORMAT_VERSION)},
         sort_keys=True,
     )
     return hashlib.sha256(text.encode()).hexdigest()[:12]
@@ -268,8 +270,8 @@ def read_study(folder: str | os.PathLike, schemes: Sequence[str] | None = None) 
     known = cfg.get("schemes") if isinstance(cfg.get("schemes"), list) else []
     out = []
     for name in schemes if schemes is not None else _learnable_names([str(n) for n in known]):
-        path = folder / "checkpoints" / f"{name}-seed{seed}.safetensors"
-        if not path.is_file():
+        path = folder / "checkpoints" / f"{name}-seed{seed}"
+        if not path.is_dir():
             if schemes is not None:
                 raise ValueError(f"study {str(folder)!r} has no checkpoint for {name!r} ({path.name})")
             continue

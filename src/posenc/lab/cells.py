@@ -196,7 +196,7 @@ def run_cell(
     if threads is not None:
         torch.set_num_threads(threads)
     mc = cell_model_config(config, cell, data)
-    ckpt = out_dir / "checkpoints" / f"{cell.name}.safetensors" if out_dir is not None else None
+    ckpt = out_dir / "checkpoints" / cell.name if out_dir is not None else None
     if config.lm:  # the longest evaluation must fit too: refuse before training, on every rank
         longest = max(config.eval_lens)
         need = estimate_memory(mc, 1, longest, training=False)
@@ -262,10 +262,10 @@ def own_checkpoint(ckpt: Path | None) -> bool:
     """``ckpt`` was written by this run (its run id is this process's, see
     :func:`~posenc.lab.runs.writing_for`): a cell started again on a cluster after its worker
     died continues it instead of refusing it."""
-    from .checkpoint import read_checkpoint_meta
+    from .checkpoint import checkpoint_exists, read_checkpoint_meta
 
     run_id = current_run_id()
-    if not run_id or ckpt is None or not ckpt.is_file():
+    if not run_id or ckpt is None or not checkpoint_exists(ckpt):
         return False
     try:
         return read_checkpoint_meta(ckpt).get("run_id") == run_id

@@ -1,16 +1,27 @@
-"""Training checkpoints: one safetensors file (never pickle) with the weights, the AdamW state,
-the RNG states, the step, the loss history and the configs; written atomically (temporary file,
-``fsync``, ``os.replace``) so a run killed during the write keeps its previous checkpoint.
+"""Training checkpoints: the model's folder (:func:`posenc.model.save_model`: ``config.json`` +
+``model.safetensors``) with the trainer state beside it in ``trainer.safetensors`` (never pickle):
+every AdamW state tensor, the RNG states and the loss history, with the step, the time trained and
+the train config in its metadata. A checkpoint folder loads as a model with
+:func:`posenc.model.load_model` (and ``posenc extrapolate --model``).
+
+A checkpoint is written whole into a temporary folder beside it (each file flushed to disk), then
+swapped in by renaming; a run killed during the write keeps its previous checkpoint, and one
+killed between the two renames finds it again under its temporary name (:func:`checkpoint_exists`).
+A checkpoint an earlier version wrote as one ``NAME.safetensors`` file is converted into the folder
+``NAME`` when a run resumes it (:mod:`posenc.model.legacy` reads it).
 """
 
 from __future__ import annotations
 
-import contextlib
+import ctypes
+import errno
 import json
 import math
 import os
 import random
 import re
+import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,13 +30,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..base import DEFAULTS_VERSION
+from ..model.saving import TRAINER_FILE, is_model_folder, read_saved, save_model
 from .config import TrainConfig
 from .runs import check_owner, current_run_id
 
 __all__ = [
-    "CHECKPOINT_FORMAT",
+    "TRAINER_FORMAT",
     "CheckpointState",
+    "check_checkpointable",
+    "checkpoint_exists",
     "load_checkpoint",
     "load_trained_model",
     "read_checkpoint_meta",
@@ -33,12 +46,12 @@ __all__ = [
     "unwrap_model",
 ]
 
-#: Written into every checkpoint's metadata; a file without it is refused.
-CHECKPOINT_FORMAT = "posenc-checkpoint-1"
+#: Written into the trainer state's metadata; a trainer file without it is refused.
+TRAINER_FORMAT = "posenc-trainer-1"
 
 
 # ----------------------------------------------------------------------------------------------
-# Checkpoints: one safetensors file, written atomically
+# Checkpoints: the model's folder and the trainer state, written atomically
 # ----------------------------------------------------------------------------------------------
 @dataclass
 class CheckpointState:
@@ -55,19 +68,6 @@ class CheckpointState:
 def unwrap_model(model: nn.Module) -> nn.Module:
     """The model itself: ``model.module`` under DistributedDataParallel, else ``model``."""
     return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
-
-
-def _aliases(model: nn.Module) -> dict[str, str]:
-    """Tied parameters: ``{alias name: canonical name}`` (the first name under which each tensor appears)."""
-    first: dict[int, str] = {}
-    aliases: dict[str, str] = {}
-    named = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
-    for name, tensor in named:
-        if id(tensor) in first:
-            aliases[name] = first[id(tensor)]
-        else:
-            first[id(tensor)] = name
-    return aliases
 
 
 def _rng_state() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -104,52 +104,78 @@ def save_checkpoint(
     elapsed_s: float = 0.0,
     data_id: str | None = None,
 ) -> None:
-    """Write everything needed to resume at ``step`` to ``path`` (safetensors, never pickle).
+    """Write everything needed to resume at ``step`` into the folder ``path``.
 
     ``data_id`` names the training data (e.g. the corpus sha256), so a resume can refuse other data.
 
-    Holds the weights (tied tensors once), every AdamW state tensor, the torch/CUDA/NumPy/Python
-    RNG states, the loss history, the next step, and the train and model configs as JSON
-    metadata. Written to a temporary file in the same folder, flushed to disk, then renamed over
-    ``path`` with ``os.replace`` (atomic on POSIX): a run killed mid-write leaves the previous
-    checkpoint intact.
+    The folder is the model's (:func:`posenc.model.save_model`) plus ``trainer.safetensors``: every
+    AdamW state tensor, the torch/CUDA/NumPy/Python RNG states, the loss history, and the next
+    step and train config as JSON metadata. The whole folder is written under a temporary name and
+    swapped in: a run killed mid-write keeps the previous checkpoint.
+
+    Raises:
+        ValueError: ``path`` ends in ``.safetensors`` or holds something that is not a checkpoint
+            (a file, a folder of other files): posenc never writes over those.
+        TypeError: ``model`` is not a posenc model (:data:`~posenc.model.MODEL_CLASSES`).
     """
     model = unwrap_model(model)
     path = Path(path)
-    aliases = _aliases(model)
+    if path.suffix == ".safetensors":
+        raise ValueError(
+            f"a checkpoint is a folder, but {str(path)!r} names a .safetensors file; give a folder "
+            f"path, e.g. {str(path.with_suffix(''))!r}"
+        )
+    check_owner(path)  # a process of a run that lost its folder writes nothing into it
+    checkpoint_exists(path)  # a swap cut short is completed first
+    if (path.exists() or path.is_symlink()) and not _is_checkpoint(path):
+        raise ValueError(
+            f"{str(path)!r} exists and is not a posenc checkpoint; a checkpoint never replaces it: "
+            "give another path"
+        )
     opt = optimizer.state_dict()
-    tensors, scalars = _state_tensors(model, opt, aliases)
+    tensors, scalars = _state_tensors(opt)
     rng_tensors, rng_meta = _rng_state()
     tensors.update(rng_tensors)
     tensors["history.loss"] = torch.tensor(losses or [], dtype=torch.float64)
-    model_config = getattr(model, "config", None)
     metadata = {
         "format": "pt",
-        "posenc_checkpoint": CHECKPOINT_FORMAT,
+        "posenc_trainer": TRAINER_FORMAT,
         "step": str(step),
         "elapsed_s": repr(float(elapsed_s)),
         "train_config": json.dumps(train_config.to_dict()),
-        "model_config": json.dumps(model_config.to_dict() if hasattr(model_config, "to_dict") else None),
-        "model_class": type(model).__name__,
-        "aliases": json.dumps(aliases),
         "optimizer_groups": json.dumps(opt["param_groups"]),
         "optimizer_scalars": json.dumps(scalars),
         "rng": json.dumps(rng_meta),
         "torch_version": torch.__version__,
         "data_id": data_id or "",
-        "posenc_defaults": DEFAULTS_VERSION,
         "run_id": current_run_id(),
     }
-    _write_atomically(path, tensors, metadata)
+    _write_folder(path, lambda tmp: save_model(model, tmp), tensors, metadata)
 
 
-def _state_tensors(model: nn.Module, opt: dict[str, Any], aliases: dict[str, str]):
-    """The weights (tied tensors once, as ``model.NAME``) and AdamW's state tensors
-    (``optimizer.INDEX.KEY``) on the CPU, and the optimizer's non-tensor state by parameter index."""
+def check_checkpointable(model: nn.Module) -> None:
+    """``TypeError`` unless a checkpoint can hold ``model``: one of posenc's model classes
+    (:data:`~posenc.model.MODEL_CLASSES`), whose folder :func:`posenc.model.load_model` rebuilds."""
+    from ..model.classes import MODEL_CLASSES
+
+    name = type(unwrap_model(model)).__name__
+    if MODEL_CLASSES.get(name) is not type(unwrap_model(model)):
+        raise TypeError(
+            f"a checkpoint holds one of posenc's models ({', '.join(MODEL_CLASSES)}), got {name}; "
+            "register its class (posenc.model.classes.register_model) or train without a checkpoint"
+        )
+
+
+def _is_checkpoint(path: Path) -> bool:
+    return (
+        path.is_dir() and not path.is_symlink() and is_model_folder(path) and (path / TRAINER_FILE).is_file()
+    )
+
+
+def _state_tensors(opt: dict[str, Any]):
+    """AdamW's state tensors (``optimizer.INDEX.KEY``) on the CPU, and its non-tensor state by
+    parameter index."""
     tensors: dict[str, torch.Tensor] = {}
-    for name, tensor in model.state_dict().items():
-        if name not in aliases:
-            tensors[f"model.{name}"] = tensor.detach().cpu().contiguous()
     scalars: dict[str, dict[str, Any]] = {}
     for index, state in opt["state"].items():
         for key, value in state.items():
@@ -160,39 +186,120 @@ def _state_tensors(model: nn.Module, opt: dict[str, Any], aliases: dict[str, str
     return tensors, scalars
 
 
-def _write_atomically(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
-    """A temporary file in the same folder, flushed to disk, renamed over ``path`` (atomic on POSIX)."""
+def _temporary(path: Path, kind: str) -> Path:
+    return path.with_name(f".{path.name}.{kind}{os.getpid()}")
+
+
+def _write_folder(
+    path: Path, write_model, tensors: dict[str, torch.Tensor], metadata: dict[str, str]
+) -> None:
+    """``write_model(folder)`` and the trainer state into a temporary folder beside ``path``, each
+    file flushed to disk, then swapped in for ``path`` (rename the old one aside, rename the new
+    one in, delete the old one)."""
     import safetensors
     import safetensors.torch
 
-    check_owner(path)  # a process of a run that lost its folder writes nothing into it
+    from ..model.io import write_error
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    # One process at a time writes a checkpoint (the run's owner, rank 0): temporary folders of
+    # this one that exist now were left by a killed write (the swap was completed or undone by
+    # checkpoint_exists before this call).
+    for leftover in _temporaries(path):
+        shutil.rmtree(leftover, ignore_errors=True)
+    tmp, old = _temporary(path, "tmp"), _temporary(path, "old")
     try:
         try:
-            safetensors.torch.save_file(tensors, str(tmp), metadata=metadata)
+            write_model(tmp)
+        except OSError as err:
+            if err.errno is None:
+                raise
+            raise OSError(err.errno, err.strerror, str(path)) from None  # the checkpoint, not its temporary
+        trainer = tmp / TRAINER_FILE
+        try:
+            safetensors.torch.save_file(tensors, str(trainer), metadata=metadata)
         except safetensors.SafetensorError as err:  # the disk full, among others: an OSError naming the file
-            from ..model.io import write_error
-
-            raise write_error(err, path) from None
-        with open(tmp, "rb") as fh:
+            raise write_error(err, path / TRAINER_FILE) from None
+        with open(trainer, "rb") as fh:
             os.fsync(fh.fileno())
+        if path.exists() and _exchange(tmp, path):
+            return  # tmp now holds the previous checkpoint: deleted below
+        if path.exists():
+            os.replace(path, old)
         os.replace(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap the folders ``a`` and ``b`` in one step (Linux ``renameat2`` with
+    ``RENAME_EXCHANGE``), so ``b`` never goes missing; ``False`` where the system or the file
+    system cannot (the caller renames in two steps)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if renameat2 is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), str(b))
+
+
+def _temporaries(path: Path) -> list[Path]:
+    """The temporary folders of writes of ``path``: ``.NAME.tmp<PID>`` and ``.NAME.old<PID>``."""
+    pattern = re.compile(rf"\.{re.escape(path.name)}\.(tmp|old)\d+")
+    if not path.parent.is_dir():
+        return []
+    return [
+        p for p in path.parent.iterdir() if pattern.fullmatch(p.name) and p.is_dir() and not p.is_symlink()
+    ]
+
+
+def checkpoint_exists(path: str | os.PathLike) -> bool:
+    """Whether a checkpoint folder is at ``path``, after completing a swap a killed write left
+    half done (the previous checkpoint renamed aside as ``.NAME.old<PID>``, the new one complete
+    in ``.NAME.tmp<PID>`` but not yet renamed in) and converting a checkpoint an earlier version
+    wrote as ``PATH.safetensors`` into the folder."""
+    path = Path(path)
+    if path.exists() or path.is_symlink():
+        return True
+    for aside in _temporaries(path):
+        kind, pid = aside.name[len(path.name) + 2 :][:3], aside.name[len(path.name) + 5 :]
+        if kind != "old" or not _is_checkpoint(aside):
+            continue
+        # the new folder was complete before the old one was renamed aside: it is the newer one
+        new = path.with_name(f".{path.name}.tmp{pid}")
+        os.replace(new if _is_checkpoint(new) else aside, path)
+        return True
+    if (old_file := path.with_name(f"{path.name}.safetensors")).is_file():
+        _convert_legacy(old_file, path)
+    return path.exists()
+
+
+def _convert_legacy(old_file: Path, path: Path) -> None:
+    """The single-file checkpoint ``old_file`` written again as the checkpoint folder ``path``
+    (the old file is kept)."""
+    from ..model.legacy import legacy_checkpoint_parts
+
+    check_owner(path)
+    model, tensors, meta = legacy_checkpoint_parts(old_file)
+    metadata = {**meta, "format": "pt", "posenc_trainer": TRAINER_FORMAT}
+    _write_folder(path, lambda tmp: save_model(model, tmp), tensors, metadata)
 
 
 #: Metadata fields that hold JSON.
-_JSON_META = ("train_config", "model_config", "aliases", "optimizer_groups", "optimizer_scalars", "rng")
+_JSON_META = ("train_config", "optimizer_groups", "optimizer_scalars", "rng")
 
 #: Metadata every checkpoint of this format carries.
 _REQUIRED_META = (
     "step",
     "elapsed_s",
     "train_config",
-    "model_config",
-    "aliases",
     "optimizer_groups",
     "optimizer_scalars",
     "rng",
@@ -200,20 +307,36 @@ _REQUIRED_META = (
 
 
 def read_checkpoint_meta(path: str | os.PathLike) -> dict[str, str]:
-    """The metadata of a training checkpoint, checked, without loading a tensor.
+    """The trainer state's metadata of the checkpoint folder ``path``, checked, without loading a
+    tensor, with the model's class (``model_class``) and config (``model_config``, JSON, as the
+    model is built) from its ``config.json``.
 
     Raises:
-        ValueError: the file is missing, unreadable (truncated, empty, not safetensors), not a posenc
-            training checkpoint, or lacks metadata this format writes.
+        ValueError: the folder is missing, is not a checkpoint (a model folder without trainer
+            state, a file), or a file in it is unreadable, truncated or lacks what this format writes.
     """
     from ..model.io import read_metadata
 
     path = Path(path)
-    meta = read_metadata(path, "checkpoint")
-    if meta.get("posenc_checkpoint") != CHECKPOINT_FORMAT:
+    if path.is_file() and path.suffix == ".safetensors":
         raise ValueError(
-            f"{str(path)!r} is not a posenc training checkpoint (format {meta.get('posenc_checkpoint')!r}, "
-            f"expected {CHECKPOINT_FORMAT!r}); model files from save_model load with posenc.model.load_model"
+            f"{str(path)!r} is a single-file checkpoint of an earlier posenc; resume it by giving the "
+            f"folder path {str(path.with_suffix(''))!r} (it is converted), or load its model with "
+            "posenc.load_model"
+        )
+    if not path.is_dir():
+        raise ValueError(f"no checkpoint at {str(path)!r}")
+    trainer = path / TRAINER_FILE
+    if not trainer.is_file():
+        raise ValueError(
+            f"{str(path)!r} is not a posenc training checkpoint: it has no {TRAINER_FILE} (a model saved "
+            "with save_model loads with posenc.model.load_model)"
+        )
+    meta = read_metadata(trainer, "trainer state")
+    if meta.get("posenc_trainer") != TRAINER_FORMAT:
+        raise ValueError(
+            f"{str(trainer)!r} is not a posenc trainer state (format {meta.get('posenc_trainer')!r}, "
+            f"expected {TRAINER_FORMAT!r}); delete the checkpoint {str(path)!r} to start again"
         )
     missing = [k for k in _REQUIRED_META if k not in meta]
     if missing:
@@ -222,7 +345,8 @@ def read_checkpoint_meta(path: str | os.PathLike) -> dict[str, str]:
             "version's save_checkpoint; delete it to start again"
         )
     _check_meta(path, meta)
-    return meta
+    saved = read_saved(path)
+    return {**meta, "model_class": saved.name, "model_config": json.dumps(saved.config.to_dict())}
 
 
 def _check_meta(path: Path, meta: dict[str, str]) -> None:
@@ -247,11 +371,6 @@ def _check_meta(path: Path, meta: dict[str, str]) -> None:
         raise bad("elapsed_s", "a number of seconds >= 0")
     if not isinstance(parsed["train_config"], dict):
         raise bad("train_config", "a JSON object")
-    if not isinstance(parsed["model_config"], (dict, type(None))):
-        raise bad("model_config", "a JSON object or null")
-    aliases = parsed["aliases"]
-    if not isinstance(aliases, dict) or not all(isinstance(v, str) for v in aliases.values()):
-        raise bad("aliases", "a JSON object of parameter names")
     groups = parsed["optimizer_groups"]
     if not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups):
         raise bad("optimizer_groups", "a list of parameter groups")
@@ -314,32 +433,37 @@ def load_checkpoint(
     *,
     restore_rng: bool = True,
 ) -> CheckpointState:
-    """Load a checkpoint written by :func:`save_checkpoint` into ``model`` (and ``optimizer``),
-    restore the RNG states, and return the step to continue from and the history.
+    """Load the checkpoint folder written by :func:`save_checkpoint` into ``model`` (and
+    ``optimizer``), restore the RNG states, and return the step to continue from and the history.
 
     Raises:
-        ValueError: the file is missing, unreadable, not a posenc checkpoint, or its weights do not
-            match ``model``.
+        ValueError: the folder is missing, unreadable, not a posenc checkpoint, or its weights do
+            not match ``model``.
     """
     import safetensors.torch
+
+    from ..model.io import load_weights
+    from ..model.saving import WEIGHTS_FILE
 
     path = Path(path)
     meta = read_checkpoint_meta(path)
     try:
-        tensors = safetensors.torch.load_file(str(path))
+        tensors = safetensors.torch.load_file(str(path / TRAINER_FILE))
     except Exception as err:  # a header that reads but data that does not (truncated file)
         raise ValueError(
-            f"{str(path)!r} is not a readable checkpoint ({err}); delete it to start again"
+            f"{str(path / TRAINER_FILE)!r} is not a readable checkpoint ({err}); delete it to start again"
         ) from None
     _check_tensors(path, tensors)
     model = unwrap_model(model)
-    state = {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}
-    for alias, canonical in json.loads(meta["aliases"]).items():
-        if canonical in state:
-            state[alias] = state[canonical]
+    if type(model).__name__ != meta["model_class"]:
+        raise ValueError(
+            f"the checkpoint {str(path)!r} does not match this model: it holds a {meta['model_class']}, "
+            f"not a {type(model).__name__}"
+        )
+    device = next(iter(model.parameters()), torch.empty(0)).device
     try:
-        model.load_state_dict(state, strict=True)
-    except RuntimeError as err:
+        load_weights(model, path / WEIGHTS_FILE, device)
+    except ValueError as err:
         raise ValueError(f"the checkpoint {str(path)!r} does not match this model: {err}") from None
     if optimizer is not None:
         opt_state: dict[int, dict[str, Any]] = {}
@@ -366,27 +490,13 @@ def load_checkpoint(
 
 
 def load_trained_model(path: str | os.PathLike) -> nn.Module:
-    """A model from a training checkpoint (:func:`save_checkpoint`) or a model file
-    (:func:`posenc.model.save_model`), in eval mode, for analysis (no optimizer, RNG untouched).
+    """A model from a training checkpoint folder (:func:`save_checkpoint`) or a model folder
+    (:func:`posenc.model.save_model`), or a single file an earlier version wrote, in eval mode,
+    for analysis (no optimizer, RNG untouched).
 
     Raises:
-        ValueError: the file is missing or is neither kind of posenc file.
+        ValueError: nothing at ``path``, or not a posenc model.
     """
-    from .. import model as models
-    from ..model.io import MODEL_CLASSES, config_from_metadata, read_metadata
+    from ..model.saving import load_model
 
-    path = Path(path)
-    meta = read_metadata(path, "checkpoint")
-    if meta.get("posenc_checkpoint") != CHECKPOINT_FORMAT:
-        return models.load_model(path).eval()  # a save_model file, or its clear error
-    cls = MODEL_CLASSES.get(meta.get("model_class", ""))  # an allow-list, not a lookup on a module
-    if cls is None or not meta.get("model_config") or meta["model_config"] == "null":
-        raise ValueError(
-            f"{str(path)!r} does not record a posenc model class ({', '.join(MODEL_CLASSES)}) and config"
-        )
-    read_checkpoint_meta(path)
-    model = cls(
-        config_from_metadata(meta["model_config"], meta, f"the checkpoint {str(path)!r} field 'model_config'")
-    )
-    load_checkpoint(path, model, restore_rng=False)
-    return model.eval()
+    return load_model(path).eval()

@@ -351,7 +351,7 @@ def train_args(p: argparse.ArgumentParser) -> None:
         "--out",
         required=True,
         metavar="DIR",
-        help="folder for checkpoint.safetensors (resumable), model.safetensors, train.json",
+        help="folder for checkpoint/ (resumable), model/ (the trained model), train.json",
     )
     _run_flags(p)
     _add_config_flags(p, RunConfig, {}, {})
@@ -364,8 +364,10 @@ def run_config(args: argparse.Namespace):
     return RunConfig(**_given(args, RunConfig))
 
 
-#: What ``posenc train`` writes into its folder (their presence means the folder holds a run).
-TRAIN_ARTIFACTS = ("checkpoint.safetensors", "model.safetensors", "train.json")
+#: What ``posenc train`` writes into its folder (their presence means the folder holds a run),
+#: and the single files earlier versions wrote instead of the two folders (``--resume`` converts
+#: the checkpoint).
+TRAIN_ARTIFACTS = ("checkpoint", "model", "train.json", "checkpoint.safetensors", "model.safetensors")
 
 
 def train_run(args: argparse.Namespace) -> int:
@@ -407,7 +409,7 @@ def _train_one(args, run, out: Path, info, device, threads) -> None:
         corpus.train_bytes,
         tc,
         device=device,
-        checkpoint=out / "checkpoint.safetensors",
+        checkpoint=out / "checkpoint",
         resume=args.resume,
         progress=False if args.no_progress else None,
         desc=run.label,
@@ -417,7 +419,7 @@ def _train_one(args, run, out: Path, info, device, threads) -> None:
     )
     if not info.is_main:
         return
-    save_model(model, out / "model.safetensors")
+    save_model(model, out / "model")
     write_json(
         out / "train.json",
         {
@@ -439,5 +441,5 @@ def _train_one(args, run, out: Path, info, device, threads) -> None:
     print(
         f"{run.label}: steps {result.start_step}->{result.end_step} in {result.wall_s:.1f} s "
         f"({result.tokens_per_s:,.0f} tok/s, {info.world_size} process(es)), last loss {last:.4f}; "
-        f"wrote {out / 'model.safetensors'}"
+        f"wrote {out / 'model'}"
     )

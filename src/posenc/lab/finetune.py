@@ -146,10 +146,10 @@ def _model_config(config: StudyConfig, ft: FinetuneCell, data):
 
 def _start_from_base(base: Path, ckpt: Path, model, tc: TrainConfig, data_id: str) -> None:
     """Write the fine-tuning checkpoint at step 0: the trained weights, AdamW state and RNG."""
-    from .checkpoint import load_checkpoint, save_checkpoint
+    from .checkpoint import checkpoint_exists, load_checkpoint, save_checkpoint
     from .train import make_optimizer
 
-    if not base.is_file():
+    if not checkpoint_exists(base):
         raise ValueError(
             f"fine-tuning starts from the trained checkpoint {str(base)!r}, which is missing; "
             "run the study again with --resume to train it"
@@ -176,6 +176,7 @@ def run_finetune(
     batch, learning rate, tokens, the run it extends) and one run named :attr:`FinetuneCell.run`.
     """
     from ..model import TransformerLM
+    from .checkpoint import checkpoint_exists
     from .train import seed_everything, train
 
     if out is None:
@@ -193,11 +194,11 @@ def run_finetune(
     if threads is not None:
         torch.set_num_threads(threads)
     mc, tc = _model_config(config, ft, data), finetune_config(config, ft.seed, ft.length)
-    ckpt = out / "checkpoints" / f"{ft.name}.safetensors"
+    ckpt = out / "checkpoints" / ft.name
     seed_everything(ft.seed)
     model = TransformerLM(mc).to(device)
-    if dist_info().is_main and not ((resume or own_checkpoint(ckpt)) and ckpt.is_file()):
-        _start_from_base(out / "checkpoints" / f"{ft.base.name}.safetensors", ckpt, model, tc, data.data_id)
+    if dist_info().is_main and not ((resume or own_checkpoint(ckpt)) and checkpoint_exists(ckpt)):
+        _start_from_base(out / "checkpoints" / ft.base.name, ckpt, model, tc, data.data_id)
     if dist_info().world_size > 1:
         torch.distributed.barrier()
     result = train(

@@ -43,7 +43,7 @@ BYTE_VOCAB_LIMIT = 512
 def load_pretrained(
     path: str | os.PathLike, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
 ):
-    """A posenc save (a ``.safetensors`` file or ``save_pretrained`` folder) or a Hugging Face
+    """A posenc model folder (:func:`posenc.model.save_model`, a training checkpoint) or a Hugging Face
     checkpoint folder, as a posenc ``TransformerLM`` in eval mode.
 
     Raises:
@@ -66,7 +66,7 @@ def load_pretrained(
     if path.is_dir() and not config.is_file():
         raise ValueError(
             f"--model {str(path)!r} holds no config.json; give a Hugging Face checkpoint folder "
-            "(save_pretrained) or a folder written by posenc's save_pretrained"
+            "(save_pretrained) or a folder written by posenc.save_model"
         )
     if path.is_dir() and "posenc_model" not in (fields := read_json(config)):
         family_for(fields.get("model_type"), str(config))  # an unknown architecture, before any weight

@@ -7,8 +7,8 @@ What it does, step by step (:func:`train`)::
       -> this rank's rows       DDP: rank r takes rows [r B/W, (r+1) B/W) of the global batch B
       -> forward (bf16 autocast on CUDA) -> cross-entropy -> backward (DDP averages gradients)
       -> clip the global gradient norm -> AdamW with lr_at(step): linear warmup, cosine decay
-      -> every ``checkpoint_every`` steps: weights, optimizer state, RNG states, step and loss
-         history into one safetensors file, written atomically (temporary file + ``os.replace``)
+      -> every ``checkpoint_every`` steps: the model's folder with the optimizer state, RNG
+         states, step and loss history beside it, written atomically (a temporary folder, renamed)
 
 Because the batch depends only on ``(seed, step)``, resuming needs only the weights, the AdamW
 moments, the RNG states (dropout) and the step: a run killed after a checkpoint and resumed ends
@@ -42,7 +42,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._validate import check_int
-from .checkpoint import load_checkpoint, read_checkpoint_meta, save_checkpoint, unwrap_model
+from .checkpoint import (
+    check_checkpointable,
+    checkpoint_exists,
+    load_checkpoint,
+    read_checkpoint_meta,
+    save_checkpoint,
+    unwrap_model,
+)
 from .config import IGNORE_INDEX, RESUMABLE_CHANGES, BatchFn, TrainConfig
 from .distributed import dist_info
 from .memory import check_memory, estimate_memory
@@ -214,10 +221,7 @@ def _check_resumable(path: Path, config: TrainConfig, module: nn.Module, data_id
     ]
     model_config = getattr(module, "config", None)
     if hasattr(model_config, "to_dict") and saved_model:
-        from ..model.io import config_from_metadata
-
-        now = model_config.to_dict()  # and the saved config as it was built (old files: old defaults)
-        saved_model = config_from_metadata(meta["model_config"], meta).to_dict()
+        now = model_config.to_dict()  # the saved config is as it was built (old files: old defaults)
         diff += [
             f"model {k}: checkpoint {saved_model.get(k)!r} vs now {now.get(k)!r}"
             for k in sorted(set(now) | set(saved_model))
@@ -260,8 +264,8 @@ def train(
             equal to :data:`IGNORE_INDEX` do not count, e.g. the questions of a synthetic task).
         config: the :class:`TrainConfig`.
         device: where the model lives (default: the device of its first parameter).
-        checkpoint: path of the checkpoint file (written every ``config.checkpoint_every`` steps
-            and at the end by rank 0).
+        checkpoint: the checkpoint folder (:mod:`posenc.lab.checkpoint`; written every
+            ``config.checkpoint_every`` steps and at the end by rank 0; a posenc model folder).
         resume: continue from ``checkpoint`` if it exists (a fresh start if it does not).
         progress: show a tqdm bar (loss, tokens/s, lr); ``None`` = only when stderr is a terminal,
             and never on ranks other than 0.
@@ -362,7 +366,9 @@ def _checkpoint(ckpt, module, optimizer, step: int, config, losses, elapsed_s: f
 def _start(ckpt: Path | None, resume: bool, config: TrainConfig, module: nn.Module, optimizer, data_id):
     """``(first step, loss history, seconds already trained)``: from the checkpoint when resuming;
     a checkpoint that exists without ``resume`` is refused (it would be overwritten)."""
-    if resume and ckpt is not None and ckpt.is_file():
+    if ckpt is not None:
+        check_checkpointable(module)  # before a step is spent
+    if resume and ckpt is not None and checkpoint_exists(ckpt):
         _check_resumable(ckpt, config, module, data_id)  # before anything is loaded into the model
         state = load_checkpoint(ckpt, module, optimizer)
         return state.step, state.losses, state.elapsed_s

@@ -269,17 +269,6 @@ class ModelConfig:
         own = {"qkv": self.qkv_bias, "out": self.out_bias, "mlp": self.mlp_bias}[part]
         return self.bias if own is None else own
 
-    def with_legacy_defaults(self) -> ModelConfig:
-        """This config as a model saved before defaults version 2 was built: each option whose
-        default changed since (the scheme's ``legacy_defaults``) gets its old value unless set."""
-        from ..registry import scheme_class
-
-        old = scheme_class(self.position).legacy_defaults
-        missing = {k: v for k, v in old.items() if k not in self.position_options}
-        if not missing:
-            return self
-        return dataclasses.replace(self, position_options={**missing, **self.position_options})
-
     def approx_num_params(self) -> int:
         """About how many parameters a decoder-only model of this config has (token table, per
         layer ``4 d^2`` attention and ``2 d d_ff`` MLP weights (``3 d d_ff`` gated), norms), before

@@ -1,19 +1,17 @@
-"""The single-file form of a saved posenc model, with safetensors (never pickle): weights + config as
-JSON metadata. :func:`posenc.model.save_model` / :func:`~posenc.model.load_model`
-(:mod:`posenc.model.saving`) write and read it, or the folder form of :mod:`posenc.model.pretrained`.
-
-The file is an ordinary ``.safetensors`` file; its metadata holds ``posenc_model`` (the class
-name) and ``posenc_config`` (the :class:`~posenc.model.ModelConfig` as JSON), so
-:func:`~posenc.model.load_model` rebuilds the model without any code execution. Tied weights (one Parameter
-reachable under several names) are stored once and re-tied by the model's constructor.
+"""Reading and writing the parts of a saved posenc model, with safetensors (never pickle): the
+weights file (tied weights stored once, re-tied by the model's constructor), JSON read with a depth
+limit, and the model rebuilt from its class name. The format itself (a folder) is
+:mod:`posenc.model.saving`; files of earlier versions are read by :mod:`posenc.model.legacy`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import inspect
 import json
 import os
+from pathlib import Path
 from typing import Any
 
 import safetensors
@@ -21,7 +19,6 @@ import safetensors.torch
 import torch
 from torch import nn
 
-from ..base import DEFAULTS_VERSION
 from .classes import MODEL_CLASSES
 from .config import ModelConfig
 
@@ -29,12 +26,11 @@ __all__ = [
     "MAX_JSON_DEPTH",
     "MODEL_CLASSES",
     "build_saved",
-    "config_from_metadata",
     "load_weights",
     "parse_json",
     "read_metadata",
-    "save_model_file",
     "write_error",
+    "write_weights",
 ]
 
 #: The deepest nesting of lists and objects posenc accepts in JSON it reads from a file (its own
@@ -56,25 +52,28 @@ def write_error(err: Exception, path: str | os.PathLike) -> OSError:
     )
 
 
-def save_model_file(model: nn.Module, path: str | os.PathLike) -> None:
-    """The single-file form of :func:`save_model`: one ``.safetensors`` file at ``path``."""
-    name = type(model).__name__
-    if MODEL_CLASSES.get(name) is not type(model):
-        raise TypeError(f"save_model takes one of {', '.join(MODEL_CLASSES)}, got {name}")
+def write_weights(model: nn.Module, path: str | os.PathLike, metadata: dict[str, str]) -> None:
+    """Write ``model``'s weights (tied ones once) and ``metadata`` to the safetensors file ``path``
+    atomically: a new temporary file in the same folder (never through a link left in its place),
+    flushed to disk, renamed over ``path``; a failed write leaves ``path`` as it was. ``OSError``
+    naming ``path`` when the disk is full or the write fails."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()  # a leftover of a killed write by a process with the same pid
     try:
-        config_json = json.dumps(model.config.to_dict())
-    except TypeError as err:
-        raise TypeError(
-            f"the model's config is not JSON-serialisable ({err}); use plain numbers, "
-            "strings, lists and dicts in position_options"
-        ) from None
-    extra = {"cross_attention": str(model.cross_attention)} if hasattr(model, "cross_attention") else {}
-    metadata = {"format": "pt", "posenc_model": name, "posenc_config": config_json,
-                "posenc_defaults": DEFAULTS_VERSION, **extra}  # fmt: skip
-    try:
-        safetensors.torch.save_model(model, str(path), metadata=metadata)  # drops duplicate (tied) names
-    except safetensors.SafetensorError as err:
-        raise write_error(err, path) from None
+        # safetensors writes through its own path; the O_EXCL create keeps it off a planted link
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666))
+        try:
+            safetensors.torch.save_model(model, str(tmp), metadata={"format": "pt", **metadata})
+        except safetensors.SafetensorError as err:
+            raise write_error(err, path) from None
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
 
 
 def parse_json(text: str | bytes, where: str) -> Any:
@@ -110,24 +109,6 @@ def _depth(value: Any) -> int:
     return deepest
 
 
-def config_from_metadata(
-    config_json: str, metadata: dict[str, str], where: str = "the model config"
-) -> ModelConfig:
-    """The :class:`ModelConfig` a file was saved with; a file from before defaults version 2 gets
-    the old values of the defaults that changed since (``PositionalScheme.legacy_defaults``).
-    ``where`` names the file and field for errors (``ValueError``: bad JSON, a wrong field)."""
-    data = parse_json(config_json, where)
-    if not isinstance(data, dict):
-        raise ValueError(f"{where} must be a JSON object of ModelConfig fields, got {type(data).__name__}")
-    try:
-        config = ModelConfig.from_dict(data)
-        return (
-            config if metadata.get("posenc_defaults") == DEFAULTS_VERSION else config.with_legacy_defaults()
-        )
-    except (TypeError, ValueError) as err:  # the field's own message: name, value and fix
-        raise ValueError(f"{where}: {err}") from None
-
-
 def read_metadata(path: str | os.PathLike, what: str = "file") -> dict[str, str]:
     """The metadata of a safetensors file; ``ValueError`` naming the file when it is missing or
     unreadable (empty, truncated, not safetensors)."""
@@ -151,20 +132,31 @@ def build_saved(
 
 
 def load_weights(
-    model: nn.Module, path: str | os.PathLike, device: str | torch.device, dtype: torch.dtype | None = None
+    model: nn.Module,
+    path: str | os.PathLike,
+    device: str | torch.device,
+    dtype: torch.dtype | None = None,
+    *,
+    prefix: str = "",
 ) -> nn.Module:
     """Load the safetensors file at ``path`` into ``model`` (tied weights stored once), first cast
-    to ``dtype`` (default: the floating dtype the weights were saved in). Returns ``model``."""
+    to ``dtype`` (default: the floating dtype the weights were saved in). ``prefix``: the weights
+    are the tensors whose names start with it (the rest of the file is left out). Returns ``model``.
+    ``ValueError`` naming the file when it is unreadable or its weights are not ``model``'s."""
     try:
         state = safetensors.torch.load_file(str(path), device=str(device))
     except Exception as err:  # safetensors' own error types: random bytes, a truncated file
         raise ValueError(f"{str(path)!r} is not a readable safetensors file ({err})") from None
+    state = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
     if dtype is None:
         saved = {t.dtype for t in state.values() if t.is_floating_point()}
         dtype = saved.pop() if len(saved) == 1 else None
     if dtype is not None:
         model.to(dtype)
-    _load_tied(model, state)
+    try:
+        _load_tied(model, state)
+    except ValueError as err:
+        raise ValueError(f"{str(path)!r}: {err}") from None
     return model
 
 
