@@ -122,13 +122,13 @@ def test_block_bias_builder_is_made_once_per_forward(position, share, expected, 
     """On the blocked CPU path a content-free scheme's block builder (with its scratch buffers) is
     made once per forward and shared by the layers sharing the scheme; a bias reading q gets one
     builder per layer."""
-    from posenc.kernels import attention_cpu
+    from posenc.model import blocked
 
     monkeypatch.setenv("POSENC_C_KERNELS", "1")
-    made = count_calls(monkeypatch, attention_cpu, "scheme_bias_fn")
+    made = count_calls(monkeypatch, blocked, "scheme_bias_fn")
     torch.manual_seed(0)
     model = TransformerLM(config(position, num_layers=3, share_position=share, max_len=512)).eval()
-    ids = ids_(1, attention_cpu.BLOCK_SIZE + 10)  # two query blocks: the blocked path is taken
+    ids = ids_(1, blocked.BLOCK_SIZE + 10)  # two query blocks: the blocked path is taken
     with torch.no_grad():
         model(ids)
         assert len(made) == expected
