@@ -40,6 +40,7 @@ from ..kernels import eager, enabled
 from .blocked import distance_speaks_for_bias, distance_table, unit_steps
 
 __all__ = [
+    "FLEX_DTYPES",
     "FLEX_HEAD_DIMS",
     "FLEX_MIN_QUERIES",
     "FlexBiasedAttention",
@@ -54,8 +55,10 @@ __all__ = [
 #: one token at a time) the materialised bias is at most ``128 x s_k`` per head, and building a
 #: block mask per forward costs more than it saves
 FLEX_MIN_QUERIES = 128
-#: head widths a model sends through FlexAttention (the widths its CUDA kernel tiles directly; the
-#: device check, benchmarks/device/flex_check.py, measures 16, 64 and 128)
+#: dtypes a model sends through FlexAttention (a float64 model keeps SDPA's float64 path)
+FLEX_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+#: head widths a model sends through FlexAttention: powers of two from 16, which its CUDA kernel
+#: tiles without padding (benchmarks/device/flex_check.py checks 64 first, then 16 and 128)
 FLEX_HEAD_DIMS = (16, 32, 64, 128, 256)
 
 
@@ -71,10 +74,13 @@ def _available() -> bool:
 
 def usable(q: torch.Tensor) -> bool:
     """Whether a model should take FlexAttention for queries ``q`` ``[b, h, s_q, d_h]``: plain eager
-    CUDA tensors (not while ``torch.compile`` traces a model: its graph keeps the full-bias path),
-    at least :data:`FLEX_MIN_QUERIES` queries, a head width of :data:`FLEX_HEAD_DIMS`, fast paths
-    not switched off (``POSENC_C_KERNELS=0``) and a torch that has FlexAttention."""
+    CUDA tensors (not while ``torch.compile`` traces a model: its graph keeps the full-bias path)
+    of :data:`FLEX_DTYPES`, at least :data:`FLEX_MIN_QUERIES` queries, a head width of
+    :data:`FLEX_HEAD_DIMS`, fast paths not switched off (``POSENC_C_KERNELS=0``) and a torch that
+    has FlexAttention."""
     if q.device.type != "cuda" or torch.compiler.is_compiling() or not eager(q):
+        return False
+    if q.dtype not in FLEX_DTYPES:
         return False
     return q.shape[-2] >= FLEX_MIN_QUERIES and q.shape[-1] in FLEX_HEAD_DIMS and enabled() and _available()
 
@@ -211,6 +217,7 @@ def block_mask(keep: torch.Tensor | None, causal_prefix: bool, s_q: int, s_k: in
         return create_block_mask(causal, None, None, s_q, s_k, device=device)
     if keep is None:
         return None
+    keep = keep.expand(keep.shape[0], 1, s_q, s_k)  # a mask shared by the queries: read as a view
     if keep.shape[0] == 1:
 
         def shared(b, h, q_idx, kv_idx):
