@@ -104,7 +104,8 @@ def path(flex_on: bool, cpu: bool):
     from posenc.model import blocked, flex
 
     calls = []
-    saved = (flex.usable, blocked.usable, flex.flex_attention_function, torch_flex._validate_device)
+    saved = (flex.usable, blocked.usable, flex.flex_attention_function)
+    validate = getattr(torch_flex, "_validate_device", None)  # patched on a CPU only
     original_fn = flex.flex_attention_function
 
     def counted(device):
@@ -121,7 +122,9 @@ def path(flex_on: bool, cpu: bool):
         blocked.usable = lambda q: False
         yield calls
     finally:
-        flex.usable, blocked.usable, flex.flex_attention_function, torch_flex._validate_device = saved
+        flex.usable, blocked.usable, flex.flex_attention_function = saved
+        if cpu and validate is not None:
+            torch_flex._validate_device = validate
 
 
 def rel_err(a, b) -> float:
