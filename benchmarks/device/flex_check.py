@@ -20,9 +20,12 @@ item, so what was done survives):
    Errors are ``max |a - b| / max |b|`` per tensor (the worst over output and gradients is
    reported). A float64 run of the SDPA path is the reference for both.
 
-   * float32 passes when flex and SDPA agree within 1e-4 (both accumulate in float32 and differ only
-     in the order of sums over <= 2048 keys: ~sqrt(n) * 6e-8 ~ 3e-6, so 1e-4 leaves a margin of 30x
-     without hiding an indexing error, which moves values by O(bias) ~ 1e-1..1e1).
+   * float32 passes when flex's error against float64 is at most 4x SDPA-fp32's own, or 5e-6 (~40
+     float32 ulps): both accumulate in float32 and differ only in the order of their sums (a learned
+     table's gradient sums every (batch, query, key) pair, ~2e6 terms, in an order each kernel
+     chooses). An indexing error moves values far more: an ALiBi table read one distance off (which
+     softmax's shift invariance hides except on the diagonal) moved the output by 2e-5 to 2e-4 of
+     its scale in runs of this script on a CPU, a T5 table by 0.6.
    * bfloat16 passes when flex's error against float64 is at most twice SDPA-bf16's own error
      against float64 (plus 1e-3): both round q, k, v, the probabilities and the output to bf16
      (unit roundoff 2^-8 ~ 4e-3) in different places, so neither matches the other to better than
@@ -204,19 +207,24 @@ def check(scheme_name, b, h, h_kv, s, dtype_name, padded, device, cpu, d_h=64):
         "sdpa_vs_f64": rel_err(sdpa_t["output"], ref_t["output"]),
     }
     if dtype == torch.float32:
-        rule = "float32: max rel err flex vs SDPA <= 1e-4 (output and every gradient)"
-        ok = worst["flex_vs_sdpa"] <= 1e-4
+        rule = "float32: flex's err vs float64 <= max(4 x SDPA-fp32's, 5e-6) (output and every gradient)"
+        factor, floor = 4.0, 5e-6
     else:
-        rule = (
-            "bf16: flex's err vs float64 <= 2 x SDPA-bf16's err vs float64 + 1e-3 (output and every gradient)"
-        )
-        ok = all(rel_err(flex_t[n], ref_t[n]) <= 2 * rel_err(sdpa_t[n], ref_t[n]) + 1e-3 for n in flex_t)
+        rule = "bf16: flex's err vs float64 <= 2 x SDPA-bf16's + 1e-3 (output and every gradient)"
+        factor, floor = 2.0, 1e-3
+    per_tensor = {n: (rel_err(flex_t[n], ref_t[n]), rel_err(sdpa_t[n], ref_t[n])) for n in flex_t}
+    if dtype == torch.float32:
+        failing = [n for n, (f, r) in per_tensor.items() if not f <= max(factor * r, floor)]
+    else:
+        failing = [n for n, (f, r) in per_tensor.items() if not f <= factor * r + floor]
+    ok = not failing
     return {
         "ok": bool(ok),
         "rule": rule,
         "forward": fwd,
         "worst_over_output_and_grads": worst,
         "worst_tensor": where,
+        "failing_tensors": failing,
         "tensors_compared": sorted(flex_t),
         "flex_calls": flex_calls,
     }
