@@ -9,10 +9,11 @@ Here queries are taken ``block_size`` at a time: the block ``[q0, q1)`` sees key
 (``k1 = q1 + s_k - s_q``), so the bias is built for that rectangle alone and the future keys past
 ``k1`` are never computed. Summed over blocks this is about half the attention work (plus the
 diagonal blocks). A bias that depends only on the distance (the scheme answers ``distance_bias``:
-ALiBi, T5, KERPLE) is one table of ``h x (s_q + s_k - 1)`` values, and each block's bias and causal mask is a strided view of it:
-memory O(h s), nothing built per block. Other biases are built per block (at most one block's
-bias alive at a time). The numbers are those of the full-table path up to float rounding: every
-query sees the same keys with the same bias; only SDPA's internal blocking of the key axis differs.
+ALiBi, T5, KERPLE) is one table of ``h x (s_q + s_k - 1)`` values, and each block's bias and
+causal mask is a strided view of it: memory O(h s), nothing built per block. Other biases are
+built per block (at most one block's bias alive at a time). The numbers are those of the
+full-table path up to float rounding: every query sees the same keys with the same bias; only
+SDPA's internal blocking of the key axis differs.
 
 A bias reaches :func:`causal_attention_with_bias` as a :class:`BlockBias` object, which declares
 what its blocks are (a view of one table with the causal mask in it, in reverse query order, or a
