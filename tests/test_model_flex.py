@@ -29,6 +29,10 @@ from posenc.model import TransformerLM, flex
 from posenc.model.attention import attend
 from posenc.model.plan import BiasedAttention, plan_attention
 
+# PyTorch warns that eager FlexAttention materialises the scores: here that is the point (the
+# reference implementation on a CPU; the compiled kernel is checked on a GPU)
+pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile:UserWarning")
+
 SCHEMES = {  # name -> build kwargs: three distance tables, a learned function (FIRE), one reading q
     "alibi": {},
     "t5": {"bidirectional": False},
