@@ -474,6 +474,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.budget <= 15:
         parser.error(f"--budget must be > 15 seconds, got {args.budget}")
+    if args.repeats < 1:
+        parser.error(f"--repeats must be >= 1, got {args.repeats}")
     BUDGET["stop"], BUDGET["alarm"] = args.budget - 12.0, args.budget
     faulthandler.dump_traceback_later(args.budget + 6.0, exit=True)  # never hang, whatever runs
     out_dir = os.path.dirname(os.path.abspath(args.out))
@@ -554,8 +556,14 @@ def main(argv=None) -> int:
             }
         except Exception as err:
             result["dynamo_counters"] = f"unavailable: {err}"
-    except Budget as err:
-        result["errors"].append({"name": "driver", "error": str(err)})
+    except (Budget, Exception) as err:  # setup failed (an import, no device): recorded, not lost
+        result["errors"].append(
+            {
+                "name": "driver",
+                "error": f"{type(err).__name__}: {err}"[:1000],
+                "traceback": traceback.format_exc()[-3000:],
+            }
+        )
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         save()
