@@ -52,8 +52,8 @@ __all__ = [
 ]
 
 #: fewest queries for which a model takes FlexAttention: below one of its 128-query tiles (decoding
-#: one token at a time) the materialised bias is at most ``128 x s_k`` per head, and building a
-#: block mask per forward costs more than it saves
+#: one token at a time, short prompts) the materialised bias is at most ``128 x s_k`` per head and
+#: SDPA takes it as it is, with no block mask to build (not measured against FlexAttention there)
 FLEX_MIN_QUERIES = 128
 #: dtypes a model sends through FlexAttention (a float64 model keeps SDPA's float64 path)
 FLEX_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
