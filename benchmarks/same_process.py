@@ -27,7 +27,8 @@ import time
 import torch
 
 import posenc
-from posenc.kernels import attention_cpu, rope_cpu
+from posenc.kernels import rope_cpu
+from posenc.model import blocked
 
 
 def _medians(fns: dict, rounds: int = 11) -> dict[str, float]:
@@ -222,8 +223,8 @@ def _biased(q, k, v, scheme, size: int | None, train: bool):
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     else:
         pos = torch.arange(q.shape[2])
-        fn = attention_cpu.scheme_bias_fn(scheme, pos, pos)
-        out = attention_cpu.causal_attention_with_bias(q, k, v, fn, block_size=size)
+        fn = blocked.scheme_bias_fn(scheme, pos, pos)
+        out = blocked.causal_attention_with_bias(q, k, v, fn, block_size=size)
     if train:
         out.sum().backward()
     return out

@@ -282,12 +282,12 @@ def test_nope_attention_matches_torch_multihead_attention():
     "position", ["alibi", "t5", "transformer_xl", "toy_content", "toy_alibi", "fire", "kerple_log"]
 )
 def test_blocked_cpu_bias_path_equals_the_full_table_path(position, monkeypatch):
-    """The model's blocked causal attention (kernels.attention_cpu, 256 queries per block) gives the
+    """The model's blocked causal attention (model.blocked, 256 queries per block) gives the
     logits and gradients of the full-table path (POSENC_C_KERNELS=0), for a sequence of three blocks
     and for a chunked prefill after a cache."""
-    from posenc.kernels import attention_cpu
+    from posenc.model import blocked
 
-    blocked_calls = count_calls(monkeypatch, attention_cpu, "causal_attention_with_bias")
+    blocked_calls = count_calls(monkeypatch, blocked, "causal_attention_with_bias")
     torch.manual_seed(0)
     model = TransformerLM(config(position, max_len=1024))
     model.train(False)

@@ -122,13 +122,13 @@ def test_block_bias_builder_is_made_once_per_forward(position, share, expected, 
     """On the blocked CPU path a content-free scheme's block builder (with its scratch buffers) is
     made once per forward and shared by the layers sharing the scheme; a bias reading q gets one
     builder per layer."""
-    from posenc.kernels import attention_cpu
+    from posenc.model import blocked
 
     monkeypatch.setenv("POSENC_C_KERNELS", "1")
-    made = count_calls(monkeypatch, attention_cpu, "scheme_bias_fn")
+    made = count_calls(monkeypatch, blocked, "scheme_bias_fn")
     torch.manual_seed(0)
     model = TransformerLM(config(position, num_layers=3, share_position=share, max_len=512)).eval()
-    ids = ids_(1, attention_cpu.BLOCK_SIZE + 10)  # two query blocks: the blocked path is taken
+    ids = ids_(1, blocked.BLOCK_SIZE + 10)  # two query blocks: the blocked path is taken
     with torch.no_grad():
         model(ids)
         assert len(made) == expected
@@ -204,3 +204,49 @@ def test_a_rotary_subclass_overriding_rotate_alone_gets_no_tables():
     with torch.no_grad():
         model(ids_(1, 5))
     assert len(calls) >= 1
+
+
+def test_bias_path_is_chosen_by_device_and_declared_capability(monkeypatch):
+    """bias_blocks: FlexAttention where it is usable (CUDA; forced here) for every scheme with a
+    score_bias that does not read the keys, whatever its name; on a CPU the blocked path for a
+    causal plan without padding, nothing for a padded plan; never for a bias that reads the keys."""
+    import posenc
+    from posenc.model import blocked, flex
+    from posenc.model.plan import BiasedAttention
+
+    monkeypatch.setenv("POSENC_C_KERNELS", "1")
+    q = torch.randn(2, 4, blocked.BLOCK_SIZE + 4, 16)
+    s = q.shape[2]
+    causal = plan_attention(2, s, torch.device("cpu"), causal=True)
+    padded = plan_attention(
+        2, s, torch.device("cpu"), causal=True, attention_mask=torch.ones(2, s, dtype=torch.long)
+    )
+    schemes = {"alibi": {}, "t5": {}, "kerple_log": {}, "fire": {}, "shaw": {"head_dim": 16}}
+    for name, kw in schemes.items():
+        scheme = posenc.build(name, num_heads=4, **kw)
+        assert isinstance(causal.bias_blocks(scheme, q), blocked.BlockedAttention), name
+        assert padded.bias_blocks(scheme, q) is None, name
+    cope = posenc.build("cope", num_heads=4, head_dim=16)
+    assert cope.score_bias_uses_keys
+    monkeypatch.setattr(flex, "usable", lambda q: True)
+    for name, kw in schemes.items():
+        scheme = posenc.build(name, num_heads=4, **kw)
+        for plan in (causal, padded):
+            chosen = plan.bias_blocks(scheme, q)
+            assert isinstance(chosen, flex.FlexBiasedAttention) and isinstance(chosen, BiasedAttention), name
+    assert causal.bias_blocks(cope, q) is None
+
+
+def test_flex_block_mask_and_content_free_score_mod_are_built_once_per_forward(monkeypatch):
+    """On the FlexAttention path the block mask is made once per forward for every layer, and a
+    content-free scheme's score_mod once for the layers sharing it."""
+    from posenc.model import flex
+
+    monkeypatch.setattr(flex, "usable", lambda q: True)
+    monkeypatch.setattr(flex, "flex_attention_function", lambda device: lambda q, k, v, **kw: q)
+    masks = count_calls(monkeypatch, flex, "block_mask")
+    mods = count_calls(monkeypatch, flex, "score_mod")
+    model = TransformerLM(config("alibi", num_layers=3, max_len=512)).eval()
+    with torch.no_grad():
+        model(ids_(1, 130))
+    assert (len(masks), len(mods)) == (1, 1)

@@ -6,7 +6,7 @@ Implementations (q, k, v ``[b, h, s, d_h]`` float32):
 * ``sdpa_causal_no_bias``: ``scaled_dot_product_attention(..., is_causal=True)``, the limit;
 * ``posenc_<scheme>_full``: ``scheme.score_bias`` for all ``s x s`` pairs, ``-inf`` above the
   diagonal, SDPA with that float mask (the path of ``torch.compile``d and GPU models);
-* ``posenc_<scheme>_blocked``: :func:`posenc.kernels.attention_cpu.causal_attention_with_bias`,
+* ``posenc_<scheme>_blocked``: :func:`posenc.model.blocked.causal_attention_with_bias`,
   what ``posenc.model``'s attention runs on a CPU: the bias and causal mask of each block of
   queries gathered from one per-distance table, future keys skipped;
 * ALiBi peers: HF Bloom's ``build_alibi_tensor`` (the key-only ``m_h * j`` form, which relies on
@@ -61,7 +61,7 @@ def _case(
     name: str, scheme_name: str, shape: tuple[int, int, int, int], block_size: int | None, peers: bool = True
 ) -> Case:
     import posenc
-    from posenc.kernels.attention_cpu import causal_attention_with_bias, scheme_bias_fn
+    from posenc.model.blocked import causal_attention_with_bias, scheme_bias_fn
 
     _, h, s, _ = shape
     gen = torch.Generator().manual_seed(0)
@@ -93,7 +93,7 @@ def _case(
             ),
             "posenc",
             None,
-            f"kernels.attention_cpu, {blocks} queries per block",
+            f"model.blocked, {blocks} queries per block",
         ),
     ]
     skipped: dict[str, str] = {}

@@ -18,8 +18,8 @@ numbers" (their parameter counts are in ``params``).
 
 The ``train_step_long_<scheme>`` cases take the same model to ``L = 1024`` (batch 4), where
 posenc's attention applies a bias one query block at a time
-(:mod:`posenc.kernels.attention_cpu`); ``posenc_<scheme>_full_table`` is the same posenc model
-forced onto the full-table path (``attention_cpu.usable`` patched to False for its step), so the
+(:mod:`posenc.model.blocked`); ``posenc_<scheme>_full_table`` is the same posenc model
+forced onto the full-table path (``blocked.usable`` patched to False for its step), so the
 case also shows what the blocked path is worth inside a training step.
 
 One step: forward, mean next-token cross-entropy, backward, global-norm gradient clipping at 1.0,
@@ -71,10 +71,10 @@ def _full_table(step: Callable[[], object]) -> Callable[[], object]:
     """``step`` with posenc's attention kept on its full-table bias path."""
     from unittest import mock
 
-    from posenc.kernels import attention_cpu
+    from posenc.model import blocked
 
     def run() -> object:
-        with mock.patch.object(attention_cpu, "usable", lambda q: False):
+        with mock.patch.object(blocked, "usable", lambda q: False):
             return step()
 
     return run

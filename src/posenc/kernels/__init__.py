@@ -10,7 +10,6 @@ autograd rule), called the same way in eager mode and under ``torch.compile``:
   :class:`posenc.Dropout`;
 * :mod:`posenc.kernels.input_cpu` -- ``posenc::input_layer_cpu``: the whole input layer of
   :class:`posenc.InputEmbedding` in one pass;
-* :mod:`posenc.kernels.attention_cpu` -- causal attention with a bias built per query block;
 * :mod:`posenc.kernels.rope_triton` -- ``posenc::rope_triton`` (and ``posenc::rope_triton_out``):
   the same rotation on CUDA in a Triton kernel, q and k in one launch, bit-identical likewise.
 
@@ -18,8 +17,11 @@ C kernels are built on first use (:mod:`posenc.kernels._cbuild`), Triton kernels
 self-checked on first use. Whether a kernel runs is decided inside its operator: where it cannot be
 built, or with ``POSENC_C_KERNELS=0`` (read once; :func:`set_enabled` switches at run time; it
 covers the Triton kernel too), the operator computes the same numbers with PyTorch ops.
+Code written in PyTorch above these kernels asks the same switch (:func:`enabled`), whether
+tensors are plain eager ones (:func:`eager`), and allocates large outputs with :func:`empty`.
 """
 
-from ._settings import enabled, set_enabled
+from ._memory import empty
+from ._settings import eager, enabled, set_enabled
 
-__all__ = ["enabled", "set_enabled"]
+__all__ = ["eager", "empty", "enabled", "set_enabled"]

@@ -30,11 +30,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..base import PositionalScheme
-from ..kernels import attention_cpu as _attention_cpu
 from .cache import KVCache
 from .config import ModelConfig
 from .norms import RMSNorm
-from .plan import AttentionPlan
+from .plan import AttentionPlan, BiasedAttention
 
 __all__ = ["MultiHeadAttention", "attend"]
 
@@ -228,9 +227,11 @@ class MultiHeadAttention(nn.Module):
         q, k, v = self.project(x, kv)
         q, k, v, bias, rel = self.apply_scheme(q, k, v, plan, scheme, cache, layer, blocked=True)
         dropout_p = self.dropout if self.training else 0.0
-        if callable(bias):  # a per-block bias (plan.bias_blocks): causal, no padding, CPU
-            out = _attention_cpu.causal_attention_with_bias(q, k, v, bias, dropout_p=dropout_p)
+        if isinstance(bias, BiasedAttention) and (bias.takes_dropout or not dropout_p):
+            out = bias(q, k, v, dropout_p=dropout_p)  # the bias applied inside (plan.bias_blocks)
         else:
+            if isinstance(bias, BiasedAttention):  # a path without dropout, in training with dropout
+                bias = bias.full_bias()  # [b | 1, h, s, s_k]
             out = attend(q, k, v, plan=plan, bias=bias, relative_values=rel, dropout_p=dropout_p)
         # out: [b, h, s, d_h]
         return self.o_proj(

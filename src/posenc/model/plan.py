@@ -7,14 +7,17 @@ Legend: ``b`` batch, ``s`` new tokens (queries), ``s_p`` past tokens (cache or m
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 import torch
 
 from .._validate import defining_class
 from ..base import PositionalScheme
-from ..kernels import attention_cpu as _attention_cpu
 from ..positions import arange_positions, check_positions, positions_from_cu_seqlens, positions_from_mask
+from . import blocked, flex
 
 
 # ----------------------------------------------------------------------------------------------
@@ -31,6 +34,22 @@ def causal_mask(s_q: int, s_k: int, device: torch.device | str | None = None) ->
     return torch.arange(s_k, device=device)[None, :] <= q_slot  # [1, s_k] <= [s_q, 1] -> [s_q, s_k]
 
 
+@runtime_checkable
+class BiasedAttention(Protocol):
+    """Attention that applies a scheme's bias itself, chosen by :meth:`AttentionPlan.bias_blocks`:
+    ``attention(q [b, h, s_q, d_h], k, v [b, h_kv, s_k, d_h], dropout_p=...) -> [b, h, s_q, d_h]``
+    (``q`` rotated, ``k``/``v`` every key, the cache's included)."""
+
+    #: False: it has no attention dropout; a model that needs dropout calls ``full_bias()`` and SDPA
+    takes_dropout: bool
+    #: the bias as ``[b | 1, h, s_q, s_k]`` (:meth:`AttentionPlan.score_bias`)
+    full_bias: Callable[[], torch.Tensor]
+
+    def __call__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, dropout_p: float = 0.0
+    ) -> torch.Tensor: ...
+
+
 @dataclass
 class AttentionPlan:
     """Positions and mask shared by every layer of one forward pass.
@@ -43,7 +62,7 @@ class AttentionPlan:
         is_causal: use the plain causal mask (``s == s_k``, no padding): SDPA's fast path.
         causal_prefix: the mask is exactly "query ``i`` sees keys ``0 .. s_k - s + i``" (causal,
             after a cache or memory of ``s_k - s`` keys, no padding, no packing), so a bias can be
-            applied one query block at a time (:meth:`bias_blocks`).
+            applied one query block at a time on a CPU (:meth:`bias_blocks`).
     """
 
     q_positions: torch.Tensor
@@ -55,6 +74,7 @@ class AttentionPlan:
     # (layers sharing a scheme share them); they live and die with the plan, never on a module
     _biases: dict = field(default_factory=dict, repr=False, compare=False)
     _bias_blocks: dict = field(default_factory=dict, repr=False, compare=False)
+    _block_masks: dict = field(default_factory=dict, repr=False, compare=False)
     _rotary_tables: dict = field(default_factory=dict, repr=False, compare=False)
 
     def rotary_tables(self, scheme: PositionalScheme, q, k, k_positions: torch.Tensor, qk_layout: str):
@@ -89,25 +109,63 @@ class AttentionPlan:
             self._biases[scheme] = scheme.score_bias(self.q_positions, self.k_positions, q)
         return self._biases[scheme]
 
-    def bias_blocks(self, scheme: PositionalScheme, q: torch.Tensor) -> _attention_cpu.BlockBias | None:
-        """The scheme's bias one query block at a time, for :func:`posenc.kernels.attention_cpu.
-        causal_attention_with_bias`, when this forward can take that path (a ``causal_prefix`` plan,
-        CPU queries ``[b, h, s, d_h]`` of more than one block, outside ``torch.compile``: see
-        :func:`~posenc.kernels.attention_cpu.usable`); else None.
+    def bias_blocks(self, scheme: PositionalScheme, q: torch.Tensor) -> BiasedAttention | None:
+        """Attention that applies ``scheme``'s bias inside, block by block, where this forward can
+        take such a path; None: the caller adds the full ``[b | 1, h, s, s_k]`` bias
+        (:meth:`score_bias`) to SDPA's mask. The one place the path is chosen, by device and by what
+        the scheme declares:
 
-        It never builds the ``[s, s_k]`` table and skips the masked future: on a CPU, ALiBi costs
-        1.2-1.5x (T5 ~2x) the time of causal SDPA without a bias, against 3-5x for the full table
-        (benchmarks/RESULTS.md).
+        * CUDA (:func:`posenc.model.flex.usable`: eager, >= 128 queries): FlexAttention
+          (:class:`~posenc.model.flex.FlexBiasedAttention`) with the scheme's distance table or its
+          materialised bias as ``score_mod`` and this plan's mask (causal, padding, packing) as a
+          block mask;
+        * CPU, a ``causal_prefix`` plan, more than one block of queries
+          (:func:`posenc.model.blocked.usable`): the blocked path
+          (:class:`~posenc.model.blocked.BlockedAttention`), which never builds the ``[s, s_k]``
+          table and skips the masked future: ALiBi costs 1.2-1.5x (T5 ~2x) the time of causal SDPA
+          without a bias, against 3-5x for the full table (benchmarks/RESULTS.md).
+
+        A bias that reads the keys (``score_bias_uses_keys``) is never applied here.
+
+        Args:
+            scheme: the scheme with the ``score_bias`` hook.
+            q: ``[b, h, s, d_h]`` queries before rotation.
         """
-        if not (self.causal_prefix and _attention_cpu.usable(q)):
+        if scheme.score_bias_uses_keys:
+            return None
+        full = functools.partial(self.score_bias, scheme, q)
+        if flex.usable(q):
+            return flex.FlexBiasedAttention(self._flex_score_mod(scheme, q), self._flex_block_mask(q), full)
+        if not (self.causal_prefix and blocked.usable(q)):
             return None
         if scheme.score_bias_uses_query:
-            return _attention_cpu.scheme_bias_fn(scheme, self.q_positions, self.k_positions, q)
+            return blocked.BlockedAttention(
+                blocked.scheme_bias_fn(scheme, self.q_positions, self.k_positions, q), full
+            )
         if scheme not in self._bias_blocks:
-            self._bias_blocks[scheme] = _attention_cpu.scheme_bias_fn(
+            self._bias_blocks[scheme] = blocked.scheme_bias_fn(
                 scheme, self.q_positions, self.k_positions, reuse=True
             )
-        return self._bias_blocks[scheme]
+        return blocked.BlockedAttention(self._bias_blocks[scheme], full)
+
+    def _flex_score_mod(self, scheme: PositionalScheme, q: torch.Tensor):
+        """:func:`posenc.model.flex.score_mod` for this forward, shared by the layers that share a
+        content-free ``scheme``."""
+        if scheme.score_bias_uses_query:
+            return flex.score_mod(scheme, self.q_positions, self.k_positions, q)
+        key = (scheme, "flex")
+        if key not in self._bias_blocks:
+            self._bias_blocks[key] = flex.score_mod(scheme, self.q_positions, self.k_positions)
+        return self._bias_blocks[key]
+
+    def _flex_block_mask(self, q: torch.Tensor):
+        """:func:`posenc.model.flex.block_mask` of this plan, built once per forward."""
+        s_q, s_k = q.shape[-2], self.k_positions.shape[-1]
+        key = (s_q, s_k, q.device)
+        if key not in self._block_masks:
+            keep = None if self.causal_prefix else self.mask
+            self._block_masks[key] = flex.block_mask(keep, self.causal_prefix, s_q, s_k, q.device)
+        return self._block_masks[key]
 
     def keep(self, s_q: int, s_k: int, device: torch.device) -> torch.Tensor | None:
         """The mask as an explicit bool tensor (``[.., s, s_k]``), or None when nothing is masked."""

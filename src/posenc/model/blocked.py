@@ -8,11 +8,17 @@ masked upper triangle, so it does twice the work of ``is_causal=True``.
 Here queries are taken ``block_size`` at a time: the block ``[q0, q1)`` sees keys ``[0, k1)`` only
 (``k1 = q1 + s_k - s_q``), so the bias is built for that rectangle alone and the future keys past
 ``k1`` are never computed. Summed over blocks this is about half the attention work (plus the
-diagonal blocks). A bias that depends only on the distance (ALiBi, T5) is one table of
-``h x (s_q + s_k - 1)`` values, and each block's bias and causal mask is a strided view of it:
-memory O(h s), nothing built per block. Other biases are built per block (at most one block's
-bias alive at a time). The numbers are those of the full-table path up to float rounding: every
-query sees the same keys with the same bias; only SDPA's internal blocking of the key axis differs.
+diagonal blocks). A bias that depends only on the distance (the scheme answers ``distance_bias``:
+ALiBi, T5, KERPLE) is one table of ``h x (s_q + s_k - 1)`` values, and each block's bias and
+causal mask is a strided view of it: memory O(h s), nothing built per block. Other biases are
+built per block (at most one block's bias alive at a time). The numbers are those of the
+full-table path up to float rounding: every query sees the same keys with the same bias; only
+SDPA's internal blocking of the key axis differs.
+
+A bias reaches :func:`causal_attention_with_bias` as a :class:`BlockBias` object, which declares
+what its blocks are (a view of one table with the causal mask in it, in reverse query order, or a
+fresh tensor per block); the attention plan (:meth:`posenc.model.plan.AttentionPlan.bias_blocks`)
+decides when a model takes this path (CPU tensors; FlexAttention takes its place on CUDA).
 
 Legend: ``b`` batch, ``h`` query heads, ``h_kv`` key/value heads, ``s_q``/``s_k`` query/key
 lengths (``s_k >= s_q``: a KV-cache prefix of ``s_k - s_q`` keys precedes the queries), ``d_h``
@@ -22,7 +28,7 @@ head width.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Protocol, runtime_checkable
 
@@ -30,14 +36,18 @@ import torch
 import torch.nn.functional as F
 
 from .._validate import defining_class
-from . import _memory, _settings
+from ..base import PositionalScheme
+from ..kernels import eager, empty, enabled
 
 __all__ = [
     "BLOCK_SIZE",
     "LONG_BLOCK_SIZE",
     "LONG_QUERIES",
     "BlockBias",
+    "BlockedAttention",
+    "DistanceBlocks",
     "PerBlockBias",
+    "SchemeBlocks",
     "causal_attention_with_bias",
     "scheme_bias_fn",
     "usable",
@@ -103,12 +113,12 @@ def usable(q: torch.Tensor) -> bool:
     future keys, and the full-table path then shares one bias between layers), outside
     ``torch.compile``/tracing (a compiled graph fuses the full-table path itself) and ``torch.func``
     transforms, and fast paths not switched off (``POSENC_C_KERNELS=0`` runs every reference path)."""
-    if torch.compiler.is_compiling() or not _settings.eager(q):  # scratch buffers need real storage
+    if torch.compiler.is_compiling() or not eager(q):  # scratch buffers need real storage
         return False
-    return q.device.type == "cpu" and q.shape[-2] > BLOCK_SIZE and _settings.enabled()
+    return q.device.type == "cpu" and q.shape[-2] > BLOCK_SIZE and enabled()
 
 
-def _unit_steps(positions: torch.Tensor) -> bool:
+def unit_steps(positions: torch.Tensor) -> bool:
     """Whether ``positions`` is ``[s]`` counting up by one (``p0, p0 + 1, ...``): a plain sequence or
     a cache offset, where ``k_pos - q_pos`` is a fixed shift of ``j - i``."""
     if positions.dim() != 1 or positions.numel() == 0:
@@ -119,7 +129,35 @@ def _unit_steps(positions: torch.Tensor) -> bool:
     )
 
 
-class _DistanceBlocks:
+def distance_speaks_for_bias(scheme: PositionalScheme) -> bool:
+    """Whether the scheme's ``distance_bias`` may stand for its ``score_bias``: both come from the
+    same class (a subclass that overrides ``score_bias`` alone keeps its own bias). Whether the
+    scheme has a distance table at all is its ``distance_bias``'s answer (``None``: no)."""
+    cls = type(scheme)
+    return defining_class(cls, "score_bias") is defining_class(cls, "distance_bias")
+
+
+def distance_table(
+    scheme: PositionalScheme, q_positions: torch.Tensor, k_positions: torch.Tensor, *, future: float = 0.0
+) -> torch.Tensor | None:
+    """The scheme's bias per distance for queries and keys in unit steps (:func:`unit_steps`):
+    ``[h, s_q + s_k - 1]``, entry ``t`` the bias of query slot ``i`` and key slot ``j`` with
+    ``j - i = t - (s_q - 1)``; with ``future=-inf`` the distances of keys after the query's slot
+    ``i + s_k - s_q`` hold ``-inf`` (the causal mask). None: the scheme declares no distance bias
+    (``distance_bias`` answers None, or its ``score_bias`` is its own; see
+    :func:`distance_speaks_for_bias`)."""
+    if not distance_speaks_for_bias(scheme):
+        return None
+    s_q, s_k = q_positions.numel(), k_positions.numel()
+    shift = int(k_positions[0]) - int(q_positions[0])  # k_pos - q_pos = shift + (j - i)
+    rel = torch.arange(-(s_q - 1), s_k, device=q_positions.device)  # [s_q + s_k - 1]: every j - i
+    table = scheme.distance_bias(rel + shift)  # [h, s_q + s_k - 1]
+    if table is None or future == 0.0:
+        return table
+    return table.masked_fill(rel > s_k - s_q, future)  # key slot j after query slot i + (s_k - s_q)
+
+
+class DistanceBlocks:
     """A bias that depends only on ``k_pos - q_pos`` (the scheme's ``distance_bias``), for positions
     in unit steps: one table of ``h x (s_q + s_k - 1)`` values, one per distance, with ``-inf`` at
     the distances of future keys, so that each block's bias and causal mask is a *view* of it.
@@ -130,19 +168,18 @@ class _DistanceBlocks:
     :func:`causal_attention_with_bias` honours by flipping the block's queries and output
     (``reversed_rows``). Nothing is built per block; the view is differentiable (a trainable T5
     table gets its gradient through it).
+
+    Args:
+        table: ``[h, s_q + s_k - 1]`` from :func:`distance_table` with ``future=-inf``.
+        s_q: the number of queries.
     """
 
     returns_scratch = False  # views of one table, read-only
     masks_future = True  # the table holds the causal -inf: nothing to add per block
     reversed_rows = True  # each block's bias is for its queries in reverse order
 
-    def __init__(self, scheme: torch.nn.Module, q_positions: torch.Tensor, k_positions: torch.Tensor) -> None:
-        s_q, s_k = q_positions.numel(), k_positions.numel()
-        shift = int(k_positions[0]) - int(q_positions[0])  # k_pos - q_pos = shift + (j - i)
-        rel = torch.arange(-(s_q - 1), s_k, device=q_positions.device)  # [s_q + s_k - 1]: every j - i
-        table = scheme.distance_bias(rel + shift)  # [h, s_q + s_k - 1]
-        future = rel > s_k - s_q  # key slot j after query slot i + (s_k - s_q)
-        self.table = table.masked_fill(future, float("-inf")).contiguous()  # [h, s_q + s_k - 1]
+    def __init__(self, table: torch.Tensor, s_q: int) -> None:
+        self.table = table.contiguous()  # [h, s_q + s_k - 1]
         self.s_q = s_q
 
     @property
@@ -157,20 +194,43 @@ class _DistanceBlocks:
         return self.table.as_strided((1, h, q1 - q0, k1), (0, width, 1, 1), offset)
 
 
-def _answers_distance(scheme: torch.nn.Module) -> bool:
-    """Whether ``scheme.distance_bias`` speaks for its ``score_bias``: it answers, and both come
-    from the same class (a subclass that overrides ``score_bias`` alone, or an instance whose
-    ``score_bias`` was replaced, keeps the per-block ``score_bias`` path)."""
-    if "score_bias" in vars(scheme) or not callable(getattr(scheme, "distance_bias", None)):
-        return False
-    cls = type(scheme)
-    if defining_class(cls, "score_bias") is not defining_class(cls, "distance_bias"):
-        return False
-    return scheme.distance_bias(torch.zeros(1, dtype=torch.long)) is not None
+@dataclass
+class SchemeBlocks:
+    """A :class:`BlockBias` that calls ``scheme.score_bias`` on each block's positions (and queries).
+
+    Args:
+        scheme: a scheme with the ``score_bias`` hook.
+        q_positions: ``[s_q]`` or ``[b, s_q]``; k_positions: ``[s_k]`` or ``[b, s_k]``.
+        q: ``[b, h, s_q, d_h]`` queries before rotation, for a bias that reads them; None otherwise.
+        reuse: the object serves several attention calls (the layers of one forward that share
+            ``scheme``): a content-free bias (``q`` None) is kept per block and handed out again
+            (about half the ``[s_q, s_k]`` table in all, the part attention uses) instead of being
+            recomputed for every call.
+    """
+
+    scheme: PositionalScheme
+    q_positions: torch.Tensor
+    k_positions: torch.Tensor
+    q: torch.Tensor | None = None
+    reuse: bool = False
+    kept: dict[tuple[int, int, int], torch.Tensor] = field(default_factory=dict, repr=False)
+    returns_scratch = False
+    masks_future = False
+    reversed_rows = False
+    bias_requires_grad = True
+
+    def __call__(self, q0: int, q1: int, k1: int) -> torch.Tensor:
+        if (q0, q1, k1) in self.kept:
+            return self.kept[q0, q1, k1]
+        qb = None if self.q is None else self.q[..., q0:q1, :]  # [b, h, q1 - q0, d_h]
+        out = self.scheme.score_bias(self.q_positions[..., q0:q1], self.k_positions[..., :k1], qb)
+        if self.reuse and self.q is None:
+            self.kept[q0, q1, k1] = out
+        return out
 
 
 def scheme_bias_fn(
-    scheme: torch.nn.Module,
+    scheme: PositionalScheme,
     q_positions: torch.Tensor,
     k_positions: torch.Tensor,
     q: torch.Tensor | None = None,
@@ -179,35 +239,45 @@ def scheme_bias_fn(
 ) -> BlockBias:
     """A :class:`BlockBias` from a scheme's ``score_bias`` hook (``posenc.base`` contract).
 
-    A scheme whose bias depends only on the distance (it answers ``distance_bias``: ALiBi, T5), with
-    positions ``[s]`` in unit steps, gets :class:`_DistanceBlocks` (one per-distance table; each
-    block's bias and causal mask is a view of it). Every other scheme calls ``scheme.score_bias`` on
-    the block's positions (and queries).
+    A content-free bias (``q`` None) from a scheme that declares a distance table
+    (:func:`distance_table`: ALiBi, T5, KERPLE), with positions ``[s]`` in unit steps, gets
+    :class:`DistanceBlocks` (each block's bias and causal mask is a view of the table). Every other
+    scheme gets :class:`SchemeBlocks` (``score_bias`` on each block's positions and queries).
 
     Args:
         scheme: a positional scheme with the ``score_bias`` hook (``alibi``, ``t5``, ``shaw``, ...).
         q_positions: ``[s_q]`` or ``[b, s_q]`` integer positions of the queries.
         k_positions: ``[s_k]`` or ``[b, s_k]`` integer positions of the keys.
         q: ``[b, h, s_q, d_h]`` queries before rotation, for content-dependent biases.
-        reuse: the function will serve several attention calls (the layers of one forward that share
-            ``scheme``): a content-free bias (``q`` None) computed by ``score_bias`` is kept per block
-            and handed out again (about half the ``[s_q, s_k]`` table in all, the part attention
-            uses), instead of being recomputed for every call.
+        reuse: see :class:`SchemeBlocks`.
     """
-    if q is None and _answers_distance(scheme) and _unit_steps(q_positions) and _unit_steps(k_positions):
-        return _DistanceBlocks(scheme, q_positions, k_positions)
-    kept: dict[tuple[int, int, int], torch.Tensor] = {}
+    if q is None and unit_steps(q_positions) and unit_steps(k_positions):
+        table = distance_table(scheme, q_positions, k_positions, future=float("-inf"))
+        if table is not None:
+            return DistanceBlocks(table, q_positions.numel())
+    return SchemeBlocks(scheme, q_positions, k_positions, q, reuse)
 
-    def bias(q0: int, q1: int, k1: int) -> torch.Tensor:
-        if (q0, q1, k1) in kept:
-            return kept[q0, q1, k1]
-        qb = None if q is None else q[..., q0:q1, :]  # [b, h, q1 - q0, d_h]
-        out = scheme.score_bias(q_positions[..., q0:q1], k_positions[..., :k1], qb)
-        if reuse and q is None:
-            kept[q0, q1, k1] = out
-        return out
 
-    return PerBlockBias(bias)
+@dataclass(frozen=True)
+class BlockedAttention:
+    """Causal attention under a :class:`BlockBias`, as a model calls it:
+    ``attention(q [b, h, s_q, d_h], k, v [b, h_kv, s_k, d_h], dropout_p=...) -> [b, h, s_q, d_h]``
+    (:func:`causal_attention_with_bias`).
+
+    Attributes:
+        bias: the bias, one block of queries at a time.
+        full_bias: the same bias as one ``[b | 1, h, s_q, s_k]`` tensor (unused here: this path
+            takes dropout itself).
+    """
+
+    bias: BlockBias
+    full_bias: Callable[[], torch.Tensor]
+    takes_dropout = True
+
+    def __call__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, dropout_p: float = 0.0
+    ) -> torch.Tensor:
+        return causal_attention_with_bias(q, k, v, self.bias, dropout_p=dropout_p)
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size: int | None) -> None:
@@ -384,7 +454,7 @@ def causal_attention_with_bias(
             if n == s_q and len(chunks) == 1:
                 return o.flip(2) if reversed_rows else o  # a single block (in query order)
             if out is None:
-                out = _memory.empty(b, s_q, h, o.shape[-1], dtype=o.dtype, device=o.device)  # SDPA's layout
+                out = empty(b, s_q, h, o.shape[-1], dtype=o.dtype, device=o.device)  # SDPA's layout
             _write_block(out[:, :, h0:h1], o, q0, q1, reversed_rows)
             del o  # freed before the next call makes its own (peak memory)
         del bias, mask

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import posenc
-from posenc.kernels import attention_cpu
-from posenc.kernels.attention_cpu import PerBlockBias, causal_attention_with_bias, scheme_bias_fn
+from posenc.model import blocked
+from posenc.model.blocked import PerBlockBias, causal_attention_with_bias, scheme_bias_fn
 
 
 def full_path(q, k, v, bias):
@@ -50,16 +50,16 @@ def test_blocked_equals_full_table(scheme_name, block):
 def test_block_bounds_cover_every_query_once(s_q, size, grad_bias):
     """The blocks tile [0, s_q) in order; automatic blocks are 256 below 4096 queries or for a bias
     that needs a gradient, else 768 with the (smaller) remainder first."""
-    bounds = attention_cpu._block_bounds(s_q, size, grad_bias)
+    bounds = blocked._block_bounds(s_q, size, grad_bias)
     lengths = [q1 - q0 for q0, q1 in pairwise(bounds)]
     assert bounds[0] == 0 and bounds[-1] == s_q and all(n >= 1 for n in lengths)
     if size is not None:
         assert all(n == size for n in lengths[:-1]) and lengths[-1] <= size
-    elif s_q < attention_cpu.LONG_QUERIES or grad_bias:
-        assert all(n == attention_cpu.BLOCK_SIZE for n in lengths[:-1])
+    elif s_q < blocked.LONG_QUERIES or grad_bias:
+        assert all(n == blocked.BLOCK_SIZE for n in lengths[:-1])
     else:
-        assert all(n == attention_cpu.LONG_BLOCK_SIZE for n in lengths[1:])
-        assert lengths[0] == (s_q % attention_cpu.LONG_BLOCK_SIZE or attention_cpu.LONG_BLOCK_SIZE)
+        assert all(n == blocked.LONG_BLOCK_SIZE for n in lengths[1:])
+        assert lengths[0] == (s_q % blocked.LONG_BLOCK_SIZE or blocked.LONG_BLOCK_SIZE)
 
 
 @pytest.mark.parametrize("grad", [False, True])
@@ -68,9 +68,9 @@ def test_automatic_long_blocks_equal_the_full_table(scheme_name, grad, monkeypat
     """The automatic schedule for long inputs (shrunk here: BLOCK_SIZE 4, blocks of 7 from 20
     queries) gives the full-table numbers, with a key prefix and the remainder block first; a bias
     that needs a gradient (T5's trainable table, grad on) keeps the short blocks."""
-    monkeypatch.setattr(attention_cpu, "BLOCK_SIZE", 4)
-    monkeypatch.setattr(attention_cpu, "LONG_QUERIES", 20)
-    monkeypatch.setattr(attention_cpu, "LONG_BLOCK_SIZE", 7)
+    monkeypatch.setattr(blocked, "BLOCK_SIZE", 4)
+    monkeypatch.setattr(blocked, "LONG_QUERIES", 20)
+    monkeypatch.setattr(blocked, "LONG_BLOCK_SIZE", 7)
     b, h, s_q, prefix, d = 2, 4, 45, 3, 8
     q = torch.randn(b, h, s_q, d)
     k, v = torch.randn(b, h, s_q + prefix, d), torch.randn(b, h, s_q + prefix, d)
@@ -99,14 +99,14 @@ def test_head_chunks_cover_the_heads_in_whole_groups(h_kv, group, n):
     """Heads split only for blocks longer than BLOCK_SIZE, into at most ceil(n / BLOCK_SIZE) calls
     of whole key/value groups, covering every head once in order."""
     h = h_kv * group
-    chunks = attention_cpu._head_chunks(h, h_kv, n)
+    chunks = blocked._head_chunks(h, h_kv, n)
     assert chunks[0][0] == 0 and chunks[-1][1] == h
     assert all(a1 == b0 for (_, a1), (b0, _) in pairwise(chunks))
     assert all(h0 % group == 0 and h1 % group == 0 and h1 > h0 for h0, h1 in chunks)
-    calls = min(h_kv, -(-n // attention_cpu.BLOCK_SIZE))  # a long block: as many calls as fit
+    calls = min(h_kv, -(-n // blocked.BLOCK_SIZE))  # a long block: as many calls as fit
     assert len(chunks) <= calls
     assert max(h1 - h0 for h0, h1 in chunks) == -(-h_kv // calls) * group  # even split of the groups
-    if n <= attention_cpu.BLOCK_SIZE:
+    if n <= blocked.BLOCK_SIZE:
         assert chunks == [(0, h)]
 
 
@@ -140,7 +140,7 @@ def test_long_blocks_split_heads_without_autograd(bias_kind, block, monkeypatch)
     whole groups (6 query heads on 3 key/value heads: 3 SDPA calls per block of 10, and for one
     block of 23 or 40 = the whole input): the full-table path's numbers, for a per-distance table, a bias
     shared by the heads, one per head and one per batch row and head."""
-    monkeypatch.setattr(attention_cpu, "BLOCK_SIZE", 4)
+    monkeypatch.setattr(blocked, "BLOCK_SIZE", 4)
     h, h_kv, s = 6, 3, 23
     kind = "per_head" if bias_kind == "per_row_and_head" else bias_kind
     q, k, v, fn, bias, _ = _long_block_case(kind, h, h_kv, s, batch_bias=bias_kind == "per_row_and_head")
@@ -167,7 +167,7 @@ def test_long_blocks_split_heads_without_autograd(bias_kind, block, monkeypatch)
 def test_long_blocks_keep_their_heads_together_under_autograd(bias_kind, monkeypatch):
     """With autograd, a long block is one call over all heads (everything is kept for the backward
     anyway): outputs and gradients of q, k, v and the bias equal the full-table path's."""
-    monkeypatch.setattr(attention_cpu, "BLOCK_SIZE", 4)
+    monkeypatch.setattr(blocked, "BLOCK_SIZE", 4)
     q, k, v, fn, bias, params = _long_block_case(bias_kind, 6, 3, 23)
     calls = []
     sdpa = F.scaled_dot_product_attention
@@ -305,7 +305,7 @@ def test_block_builder_gives_score_bias_values_and_masks_the_future(
     k_pos = k_pos + (torch.arange(2)[:, None] * 7 if per_row else 0)  # [s_k] or [2, s_k]
     q_pos = k_pos[..., past:]
     build = scheme_bias_fn(scheme, q_pos, k_pos)
-    assert getattr(build, "masks_future", False) == (not per_row)
+    assert build.masks_future == (not per_row)
     q1 = min(q0 + n, s)
     k1 = q1 + past
     with torch.no_grad():
@@ -338,15 +338,19 @@ def test_t5_block_bias_is_differentiable_like_the_full_table():
 
 
 def test_reuse_keeps_a_content_free_bias_per_block_for_later_calls():
-    """With reuse=True (the layers of one forward sharing T5's bias) score_bias runs once per block,
-    however many attention calls follow; without, once per block per call (the per-block path: an
-    instance whose score_bias was replaced no longer speaks through distance_bias)."""
+    """With reuse=True (the layers of one forward sharing a bias) score_bias runs once per block,
+    however many attention calls follow; without, once per block per call (the per-block path: a
+    subclass that defines its own score_bias no longer speaks through distance_bias)."""
     h, s, d = 2, 30, 4
-    scheme = posenc.build("t5", num_heads=h)
-    assert getattr(scheme_bias_fn(scheme, torch.arange(s), torch.arange(s)), "masks_future", False)
     calls = []
-    original = scheme.score_bias
-    scheme.score_bias = lambda *a: calls.append(1) or original(*a)
+
+    class Counted(posenc.T5RelativeBias):
+        def score_bias(self, q_positions, k_positions, q=None):
+            calls.append(1)
+            return super().score_bias(q_positions, k_positions, q)
+
+    scheme = Counted(h)
+    assert not scheme_bias_fn(scheme, torch.arange(s), torch.arange(s)).masks_future
     q, k, v = (torch.randn(1, h, s, d) for _ in range(3))
     pos = torch.arange(s)
     for reuse, expected in ((True, 3), (False, 6)):
@@ -356,7 +360,18 @@ def test_reuse_keeps_a_content_free_bias_per_block_for_later_calls():
         second = causal_attention_with_bias(q, k, v, fn, block_size=10)
         assert len(calls) == expected
         torch.testing.assert_close(first, second, rtol=0, atol=0)
-        torch.testing.assert_close(first, full_path(q, k, v, original(pos, pos)), rtol=2e-6, atol=2e-6)
+        with torch.no_grad():
+            want = full_path(q, k, v, scheme.score_bias(pos, pos))
+        torch.testing.assert_close(first, want, rtol=2e-6, atol=2e-6)
+
+
+def test_distance_table_is_read_from_the_schemes_declaration():
+    """A scheme whose distance_bias answers gets the per-distance views (KERPLE as well as ALiBi and
+    T5); one whose distance_bias answers None (FIRE) gets score_bias per block."""
+    pos = torch.arange(20)
+    for name in ("alibi", "t5", "kerple_log", "kerple_power"):
+        assert isinstance(scheme_bias_fn(posenc.build(name, num_heads=2), pos, pos), blocked.DistanceBlocks)
+    assert isinstance(scheme_bias_fn(posenc.build("fire", num_heads=2), pos, pos), blocked.SchemeBlocks)
 
 
 def test_a_subclass_overriding_score_bias_keeps_its_own_bias():
@@ -369,16 +384,16 @@ def test_a_subclass_overriding_score_bias_keeps_its_own_bias():
 
     pos = torch.arange(12)
     fn = scheme_bias_fn(Doubled(2), pos, pos)
-    assert not getattr(fn, "masks_future", False)
+    assert not fn.masks_future
     assert torch.equal(fn(0, 4, 4), 2 * posenc.ALiBi(2).score_bias(pos[:4], pos[:4]))
 
 
 def test_automatic_long_blocks_with_a_table_bias(monkeypatch):
     """A bias that does not mask the future (a plain table) under the automatic long schedule,
     remainder block first: the causal triangle is sized for the longest block."""
-    monkeypatch.setattr(attention_cpu, "BLOCK_SIZE", 4)
-    monkeypatch.setattr(attention_cpu, "LONG_QUERIES", 20)
-    monkeypatch.setattr(attention_cpu, "LONG_BLOCK_SIZE", 7)
+    monkeypatch.setattr(blocked, "BLOCK_SIZE", 4)
+    monkeypatch.setattr(blocked, "LONG_QUERIES", 20)
+    monkeypatch.setattr(blocked, "LONG_BLOCK_SIZE", 7)
     q, k, v, fn, bias, _ = _long_block_case("per_head", 6, 3, 45)
     with torch.no_grad():
         out = causal_attention_with_bias(q, k, v, fn)
@@ -386,8 +401,8 @@ def test_automatic_long_blocks_with_a_table_bias(monkeypatch):
 
 
 def test_the_long_schedule_starts_at_4096_queries():
-    assert attention_cpu._block_bounds(4095, None)[1] == attention_cpu.BLOCK_SIZE
-    assert attention_cpu._block_bounds(4096, None)[1] == 4096 % attention_cpu.LONG_BLOCK_SIZE
+    assert blocked._block_bounds(4095, None)[1] == blocked.BLOCK_SIZE
+    assert blocked._block_bounds(4096, None)[1] == 4096 % blocked.LONG_BLOCK_SIZE
 
 
 def test_biases_declare_what_they_return_by_a_typed_protocol():
@@ -399,13 +414,13 @@ def test_biases_declare_what_they_return_by_a_typed_protocol():
     pos = torch.arange(s)
     for name, kw in (("alibi", {}), ("shaw", {"head_dim": d})):
         fn = scheme_bias_fn(posenc.build(name, num_heads=h, **kw), pos, pos)
-        assert isinstance(fn, attention_cpu.BlockBias)
+        assert isinstance(fn, blocked.BlockBias)
     alibi = posenc.build("alibi", num_heads=h)
 
     def plain(q0, q1, k1):
         return alibi.score_bias(pos[q0:q1], pos[:k1])
 
-    assert not isinstance(plain, attention_cpu.BlockBias)
+    assert not isinstance(plain, blocked.BlockBias)
     want = causal_attention_with_bias(q, k, v, PerBlockBias(plain))
     torch.testing.assert_close(causal_attention_with_bias(q, k, v, plain), want, rtol=0, atol=0)
     torch.testing.assert_close(causal_attention_with_bias(q, k, v, scheme_bias_fn(alibi, pos, pos)), want)
