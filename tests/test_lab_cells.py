@@ -120,8 +120,11 @@ def test_cluster_needs_dask(monkeypatch, corpus_dir):
 
 def _run_on_cluster(config, cluster):
     cells = study_cells(config)
-    return list(iter_cells(config, cells, out=None, device=torch.device("cpu"), resume=False, progress=False,
-                           cluster=cluster))  # fmt: skip
+    return list(
+        iter_cells(
+            config, cells, out=None, device=torch.device("cpu"), resume=False, progress=False, cluster=cluster
+        )
+    )
 
 
 def test_an_unreachable_cluster_is_a_clear_error_and_leaves_no_client(corpus_dir):
@@ -257,8 +260,17 @@ def test_a_scheduler_lost_mid_study_is_a_one_line_error(corpus_dir, monkeypatch)
     monkeypatch.setattr(cells_mod, "_dask_executor", lambda cluster: contextlib.nullcontext(GoneExecutor()))
     config = tiny_study(corpus_dir)
     with pytest.raises(ValueError, match=r"the Dask scheduler went away .* rerun with --resume"):
-        list(iter_cells(config, study_cells(config), out=None, device=torch.device("cpu"), resume=False,
-                        progress=False, cluster="tcp://127.0.0.1:1"))  # fmt: skip
+        list(
+            iter_cells(
+                config,
+                study_cells(config),
+                out=None,
+                device=torch.device("cpu"),
+                resume=False,
+                progress=False,
+                cluster="tcp://127.0.0.1:1",
+            )
+        )
 
 
 @pytest.mark.xdist_group("ports")
@@ -268,8 +280,17 @@ def test_a_scheduler_without_workers_is_a_clear_error_after_a_timeout(corpus_dir
     config = tiny_study(corpus_dir)
     refused = pytest.raises(ValueError, match=r"has no workers after 1 s; start some \(dask worker tcp://")
     with distributed.LocalCluster(n_workers=0, protocol="tcp", dashboard_address=":0") as cluster, refused:
-        list(iter_cells(config, study_cells(config), out=None, device=torch.device("cpu"), resume=False,
-                        progress=False, cluster=cluster.scheduler_address))  # fmt: skip
+        list(
+            iter_cells(
+                config,
+                study_cells(config),
+                out=None,
+                device=torch.device("cpu"),
+                resume=False,
+                progress=False,
+                cluster=cluster.scheduler_address,
+            )
+        )
 
 
 def test_cell_keys_of_existing_settings_are_unchanged():
@@ -356,9 +377,26 @@ def test_a_worker_killed_mid_cell_is_replaced_and_its_cell_resumes(corpus_dir, t
         ) as cluster,
         distributed.Client(cluster) as client,
     ):
-        cmd = [sys.executable, "-m", "posenc", "extrapolate", "--schemes", "alibi", "--seeds", "0",
-               "--corpus", str(corpus_dir), *flags, "--checkpoint-every", "5", "--no-progress",
-               "--cluster", cluster.scheduler_address, "--out", str(out)]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "posenc",
+            "extrapolate",
+            "--schemes",
+            "alibi",
+            "--seeds",
+            "0",
+            "--corpus",
+            str(corpus_dir),
+            *flags,
+            "--checkpoint-every",
+            "5",
+            "--no-progress",
+            "--cluster",
+            cluster.scheduler_address,
+            "--out",
+            str(out),
+        ]
         study = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         deadline = time.monotonic() + 120
         while not checkpoint.exists():

@@ -235,13 +235,34 @@ def test_resume_refuses_another_split_of_the_same_corpus(tmp_path):
     data, ckpt = tiny_data(), tmp_path / "c"
     cfg = TrainConfig(steps=4, batch_size=4, seq_len=16)
     sha = "9f" * 32
-    train(TransformerLM(tiny_config()), data, cfg, checkpoint=ckpt, progress=False, stop_at=2,
-          data_id=f"{sha}:split0")  # fmt: skip
+    train(
+        TransformerLM(tiny_config()),
+        data,
+        cfg,
+        checkpoint=ckpt,
+        progress=False,
+        stop_at=2,
+        data_id=f"{sha}:split0",
+    )
     with pytest.raises(ValueError, match="trained on other data"):
-        train(TransformerLM(tiny_config()), data, cfg, checkpoint=ckpt, resume=True, progress=False,
-              data_id=f"{sha}:split1")  # fmt: skip
-    result = train(TransformerLM(tiny_config()), data, cfg, checkpoint=ckpt, resume=True, progress=False,
-                   data_id=f"{sha}:split0")  # fmt: skip
+        train(
+            TransformerLM(tiny_config()),
+            data,
+            cfg,
+            checkpoint=ckpt,
+            resume=True,
+            progress=False,
+            data_id=f"{sha}:split1",
+        )
+    result = train(
+        TransformerLM(tiny_config()),
+        data,
+        cfg,
+        checkpoint=ckpt,
+        resume=True,
+        progress=False,
+        data_id=f"{sha}:split0",
+    )
     assert result.completed  # the same split resumes
 
 

@@ -57,10 +57,41 @@ def test_killing_a_two_worker_study_leaves_no_process(tmp_path, sig):
     """kill (SIGTERM) or kill -9 of `posenc extrapolate --workers 2` while both workers train: no
     process of the study is left 10 s later, and no worker wrote a cell file afterwards."""
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "posenc", "extrapolate", "--task", "copy", "--schemes", "nope,alibi",
-           "--train-len", "4", "--eval-lens", "4", "--steps", "100000", "--batch-size", "2", "--d-model", "8",
-           "--layers", "1", "--heads", "2", "--seeds", "0", "--threads", "1", "--workers", "2",
-           "--checkpoint-every", "1", "--no-progress", "--out", str(out)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "posenc",
+        "extrapolate",
+        "--task",
+        "copy",
+        "--schemes",
+        "nope,alibi",
+        "--train-len",
+        "4",
+        "--eval-lens",
+        "4",
+        "--steps",
+        "100000",
+        "--batch-size",
+        "2",
+        "--d-model",
+        "8",
+        "--layers",
+        "1",
+        "--heads",
+        "2",
+        "--seeds",
+        "0",
+        "--threads",
+        "1",
+        "--workers",
+        "2",
+        "--checkpoint-every",
+        "1",
+        "--no-progress",
+        "--out",
+        str(out),
+    ]
     env = {**os.environ, "PYTHONPATH": str(SRC)}
     log = tmp_path / "stderr.txt"  # a file, not a pipe: a surviving worker would hold a pipe open
     with open(log, "wb") as err:

@@ -349,15 +349,28 @@ def test_attention_logits_of_relative_schemes_are_translation_invariant(position
 
 @pytest.mark.parametrize(
     "position, options",
-    [("rope", {}), ("xpos", {}), ("alibi", {}), ("transformer_xl", {}), ("shaw", {"values": True}),
-     ("rope", {"scaling": {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 8}})],
-)  # fmt: skip
+    [
+        ("rope", {}),
+        ("xpos", {}),
+        ("alibi", {}),
+        ("transformer_xl", {}),
+        ("shaw", {"values": True}),
+        ("rope", {"scaling": {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 8}}),
+    ],
+)
 def test_bshd_attention_gives_the_same_model(position, options):
     import dataclasses
 
     torch.manual_seed(0)
-    config = ModelConfig(vocab_size=40, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2,
-                         position=position, position_options=options)  # fmt: skip
+    config = ModelConfig(
+        vocab_size=40,
+        d_model=32,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        position=position,
+        position_options=options,
+    )
     a = TransformerLM(config).eval()
     b = TransformerLM(dataclasses.replace(config, qk_layout="bshd")).eval()
     b.load_state_dict(a.state_dict())

@@ -32,9 +32,12 @@ def _same(a, b) -> None:
 
 @pytest.mark.parametrize(
     "make",
-    [lambda: TransformerLM(config("alibi")), lambda: EncoderDecoder(config("learned", tie="three_way")),
-     lambda: Decoder(config("rope"), cross_attention=False)],
-)  # fmt: skip
+    [
+        lambda: TransformerLM(config("alibi")),
+        lambda: EncoderDecoder(config("learned", tie="three_way")),
+        lambda: Decoder(config("rope"), cross_attention=False),
+    ],
+)
 def test_a_single_file_model_loads_as_it_was_saved(tmp_path, make):
     torch.manual_seed(0)
     model = make().eval()
@@ -58,8 +61,10 @@ def test_files_from_before_format_2_keep_the_old_defaults(tmp_path):
     for old in (old_file, old_folder):
         assert old.decoder.scheme(0).max_distance == 128
         assert old.config.position_options == {"max_distance": 128}
-    for current in (load_model(write_single_file(model, tmp_path / "v2.safetensors")),
-                    load_model(write_old_folder(model, tmp_path / "v2"))):  # fmt: skip
+    for current in (
+        load_model(write_single_file(model, tmp_path / "v2.safetensors")),
+        load_model(write_old_folder(model, tmp_path / "v2")),
+    ):
         assert current.decoder.scheme(0).max_distance == 32
         _same(current, model)
 

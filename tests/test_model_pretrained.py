@@ -18,9 +18,12 @@ def _config(**kw) -> ModelConfig:
 
 @pytest.mark.parametrize(
     "make",
-    [lambda: TransformerLM(_config(position="t5")), lambda: EncoderDecoder(_config(tie="three_way")),
-     lambda: Decoder(_config(position="alibi"), cross_attention=False)],
-)  # fmt: skip
+    [
+        lambda: TransformerLM(_config(position="t5")),
+        lambda: EncoderDecoder(_config(tie="three_way")),
+        lambda: Decoder(_config(position="alibi"), cross_attention=False),
+    ],
+)
 def test_round_trip_is_bit_exact_and_keeps_ties(make, tmp_path):
     torch.manual_seed(0)
     model = make().eval()

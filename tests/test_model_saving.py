@@ -65,8 +65,11 @@ def test_save_load_round_trip_gives_identical_outputs(tmp_path, make):
 
 
 def test_a_safetensors_name_is_refused_with_the_folder_to_give(tmp_path):
-    with pytest.raises(ValueError, match=r"save_model writes a folder .* names a \.safetensors file; give a "
-                       r"folder path, e\.g\. '.*/lm'"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"save_model writes a folder .* names a \.safetensors file; give a "
+        r"folder path, e\.g\. '.*/lm'",
+    ):
         save_model(_lm(), tmp_path / "lm.safetensors")
     assert list(tmp_path.iterdir()) == []  # nothing written
 
@@ -173,7 +176,7 @@ _DEEP = json.loads("[" * 40 + "]" * 40)
         (lambda s: s.update(posenc_format=3), "is format 3, written by a newer posenc .*upgrade posenc"),
         (lambda s: s["config"]["position_options"].update(x=_DEEP), "more than 32 deep"),
     ],
-)  # fmt: skip
+)
 def test_a_config_json_with_wrong_types_is_a_one_line_error_naming_the_file_and_field(
     tmp_path, change, match
 ):

@@ -111,8 +111,20 @@ def _case(
             return _reference(q, k, v, scheme, pos)
 
     description = f"causal attention with {scheme_name} bias, q/k/v {list(shape)}"
-    return Case(name, description, nbytes, impls, params, skipped, baselines=False, reference=reference,
-                atol=1e-5, rtol=1e-5, limit="sdpa_causal_no_bias", memory=True)  # fmt: skip
+    return Case(
+        name,
+        description,
+        nbytes,
+        impls,
+        params,
+        skipped,
+        baselines=False,
+        reference=reference,
+        atol=1e-5,
+        rtol=1e-5,
+        limit="sdpa_causal_no_bias",
+        memory=True,
+    )
 
 
 def _alibi_peers(q, k, v, scheme, skipped: dict[str, str]) -> list[Impl]:

@@ -155,9 +155,18 @@ def _kernel(device: torch.device, variant: tuple):
     return mod if _checked(device, variant) else None
 
 
+def _indexed(device: torch.device) -> torch.device:
+    """``cuda`` as the GPU it means now (``cuda:N``): a tensor's device always has its index, so
+    the self-check state is kept once per GPU, whichever way the device is named."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def _checked(device: torch.device, variant: tuple) -> bool:
     """Whether ``variant`` passed its self-check on ``device`` (run on first use, then remembered):
     each variant the op meets is compiled and checked once, so a model pays for what it uses."""
+    device = _indexed(device)
     key = (device, variant)  # CPU devices reach here only under the interpreter
     if key not in _state:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
@@ -213,7 +222,7 @@ def status(device: torch.device | str) -> str:
         return f"unusable: {_state.get('error')}"
     if not (device.type == "cuda" or (device.type == "cpu" and _interpreting())):
         return "not a CUDA device"
-    error = _state.get(("error", str(device)))
+    error = _state.get(("error", str(_indexed(device))))
     return f"failed: {error}" if error else "self-check failed"
 
 
