@@ -109,7 +109,7 @@ def test_rope_mean_abs_s_curve_matches_roformer_bound_d128():
     "alibi" not in posenc.schemes(), reason="alibi not registered yet (bias branch not merged)"
 )
 def test_alibi_decays_linearly_with_its_paper_slopes():
-    res = by_name(check(posenc.build("alibi", num_heads=8, causal=False), ["decay"]))["decay"]
+    res = by_name(check(posenc.build("alibi", num_heads=8), ["decay"]))["decay"]
     got = torch.tensor(res.data["slopes"], dtype=torch.float64)
     torch.testing.assert_close(got, -posenc.alibi_slopes(8).double(), rtol=1e-5, atol=0)
     assert res.passed

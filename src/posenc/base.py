@@ -92,10 +92,6 @@ class PositionalScheme(nn.Module):
             computes the bias after the cache is updated, never one query block at a time.
         position_dims: coordinates per position: 1 for token sequences, 2 for image grids, 3 for
             volumes (whose positions are ``[..., s, 2]`` / grid coordinates). Sequence models take 1.
-        sequence_positions: a grid scheme (``position_dims`` > 1) that also takes token positions
-            ``[s]`` / ``[b, s]`` as they are (multimodal RoPE: a text token's coordinates all equal
-            its index); a caller with 1-D positions then passes them unchanged instead of the
-            coordinates ``(p, 0, ...)``. A scheme with ``position_dims`` 1 takes ``[s]`` either way.
         legacy_defaults: constructor defaults that changed in defaults version 2, with their old
             values (T5: ``max_distance=128``), so a model saved before loads as it was trained.
         eval_variants: variants a model trained with this scheme can be *evaluated* with, without
@@ -106,6 +102,13 @@ class PositionalScheme(nn.Module):
             for a batch sharing positions and add it (the same numbers, one tensor fewer).
         promises: the analysis properties the scheme promises (``posenc verify`` fails when one
             breaks); ``None`` = the analysis's default rules from the scheme's hooks and parameters.
+        sequence_positions: a grid scheme (``position_dims`` > 1) that also takes token positions
+            ``[s]`` / ``[b, s]`` as they are (multimodal RoPE: a text token's coordinates all equal
+            its index); a caller with 1-D positions then passes them unchanged instead of the
+            coordinates ``(p, 0, ...)``. A scheme with ``position_dims`` 1 takes ``[s]`` either way.
+        removed_keys: constructor keys the scheme no longer takes, each with its fix (T5:
+            ``bidirectional`` -> ``causal``); :func:`posenc.build` names the fix instead of
+            reporting an unknown key.
     """
 
     name: ClassVar[str] = "base"
@@ -117,11 +120,12 @@ class PositionalScheme(nn.Module):
     score_bias_uses_query: ClassVar[bool] = False
     score_bias_uses_keys: ClassVar[bool] = False
     position_dims: ClassVar[int] = 1
-    sequence_positions: ClassVar[bool] = False
     eval_variants: ClassVar[tuple[str, ...]] = ()
     legacy_defaults: ClassVar[dict[str, Any]] = {}
     additive_table: ClassVar[bool] = False
     promises: ClassVar[tuple[str, ...] | None] = None
+    sequence_positions: ClassVar[bool] = False
+    removed_keys: ClassVar[dict[str, str]] = {}
     max_len: int | None = None
 
     @classmethod
