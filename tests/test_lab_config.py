@@ -148,7 +148,8 @@ def test_t5_in_a_study_trains_every_bucket():
 
         def buckets(n, scheme=scheme):  # the buckets of key-query distances 0 .. n - 1
             rel = -torch.arange(n)
-            return set(t5_relative_bucket(rel, causal=True, num_buckets=scheme.num_buckets, max_distance=scheme.max_distance).tolist())
+            kw = {"num_buckets": scheme.num_buckets, "max_distance": scheme.max_distance}
+            return set(t5_relative_bucket(rel, causal=True, **kw).tolist())
 
         assert buckets(train_len) == buckets(64 * train_len)
 
