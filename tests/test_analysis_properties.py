@@ -52,9 +52,9 @@ def test_learned_at_init_fails_translation_invariance_but_sinusoidal_holds():
     assert sin.passed and sin.promised and sin.value < 1e-4
 
 
-def test_beyond_length_reports_the_learned_table_error():
+def test_beyond_length_reads_the_declared_max_len():
     res = by_name(check("learned", ["beyond_length"]))["beyond_length"]
-    assert res.value == 0.0 and res.passed is False and "past the learned position table" in res.reason
+    assert res.value == 0.0 and res.passed is False and "past the scheme's max_len=512" in res.reason
 
 
 # ---------------------------------------------------------------------------------------------- decay

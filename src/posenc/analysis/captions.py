@@ -214,10 +214,7 @@ def _scalings(probe: Probe) -> str:
             continue
         if "original_max_position_embeddings" in scaling:
             scaling = {**scaling, "original_max_position_embeddings": probe.nominal_len}
-        try:
-            lam = _wavelengths(make_probe(probe.name, ctx, {"scaling": scaling}))
-        except (ValueError, TypeError, KeyError):
-            continue
+        lam = _wavelengths(make_probe(probe.name, ctx, {"scaling": scaling}))
         if lam is None or base is None or lam.numel() != base.numel():
             continue
         ratio = lam / base
