@@ -214,7 +214,10 @@ def _scalings(probe: Probe) -> str:
             continue
         if "original_max_position_embeddings" in scaling:
             scaling = {**scaling, "original_max_position_embeddings": probe.nominal_len}
-        lam = _wavelengths(make_probe(probe.name, ctx, {"scaling": scaling}))
+        try:
+            lam = _wavelengths(make_probe(probe.name, ctx, {"scaling": scaling}))
+        except (ValueError, TypeError, KeyError):
+            continue
         if lam is None or base is None or lam.numel() != base.numel():
             continue
         ratio = lam / base

@@ -56,7 +56,7 @@ FORMATS = (".png", ".svg")
 
 #: Rotary scalings compared by the ``scalings`` plot: label -> ``scaling`` config (HF's keys,
 #: factor 4; ``original_max_position_embeddings`` is set to the context length L when drawing).
-#: Drawn for a scheme that declares a ``scaling`` option (it takes these HF ``rope_scaling`` dicts).
+#: A scaling the scheme does not accept is left out of the plot.
 ROPE_SCALINGS: dict[str, dict[str, Any] | None] = {
     "none": None,
     "linear (PI)": {"rope_type": "linear", "factor": 4.0},
@@ -325,8 +325,11 @@ def _scalings(fig: Figure, probe: Probe) -> None:
     for label, scaling in ROPE_SCALINGS.items():
         if scaling and "original_max_position_embeddings" in scaling:
             scaling = {**scaling, "original_max_position_embeddings": probe.nominal_len}
-        p = make_probe(probe.name, ctx, {"scaling": scaling} if scaling else None)
-        curves[label] = 2 * math.pi / scheme_frequencies(p)[0]
+        try:
+            p = make_probe(probe.name, ctx, {"scaling": scaling} if scaling else None)
+            curves[label] = 2 * math.pi / scheme_frequencies(p)[0]
+        except (ValueError, TypeError, KeyError):
+            continue  # this scaling is not offered by the scheme
     ax1, ax2 = fig.subplots(1, 2)
     ref = curves.get("none")
     for idx, (label, lam) in enumerate(curves.items()):
