@@ -34,6 +34,9 @@ LONG_FILES: dict[str, str] = {
     "HF-style habits; generation (sampling, stopping) is a concept of its own, to move out",
     "lab/config.py": "the lab's configuration dataclasses (training, corpus, run, study) and their "
     "composition by field name; presets",
+    "analysis/kernel.py": "the positional kernel of every hook (embed, rotate, queries, score_bias) and "
+    "its views (encodings, frequencies, curves), with the probe that feeds each hook the form its "
+    "scheme declares; the probe (Probe, make_probe, rotate_rows, query_rows) could be a file of its own",
 }
 
 #: Functions allowed past 60 lines (body and docstring), with the reason.
