@@ -437,7 +437,8 @@ def test_distance_bias_is_score_bias_per_distance(name, causal):
 
 def test_old_form_arguments_get_the_fix():
     """posenc has one ``causal`` argument: T5's ``bidirectional`` (its negation) and ALiBi's
-    ``causal`` (which changed no value) are refused with the fix, from the class and from build."""
+    ``causal`` (which changed no value) are refused by the classes with the fix, and by build as
+    unknown keys listing the valid ones (``causal`` among T5's)."""
     rel = torch.arange(-3, 4)
     fix_t5 = r"no longer takes bidirectional=: pass causal=not bidirectional"
     with pytest.raises(TypeError, match=fix_t5):
@@ -446,11 +447,13 @@ def test_old_form_arguments_get_the_fix():
         t5_relative_bucket(rel, bidirectional=True)
     with pytest.raises(TypeError, match="positional argument"):  # an old positional flag flips nothing
         t5_relative_bucket(rel, True, 32, 128)
-    with pytest.raises(ValueError, match=r"scheme 't5' no longer takes 'bidirectional': pass causal=not"):
+    with pytest.raises(
+        ValueError, match=r"unknown config key\(s\) \['bidirectional'\] .*valid keys: .*causal"
+    ):
         posenc.build("t5", num_heads=2, bidirectional=True)
     with pytest.raises(TypeError, match=r"ALiBi no longer takes causal=: drop it"):
         ALiBi(4, causal=True)
-    with pytest.raises(ValueError, match=r"scheme 'alibi' no longer takes 'causal': drop it"):
+    with pytest.raises(ValueError, match=r"unknown config key\(s\) \['causal'\] for scheme 'alibi'"):
         posenc.build("alibi", num_heads=2, causal=False)
     with pytest.raises(TypeError, match="got an unexpected keyword argument 'buckets'"):
         T5RelativeBias(4, buckets=8)

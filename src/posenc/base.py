@@ -106,9 +106,6 @@ class PositionalScheme(nn.Module):
             ``[s]`` / ``[b, s]`` as they are (multimodal RoPE: a text token's coordinates all equal
             its index); a caller with 1-D positions then passes them unchanged instead of the
             coordinates ``(p, 0, ...)``. A scheme with ``position_dims`` 1 takes ``[s]`` either way.
-        removed_keys: constructor keys the scheme no longer takes, each with its fix (T5:
-            ``bidirectional`` -> ``causal``); :func:`posenc.build` names the fix instead of
-            reporting an unknown key.
     """
 
     name: ClassVar[str] = "base"
@@ -125,7 +122,6 @@ class PositionalScheme(nn.Module):
     additive_table: ClassVar[bool] = False
     promises: ClassVar[tuple[str, ...] | None] = None
     sequence_positions: ClassVar[bool] = False
-    removed_keys: ClassVar[dict[str, str]] = {}
     max_len: int | None = None
 
     @classmethod

@@ -139,6 +139,23 @@ def alibi_bias(slopes: torch.Tensor, q_positions: torch.Tensor, k_positions: tor
         return neg_dist[:, None].to(slopes.dtype) * slopes[None, :, None, None]
 
 
+#: The fixes named to a caller who passes ALiBi a form (it has one) or T5 its ``bidirectional``
+#: (posenc's one argument is ``causal``, its negation).
+_ALIBI_FORM_FIX = "drop it: ALiBi's bias is -m_h |i - j| in decoders and encoders alike"
+_CAUSAL_FIX = "pass causal=not bidirectional (causal=True: a decoder's one-directional buckets)"
+
+
+def _refuse_removed(what: str, given: dict[str, Any], fixes: dict[str, str]) -> None:
+    """A ``TypeError`` naming the fix for a keyword argument ``what`` no longer takes."""
+    for key in given:
+        fix = fixes.get(key)
+        raise TypeError(
+            f"{what} no longer takes {key}=: {fix}"
+            if fix
+            else f"{what} got an unexpected keyword argument {key!r}"
+        )
+
+
 class ALiBi(PositionalScheme):
     """Attention with Linear Biases (Press et al. 2022): a fixed, per-head linear distance penalty.
 
@@ -159,13 +176,9 @@ class ALiBi(PositionalScheme):
     hooks = ("score_bias",)
     summary = "fixed per-head linear distance penalty on the logits (Press et al. 2022); any length"
 
-    removed_keys: ClassVar[dict[str, str]] = {
-        "causal": "drop it: ALiBi's bias is -m_h |i - j| in decoders and encoders alike"
-    }
-
     def __init__(self, num_heads: int, **removed: Any) -> None:
         super().__init__()
-        _refuse_removed("ALiBi", removed, self.removed_keys)
+        _refuse_removed("ALiBi", removed, {"causal": _ALIBI_FORM_FIX})
         self.num_heads = check_int(num_heads, "num_heads")
 
     def slopes(self, device: torch.device | str | None = None) -> torch.Tensor:
@@ -192,21 +205,6 @@ class ALiBi(PositionalScheme):
 # ----------------------------------------------------------------------------------------------
 # T5
 # ----------------------------------------------------------------------------------------------
-#: The fix named to a caller who passes T5's ``bidirectional`` (posenc's argument is its negation).
-_CAUSAL_FIX = "pass causal=not bidirectional (causal=True: a decoder's one-directional buckets)"
-
-
-def _refuse_removed(what: str, given: dict[str, Any], fixes: dict[str, str]) -> None:
-    """A ``TypeError`` naming the fix for a keyword argument ``what`` no longer takes."""
-    for key in given:
-        fix = fixes.get(key)
-        raise TypeError(
-            f"{what} no longer takes {key}=: {fix}"
-            if fix
-            else f"{what} got an unexpected keyword argument {key!r}"
-        )
-
-
 def _check_buckets(causal: bool, num_buckets: int, max_distance: int) -> None:
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__} ({causal!r})")
@@ -340,7 +338,6 @@ class T5RelativeBias(PositionalScheme):
     legacy_defaults: ClassVar[dict[str, Any]] = {
         "max_distance": T5_MAX_DISTANCE
     }  # before max_distance followed max_len
-    removed_keys: ClassVar[dict[str, str]] = {"bidirectional": _CAUSAL_FIX}
     summary = "learned scalar per (log-bucketed distance, head) on the logits (Raffel et al. 2020)"
 
     def __init__(
@@ -357,7 +354,7 @@ class T5RelativeBias(PositionalScheme):
         **removed: Any,
     ) -> None:
         super().__init__()
-        _refuse_removed("T5RelativeBias", removed, self.removed_keys)
+        _refuse_removed("T5RelativeBias", removed, {"bidirectional": _CAUSAL_FIX})
         self.num_heads = check_int(num_heads, "num_heads")
         if max_distance is None:
             _check_buckets(causal, num_buckets, 2**62)  # the other arguments first, for clear errors

@@ -142,11 +142,6 @@ def build(name: str, **config: Any) -> PositionalScheme:
     keys = config_keys(name)
     factory = factory_kwargs(config.pop("device", None), config.pop("dtype", None))
     unknown = sorted(set(config) - set(keys))
-    removed = scheme_class(name).removed_keys
-    if set(unknown) & set(removed):
-        raise ValueError(
-            "; ".join(f"scheme {name!r} no longer takes {k!r}: {removed[k]}" for k in unknown if k in removed)
-        )
     if unknown:
         hint = "".join(did_you_mean(k, (*keys, *FACTORY_KEYS)) for k in unknown)
         raise ValueError(
