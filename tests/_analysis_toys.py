@@ -126,12 +126,12 @@ class ToyBF16Positions(PositionalScheme):
 
 class ToyContentBias(PositionalScheme):
     """Shaw-like bias ``q . a_{clip(m - n)} / sqrt(d_h)`` (linear in q: zero on average) plus a
-    Transformer-XL-like ``rotate`` that adds a global ``u`` to q (the same at every position; it
-    insists on ``num_heads`` heads)."""
+    Transformer-XL-like ``queries`` hook that adds a global ``u`` to q (the same at every position;
+    it insists on ``num_heads`` heads)."""
 
     name = "toy_content_bias"
     score_bias_uses_query = True
-    hooks = ("rotate", "score_bias")
+    hooks = ("queries", "score_bias")
     summary = "test-only content-dependent bias"
 
     def __init__(self, num_heads: int, head_dim: int, max_distance: int = 4) -> None:
@@ -141,10 +141,10 @@ class ToyContentBias(PositionalScheme):
         self.rel = torch.nn.Parameter(torch.randn(2 * max_distance + 1, head_dim, generator=g))
         self.u = torch.nn.Parameter(torch.randn(num_heads, head_dim, generator=g))
 
-    def rotate(self, q, k, q_positions=None, k_positions=None):
+    def queries(self, q, q_positions=None, *, qk_layout=None):
         if q.shape[1] != self.num_heads:
             raise ValueError(f"q must have {self.num_heads} heads, got {q.shape[1]}")
-        return q + self.u[None, :, None, :], k
+        return q + self.u[None, :, None, :]
 
     def score_bias(self, q_positions, k_positions, q=None):
         rel = (q_positions[:, None] - k_positions[None, :]).clamp(-self.max_distance, self.max_distance)
@@ -156,6 +156,7 @@ class ToyAxialRoPE(ToyRoPE):
     """ToyRoPE that takes ``(row, col)`` coordinates ``[s, 2]`` and rotates by the row only."""
 
     name = "toy_axial_rope"
+    position_dims = 2
 
     def rotate(self, q, k, q_positions=None, k_positions=None):
         for p in (q_positions, k_positions):

@@ -11,6 +11,7 @@ import re
 
 import torch
 
+import posenc
 from posenc.analysis.explore import EXPLORERS, explorers
 from posenc.analysis.page import interactive
 
@@ -33,8 +34,9 @@ def _by_key(fig: dict) -> dict[str, dict]:
 # ---------------------------------------------------------------------------------------------- choice
 def test_explorers_follow_hooks_and_config_keys():
     assert explorers(["nope"]) == [] and explorers([]) == []  # an empty choice is not "all schemes"
-    assert explorers(["alibi"]) == [(HEADS, "alibi")]  # score_bias and a causal option
-    assert explorers(["t5", "learned", "shaw"]) == []  # no causal option; no base; no causal option
+    assert explorers(["alibi"]) == [(HEADS, "alibi")]  # a score_bias
+    assert explorers(["learned"]) == []  # an embed without a base option
+    assert explorers(["t5", "learned", "shaw"]) == [(HEADS, "t5")]  # the first score_bias
     assert explorers(["sinusoidal"]) == [(SIMILARITY, "sinusoidal")]
     assert explorers(["xpos"]) == [(BASES, "xpos")]  # rotates and takes base, but no scaling
     assert explorers(["sinusoidal", "rope", "alibi"]) == [
@@ -176,3 +178,23 @@ def test_bases_explorer_sets_the_rotary_frequencies():
         assert sorted(curve) == list(range(L))
         expected = [2 * _cos_sum(r, d_h, base) / math.sqrt(d_h) for r in range(L)]
         torch.testing.assert_close(torch.tensor([curve[r] for r in range(L)]), torch.tensor(expected))
+
+
+def test_bias_explorer_builds_t5_as_a_decoder_and_as_an_encoder():
+    """The two forms are the scheme built with the model's one ``causal`` argument: T5's decoder
+    buckets clip keys after the query to distance 0, its encoder buckets tell them apart."""
+    fig = HEADS.build("t5", SMALL)
+    heads = SMALL["num_heads"]
+    causal = torch.tensor(fig["data"][0]["z"], dtype=torch.float64)  # head 0, [m, n]
+    encoder = torch.tensor(fig["data"][heads]["z"], dtype=torch.float64)
+    future = torch.ones(causal.shape, dtype=torch.bool).triu(1)  # keys after the query
+    assert bool(causal[future].isnan().all()) and not bool(encoder.isnan().any())
+    pos = torch.arange(causal.shape[0])
+    for form, shown in ((True, causal), (False, encoder)):
+        torch.manual_seed(0)  # as the analysis builds a scheme
+        t5 = posenc.build_with_context("t5", {**SMALL, "causal": form})
+        assert t5.causal is form
+        want = t5.score_bias(pos, pos)[0, 0].double().detach()  # head 0: [m, n]
+        keep = ~future if form else torch.ones_like(future)
+        torch.testing.assert_close(shown[keep], want[keep], rtol=1e-6, atol=1e-9)
+    assert not torch.equal(encoder, encoder.T)  # keys after the query: buckets of their own

@@ -170,12 +170,12 @@ def test_errors_name_the_argument():
         positional_kernel("nosuch", 4)
 
 
-def test_position_free_rotate_is_content_and_content_bias_falls_back_to_random():
+def test_position_free_query_transform_is_content_and_content_bias_falls_back_to_random():
     from _analysis_toys import ToyContentBias
     from posenc.analysis import display_kernel
 
     probe = make_probe(ToyContentBias(4, 16), SMALL)
-    # rotate adds u to q at every position: no positional vector, no kernel term
+    # queries adds u to q at every position: no positional vector, and its mean over content is 0
     assert not probe.rotates and not probe.has_vectors
     mean = positional_kernel(probe, 6)
     assert mean.shape == (4, 6, 6) and torch.equal(mean, torch.zeros_like(mean))  # bias linear in q: mean 0
@@ -184,7 +184,8 @@ def test_position_free_rotate_is_content_and_content_bias_falls_back_to_random()
     torch.testing.assert_close(shown, positional_kernel(probe, 6, content="random"))
 
 
-def test_axial_rotate_is_probed_along_its_first_axis():
+def test_axial_rotate_is_read_along_its_first_axis():
+    """A grid scheme declares its axes (position_dims = 2): 1-D positions become (p, 0)."""
     from _analysis_toys import ToyAxialRoPE
 
     flat = positional_kernel(ToyRoPE(16), torch.tensor([0, 5, 9]), context=SMALL)
@@ -192,4 +193,41 @@ def test_axial_rotate_is_probed_along_its_first_axis():
     torch.testing.assert_close(axial, flat)
     torch.testing.assert_close(
         rotation_frequencies(ToyAxialRoPE(16), SMALL), rotation_frequencies(ToyRoPE(16), SMALL)
+    )
+
+
+def test_hooks_are_called_only_in_their_declared_form():
+    """The analysis reads position_dims and num_heads; it never tries other shapes and catches the
+    error (a scheme that raised on a trial shape was once probed that way)."""
+    from _analysis_toys import ToyAxialRoPE
+
+    seen = []
+
+    class Recording(ToyAxialRoPE):
+        def rotate(self, q, k, q_positions=None, k_positions=None):
+            seen.append((q.shape[1], tuple(q_positions.shape[1:])))
+            return super().rotate(q, k, q_positions, k_positions)
+
+    positional_kernel(Recording(16), torch.tensor([0, 5, 9]), context=SMALL)
+    rotation_frequencies(Recording(16), SMALL)
+    assert seen and set(seen) == {(1, (2,))}  # one head (it declares none), (row, col) coordinates
+
+
+def test_query_temperature_kernel_is_the_factor_on_the_content_logit():
+    """Llama 4's temperature multiplies the queries by f(m): with q = k = c (E[c c^T] = I) it adds
+    (f(m) - 1) d_h / sqrt(d_h) to every logit of query m, 0 below floor_scale - 1."""
+    probe = make_probe("nope_temperature", SMALL)
+    m = torch.tensor([0, 8190, 8191, 20000, 2**40])
+    kern = positional_kernel(probe, m, torch.tensor([0, 3]))  # [1, m, n]
+    f = torch.tensor(
+        [math.log1p(math.floor((p + 1) / 8192)) * 0.1 + 1 for p in m.tolist()], dtype=torch.float64
+    )
+    want = ((f - 1) * math.sqrt(probe.head_dim))[None, :, None].expand(1, -1, 2)
+    torch.testing.assert_close(kern, want, rtol=1e-6, atol=0)
+    assert torch.equal(kern[0, :2], torch.zeros(2, 2, dtype=torch.float64))
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 1, probe.head_dim, generator=g)[:, 0]  # what content="random" draws (seed 0)
+    random = positional_kernel(probe, m, torch.tensor([0, 3]), content="random")
+    torch.testing.assert_close(
+        random[0, :, 0], (f - 1) * float(q.double() @ k.double()) / math.sqrt(probe.head_dim)
     )

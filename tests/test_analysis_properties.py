@@ -52,9 +52,9 @@ def test_learned_at_init_fails_translation_invariance_but_sinusoidal_holds():
     assert sin.passed and sin.promised and sin.value < 1e-4
 
 
-def test_beyond_length_reports_the_learned_table_error():
+def test_beyond_length_reads_the_declared_max_len():
     res = by_name(check("learned", ["beyond_length"]))["beyond_length"]
-    assert res.value == 0.0 and res.passed is False and "past the learned position table" in res.reason
+    assert res.value == 0.0 and res.passed is False and "past the scheme's max_len=512" in res.reason
 
 
 # ---------------------------------------------------------------------------------------------- decay
@@ -109,7 +109,7 @@ def test_rope_mean_abs_s_curve_matches_roformer_bound_d128():
     "alibi" not in posenc.schemes(), reason="alibi not registered yet (bias branch not merged)"
 )
 def test_alibi_decays_linearly_with_its_paper_slopes():
-    res = by_name(check(posenc.build("alibi", num_heads=8, causal=False), ["decay"]))["decay"]
+    res = by_name(check(posenc.build("alibi", num_heads=8), ["decay"]))["decay"]
     got = torch.tensor(res.data["slopes"], dtype=torch.float64)
     torch.testing.assert_close(got, -posenc.alibi_slopes(8).double(), rtol=1e-5, atol=0)
     assert res.passed

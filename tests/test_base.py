@@ -27,6 +27,9 @@ def test_calling_a_scheme_runs_its_hook(name):
         q, k = torch.randn(2, 2, 6, 8), torch.randn(2, 2, 6, 8)
         for got, want in zip(scheme(q, k), scheme.rotate(q, k)):
             torch.testing.assert_close(got, want, rtol=0, atol=0)
+    elif "queries" in hooks:
+        q, pos = torch.randn(2, 2, 6, 8), torch.arange(9000, 9006)
+        torch.testing.assert_close(scheme(q, pos), scheme.queries(q, pos), rtol=0, atol=0)
     else:
         pos, q = torch.arange(6), torch.randn(1, 2, 6, 8)
         torch.testing.assert_close(scheme(pos, pos, q), scheme.score_bias(pos, pos, q), rtol=0, atol=0)
@@ -43,7 +46,7 @@ def test_nope_call_is_the_identity_and_rope_call_takes_the_layout():
 
 def test_a_scheme_with_several_hooks_names_them_when_called():
     txl = posenc.build("transformer_xl", d_model=16, num_heads=2, head_dim=8)
-    with pytest.raises(TypeError, match=r"several hooks \(rotate, score_bias\).*txl|scheme\.rotate"):
+    with pytest.raises(TypeError, match=r"several hooks \(queries, score_bias\).*scheme\.queries"):
         txl(torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8))
 
 
@@ -68,3 +71,28 @@ def test_a_scheme_with_relative_values_must_declare_them():
             return None
 
     assert Declared().has_relative_values and not PositionalScheme().has_relative_values
+
+
+def test_a_scheme_that_transforms_queries_must_declare_the_hook():
+    """Callers read ``hooks`` (never overrides): a ``queries`` override left out of them would be
+    skipped by every model, so defining such a class fails at once."""
+    from posenc.base import PositionalScheme
+
+    with pytest.raises(TypeError, match=r'overrides queries but does not declare it in hooks.*"queries"'):
+
+        class Undeclared(PositionalScheme):
+            name = "undeclared"
+            hooks = ("rotate",)
+
+            def queries(self, q, q_positions=None, *, qk_layout=None):
+                return 2 * q
+
+
+def test_the_queries_hook_is_the_identity_unless_declared():
+    q = torch.randn(1, 2, 3, 8)
+    for name in ("nope", "rope", "alibi"):
+        assert "queries" not in _built(name).hooks and _built(name).queries(q) is q
+    assert [n for n, cls in SCHEMES.items() if "queries" in cls.hooks] == [
+        "transformer_xl",
+        "nope_temperature",
+    ]

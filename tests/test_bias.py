@@ -90,10 +90,12 @@ def _alibi_reference(slopes, qp, kp, causal):
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_alibi_matches_reference_arbitrary_batched_positions(causal):
+    """One bias serves both references: the paper's causal form on the keys a mask keeps, and the
+    symmetric -m |i - j| of encoders."""
     g = torch.Generator().manual_seed(0)
     qp = torch.randint(-50, 1000, (2, 5), generator=g)  # non-contiguous, per-row positions
     kp = torch.randint(-50, 1000, (2, 7), generator=g)
-    scheme = posenc.build("alibi", num_heads=6, causal=causal)
+    scheme = posenc.build("alibi", num_heads=6)
     got = scheme.score_bias(qp, kp)
     assert got.shape == (2, 6, 5, 7) and got.dtype == torch.float32
     ref = _alibi_reference(alibi_slopes(6, dtype=torch.float64), qp, kp, causal)
@@ -120,8 +122,8 @@ def test_alibi_causal_equals_bloom_up_to_row_constant():
     "build",
     [
         lambda: ALiBi(8),
-        lambda: ALiBi(5, causal=False),
-        lambda: T5RelativeBias(4, bidirectional=False),
+        lambda: ALiBi(5),
+        lambda: T5RelativeBias(4, causal=True),
         lambda: posenc.build("alibi", num_heads=8),
     ],
 )
@@ -179,14 +181,11 @@ def test_causal_alibi_leaves_a_masked_model_unchanged_bit_for_bit():
 )
 def test_alibi_properties(h, pos, shift):
     p = torch.tensor(pos)
-    sym = ALiBi(h, causal=False).score_bias(p, p)[0]  # [h, s, s]
-    assert torch.equal(sym, sym.transpose(-1, -2))  # symmetric form is symmetric
+    sym = ALiBi(h).score_bias(p, p)[0]  # [h, s, s]: -m |i - j| (the paper's -m (i - j) for j <= i)
+    assert torch.equal(sym, sym.transpose(-1, -2))  # one form, symmetric
     assert bool((sym <= 0).all())
-    causal = ALiBi(h, causal=True).score_bias(p, p)[0]
-    assert torch.equal(causal, sym)  # the same values: -m |i - j| (the paper's -m (i - j) for j <= i)
     # Translation invariance: only differences matter (exact: integer differences).
-    for scheme in (ALiBi(h, causal=False), ALiBi(h, causal=True)):
-        assert torch.equal(scheme.score_bias(p, p), scheme.score_bias(p + shift, p + shift))
+    assert torch.equal(ALiBi(h).score_bias(p, p), ALiBi(h).score_bias(p + shift, p + shift))
 
 
 @FAST
@@ -211,7 +210,7 @@ def test_alibi_has_no_state():
 
 
 def test_alibi_pure_function_float64():
-    out = alibi_bias(alibi_slopes(4, dtype=torch.float64), torch.arange(3), torch.arange(3), causal=False)
+    out = alibi_bias(alibi_slopes(4, dtype=torch.float64), torch.arange(3), torch.arange(3))
     assert out.dtype == torch.float64
     with pytest.raises(TypeError, match="slopes must be a float tensor"):
         alibi_bias(torch.arange(4), torch.arange(3), torch.arange(3))
@@ -238,7 +237,7 @@ def test_t5_buckets_match_hf(num_buckets, max_distance, bidirectional):
     )
     expected = t5.T5Attention._relative_position_bucket(rel, bidirectional, num_buckets, max_distance)
     got = t5_relative_bucket(
-        rel, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance
+        rel, causal=not bidirectional, num_buckets=num_buckets, max_distance=max_distance
     )
     assert got.dtype == torch.long and torch.equal(got, expected.long())
     assert int(got.min()) >= 0 and int(got.max()) < num_buckets
@@ -249,21 +248,22 @@ def test_t5_buckets_match_hf(num_buckets, max_distance, bidirectional):
     a=st.integers(0, 5000),
     b=st.integers(0, 5000),
     setting=st.sampled_from(BUCKET_SETTINGS),
-    bidirectional=st.booleans(),
+    causal=st.booleans(),
 )
-def test_t5_buckets_monotone_in_distance(a, b, setting, bidirectional):
+def test_t5_buckets_monotone_in_distance(a, b, setting, causal):
     near, far = sorted((a, b))
     num_buckets, max_distance = setting
-    bucket = lambda r: int(t5_relative_bucket(torch.tensor(r), bidirectional, num_buckets, max_distance))  # noqa: E731
+    kw = {"causal": causal, "num_buckets": num_buckets, "max_distance": max_distance}
+    bucket = lambda r: int(t5_relative_bucket(torch.tensor(r), **kw))  # noqa: E731
     assert bucket(-near) <= bucket(-far)  # keys before the query
-    if bidirectional:
+    if not causal:
         assert bucket(near) <= bucket(far) or near == 0  # keys after (0 lives in the lower half)
         if near > 0:
             assert bucket(near) >= num_buckets // 2  # after-query keys use the upper half
     else:
         assert bucket(far) == 0  # causal: keys after the query all count as distance 0
     if far >= max_distance:
-        assert bucket(-far) == (num_buckets // 2 if bidirectional else num_buckets) - 1
+        assert bucket(-far) == (num_buckets if causal else num_buckets // 2) - 1
 
 
 # ---------------------------------------------------------------------------------------------- T5 bias
@@ -281,7 +281,7 @@ def test_t5_bias_matches_hf_compute_bias(bidirectional):
         is_decoder=not bidirectional,
     )
     hf = t5.T5Attention(cfg, has_relative_attention_bias=True)
-    ours = posenc.build("t5", num_heads=4, num_buckets=16, max_distance=40, bidirectional=bidirectional)
+    ours = posenc.build("t5", num_heads=4, num_buckets=16, max_distance=40, causal=not bidirectional)
     with torch.no_grad():
         ours.relative_attention_bias.weight.copy_(hf.relative_attention_bias.weight)
     torch.testing.assert_close(
@@ -306,7 +306,7 @@ def test_t5_bias_reference_and_batched_positions():
     for b in range(2):
         for i in range(3):
             for j in range(2):
-                bucket = t5_relative_bucket(kp[b, j] - qp[b, i], True, 8, 16)
+                bucket = t5_relative_bucket(kp[b, j] - qp[b, i], num_buckets=8, max_distance=16)
                 torch.testing.assert_close(got[b, :, i, j], w[bucket], rtol=0, atol=0)
 
 
@@ -314,11 +314,11 @@ def test_t5_bias_reference_and_batched_positions():
 @given(
     pos=st.lists(st.integers(-(10**6), 10**6), min_size=1, max_size=10),
     shift=st.integers(-(10**6), 10**6),
-    bidirectional=st.booleans(),
+    causal=st.booleans(),
 )
-def test_t5_translation_invariance(pos, shift, bidirectional):
+def test_t5_translation_invariance(pos, shift, causal):
     torch.manual_seed(0)
-    scheme = T5RelativeBias(2, bidirectional=bidirectional)
+    scheme = T5RelativeBias(2, causal=causal)
     p = torch.tensor(pos)
     assert torch.equal(scheme.score_bias(p, p), scheme.score_bias(p + shift, p + shift))
 
@@ -340,9 +340,9 @@ def test_t5_default_max_distance_follows_the_trained_length():
     assert T5RelativeBias(4).max_distance == 128  # T5's value when no length is known
     assert T5RelativeBias(4, max_len=2048).max_distance == 128
     assert T5RelativeBias(4, max_len=128).max_distance == 64  # half the trained length
-    assert T5RelativeBias(4, max_len=128, bidirectional=False).max_distance == 64
+    assert T5RelativeBias(4, max_len=128, causal=True).max_distance == 64
     assert T5RelativeBias(4, max_len=8).max_distance == 9  # above the 8 exact buckets
-    assert T5RelativeBias(4, max_len=8, bidirectional=False).max_distance == 17  # 16 exact buckets
+    assert T5RelativeBias(4, max_len=8, causal=True).max_distance == 17  # 16 exact buckets
     assert T5RelativeBias(4, max_distance=100, max_len=64).max_distance == 100  # the user's choice wins
     assert T5RelativeBias(4, max_len=64).max_len is None  # still no limit on the input length
     model_t5 = posenc.build("t5", num_heads=2, max_len=96)  # the key a model offers
@@ -355,18 +355,22 @@ def test_t5_default_max_distance_follows_the_trained_length():
     [
         (lambda: ALiBi(0), ValueError, "num_heads must be >= 1, got 0"),
         (lambda: ALiBi(2.0), TypeError, "num_heads must be an int"),
-        (lambda: ALiBi(4, causal="yes"), TypeError, "causal must be a bool"),
         (lambda: alibi_slopes(-3), ValueError, "num_heads must be >= 1, got -3"),
         (lambda: T5RelativeBias(0), ValueError, "num_heads must be >= 1"),
         (lambda: T5RelativeBias(4, num_buckets=31), ValueError, "num_buckets must be even.*use 32"),
         (lambda: T5RelativeBias(4, num_buckets=2), ValueError, "num_buckets must be >= 4, got 2"),
         (
-            lambda: T5RelativeBias(4, num_buckets=1, bidirectional=False),
+            lambda: T5RelativeBias(4, num_buckets=1, causal=True),
             ValueError,
             "num_buckets must be >= 2",
         ),
         (lambda: T5RelativeBias(4, max_distance=8), ValueError, "max_distance must be >= 9.*8 exact buckets"),
-        (lambda: T5RelativeBias(4, bidirectional=1), TypeError, "bidirectional must be a bool"),
+        (lambda: T5RelativeBias(4, causal=1), TypeError, "causal must be a bool"),
+        (
+            lambda: T5RelativeBias(4, 32, 128, False),
+            TypeError,
+            "positional argument",
+        ),  # causal is keyword-only
         (lambda: T5RelativeBias(4, init_std=0), ValueError, "init_std must be a finite number > 0"),
         (lambda: T5RelativeBias(4, max_len=0), ValueError, "max_len must be >= 1"),
         (lambda: T5RelativeBias(4, num_buckets=31, max_len=64), ValueError, "num_buckets must be even"),
@@ -412,10 +416,10 @@ def test_registry_and_meta_device():
 
 def test_compile_fullgraph_matches_eager():
     torch._dynamo.reset()
-    alibi, sym, t5 = ALiBi(4), ALiBi(4, causal=False), T5RelativeBias(4, num_buckets=8, max_distance=16)
+    alibi, t5 = ALiBi(4), T5RelativeBias(4, num_buckets=8, max_distance=16)
 
     def f(qp, kp):
-        return alibi.score_bias(qp, kp) + sym.score_bias(qp, kp) + t5.score_bias(qp, kp)
+        return alibi.score_bias(qp, kp) + t5.score_bias(qp, kp)
 
     qp, kp = torch.tensor([[3, 9, 10]]), torch.tensor([[0, 1, 2, 3, 9, 30]])
     compiled = torch.compile(f, fullgraph=True)
@@ -427,8 +431,7 @@ def test_compile_fullgraph_matches_eager():
 def test_distance_bias_is_score_bias_per_distance(name, causal):
     """distance_bias(d)[:, t] equals score_bias at every pair whose k_pos - q_pos is d[t], bit for
     bit; schemes whose bias is not a function of the distance alone answer None."""
-    kw = {"causal": causal} if name == "alibi" else {"bidirectional": not causal}
-    scheme = posenc.build(name, num_heads=5, **kw)
+    scheme = posenc.build(name, num_heads=5, **({} if name == "alibi" else {"causal": causal}))
     q_pos, k_pos = torch.arange(3, 40), torch.arange(0, 50)
     full = scheme.score_bias(q_pos, k_pos)[0]  # [h, s_q, s_k]
     dist = k_pos[None, :] - q_pos[:, None]  # [s_q, s_k]
@@ -436,3 +439,37 @@ def test_distance_bias_is_score_bias_per_distance(name, causal):
     assert torch.equal(table[:, dist + 39], full)
     for other in (posenc.SinusoidalPE(40), posenc.RotaryEmbedding(8), posenc.build("nope")):
         assert other.distance_bias(torch.arange(3)) is None
+
+
+def test_old_form_arguments_get_the_fix():
+    """posenc has one ``causal`` argument: T5's ``bidirectional`` (its negation) and ALiBi's
+    ``causal`` (which changed no value) are refused by the classes with the fix, and by build as
+    unknown keys listing the valid ones (``causal`` among T5's)."""
+    rel = torch.arange(-3, 4)
+    fix_t5 = r"no longer takes bidirectional=: pass causal=not bidirectional"
+    with pytest.raises(TypeError, match=fix_t5):
+        T5RelativeBias(4, bidirectional=False)
+    with pytest.raises(TypeError, match=fix_t5):
+        t5_relative_bucket(rel, bidirectional=True)
+    with pytest.raises(TypeError, match="positional argument"):  # an old positional flag flips nothing
+        t5_relative_bucket(rel, True, 32, 128)
+    with pytest.raises(
+        ValueError, match=r"unknown config key\(s\) \['bidirectional'\] .*valid keys: .*causal"
+    ):
+        posenc.build("t5", num_heads=2, bidirectional=True)
+    with pytest.raises(TypeError, match=r"ALiBi no longer takes causal=: drop it"):
+        ALiBi(4, causal=True)
+    with pytest.raises(ValueError, match=r"unknown config key\(s\) \['causal'\] for scheme 'alibi'"):
+        posenc.build("alibi", num_heads=2, causal=False)
+    with pytest.raises(TypeError, match="got an unexpected keyword argument 'buckets'"):
+        T5RelativeBias(4, buckets=8)
+    assert "causal" not in posenc.describe("alibi")["optional"]
+    assert (
+        posenc.describe("t5")["optional"]["causal"] is False
+        and "bidirectional" not in posenc.describe("t5")["optional"]
+    )
+    # the T5 forms, at distances below the exact buckets (< 4 per direction with 16 buckets): an
+    # encoder puts keys after the query in the upper half (8 + d), a decoder clips them to 0
+    kw = {"num_buckets": 16, "max_distance": 32}
+    assert t5_relative_bucket(rel, **kw).tolist() == [3, 2, 1, 0, 9, 10, 11]
+    assert t5_relative_bucket(rel, causal=True, **kw).tolist() == [3, 2, 1, 0, 0, 0, 0]

@@ -62,7 +62,11 @@ def test_show_rope_is_one_axis(capsys):
     [
         (["show", "nope"], "has no table to show"),
         (["show", "alibi"], "has no table to show"),
-        (["show", "transformer_xl"], "its 'rotate' hook does not depend on position"),
+        (
+            ["show", "transformer_xl"],
+            "has no table to show: it acts inside attention (hooks: queries, score_bias)",
+        ),
+        (["show", "nope_temperature"], "it acts inside attention (hooks: queries)"),
         (["show", "mrope", "--dim", "100000"], "wider than 4,096"),
         (["show", "mrope", "--dim", "7"], "head_dim must be even"),
         (["show", "rope", "--variant", "vaswani"], "--variant applies to absolute schemes"),

@@ -144,14 +144,14 @@ def test_t5_in_a_study_trains_every_bucket():
     for train_len in (32, 64, 128, 512):
         config = StudyConfig(schemes=("t5",), train_len=train_len, eval_lens=(train_len,))
         scheme = TransformerLM(study_model_config(config, "t5")).decoder.scheme(0)
-        assert scheme.bidirectional is False and scheme.max_distance == min(128, max(17, train_len // 2))
+        assert scheme.causal is True and scheme.max_distance == min(128, max(17, train_len // 2))
 
         def buckets(n, scheme=scheme):  # the buckets of key-query distances 0 .. n - 1
             rel = -torch.arange(n)
-            return set(t5_relative_bucket(rel, False, scheme.num_buckets, scheme.max_distance).tolist())
+            kw = {"num_buckets": scheme.num_buckets, "max_distance": scheme.max_distance}
+            return set(t5_relative_bucket(rel, causal=True, **kw).tolist())
 
         assert buckets(train_len) == buckets(64 * train_len)
-    assert TransformerLM(study_model_config(config, "alibi")).decoder.scheme(0).causal is True
 
 
 @pytest.mark.parametrize("m", [2**20 + 1, 100_000_000, 2**60, 2**100])

@@ -55,6 +55,9 @@ LONG_FILES: dict[str, str] = {
     "rotary/modules.py": "RotaryEmbedding: one module with its tables, kept rows and evaluation variants",
     "lab/checkpoint.py": "the training checkpoint: one folder written and swapped in whole, read back "
     "with every field checked",
+    "analysis/kernel.py": "the positional kernel of every hook (embed, rotate, queries, score_bias) and "
+    "its views (encodings, frequencies, curves), with the probe that feeds each hook the form its "
+    "scheme declares; the probe (Probe, make_probe, rotate_rows, query_rows) could be a file of its own",
 }
 
 #: Functions allowed past 60 lines (body and docstring), with the reason.

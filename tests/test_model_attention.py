@@ -381,3 +381,38 @@ def test_bshd_attention_gives_the_same_model(position, options):
     )
     with pytest.raises(ValueError, match="unknown qk_layout 'bhds'"):
         ModelConfig(vocab_size=40, qk_layout="bhds")
+
+
+def _move_off_init(scheme: torch.nn.Module) -> None:
+    g = torch.Generator().manual_seed(11)
+    for p in scheme.parameters():  # Transformer-XL's u, v and W_R: u at init is small but not the point
+        p.copy_(torch.randn(p.shape, generator=g))
+
+
+@pytest.mark.parametrize(
+    ("position", "options"), [("transformer_xl", {}), ("nope_temperature", {"floor_scale": 2.0})]
+)
+def test_a_query_transform_applies_to_the_queries_alone(position, options):
+    """A scheme's ``queries`` hook (Transformer-XL's u, Llama 4's temperature) changes the queries
+    the logits use, after rotate; the bias reads the raw queries; keys and the KV cache are untouched,
+    so a cache, packing, left padding, float64 and compile give the full forward's numbers."""
+    from _scheme_invariants import check_all, check_compiled, tiny_lm
+
+    cfg = config(position, position_options=options)
+    attn = MultiHeadAttention(cfg).eval()
+    scheme = build_with_context(position, cfg.scheme_context(True), options)
+    assert "queries" in scheme.hooks and "rotate" not in scheme.hooks
+    with torch.no_grad():
+        _move_off_init(scheme)
+        x, pos = torch.randn(2, 6, 32), torch.arange(7, 13)  # factor (p + 1) // 2 > 1: not 1
+        plan = plan_attention(2, 6, x.device, causal=True, positions=pos)
+        q, k, _ = attn.project(x)  # [b, h, s, d_h], [b, h_kv, s, d_h]
+        k = k.repeat_interleave(2, dim=1)  # GQA: 2 query heads per kv head
+        moved = scheme.queries(q, pos)
+        assert not torch.allclose(moved, q)
+        want = moved @ k.transpose(-1, -2) / math.sqrt(cfg.head_dim)  # [b, h, s, s]
+        if "score_bias" in scheme.hooks:
+            want = want + scheme.score_bias(pos, pos, q)  # from the raw queries
+        torch.testing.assert_close(attn.logits(x, plan, scheme), want)
+    check_all(position, _move_off_init, position_options=options)
+    check_compiled(tiny_lm(position, _move_off_init, position_options=options))

@@ -299,7 +299,7 @@ def test_block_builder_gives_score_bias_values_and_masks_the_future(
     hold the queries in reverse order: positions in unit steps, past beyond float32's exact
     integers, after a cache of ``past`` keys); per-row positions take score_bias itself."""
     s = 12
-    kw = {"causal": causal} if name == "alibi" else {"bidirectional": not causal}
+    kw = {} if name == "alibi" else {"causal": causal}
     scheme = posenc.build(name, num_heads=h, **kw)
     k_pos = (2**30 if big else 0) + torch.arange(past + s)
     k_pos = k_pos + (torch.arange(2)[:, None] * 7 if per_row else 0)  # [s_k] or [2, s_k]
@@ -322,7 +322,7 @@ def test_block_builder_gives_score_bias_values_and_masks_the_future(
 def test_t5_block_bias_is_differentiable_like_the_full_table():
     """With a trainable T5 table the per-distance blocks give the full-table path's gradients."""
     torch.manual_seed(0)
-    scheme = posenc.build("t5", num_heads=2, bidirectional=False)
+    scheme = posenc.build("t5", num_heads=2, causal=True)
     q, k, v = (torch.randn(1, 2, 40, 4, requires_grad=True) for _ in range(3))
     pos = torch.arange(40)
     out = causal_attention_with_bias(q, k, v, scheme_bias_fn(scheme, pos, pos), block_size=16)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+import posenc
 from _model_helpers import V, config
 from _model_toys import register_toys
 from posenc.model import ModelConfig
@@ -141,3 +142,14 @@ def test_a_config_saved_before_the_block_fields_loads_with_the_classic_block():
     config = ModelConfig.from_dict(old)
     assert (config.norm_type, config.activation, config.residual) == ("layernorm", "gelu", "sequential")
     assert config == ModelConfig(vocab_size=5, d_model=8, num_heads=2)
+
+
+def test_scheme_context_offers_one_causal_argument():
+    """A model offers its form once, as ``causal``; T5 reads it (one-directional buckets in a
+    decoder) and ALiBi, whose bias is the same in both, takes no form argument."""
+    cfg = ModelConfig(vocab_size=10, position="t5")
+    for causal in (True, False):
+        context = cfg.scheme_context(causal)
+        assert context["causal"] is causal and "bidirectional" not in context
+        assert posenc.build_with_context("t5", context).causal is causal
+        assert "causal" not in vars(posenc.build_with_context("alibi", context))

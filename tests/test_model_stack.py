@@ -111,9 +111,9 @@ def test_t5_buckets_are_one_directional_in_a_decoder_and_two_directional_in_an_e
     """A decoder never sees keys after the query: all T5 buckets go to past distances; an
     encoder splits them between the two directions (T5's own setting)."""
     cfg = ModelConfig(vocab_size=V, d_model=16, num_layers=1, num_heads=2, position="t5")
-    assert TransformerLM(cfg).decoder.scheme(0).bidirectional is False
+    assert TransformerLM(cfg).decoder.scheme(0).causal is True
     model = EncoderDecoder(cfg)
-    assert model.encoder.scheme(0).bidirectional is True and model.decoder.scheme(0).bidirectional is False
+    assert model.encoder.scheme(0).causal is False and model.decoder.scheme(0).causal is True
 
 
 # ---------------------------------------------------------------------------------------------- input layer

@@ -141,9 +141,8 @@ def _xl_reference(q, k, u, v, w_official, qp, kp, d_model):
 
 
 def _xl_logits(scheme, q, k, qp, kp):
-    """What a model computes: rotate (adds u), scaled q.k, plus the score bias from the raw q."""
-    q_rot, k_rot = scheme.rotate(q, k, qp, kp)
-    return q_rot @ k_rot.transpose(-1, -2) / math.sqrt(q.shape[-1]) + scheme.score_bias(qp, kp, q)
+    """What a model computes: the queries hook (adds u), scaled q.k, plus the score bias from the raw q."""
+    return scheme.queries(q, qp) @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + scheme.score_bias(qp, kp, q)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -189,12 +188,15 @@ def test_xl_translation_invariance(pos, shift):
     torch.testing.assert_close(scheme.score_bias(p, p, q), scheme.score_bias(p + shift, p + shift, q))
 
 
-def test_xl_rotate_adds_u_only_to_queries():
+def test_xl_queries_hook_adds_u_and_keys_are_untouched():
     scheme = TransformerXLRelative(d_model=8, num_heads=2, head_dim=4)
     q, k = torch.randn(1, 2, 3, 4), torch.randn(1, 1, 5, 4)  # grouped-query keys: 1 KV head
+    torch.testing.assert_close(scheme.queries(q) - q, scheme.r_w_bias.detach()[None, :, None, :].expand_as(q))
+    # u is position-free: the same at any positions; rotate is not a hook of this scheme (identity)
+    torch.testing.assert_close(scheme.queries(q, torch.tensor([7, 90, 10**6])), scheme.queries(q))
+    assert scheme.hooks == ("queries", "score_bias") and "rotate" not in scheme.hooks
     q2, k2 = scheme.rotate(q, k)
-    assert k2 is k
-    torch.testing.assert_close(q2 - q, scheme.r_w_bias.detach()[None, :, None, :].expand_as(q))
+    assert q2 is q and k2 is k
 
 
 def test_xl_gradients():
@@ -264,13 +266,13 @@ def test_shaw_value_output_errors():
     with pytest.raises(ValueError, match=r"weight must have shape \[8, 8\]"):
         TransformerXLRelative(8, 2, 4).load_official_r_net(torch.zeros(8, 6))
     with pytest.raises(ValueError, match=r"q must have shape \[b, 2, s_q, 4\]"):
-        TransformerXLRelative(8, 2, 4).rotate(torch.randn(1, 2, 3, 5), torch.randn(1, 2, 3, 5))
+        TransformerXLRelative(8, 2, 4).queries(torch.randn(1, 2, 3, 5))
 
 
 # -------------------------------------------------------------------------------------- compile/meta/dtype
 def test_registry_meta_and_bf16():
     assert {"shaw", "transformer_xl"} <= set(posenc.schemes())
-    assert posenc.describe("transformer_xl")["hooks"] == ["rotate", "score_bias"]
+    assert posenc.describe("transformer_xl")["hooks"] == ["queries", "score_bias"]
     with torch.device("meta"):
         shaw = posenc.build("shaw", head_dim=4, num_heads=2, values=True)
         xl = posenc.build("transformer_xl", d_model=8, num_heads=2, head_dim=4)
@@ -288,19 +290,19 @@ def test_compile_fullgraph_matches_eager():
 
     def f(q, qp, kp):
         probs = (shaw.score_bias(qp, kp, q) + xl.score_bias(qp, kp, q)).softmax(-1)
-        return shaw.relative_value_output(probs, qp, kp) + xl.rotate(q, q)[0]
+        return shaw.relative_value_output(probs, qp, kp) + xl.queries(q, qp)
 
     q, qp, kp = torch.randn(2, 2, 3, 4), torch.tensor([4, 5, 9]), torch.tensor([0, 4, 5, 9])
     compiled = torch.compile(f, fullgraph=True)
     torch.testing.assert_close(compiled(q, qp, kp), f(q, qp, kp))
 
 
-def test_transformer_xl_rotate_in_bshd():
+def test_transformer_xl_queries_in_bshd():
     torch.manual_seed(0)
     txl = posenc.build("transformer_xl", d_model=16, num_heads=2, head_dim=8)
     q = torch.randn(1, 2, 5, 8)
-    ref, _ = txl.rotate(q, q)
-    got, _ = txl.rotate(q.transpose(1, 2), q.transpose(1, 2), qk_layout="bshd")
+    ref = txl.queries(q)
+    got = txl.queries(q.transpose(1, 2), qk_layout="bshd")
     torch.testing.assert_close(got.transpose(1, 2), ref, rtol=0, atol=0)
     with pytest.raises(ValueError, match=r"q must have shape \[b, s_q, 2, 8\]"):
-        txl.rotate(q, q, qk_layout="bshd")
+        txl.queries(q, qk_layout="bshd")

@@ -233,3 +233,15 @@ def test_plot_of_a_scheme_acting_in_attention_says_so(tok, tmp_path, monkeypatch
     panel = next(ax for ax in fig.axes if ax.get_title().startswith("positional part"))
     assert not panel.images and "acts inside attention" in panel.texts[0].get_text()
     assert fig.get_layout_engine().__class__.__name__ == "ConstrainedLayoutEngine"
+
+
+def test_a_query_transform_is_shown_on_the_queries_alone():
+    """nope_temperature transforms the queries (its ``queries`` hook), not a rotation of q and k."""
+    opts = {"floor_scale": 1.0}  # the factor log1p(p + 1) * 0.1 + 1 moves from position 0
+    r = run_pipeline(torch.tensor([1, 2, 3]), 10, scheme="nope_temperature", d_model=8, scheme_options=opts)
+    step = r["attention"]
+    assert "transforms the queries alone" in step.stats["note"] and "norm_ratio_min" not in step.stats
+    x = r["scaled"].tensor  # [s, d]: the scaled embeddings taken as one head's queries
+    factor = torch.log1p(torch.arange(3.0) + 1) * 0.1 + 1
+    torch.testing.assert_close(step.tensor, x * factor[:, None])
+    assert "inside attention: nope_temperature transforms the queries alone" in format_pipeline(r)

@@ -1,21 +1,32 @@
-"""The one interface every positional scheme has: up to three hooks on attention.
+"""The one interface every positional scheme has: its hooks on attention.
 
-A scheme acts in one or more of three places (docs/architecture.md):
+A scheme acts in one or more of four places (docs/architecture.md):
 
 ============  ===========================================  =====================================
 hook          acts on                                      schemes
 ============  ===========================================  =====================================
 ``embed``     input embeddings ``[b, s, d]`` (added)       sinusoidal, learned, scaled sinusoidal
 ``rotate``    queries and keys ``[b, h, s, d_h]``          RoPE and its scalings, xPos
+``queries``   the queries alone ``[b, h, s_q, d_h]``       Transformer-XL's ``u``, Llama 4's
+                                                           NoPE-layer temperature
 ``score_bias``attention logits ``[b | 1, h, s_q, s_k]``    ALiBi, T5, Shaw, Transformer-XL
 ============  ===========================================  =====================================
+
+A hook means what its name says: ``rotate`` rotates queries and keys by their positions; a
+transform of the queries that leaves the keys alone (a learned vector added to every query, a
+factor that grows with the query's position) is ``queries``.
 
 Contract between schemes and models (every model in posenc keeps it):
 
 * ``score_bias`` returns the term *as added to the scaled logits*: attention computes
   ``softmax(q k^T / sqrt(d_h) + bias)`` (``scaled_dot_product_attention`` adds ``attn_mask``
   after scaling), so a content-dependent bias divides by ``sqrt(d_h)`` itself. It receives the
-  projected queries *before* ``rotate``. The model casts the bias to the attention dtype.
+  projected queries *before* ``rotate`` and ``queries``. The model casts the bias to the attention
+  dtype.
+* ``queries(q, q_positions)`` runs *after* ``rotate``, on the queries attention scores with; keys
+  never pass through it, so the KV cache holds the same keys with or without it. It is affine in
+  ``q`` at each position (``q -> A_p q + c_p``: Transformer-XL adds ``u``, Llama 4 multiplies by a
+  factor), which the analysis relies on to average over content.
 * With a KV cache, the model rotates each key once, when it enters the cache, with its own
   position. A scheme whose rotation of a key depends on the current length (dynamic NTK) sets
   ``needs_unrotated_cache = True``: the model then caches raw keys and calls ``rotate`` on the
@@ -25,14 +36,16 @@ Contract between schemes and models (every model in posenc keeps it):
   probabilities, so an explicit-softmax path). ``None`` for every other scheme.
 
 Every scheme is also callable: ``scheme(...)`` runs its one hook (:meth:`PositionalScheme.forward`),
-so ``pe(x)`` adds the encoding, ``rope(q, k)`` rotates and ``alibi(q_pos, k_pos)`` returns the bias.
+so ``pe(x)`` adds the encoding, ``rope(q, k)`` rotates, ``temperature(q, q_pos)`` returns the
+transformed queries and ``alibi(q_pos, k_pos)`` returns the bias.
 
 Queries and keys are ``[b, h, s, d_h]`` by default; ``rotate(..., qk_layout="bshd")`` takes
 ``[b, s, h, d_h]`` (flash-attention, torchtune).
 
 A hook a scheme does not use is the identity (``embed`` returns ``x``, ``rotate`` returns
-``(q, k)``, ``score_bias`` returns ``None``), so a model can call all three unconditionally;
-``scheme.hooks`` says which ones do something, so a model can also skip the rest.
+``(q, k)``, ``queries`` returns ``q``, ``score_bias`` returns ``None``), so a model can call them
+all unconditionally; ``scheme.hooks`` declares which ones do something (the capability a caller
+asks about: ``"queries" in scheme.hooks``), so a model can also skip the rest.
 
 Legend: ``b`` batch, ``s`` sequence length, ``d`` model width, ``h`` heads, ``d_h`` head width,
 ``s_q``/``s_k`` query/key lengths. Positions are integer tensors ``[s]`` or ``[b, s]``; ``None``
@@ -48,7 +61,7 @@ from torch import nn
 
 __all__ = ["HOOKS", "PositionalScheme"]
 
-HOOKS = ("embed", "rotate", "score_bias")
+HOOKS = ("embed", "rotate", "queries", "score_bias")
 
 
 class PositionalScheme(nn.Module):
@@ -56,7 +69,9 @@ class PositionalScheme(nn.Module):
 
     Class attributes a scheme sets:
         name: the registry name (``"sinusoidal"``).
-        hooks: the hooks it uses, a subset of ``("embed", "rotate", "score_bias")``.
+        hooks: the hooks it uses, a subset of :data:`HOOKS` (``"embed"``, ``"rotate"``,
+            ``"queries"``, ``"score_bias"``). A scheme that overrides :meth:`queries` must declare it
+            here (checked when the class is defined), since callers read this, never the override.
         summary: one line for ``posenc list``.
         max_len: the longest input it can encode, or ``None`` when positions are unbounded.
         causal_ok: whether the scheme can run in a causal decoder (with a KV cache).
@@ -81,6 +96,10 @@ class PositionalScheme(nn.Module):
             for a batch sharing positions and add it (the same numbers, one tensor fewer).
         promises: the analysis properties the scheme promises (``posenc verify`` fails when one
             breaks); ``None`` = the analysis's default rules from the scheme's hooks and parameters.
+        sequence_positions: a grid scheme (``position_dims`` > 1) that also takes token positions
+            ``[s]`` / ``[b, s]`` as they are (multimodal RoPE: a text token's coordinates all equal
+            its index); a caller with 1-D positions then passes them unchanged instead of the
+            coordinates ``(p, 0, ...)``. A scheme with ``position_dims`` 1 takes ``[s]`` either way.
     """
 
     name: ClassVar[str] = "base"
@@ -95,6 +114,7 @@ class PositionalScheme(nn.Module):
     eval_variants: ClassVar[tuple[str, ...]] = ()
     additive_table: ClassVar[bool] = False
     promises: ClassVar[tuple[str, ...] | None] = None
+    sequence_positions: ClassVar[bool] = False
     max_len: int | None = None
 
     @classmethod
@@ -155,6 +175,27 @@ class PositionalScheme(nn.Module):
         """
         return q, k
 
+    def queries(
+        self,
+        q: torch.Tensor,
+        q_positions: torch.Tensor | None = None,
+        *,
+        qk_layout: str | None = None,
+    ) -> torch.Tensor:
+        """Transform the queries alone (the keys are untouched), after :meth:`rotate`.
+
+        Args:
+            q: ``[b, h, s_q, d_h]`` queries (``[b, s_q, h, d_h]`` with ``qk_layout="bshd"``).
+            q_positions: ``[s_q]`` or ``[b, s_q]``, default ``arange(s_q)``.
+            qk_layout: ``"bhsd"`` or ``"bshd"``; ``None`` = the scheme's own (``"bhsd"`` unless
+                built with another). Schemes with this hook accept it.
+
+        Returns:
+            ``q``'s shape and dtype: ``A_p q + c_p`` per position ``p`` (affine in ``q``). The
+            identity (``q`` itself) for schemes without this hook.
+        """
+        return q
+
     def distance_bias(self, distance: torch.Tensor) -> torch.Tensor | None:
         """The :meth:`score_bias` of a scheme whose bias depends only on ``k_pos - q_pos`` (and not
         on content), per distance: ``distance [n]`` int64 -> ``[h, n]`` float, the same values
@@ -199,6 +240,11 @@ class PositionalScheme(nn.Module):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        if cls.queries is not PositionalScheme.queries and "queries" not in cls.hooks:
+            raise TypeError(
+                f"{cls.__name__} overrides queries but does not declare it in hooks, so a model would "
+                'never call it: add "queries" to its hooks'
+            )
         overrides = cls.relative_values is not PositionalScheme.relative_values
         declares = cls.has_relative_values is not PositionalScheme.has_relative_values
         if overrides and not declares:
@@ -238,11 +284,13 @@ class PositionalScheme(nn.Module):
         * ``embed`` schemes: ``pe(x [b, s, d], positions=None) -> [b, s, d]`` (``x`` + the encoding);
         * ``rotate`` schemes: ``rope(q, k, q_positions=None, k_positions=None, qk_layout=None)
           -> (q, k)`` (shapes as :meth:`rotate`);
+        * ``queries`` schemes: ``temperature(q, q_positions=None, qk_layout=None) -> q`` (shapes as
+          :meth:`queries`);
         * ``score_bias`` schemes: ``alibi(q_positions [s_q], k_positions [s_k], q=None)
           -> [b | 1, h, s_q, s_k]``;
         * no hooks (NoPE): ``nope(x) -> x``.
 
-        A scheme with several hooks (Transformer-XL: ``rotate`` and ``score_bias``) has no single
+        A scheme with several hooks (Transformer-XL: ``queries`` and ``score_bias``) has no single
         meaning for a call: ``TypeError`` naming the hooks to call instead.
         """
         if len(self.hooks) > 1:

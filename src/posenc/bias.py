@@ -7,7 +7,8 @@ at position ``j`` to the scaled attention logits (``softmax(q k^T / sqrt(d_h) + 
   ``m_h = 2^(-8h/n)`` for ``n`` a power of two (see :func:`alibi_slopes` for other head counts).
   On the keys a causal mask keeps (``j <= i``) this is the paper's ``-m_h * (i - j)``; a key after
   the query gets its distance's penalty too, never the paper's ``+m_h * (j - i)``, so attention
-  without a causal mask never favours far-future tokens.
+  without a causal mask never favours far-future tokens. One form serves decoders and encoders, so
+  ALiBi takes no ``causal`` argument.
 * **T5** (Raffel et al. 2020): ``bias_h(i, j) = B[bucket(j - i), h]`` with one learned scalar per
   (bucket, head); exact buckets for small distances, logarithmic ones up to ``max_distance``
   (see :func:`t5_relative_bucket`).
@@ -22,6 +23,7 @@ Legend: ``b`` batch, ``h`` heads, ``s_q``/``s_k`` query/key lengths.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -114,28 +116,22 @@ def alibi_slopes(
     return torch.tensor(slopes, dtype=torch.float64, device=device).to(dtype)
 
 
-def alibi_bias(
-    slopes: torch.Tensor, q_positions: torch.Tensor, k_positions: torch.Tensor, *, causal: bool = True
-) -> torch.Tensor:
-    """The ALiBi bias for given slopes and positions (pure function).
+def alibi_bias(slopes: torch.Tensor, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
+    """The ALiBi bias ``-m_h |i - j|`` for given slopes and positions (pure function): the paper's
+    ``-m_h (i - j)`` on every key at or before the query, and the distance's penalty on a key after
+    it (the paper's form would give it ``+m_h (j - i)``, favouring the far future wherever no causal
+    mask removes it), so decoders and encoders use the same bias.
 
     Args:
         slopes: ``[h]`` head slopes (:func:`alibi_slopes`).
         q_positions: ``[s_q]`` or ``[b, s_q]`` integer positions ``i``.
         k_positions: ``[s_k]`` or ``[b, s_k]`` integer positions ``j``.
-        causal: whether the bias serves causal attention (default True) or encoders and
-            cross-attention (False). Both give ``-m_h |i - j|``: the paper's ``-m_h (i - j)`` on
-            every key at or before the query, and the distance's penalty on a key after it (the
-            paper's form would give it ``+m_h (j - i)``, favouring the far future wherever no
-            causal mask removes it).
 
     Returns:
         ``[b | 1, h, s_q, s_k]`` in the dtype of ``slopes`` (float32 or float64).
     """
     if not isinstance(slopes, torch.Tensor) or slopes.dim() != 1 or not slopes.is_floating_point():
         raise TypeError("slopes must be a float tensor [h]; use posenc.alibi_slopes(num_heads)")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__} ({causal!r})")
     rel = relative_positions(q_positions, k_positions)  # [b|1, s_q, s_k] = j - i, exact int64
     neg_dist = rel.abs().neg()  # -|i - j| (ints: no -0.0); = j - i wherever j <= i
     with autocast_off(rel.device):
@@ -143,15 +139,33 @@ def alibi_bias(
         return neg_dist[:, None].to(slopes.dtype) * slopes[None, :, None, None]
 
 
+#: The fixes named to a caller who passes ALiBi a form (it has one) or T5 its ``bidirectional``
+#: (posenc's one argument is ``causal``, its negation).
+_ALIBI_FORM_FIX = "drop it: ALiBi's bias is -m_h |i - j| in decoders and encoders alike"
+_CAUSAL_FIX = "pass causal=not bidirectional (causal=True: a decoder's one-directional buckets)"
+
+
+def _refuse_removed(what: str, given: dict[str, Any], fixes: dict[str, str]) -> None:
+    """A ``TypeError`` naming the fix for a keyword argument ``what`` no longer takes."""
+    for key in given:
+        fix = fixes.get(key)
+        raise TypeError(
+            f"{what} no longer takes {key}=: {fix}"
+            if fix
+            else f"{what} got an unexpected keyword argument {key!r}"
+        )
+
+
 class ALiBi(PositionalScheme):
     """Attention with Linear Biases (Press et al. 2022): a fixed, per-head linear distance penalty.
 
     Args:
         num_heads: ``h``, the number of attention heads.
-        causal: True (default) for decoders, False for encoders and cross-attention. The bias is
-            ``-m_h |i - j|`` either way: the paper's ``-m_h (i - j)`` on the keys a causal mask
-            keeps, and never larger for a key after the query than for the query itself, so a
-            model that forgets the causal mask does not favour far-future tokens.
+
+    One form serves decoders, encoders and cross-attention: the bias is ``-m_h |i - j|``, the
+    paper's ``-m_h (i - j)`` on the keys a causal mask keeps, and never larger for a key after the
+    query than for the query itself, so a model that forgets the causal mask does not favour
+    far-future tokens. (Hence no ``causal`` argument: it could not change a value.)
 
     Shapes: ``score_bias(q_positions [s_q] | [b, s_q], k_positions [s_k] | [b, s_k])
     -> [b | 1, h, s_q, s_k]`` float32. No parameters and no buffers: the slopes are recomputed
@@ -162,12 +176,10 @@ class ALiBi(PositionalScheme):
     hooks = ("score_bias",)
     summary = "fixed per-head linear distance penalty on the logits (Press et al. 2022); any length"
 
-    def __init__(self, num_heads: int, causal: bool = True) -> None:
+    def __init__(self, num_heads: int, **removed: Any) -> None:
         super().__init__()
+        _refuse_removed("ALiBi", removed, {"causal": _ALIBI_FORM_FIX})
         self.num_heads = check_int(num_heads, "num_heads")
-        if not isinstance(causal, bool):
-            raise TypeError(f"causal must be a bool, got {type(causal).__name__} ({causal!r})")
-        self.causal = causal
 
     def slopes(self, device: torch.device | str | None = None) -> torch.Tensor:
         """The float32 slopes ``[h]``."""
@@ -177,7 +189,7 @@ class ALiBi(PositionalScheme):
         self, q_positions: torch.Tensor, k_positions: torch.Tensor, q: torch.Tensor | None = None
     ) -> torch.Tensor:
         device = q_positions.device if isinstance(q_positions, torch.Tensor) else None
-        return alibi_bias(self.slopes(device), q_positions, k_positions, causal=self.causal)
+        return alibi_bias(self.slopes(device), q_positions, k_positions)
 
     def distance_bias(self, distance: torch.Tensor) -> torch.Tensor:
         """``[n]`` distances ``j - i`` -> ``[h, n]``: :meth:`score_bias`'s values, bit for bit."""
@@ -187,24 +199,22 @@ class ALiBi(PositionalScheme):
             return neg_dist[None].to(slopes.dtype) * slopes[:, None]  # [1, n] * [h, 1] -> [h, n]
 
     def extra_repr(self) -> str:
-        return f"num_heads={self.num_heads}, causal={self.causal}"
+        return f"num_heads={self.num_heads}"
 
 
 # ----------------------------------------------------------------------------------------------
 # T5
 # ----------------------------------------------------------------------------------------------
-def _check_buckets(bidirectional: bool, num_buckets: int, max_distance: int) -> None:
-    if not isinstance(bidirectional, bool):
-        raise TypeError(
-            f"bidirectional must be a bool, got {type(bidirectional).__name__} ({bidirectional!r})"
-        )
-    check_int(num_buckets, "num_buckets", minimum=4 if bidirectional else 2)
-    if bidirectional and num_buckets % 2:
+def _check_buckets(causal: bool, num_buckets: int, max_distance: int) -> None:
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__} ({causal!r})")
+    check_int(num_buckets, "num_buckets", minimum=2 if causal else 4)
+    if not causal and num_buckets % 2:
         raise ValueError(
-            f"num_buckets must be even when bidirectional=True (half per direction), got {num_buckets}; "
+            f"num_buckets must be even when causal=False (half per direction), got {num_buckets}; "
             f"use {num_buckets + 1}"
         )
-    max_exact = (num_buckets // 2 if bidirectional else num_buckets) // 2
+    max_exact = (num_buckets if causal else num_buckets // 2) // 2
     check_int(
         max_distance,
         "max_distance",
@@ -215,23 +225,26 @@ def _check_buckets(bidirectional: bool, num_buckets: int, max_distance: int) -> 
 
 def t5_relative_bucket(
     relative_position: torch.Tensor,
-    bidirectional: bool = True,
+    *,
+    causal: bool = False,
     num_buckets: int = 32,
     max_distance: int = 128,
+    **removed: Any,
 ) -> torch.Tensor:
     """T5's bucket of each relative position (Raffel et al. 2020; Mesh TensorFlow, HF ``T5Attention``).
 
     ``relative_position = memory_position - query_position`` (key minus query). Distances below
-    ``max_exact = n/2`` (``n`` = buckets per direction: ``num_buckets/2`` if bidirectional, else
-    ``num_buckets``) get a bucket each; larger ones share logarithmically wider buckets up to
-    ``max_distance``, beyond which all fall in the last bucket. Bidirectional: keys after the
-    query (``relative_position > 0``) use buckets ``n..2n-1``. Causal (``bidirectional=False``):
-    keys after the query are clipped to distance 0.
+    ``max_exact = n/2`` (``n`` = buckets per direction: ``num_buckets`` if causal, else
+    ``num_buckets/2``) get a bucket each; larger ones share logarithmically wider buckets up to
+    ``max_distance``, beyond which all fall in the last bucket. Not causal (T5's encoder, its
+    ``bidirectional=True``): keys after the query (``relative_position > 0``) use buckets
+    ``n..2n-1``. Causal (T5's decoder): keys after the query are clipped to distance 0.
 
     Args:
         relative_position: integer tensor of any shape ``[...]``.
-        bidirectional: whether keys after the query are distinguished (encoders) or not (decoders).
-        num_buckets: total number of buckets (T5: 32). Even if ``bidirectional``.
+        causal: whether the buckets serve a decoder (keys after the query are not distinguished)
+            or an encoder (default False: they are). T5's code calls this ``bidirectional = not causal``.
+        num_buckets: total number of buckets (T5: 32). Even unless ``causal``.
         max_distance: distance from which every position shares the last bucket (T5: 128).
 
     Returns:
@@ -250,11 +263,12 @@ def t5_relative_bucket(
             f"relative_position must be an integer tensor, got dtype {relative_position.dtype}; "
             "pass e.g. (k_positions[None, :] - q_positions[:, None]).long()"
         )
-    _check_buckets(bidirectional, num_buckets, max_distance)
+    _refuse_removed("t5_relative_bucket", removed, {"bidirectional": _CAUSAL_FIX})
+    _check_buckets(causal, num_buckets, max_distance)
     rel = relative_position.long()
     buckets = torch.zeros_like(rel)
     n = num_buckets
-    if bidirectional:
+    if not causal:
         n //= 2
         buckets = buckets + (rel > 0).long() * n  # keys after the query: upper half
         dist = rel.abs()
@@ -280,13 +294,14 @@ def t5_relative_bucket(
 T5_MAX_DISTANCE = 128
 
 
-def default_max_distance(num_buckets: int, bidirectional: bool, max_len: int | None) -> int:
+def default_max_distance(num_buckets: int, max_len: int | None, *, causal: bool = False) -> int:
     """T5's 128, capped at half the trained length ``max_len`` so every bucket is trained, and
-    kept above the exact buckets (which need ``max_distance > max_exact``)."""
+    kept above the exact buckets (which need ``max_distance > max_exact``; ``causal`` as in
+    :func:`t5_relative_bucket`)."""
     if max_len is None:
         return T5_MAX_DISTANCE
     check_int(max_len, "max_len")
-    max_exact = (num_buckets // 2 if bidirectional else num_buckets) // 2
+    max_exact = (num_buckets if causal else num_buckets // 2) // 2
     return max(max_exact + 1, min(T5_MAX_DISTANCE, max_len // 2))
 
 
@@ -298,9 +313,10 @@ class T5RelativeBias(PositionalScheme):
         num_buckets: number of buckets (T5: 32).
         max_distance: distance where the last bucket starts. Default: T5's 128, or half the
             trained length ``max_len`` when that is shorter (see below).
-        bidirectional: True (default, T5's encoder) for encoders; False for causal decoders (T5's
-            decoder; a model's decoder passes it): keys after the query share distance 0's bucket,
-            so a future key never gets more bias than the present one.
+        causal: False (default, T5's encoder) for encoders; True for decoders (T5's decoder; a
+            model's decoder passes it): keys after the query share distance 0's bucket, so a
+            future key never gets more bias than the present one. (T5's code names the encoder
+            form ``bidirectional``; posenc has one ``causal`` argument.)
         init_std: std of the normal initialisation of the ``[num_buckets, h]`` table.
         max_len: the length the model is trained at (a model offers its ``max_len``). Used only
             to choose the default ``max_distance``; T5 buckets themselves have no length limit.
@@ -326,20 +342,22 @@ class T5RelativeBias(PositionalScheme):
         num_heads: int,
         num_buckets: int = 32,
         max_distance: int | None = None,
-        bidirectional: bool = True,
+        *,
+        causal: bool = False,
         init_std: float = 0.02,
         max_len: int | None = None,
-        *,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        **removed: Any,
     ) -> None:
         super().__init__()
+        _refuse_removed("T5RelativeBias", removed, {"bidirectional": _CAUSAL_FIX})
         self.num_heads = check_int(num_heads, "num_heads")
         if max_distance is None:
-            _check_buckets(bidirectional, num_buckets, 2**62)  # the other arguments first, for clear errors
-            max_distance = default_max_distance(num_buckets, bidirectional, max_len)
-        _check_buckets(bidirectional, num_buckets, max_distance)
-        self.num_buckets, self.max_distance, self.bidirectional = num_buckets, max_distance, bidirectional
+            _check_buckets(causal, num_buckets, 2**62)  # the other arguments first, for clear errors
+            max_distance = default_max_distance(num_buckets, max_len, causal=causal)
+        _check_buckets(causal, num_buckets, max_distance)
+        self.num_buckets, self.max_distance, self.causal = num_buckets, max_distance, causal
         self.init_std = check_positive_float(init_std, "init_std")
         self.relative_attention_bias = nn.Embedding(
             num_buckets, self.num_heads, **factory_kwargs(device, dtype)
@@ -353,7 +371,9 @@ class T5RelativeBias(PositionalScheme):
         self, q_positions: torch.Tensor, k_positions: torch.Tensor, q: torch.Tensor | None = None
     ) -> torch.Tensor:
         rel = relative_positions(q_positions, k_positions)  # [b|1, s_q, s_k]
-        buckets = t5_relative_bucket(rel, self.bidirectional, self.num_buckets, self.max_distance)
+        buckets = t5_relative_bucket(
+            rel, causal=self.causal, num_buckets=self.num_buckets, max_distance=self.max_distance
+        )
         values = self.relative_attention_bias(buckets)  # [b|1, s_q, s_k, h]
         # float32 at least (a bf16 table's values are exact in float32); a float64 table stays float64
         out_dtype = torch.promote_types(values.dtype, torch.float32)
@@ -361,12 +381,14 @@ class T5RelativeBias(PositionalScheme):
 
     def distance_bias(self, distance: torch.Tensor) -> torch.Tensor:
         """``[n]`` distances ``j - i`` -> ``[h, n]``: :meth:`score_bias`'s values (differentiable)."""
-        buckets = t5_relative_bucket(distance, self.bidirectional, self.num_buckets, self.max_distance)
+        buckets = t5_relative_bucket(
+            distance, causal=self.causal, num_buckets=self.num_buckets, max_distance=self.max_distance
+        )
         values = self.relative_attention_bias(buckets)  # [n, h]
         return values.t().to(torch.promote_types(values.dtype, torch.float32))  # [n, h] -> [h, n]
 
     def extra_repr(self) -> str:
         return (
             f"num_heads={self.num_heads}, num_buckets={self.num_buckets}, "
-            f"max_distance={self.max_distance}, bidirectional={self.bidirectional}"
+            f"max_distance={self.max_distance}, causal={self.causal}"
         )

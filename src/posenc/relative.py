@@ -1,7 +1,8 @@
 """Relative position schemes whose bias depends on the query content: Shaw et al. and Transformer-XL.
 
-Both act through the ``score_bias`` hook, which receives the projected queries ``q`` before
-``rotate`` and returns the term added to the *scaled* logits (so it divides by ``sqrt(d_h)``):
+Both act through the ``score_bias`` hook, which receives the projected queries ``q`` (before any
+``rotate`` or ``queries`` hook) and returns the term added to the *scaled* logits (so it divides
+by ``sqrt(d_h)``):
 
 * **Shaw et al. 2018**: ``e_ij = q_i . (k_j + a^K_ij) / sqrt(d_h)`` with learned vectors
   ``a^K_ij = w^K_{clip(j - i, -k, k)}`` (``2k + 1`` of them, shared by all heads and layers of
@@ -14,7 +15,8 @@ Both act through the ``score_bias`` hook, which receives the projected queries `
       A_ij = q_i.k_j (a) + q_i.W_R R_{i-j} (b) + u.k_j (c) + v.W_R R_{i-j} (d)
            = (q_i + u).k_j + (q_i + v).W_R R_{i-j}
 
-  (a)+(c) go through ``rotate`` (it returns ``(q + u, k)``), (b)+(d) through ``score_bias``.
+  (a)+(c) go through the ``queries`` hook (it returns ``q + u``: the keys are untouched),
+  (b)+(d) through ``score_bias``.
 
 Legend: ``b`` batch, ``h`` heads, ``s_q``/``s_k`` query/key lengths, ``d_h`` head width, ``d``
 model width (``d_model``), ``k`` Shaw's clipping distance.
@@ -44,7 +46,8 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
 def _check_q(q: object, positions: torch.Tensor, num_heads: int, head_dim: int, scheme: str) -> torch.Tensor:
     if q is None:
         raise ValueError(
-            f"{scheme}.score_bias needs the queries: pass q=[b, h, s_q, d_h] (projected, before rotate)"
+            f"{scheme}.score_bias needs the queries: pass q=[b, h, s_q, d_h] "
+            "(projected, before rotate/queries)"
         )
     if not isinstance(q, torch.Tensor) or not q.is_floating_point():
         what = q.dtype if isinstance(q, torch.Tensor) else type(q).__name__
@@ -224,14 +227,14 @@ class TransformerXLRelative(PositionalScheme):
     ``(sin, cos)`` pairs. Since ``R`` only enters through the learned ``W_R``, the two are the same
     model up to a permutation of ``W_R``'s columns (see :meth:`load_official_r_net`).
 
-    Shapes: ``rotate(q [b, h, s_q, d_h], k) -> (q + u, k)``; ``score_bias(q_positions [s_q] |
+    Shapes: ``queries(q [b, h, s_q, d_h], q_positions) -> q + u``; ``score_bias(q_positions [s_q] |
     [b, s_q], k_positions [s_k] | [b, s_k], q [b, h, s_q, d_h]) -> [b, h, s_q, s_k]`` float32
     (float64 for float64 ``q``). Keys may include a memory (earlier positions, ``s_k > s_q``).
     """
 
     name = "transformer_xl"
     score_bias_uses_query = True
-    hooks = ("rotate", "score_bias")
+    hooks = ("queries", "score_bias")
     summary = "sinusoidal relative distance through W_R, with global u, v biases (Dai et al. 2019)"
 
     def __init__(
@@ -261,17 +264,15 @@ class TransformerXLRelative(PositionalScheme):
         for p in (self.r_w_bias, self.r_r_bias, self.r_net.weight):
             nn.init.normal_(p, std=self.init_std)
 
-    def rotate(
+    def queries(
         self,
         q: torch.Tensor,
-        k: torch.Tensor,
         q_positions: torch.Tensor | None = None,
-        k_positions: torch.Tensor | None = None,
         *,
         qk_layout: str | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(q + u, k)``: the content bias ``u`` on every query (``qk_layout`` as in
-        :meth:`PositionalScheme.rotate`: ``"bhsd"``, the default, or ``"bshd"``)."""
+    ) -> torch.Tensor:
+        """``q + u``: the content bias ``u`` on every query, whatever its position (``qk_layout`` as
+        in :meth:`PositionalScheme.queries`: ``"bhsd"``, the default, or ``"bshd"``)."""
         bshd = check_choice(qk_layout or "bhsd", "qk_layout", ("bhsd", "bshd")) == "bshd"
         head_axis = 2 if bshd else 1
         if (
@@ -286,7 +287,7 @@ class TransformerXLRelative(PositionalScheme):
                 f"got {tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__}"
             )
         u = self.r_w_bias.to(q.dtype)  # [h, d_h]
-        return q + (u[None, None] if bshd else u[None, :, None, :]), k  # (q + u).k = (a) + (c)
+        return q + (u[None, None] if bshd else u[None, :, None, :])  # (q + u).k = (a) + (c)
 
     def score_bias(
         self, q_positions: torch.Tensor, k_positions: torch.Tensor, q: torch.Tensor | None = None

@@ -12,8 +12,8 @@ with ``floor_scale = 8192`` and ``attn_scale = 0.1`` in Llama 4.
 A NoPE layer's attention spreads out as the context grows (more keys share the softmax); the factor
 sharpens it again, one step per ``floor_scale`` tokens, so the layer keeps focusing at lengths far
 past training. Below ``floor_scale - 1`` the factor is exactly 1: the layer is plain NoPE. Keys are
-not touched, so it acts through the ``rotate`` hook (the transform of queries and keys by their
-positions) as the identity on keys.
+not touched and nothing rotates, so it acts through the ``queries`` hook (a transform of the queries
+alone, applied after any rotation, as Llama 4 applies it after RoPE).
 
 Positions are the queries' own (offset by a KV cache, restarting per packed document, counted over
 real tokens with left padding). Hugging Face's Llama 4 counts slots instead (``arange(s)`` plus the
@@ -51,13 +51,13 @@ class QueryTemperature(PositionalScheme):
         attn_scale: the factor's growth per ``log1p`` of the steps (Llama 4: 0.1).
         qk_layout: ``"bhsd"`` (default) or ``"bshd"``.
 
-    Shapes: ``rotate(q [b, h, s_q, d_h], k [b, h_kv, s_k, d_h], q_positions [s_q] | [b, s_q],
-    k_positions) -> (q * factor, k)``, shapes and dtypes unchanged (the factor in float32, or
+    Shapes: ``queries(q [b, h, s_q, d_h], q_positions [s_q] | [b, s_q]) -> q * factor``, shape and
+    dtype unchanged (the factor in float32, or
     float64 for float64 queries, and the product rounded once to q's dtype, as Llama 4).
     """
 
     name = "nope_temperature"
-    hooks = ("rotate",)
+    hooks = ("queries",)
     summary = "no positions; queries scaled by log1p(floor((p+1)/8192)) * 0.1 + 1 (Llama 4's NoPE layers)"
 
     def __init__(self, floor_scale: float = 8192.0, attn_scale: float = 0.1, qk_layout: str = "bhsd") -> None:
@@ -66,15 +66,13 @@ class QueryTemperature(PositionalScheme):
         self.attn_scale = check_positive_float(attn_scale, "attn_scale")
         self.qk_layout = check_choice(qk_layout, "qk_layout", QK_LAYOUTS)
 
-    def rotate(
+    def queries(
         self,
         q: torch.Tensor,
-        k: torch.Tensor,
         q_positions: torch.Tensor | None = None,
-        k_positions: torch.Tensor | None = None,
         *,
         qk_layout: str | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> torch.Tensor:
         qk_layout = self.qk_layout if qk_layout is None else check_choice(qk_layout, "qk_layout", QK_LAYOUTS)
         if not isinstance(q, torch.Tensor) or not q.is_floating_point() or q.dim() != 4:
             what = tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__
@@ -89,7 +87,7 @@ class QueryTemperature(PositionalScheme):
         if pos.dim() == 2:
             shape[0] = pos.shape[0]
         shape[seq_axis] = pos.shape[-1]
-        return (q * factor.view(shape)).to(q.dtype), k
+        return (q * factor.view(shape)).to(q.dtype)
 
     def extra_repr(self) -> str:
         return f"floor_scale={self.floor_scale}, attn_scale={self.attn_scale}"

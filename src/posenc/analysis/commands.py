@@ -181,7 +181,7 @@ def report_args(p: argparse.ArgumentParser) -> None:
     form.add_argument(
         "--causal",
         action="store_true",
-        help="build schemes as a causal decoder would (the default, as the library's ALiBi and T5 are)",
+        help="build schemes as a causal decoder would (the default; T5's one-directional buckets)",
     )
     form.add_argument(
         "--bidirectional",

@@ -261,12 +261,13 @@ EXPLORERS: tuple[Explorer, ...] = (
     ),
     Explorer(
         "Biases by head: causal or bidirectional",
-        lambda hooks, keys: "score_bias" in hooks and "causal" in keys,
+        lambda hooks, keys: "score_bias" in hooks,
         _heads,
-        "One head's bias for every query m and key n. Move <b>head</b>: each head has its own slope, "
-        "from steep (attends locally) to almost flat (sees the whole context). <b>causal</b> shows what a "
-        "decoder sees (keys after the query are masked, blank); <b>bidirectional</b> the symmetric "
-        "form an encoder uses, −slope·|m − n|.",
+        "One head's bias for every query m and key n. Move <b>head</b>: each head has its own (ALiBi: a "
+        "slope from steep, attending locally, to almost flat, seeing the whole context). <b>causal</b> "
+        "shows what a decoder sees (keys after the query are masked, blank) from the scheme built as a "
+        "decoder's; <b>bidirectional</b> the scheme built as an encoder's (ALiBi's bias is the same "
+        "symmetric −slope·|m − n| in both; T5 gives keys after the query buckets of their own).",
     ),
 )
 

@@ -104,12 +104,10 @@ def rotation_axes(
     """
     probe = scheme if isinstance(scheme, Probe) else make_probe(scheme, context)
     if not probe.rotates:
-        why = (
-            "its 'rotate' hook does not depend on position"
-            if "rotate" in probe.hooks
-            else f"it has no 'rotate' hook (hooks: {list(probe.hooks) or 'none'})"
+        raise ValueError(
+            f"scheme {probe.name!r} does not rotate q and k with position: it has no 'rotate' hook "
+            f"(hooks: {list(probe.hooks) or 'none'})"
         )
-        raise ValueError(f"scheme {probe.name!r} does not rotate q and k with position: {why}")
     dims = probe.scheme.position_dims
     eye = torch.eye(probe.head_dim)  # [d_h, d_h]: one basis vector per row
     axis = torch.full((probe.head_dim,), -1, dtype=torch.long)

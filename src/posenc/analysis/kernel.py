@@ -1,23 +1,28 @@
 """The positional kernel: what a scheme adds to the attention logit between positions m and n.
 
-Every scheme acts through up to three hooks (docs/architecture.md). For fixed content, the part of
-the scaled attention logit that depends on the query position ``m`` and key position ``n`` is
+Every scheme acts through its hooks (docs/architecture.md). For fixed content, the part of the
+scaled attention logit that depends on the query position ``m`` and key position ``n`` is
 
 ==============  ===================================================================================
 hook            kernel ``K(m, n)`` (one value per head ``h``)
 ==============  ===================================================================================
 ``embed``       ``(PE(m) W_q) . (PE(n) W_k) / sqrt(d')``; projections default to identity (``d' = d``)
 ``rotate``      ``(R_m q) . (R_n k) / sqrt(d_h)`` for content ``q``, ``k``
+``queries``     what the query transform ``Q_m`` adds: ``(Q_m(q') - q') . k' / sqrt(d_h)``, with
+                ``q'``, ``k'`` the (rotated, if the scheme rotates) content
 ``score_bias``  the bias itself, ``bias[h, m, n]`` (already on the scaled-logit scale)
 ==============  ===================================================================================
 
-and a scheme with several hooks gets the sum. A ``rotate`` hook that does not depend on position
-(Transformer-XL adds its global ``u`` to the queries there) is content, not position, and
-contributes nothing. Content is chosen by ``content``:
+and a scheme with several hooks gets the sum. Which hooks run is read from ``scheme.hooks``, the
+position form from ``position_dims`` (and ``sequence_positions``) and the head count a hook takes
+from the scheme's ``num_heads`` (1 when it declares none): the analysis never calls a scheme with
+trial shapes. Content is chosen by ``content``:
 
 * ``"mean"`` (default): the expectation over isotropic unit-variance content shared by query
   and key (``q = k = c``, ``E[c c^T] = I``). For a rotation this is exact and deterministic:
-  ``E[(R_m c).(R_n c)] = trace(R_m^T R_n)``, computed by rotating the ``d_h`` basis vectors.
+  ``E[(R_m c).(R_n c)] = trace(R_m^T R_n)``, computed by rotating the ``d_h`` basis vectors. A
+  query transform is affine per position (``Q_m(c) = A_m c + b_m``), so its mean is
+  ``trace(A_m) - d_h`` (Transformer-XL's ``u``: 0; Llama 4's temperature: ``(f(m) - 1) d_h``).
   Biases that depend on content (Shaw, Transformer-XL) are affine in ``q``, so their mean is the
   bias at ``q = 0``.
 * ``"random"``: one seeded draw ``q, k ~ N(0, I)``, independent (RoFormer's setting).
@@ -53,6 +58,7 @@ __all__ = [
     "kernel_curve",
     "make_probe",
     "positional_kernel",
+    "query_rows",
     "rotate_rows",
     "rotation_frequencies",
 ]
@@ -101,14 +107,9 @@ class Probe:
 
     @property
     def rotates(self) -> bool:
-        """True when the scheme has a ``rotate`` hook whose output depends on position.
-
-        Transformer-XL uses ``rotate`` to add its global bias ``u`` to the queries: a content
-        term, the same at every position, so it contributes nothing positional.
-        """
-        if "rotates" not in self.cache:
-            self.cache["rotates"] = "rotate" in self.hooks and _rotate_moves(self)
-        return self.cache["rotates"]
+        """True when the scheme declares a ``rotate`` hook (a rotation of queries and keys by their
+        positions; a transform of the queries alone is the ``queries`` hook)."""
+        return "rotate" in self.hooks
 
     @property
     def has_vectors(self) -> bool:
@@ -225,42 +226,21 @@ def _lift(pos: torch.Tensor, axes: int) -> torch.Tensor:
     return coords
 
 
-def _attention_shape(probe: Probe, hook: str) -> tuple[int, int]:
-    """``(heads, axes)`` the scheme's ``rotate``/``score_bias`` accepts: 1 head or ``num_heads``;
-    ``[s]`` positions or ``[s, 2]``/``[s, 3]`` coordinates.
-
-    Found once by trying two-token calls, so axial schemes (2-D RoPE for image patches) are probed
-    along their first axis and per-head schemes get their head count.
-    """
-    key = f"shape_{hook}"
-    if key not in probe.cache:
-        first: Exception | None = None
-        heads_options = (1, probe.num_heads) if hook == "rotate" else (probe.num_heads,)
-        for axes in (1, 2, 3):
-            for heads in heads_options:
-                pos = _lift(torch.arange(2), axes)
-                x = torch.zeros(1, heads, 2, probe.head_dim)  # [1, h, 2, d_h]
-                try:
-                    with torch.no_grad():
-                        if hook == "rotate":
-                            probe.scheme.rotate(x, x, pos, pos)
-                        else:
-                            probe.scheme.score_bias(pos, pos, x)
-                except (ValueError, TypeError, RuntimeError, IndexError) as err:
-                    first = first or err
-                    continue
-                probe.cache[key] = (heads, axes)
-                return probe.cache[key]
-        raise ValueError(f"cannot probe {probe.name!r}.{hook} with 1-D or (p, 0[, 0]) positions: {first}")
-    return probe.cache[key]
+def _hook_heads(probe: Probe) -> int:
+    """Heads to feed ``rotate``/``queries``: the scheme's own ``num_heads`` when it declares one (a
+    module built for ``h`` heads checks them; Transformer-XL's ``u`` is one vector per head), else 1."""
+    heads = getattr(probe.scheme, "num_heads", None)
+    return heads if isinstance(heads, int) and not isinstance(heads, bool) and heads > 0 else 1
 
 
-def _rotate_moves(probe: Probe) -> bool:
-    """Whether ``rotate`` changes with position: random content at positions 0 and 1 differ."""
-    x = torch.randn(2, probe.head_dim, generator=torch.Generator().manual_seed(2))  # [2, d_h]
-    q, k = rotate_rows(probe, x, torch.tensor([0, 1]), None)  # [2, 2, d_h] each
-    moved = torch.cat([(q[:, 1] - q[:, 0]).abs(), (k[:, 1] - k[:, 0]).abs()])
-    return bool(moved.max() > 1e-6 * x.abs().max())
+def _hook_positions(probe: Probe, pos: torch.Tensor) -> torch.Tensor:
+    """Positions in the form the scheme's attention hooks take, read from its declarations: ``[s]``
+    for a 1-D scheme, or a grid scheme that declares ``sequence_positions``; coordinates ``[s, D]``
+    (``[s]`` as ``(p, 0, ..)``) for another grid scheme of ``D = position_dims`` axes."""
+    dims = probe.scheme.position_dims
+    if dims == 1 or (pos.dim() == 1 and probe.scheme.sequence_positions):
+        return pos
+    return _lift(pos, dims)
 
 
 def rotate_rows(
@@ -269,8 +249,8 @@ def rotate_rows(
     """Rotate each content vector at every position through the scheme's ``rotate`` hook, as query
     and as key (head 0): ``content [c, d_h]``, positions ``[s]`` (or grid coordinates ``[s, D]``)
     -> ``(R q, R k)``, each ``[c, s, d_h]``, in ``dtype`` (float32 by default)."""
-    heads, axes = _attention_shape(probe, "rotate")
-    coords = _lift(pos, axes)  # [s] or [s, n]
+    heads = _hook_heads(probe)
+    coords = _hook_positions(probe, pos)  # [s] or [s, D]
     module = _cast(probe, dtype)
     dt = dtype or torch.float32
     c = content.shape[0]
@@ -278,6 +258,31 @@ def rotate_rows(
     with torch.no_grad():
         q, k = module.rotate(x.contiguous(), x.contiguous(), coords, coords)
     return q[:, 0], k[:, 0]  # head 0: [c, h, s, d_h] -> [c, s, d_h]
+
+
+def query_rows(probe: Probe, rows: torch.Tensor, pos: torch.Tensor, *, linear: bool = False) -> torch.Tensor:
+    """The scheme's ``queries`` hook on query rows at their positions, for every head it takes.
+
+    Args:
+        probe: the scheme (its ``queries`` hook; the identity for a scheme without one).
+        rows: ``[c, s, d_h]`` query vectors, row ``j`` of each at position ``pos[j]``.
+        pos: ``[s]`` positions (or grid coordinates ``[s, D]``).
+        linear: return the linear part ``A_p q`` only (the hook minus its value at ``q = 0``).
+
+    Returns:
+        ``[c, h, s, d_h]`` in ``rows``' dtype (float32 at least), ``h`` = the scheme's ``num_heads``
+        (1 when it declares none).
+    """
+    heads = _hook_heads(probe)
+    c, s, d_h = rows.shape
+    wide = torch.promote_types(rows.dtype, torch.float32)
+    x = rows.to(wide)[:, None].expand(c, heads, s, d_h).contiguous()  # [c, h, s, d_h]
+    coords = _hook_positions(probe, pos)
+    with torch.no_grad():
+        out = probe.scheme.queries(x, coords, qk_layout="bhsd")
+        if linear:
+            out = out - probe.scheme.queries(torch.zeros_like(x[:1]), coords, qk_layout="bhsd")  # - b_p
+    return out
 
 
 def encodings(
@@ -376,14 +381,33 @@ def _rotate_kernel(probe: Probe, qp: torch.Tensor, kp: torch.Tensor, mode: str, 
     return (kern / math.sqrt(probe.head_dim))[None]  # [1, m, n]
 
 
+def _queries_kernel(probe: Probe, qp: torch.Tensor, kp: torch.Tensor, mode: str, seed: int) -> torch.Tensor:
+    """``(Q_m(q') - q') . k' / sqrt(d_h)`` per head: what the query transform adds to the logit, for
+    the content (rotated first when the scheme rotates): ``[h, m, n]`` float64."""
+    cq, ck, _ = _content(probe, mode, seed)  # [c, d_h] each
+    if probe.rotates:
+        rq, rk = rotate_rows(probe, cq, qp, None)[0], rotate_rows(probe, ck, kp, None)[1]  # [c, m|n, d_h]
+    else:
+        rq = cq[:, None].expand(-1, qp.shape[0], -1)  # [c, m, d_h]
+        rk = ck[:, None].expand(-1, kp.shape[0], -1)  # [c, n, d_h]
+    moved = query_rows(probe, rq.double(), qp, linear=mode == "mean")  # [c, h, m, d_h] float64
+    scale = math.sqrt(probe.head_dim)
+    if mode == "mean" and not probe.rotates:
+        # c runs over the basis (E[c c^T] = I, q = k = c): E[(A_m c - c).c] = trace(A_m) - d_h, any key
+        diag = torch.diagonal(moved, dim1=0, dim2=-1)  # [c, h, m, d_h] -> [h, m, d_h]: (A_m)_jj
+        trace = diag.sum(-1) - probe.head_dim  # [h, m]
+        return (trace / scale)[:, :, None].expand(-1, -1, kp.shape[0])  # [h, m, n]
+    delta = moved - rq.double()[:, None]  # [c, h, m, d_h]
+    return torch.einsum("chmd,cnd->hmn", delta, rk.double()) / scale  # sum over contents and dims
+
+
 def _bias_kernel(probe: Probe, qp: torch.Tensor, kp: torch.Tensor, mode: str, seed: int) -> torch.Tensor:
     _, _, qc = _content(probe, mode, seed)
     q = (
         qc[None, :, None, :].expand(1, probe.num_heads, qp.shape[0], probe.head_dim).contiguous()
     )  # [1, h, m, d_h]
-    _, axes = _attention_shape(probe, "score_bias")
     with torch.no_grad():
-        bias = probe.scheme.score_bias(_lift(qp, axes), _lift(kp, axes), q)
+        bias = probe.scheme.score_bias(_hook_positions(probe, qp), _hook_positions(probe, kp), q)
     if bias is None:
         return torch.zeros(1, qp.shape[0], kp.shape[0], dtype=torch.float64)
     return bias.double().reshape(-1, *bias.shape[-3:])[0]  # [b | 1, h, m, n] -> [h, m, n]
@@ -409,14 +433,14 @@ def positional_kernel(
         k_positions: key positions ``[n]`` or ``[n, D]`` (default: the query positions).
         content: ``"mean"`` (expectation over shared isotropic content) or ``"random"`` (a seeded
             independent ``q, k``; biases get one random query per head, the same at every
-            position); only ``rotate`` and content-dependent biases use it.
+            position); only ``rotate``, ``queries`` and content-dependent biases use it.
         seed: the random content's seed.
         projection: for ``embed``: ``W [d, d']`` applied to both sides, or ``(W_q, W_k)``.
         context: sizes used when ``scheme`` is a name (see :func:`make_probe`).
 
     Returns:
         float64 ``[h, m, n]``: ``h = 1`` for ``embed``/``rotate`` alone, the scheme's heads when it
-        has a bias. All zeros for a scheme without hooks (NoPE).
+        has a bias or a per-head query transform. All zeros for a scheme without hooks (NoPE).
     """
     probe = _as_probe(scheme, context)
     check_choice(content, "content", CONTENT_MODES)
@@ -428,6 +452,8 @@ def positional_kernel(
         total = total + _embed_kernel(probe, qp, kp, projection)
     if probe.rotates:
         total = total + _rotate_kernel(probe, qp, kp, content, seed)
+    if "queries" in probe.hooks:
+        total = total + _queries_kernel(probe, qp, kp, content, seed)  # [1, m, n] + [h, m, n]
     if "score_bias" in probe.hooks:
         total = total + _bias_kernel(probe, qp, kp, content, seed)  # [1, m, n] + [h, m, n] -> [h, m, n]
     return total

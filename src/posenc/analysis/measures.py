@@ -230,15 +230,14 @@ def _symmetry(probe: Probe) -> Measurement:
 def _beyond(probe: Probe) -> Measurement:
     far = 4 * probe.nominal_len
     pos = torch.arange(far - 32, far)
-    try:
-        k = positional_kernel(probe, pos)
-    except (ValueError, IndexError, RuntimeError) as err:
+    if probe.bounded_length and far > probe.scheme.max_len:  # declared: no encoding past max_len
         return Measurement(
             0.0,
             1.0,
-            f"positions {far - 32}..{far - 1} (4x nominal length {probe.nominal_len}) "
-            f"raise: {str(err).splitlines()[0]}",
+            f"positions {far - 32}..{far - 1} (4x nominal length {probe.nominal_len}) are past the "
+            f"scheme's max_len={probe.scheme.max_len}: it has no encoding there",
         )
+    k = positional_kernel(probe, pos)
     frac = float(torch.isfinite(k).double().mean())
     return Measurement(
         frac,

@@ -40,9 +40,10 @@ GROUPS: tuple[tuple[str, str, str], ...] = (
 
 HOW_TO_READ = """<div class="read"><b>How to read this page.</b>
 <ul>
-<li>A positional scheme tells attention where tokens are. It acts in up to three places (its
+<li>A positional scheme tells attention where tokens are. It acts in up to four places (its
 <i>hooks</i>): it adds a vector to each input (<code>embed</code>), rotates queries and keys
-(<code>rotate</code>), or adds a bias to the attention logits (<code>score_bias</code>).</li>
+(<code>rotate</code>), transforms the queries alone (<code>queries</code>), or adds a bias to the
+attention logits (<code>score_bias</code>).</li>
 <li>The common currency is the <b>positional kernel</b> K(m, n): how much the attention logit of query
 position m for key position n changes because of position alone. Most figures show it against the
 distance m − n: a kernel that falls with distance makes attention prefer nearby tokens.</li>

@@ -97,7 +97,7 @@ def settle_nope_temperature() -> str:
     n = 1 << 15
     q = torch.ones(1, 1, n, 1)  # [1, 1, s, 1]: the factor itself
     with torch.no_grad():
-        factor = probe.scheme.rotate(q, q, torch.arange(n), torch.arange(n))[0][0, 0, :, 0]  # [s]
+        factor = probe.scheme.queries(q, torch.arange(n))[0, 0, :, 0]  # [s]
     above = (factor != 1).nonzero()
     if above.numel() == 0:
         return f"posenc measures a factor of exactly 1 at every position below {n:,}."

@@ -14,7 +14,7 @@ Implementations (q, k, v ``[b, h, s, d_h]`` float32):
   (it keeps the ``[h, s, s]`` table in a buffer after its first call: not rebuilt per call);
 * T5 peer: x-transformers' ``RelativePositionBias`` (causal buckets, T5's 32 buckets and max
   distance 128), given posenc's table weights so that both compute the same bias; posenc's T5 is
-  built as a decoder's (``bidirectional=False``, ``max_distance=128``).
+  built as a decoder's (``causal=True``, ``max_distance=128``).
 
 Checks: every implementation against attention with the scheme's ``score_bias`` and the causal mask
 over every key, computed 512 queries at a time (no view, no skipped keys), within 1e-5 (absolute
@@ -67,7 +67,7 @@ def _case(
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(shape, generator=gen) for _ in range(3))
     pos = torch.arange(s)
-    kw = {"bidirectional": False, "max_distance": 128} if scheme_name == "t5" else {}
+    kw = {"causal": True, "max_distance": 128} if scheme_name == "t5" else {}
     scheme = posenc.build(scheme_name, num_heads=h, **kw)
     blocks = block_size or "automatic (posenc.model's)"
     impls = [

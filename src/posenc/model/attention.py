@@ -239,7 +239,9 @@ class MultiHeadAttention(nn.Module):
         )  # [b, h, s, d_h] -> [b, s, h, d_h] -> [b, s, h * d_h] -> [b, s, d]
 
     def apply_scheme(self, q, k, v, plan, scheme, cache, layer, blocked=False):
-        """Run the scheme's hooks on the projections and fill the cache (see the module docstring).
+        """Run the scheme's hooks on the projections and fill the cache (see the module docstring):
+        ``score_bias`` on the raw queries, ``rotate`` on queries and keys (each key once, as it enters
+        the cache), then ``queries`` on the queries alone (keys and cache untouched).
 
         Returns ``(q, k, v, bias, relative_values)``; ``k``/``v`` cover every key, ``[b, h_kv, s_k, d_h]``;
         ``bias`` is ``[b | 1, h, s, s_k]``, or with ``blocked`` a per-query-block function
@@ -273,6 +275,8 @@ class MultiHeadAttention(nn.Module):
             q, k = self._heads_first(q), self._heads_first(k)
             if cache is not None:
                 k, v = cache.update(layer, k, v)
+        if scheme is not None and "queries" in scheme.hooks:  # after rotate, on q [b, h, s, d_h] alone
+            q = scheme.queries(q, plan.q_positions, qk_layout="bhsd")
         if keyed:
             bias = plan.score_bias(scheme, q_raw, k)
         return q, k, v, bias, rel

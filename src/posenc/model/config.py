@@ -298,8 +298,7 @@ class ModelConfig:
             "d_model": self.d_model,
             "num_heads": self.num_heads,
             "head_dim": self.head_dim,
-            "causal": causal,  # ALiBi: causal vs symmetric form
-            "bidirectional": not causal,  # T5: a decoder uses one-directional buckets, as T5 does
+            "causal": causal,  # T5: a decoder uses one-directional buckets, as T5 does
         }
         if self.max_len is not None:
             context["max_len"] = self.max_len

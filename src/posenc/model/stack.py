@@ -37,7 +37,7 @@ from .pretrained import Pretrained
 __all__ = ["MLP", "Block", "Decoder", "Encoder", "Memory"]
 
 
-_ATTENTION_HOOKS = ("rotate", "score_bias")
+_ATTENTION_HOOKS = ("rotate", "queries", "score_bias")
 
 
 class Block(nn.Module):

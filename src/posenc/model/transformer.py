@@ -416,8 +416,8 @@ class TransformerLM(_ModelHabits, Pretrained, nn.Module):
 class EncoderDecoder(_ModelHabits, Pretrained, nn.Module):
     """Encoder-decoder Transformer (Vaswani et al. 2017) with any scheme.
 
-    The encoder builds the scheme with ``causal=False`` (e.g. symmetric ALiBi, bidirectional T5
-    buckets), the decoder with ``causal=True``; cross-attention carries no positional term.
+    The encoder builds the scheme with ``causal=False`` (e.g. T5 buckets for both directions), the
+    decoder with ``causal=True``; cross-attention carries no positional term.
     ``config.tie``: ``"none"``, ``"output"``, ``"encoder_decoder"`` or ``"three_way"``
     (the last two need ``src_vocab_size`` equal to ``vocab_size``: one shared vocabulary).
 

@@ -96,6 +96,7 @@ class MultimodalRope(PositionalScheme):
     name = "mrope"
     hooks = ("rotate",)
     position_dims = AXES
+    sequence_positions = True  # [s] / [b, s] positions are text: every coordinate is the index
     axis_names = ("time", "height", "width")  # what each coordinate is (drawn by the analysis)
     summary = "multimodal RoPE: pairs shared out among time, height and width positions (Qwen2-VL)"
 

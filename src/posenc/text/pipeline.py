@@ -215,7 +215,8 @@ def run_pipeline(
         ``positional``, ``sum``, ``layer_norm``, ``dropout_train``, ``dropout_eval``; and, for a
         scheme acting inside attention, ``attention``: what it does there, with the scaled
         embeddings ``[s, d]`` as one head's queries and keys (``d_h = d``): the rotated vectors
-        ``R_p x`` ``[s, d]`` for a ``rotate`` scheme, the bias ``[s_q, s_k]`` for a ``score_bias`` one.
+        ``R_p x`` ``[s, d]`` for a ``rotate`` scheme, the transformed queries ``[s, d]`` for a
+        ``queries`` one, the bias ``[s_q, s_k]`` for a ``score_bias`` one.
     """
     ids, tokens = _check_inputs(ids, tokens, vocab_size, d_model, dropout, seed)
     options = dict(scheme_options or {})
@@ -254,6 +255,10 @@ def _attention_effect(scheme: str, x: torch.Tensor, options: dict[str, Any]):
         bias = built.score_bias(pos, pos, q)[0, 0].to(x.dtype)  # [s_q, s_k]
         note = f"{scheme} adds a bias to the attention logits: row = query, columns = keys 0, 1, ..."
         return f"bias {scheme} adds to the logits", bias, {"note": note, **_row_stats(bias)}
+    if "rotate" not in hooks:  # "queries": a transform of the queries alone
+        changed = built.queries(q, pos)[0, 0]  # [1, 1, s, d] -> [s, d]
+        note = f"{scheme} transforms the queries alone (keys untouched), with x taken as one head's queries"
+        return f"queries after {scheme}", changed, {"note": note, **_row_stats(changed)}
     rotated, _ = built.rotate(q, q)  # [1, 1, s, d]
     rotated = rotated[0, 0]
     ratio = rotated.norm(dim=-1) / x.norm(dim=-1).clamp_min(1e-30)  # [s]
