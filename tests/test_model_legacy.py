@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 
 import pytest
+import safetensors
+import safetensors.torch
 import torch
 
 from _legacy_files import write_old_folder, write_single_file, write_single_file_checkpoint
@@ -87,6 +89,30 @@ def test_the_old_defaults_table_upgrades_only_what_was_not_set():
     )
     with pytest.raises(ValueError, match="'posenc_format' must be a whole number >= 1, got 'x'"):
         saved_version("x")
+
+
+def test_scheme_options_of_their_old_form_are_read_in_the_new_one(tmp_path):
+    """T5's ``bidirectional`` is the model's ``causal`` now, ALiBi's no-op ``causal`` is gone: a model
+    saved with them loads, with the same logits as one built in today's form."""
+    cfg = {"position": "t5", "position_options": {"bidirectional": False, "num_buckets": 8}}
+    assert upgrade_config(cfg, 2)["position_options"] == {"causal": True, "num_buckets": 8}
+    assert (
+        upgrade_config({"position": "alibi", "position_options": {"causal": True}}, 2)["position_options"]
+        == {}
+    )
+    torch.manual_seed(0)
+    model = TransformerLM(config("alibi")).eval()
+    folder = write_old_folder(model, tmp_path / "old")
+    saved = json.loads((folder / "config.json").read_text())
+    saved["config"]["position_options"] = {"causal": True}  # as an earlier version wrote it
+    (folder / "config.json").write_text(json.dumps(saved))
+    weights = folder / "model.safetensors"
+    with safetensors.safe_open(str(weights), "pt") as f:
+        meta = {**f.metadata(), "posenc_config": json.dumps(saved["config"])}
+        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no iterator)
+    safetensors.torch.save_file(tensors, str(weights), metadata=meta)
+    ids = torch.randint(0, V, (2, 9))
+    torch.testing.assert_close(load_model(folder)(ids).logits, model(ids).logits, rtol=0, atol=0)
 
 
 def test_a_single_file_checkpoint_loads_as_its_model(tmp_path):

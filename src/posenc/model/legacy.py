@@ -30,6 +30,7 @@ from .io import build_saved, load_weights, parse_json, read_metadata
 __all__ = [
     "LEGACY_CHECKPOINT_FORMAT",
     "OLD_DEFAULTS",
+    "RENAMED_OPTIONS",
     "config_from_saved",
     "legacy_checkpoint_parts",
     "load_legacy_file",
@@ -43,6 +44,14 @@ LEGACY_CHECKPOINT_FORMAT = "posenc-checkpoint-1"
 #: Scheme options whose default changed in format version 2, by scheme name, with the value a
 #: model saved before was built with (T5's ``max_distance`` now follows ``max_len``).
 OLD_DEFAULTS: dict[str, dict[str, Any]] = {"t5": {"max_distance": 128}}
+
+#: Scheme options that took another form, by scheme name: each old key -> ``(new key, convert)``
+#: (``None``: dropped). T5's ``bidirectional`` became the model's one ``causal``; ALiBi's ``causal``
+#: changed nothing (its bias ``-m |i - j|`` was the same either way) and is gone.
+RENAMED_OPTIONS: dict[str, dict[str, tuple[str, Any] | None]] = {
+    "t5": {"bidirectional": ("causal", lambda v: not v)},
+    "alibi": {"causal": None},
+}
 
 
 def saved_version(mark: Any, defaults_mark: Any = None) -> int:
@@ -59,15 +68,30 @@ def saved_version(mark: Any, defaults_mark: Any = None) -> int:
 
 
 def upgrade_config(config: Any, version: int) -> Any:
-    """``config`` (a :class:`ModelConfig` dict read from a file of format ``version``) with the
-    defaults it was built with written into ``position_options``: :data:`OLD_DEFAULTS` for a
-    version-1 file, unless the option was set. Anything that is not a config dict is returned as
-    it is (:meth:`ModelConfig.from_dict` names what is wrong)."""
-    if version >= 2 or not isinstance(config, dict):
+    """``config`` (a :class:`ModelConfig` dict read from a file of format ``version``) with its
+    scheme options in today's form (:data:`RENAMED_OPTIONS`) and the defaults it was built with
+    written into ``position_options``: :data:`OLD_DEFAULTS` for a version-1 file, unless the option
+    was set. Anything that is not a config dict is returned as it is (:meth:`ModelConfig.from_dict`
+    names what is wrong)."""
+    if not isinstance(config, dict):
         return config
     options = config.get("position_options", {})
-    old = OLD_DEFAULTS.get(config.get("position")) if isinstance(config.get("position"), str) else None
-    if not old or not isinstance(options, dict):
+    position = config.get("position") if isinstance(config.get("position"), str) else None
+    if not isinstance(options, dict):
+        return config
+    renamed = RENAMED_OPTIONS.get(position, {})
+    if any(k in options for k in renamed):
+        new_options = {}
+        for key, value in options.items():
+            if key not in renamed:
+                new_options[key] = value
+            elif renamed[key] is not None:
+                new_key, convert = renamed[key]
+                new_options[new_key] = convert(value)
+        options = new_options
+        config = {**config, "position_options": options}
+    old = OLD_DEFAULTS.get(position) if version < 2 else None
+    if not old:
         return config
     missing = {k: v for k, v in old.items() if k not in options}
     return {**config, "position_options": {**missing, **options}} if missing else config
