@@ -27,7 +27,8 @@ from _model_helpers import config, count_calls, ids_
 from posenc.kernels import enabled, set_enabled
 from posenc.model import TransformerLM, flex
 from posenc.model.attention import attend
-from posenc.model.plan import BiasedAttention, plan_attention
+from posenc.model.biased import BiasedAttention
+from posenc.model.plan import plan_attention
 
 # PyTorch warns that eager FlexAttention materialises the scores: here that is the point (the
 # reference implementation on a CPU; the compiled kernel is checked on a GPU)
@@ -35,7 +36,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without to
 
 SCHEMES = {  # name -> build kwargs: three distance tables, a learned function (FIRE), one reading q
     "alibi": {},
-    "t5": {"bidirectional": False},
+    "t5": {"causal": True},
     "kerple_log": {},
     "kerple_power": {},
     "fire": {"init_threshold": 8.0},

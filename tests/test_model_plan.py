@@ -212,7 +212,7 @@ def test_bias_path_is_chosen_by_device_and_declared_capability(monkeypatch):
     causal plan without padding, nothing for a padded plan; never for a bias that reads the keys."""
     import posenc
     from posenc.model import blocked, flex
-    from posenc.model.plan import BiasedAttention
+    from posenc.model.biased import BiasedAttention
 
     monkeypatch.setenv("POSENC_C_KERNELS", "1")
     q = torch.randn(2, 4, blocked.BLOCK_SIZE + 4, 16)

@@ -82,7 +82,7 @@ def elapsed() -> float:
 # ----------------------------------------------------------------------------------------------
 # Shared pieces
 # ----------------------------------------------------------------------------------------------
-SCHEME_KW = {"alibi": {}, "t5": {"bidirectional": False}, "kerple_log": {}}
+SCHEME_KW = {"alibi": {}, "t5": {"causal": True}, "kerple_log": {}}
 
 
 def build_scheme(name, h, device):

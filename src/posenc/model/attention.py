@@ -30,10 +30,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..base import PositionalScheme
+from .biased import BiasedAttention
 from .cache import KVCache
 from .config import ModelConfig
 from .norms import RMSNorm
-from .plan import AttentionPlan, BiasedAttention
+from .plan import AttentionPlan
 
 __all__ = ["MultiHeadAttention", "attend"]
 

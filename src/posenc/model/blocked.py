@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from .._validate import defining_class
 from ..base import PositionalScheme
 from ..kernels import eager, empty, enabled
+from .biased import BiasedAttention
 
 __all__ = [
     "BLOCK_SIZE",
@@ -259,7 +260,7 @@ def scheme_bias_fn(
 
 
 @dataclass(frozen=True)
-class BlockedAttention:
+class BlockedAttention(BiasedAttention):
     """Causal attention under a :class:`BlockBias`, as a model calls it:
     ``attention(q [b, h, s_q, d_h], k, v [b, h_kv, s_k, d_h], dropout_p=...) -> [b, h, s_q, d_h]``
     (:func:`causal_attention_with_bias`).

@@ -37,6 +37,7 @@ import torch
 
 from ..base import PositionalScheme
 from ..kernels import eager, enabled
+from .biased import BiasedAttention
 from .blocked import distance_speaks_for_bias, distance_table, unit_steps
 
 __all__ = [
@@ -235,7 +236,7 @@ def block_mask(keep: torch.Tensor | None, causal_prefix: bool, s_q: int, s_k: in
 # What a model calls
 # ----------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class FlexBiasedAttention:
+class FlexBiasedAttention(BiasedAttention):
     """Attention with a positional bias through FlexAttention, as a model calls it:
     ``attention(q [b, h, s_q, d_h], k, v [b, h_kv, s_k, d_h], dropout_p=0.0) -> [b, h, s_q, d_h]``.
 

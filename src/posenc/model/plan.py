@@ -8,9 +8,7 @@ Legend: ``b`` batch, ``s`` new tokens (queries), ``s_p`` past tokens (cache or m
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -18,6 +16,7 @@ from .._validate import defining_class
 from ..base import PositionalScheme
 from ..positions import arange_positions, check_positions, positions_from_cu_seqlens, positions_from_mask
 from . import blocked, flex
+from .biased import BiasedAttention
 
 
 # ----------------------------------------------------------------------------------------------
@@ -32,22 +31,6 @@ def causal_mask(s_q: int, s_k: int, device: torch.device | str | None = None) ->
     """
     q_slot = torch.arange(s_q, device=device)[:, None] + (s_k - s_q)  # [s_q, 1]
     return torch.arange(s_k, device=device)[None, :] <= q_slot  # [1, s_k] <= [s_q, 1] -> [s_q, s_k]
-
-
-@runtime_checkable
-class BiasedAttention(Protocol):
-    """Attention that applies a scheme's bias itself, chosen by :meth:`AttentionPlan.bias_blocks`:
-    ``attention(q [b, h, s_q, d_h], k, v [b, h_kv, s_k, d_h], dropout_p=...) -> [b, h, s_q, d_h]``
-    (``q`` rotated, ``k``/``v`` every key, the cache's included)."""
-
-    #: False: it has no attention dropout; a model that needs dropout calls ``full_bias()`` and SDPA
-    takes_dropout: bool
-    #: the bias as ``[b | 1, h, s_q, s_k]`` (:meth:`AttentionPlan.score_bias`)
-    full_bias: Callable[[], torch.Tensor]
-
-    def __call__(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, dropout_p: float = 0.0
-    ) -> torch.Tensor: ...
 
 
 @dataclass
