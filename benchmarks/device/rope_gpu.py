@@ -122,7 +122,9 @@ def run_case(shape, dtype, device, repeats, record) -> None:
         oq.copy_(q)
         ok.copy_(k)
 
-    rec["triton_used"] = bool(device.type == "cuda" and rope_triton.usable(q, cos, sin))
+    rec["triton_used"] = bool(
+        device.type == "cuda" and rope_triton.takes(q, cos, sin) and rope_triton.available(q.device)
+    )
     fast, ref = posenc_out(), reference()
     rec["checks"]["fast_equals_reference"] = all(rope_triton.same_values(a, r) for a, r in zip(fast, ref))
     rec["checks"]["qk_equals_reference"] = all(
