@@ -76,3 +76,34 @@ def test_records_nothing_only_where_autograd_has_nothing_to_record():
     assert y.grad_fn is None
     compiled = torch.compile(lambda t: (_settings.records_nothing(t) is None, t + 1), fullgraph=True)
     assert compiled(x)[0]  # while torch.compile traces: None
+
+
+def test_a_compiled_graph_keeps_the_ops_where_dynamo_folds_is_exporting_to_true(monkeypatch):
+    """TorchDynamo before torch 2.13 answers ``torch.compiler.is_exporting()`` with True under every
+    ``torch.compile`` (seen with torch 2.11: compiled graphs held the reference's ops, not posenc's).
+    With the call made to answer so here, a compiled RoPE still holds ``posenc::rope_cpu``, and
+    ``torch.export`` still keeps the reference's aten ops."""
+    import posenc
+
+    monkeypatch.setattr(torch.compiler, "is_exporting", lambda: torch.compiler.is_compiling())
+    rope = posenc.RotaryEmbedding(16)
+    cos, sin = rope.cos_sin(torch.arange(5))
+    x = torch.randn(2, 3, 5, 16)
+    targets = []
+
+    def capture(gm, example_inputs):
+        targets.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm.forward
+
+    torch._dynamo.reset()
+    got = torch.compile(lambda t: posenc.apply_rotary(t, cos, sin), fullgraph=True, backend=capture)(x)
+    torch._dynamo.reset()
+    assert "posenc.rope_cpu.default" in targets, sorted(set(targets))
+    torch.testing.assert_close(got, posenc.apply_rotary(x, cos, sin), rtol=0, atol=0)
+
+    class Rotate(torch.nn.Module):
+        def forward(self, t):
+            return posenc.apply_rotary(t, cos, sin)
+
+    exported = torch.export.export(Rotate(), (x,))
+    assert not any("posenc" in str(n.target) for n in exported.graph.nodes)

@@ -64,9 +64,18 @@ def compiled_graph() -> bool:
     and not inside a ``torch.func`` transform (the ops have no functorch rules: the reference path)."""
     return (
         torch.compiler.is_dynamo_compiling()
-        and not torch.compiler.is_exporting()
+        and not _exporting()
         and not torch._C._are_functorch_transforms_active()
     )
+
+
+def _exporting() -> bool:
+    """``torch.export`` is tracing. ``torch.compiler.is_exporting()`` returns the module flag
+    ``_is_exporting_flag``, but TorchDynamo before torch 2.13 folds that call to True under every
+    ``torch.compile`` (seen with torch 2.11: compiled graphs lost every posenc op), so the flag is
+    read where torch has it."""
+    flag = getattr(torch.compiler, "_is_exporting_flag", None)
+    return torch.compiler.is_exporting() if flag is None else bool(flag)
 
 
 @contextlib.contextmanager
