@@ -43,6 +43,7 @@ import warnings
 import torch
 
 from . import _cbuild, _memory, _settings, rope_reference
+from ._rotation_autograd import register_rotation_autograd
 
 __all__ = ["available", "check_out", "rope_op", "rope_out_op", "rotate", "rotate_pair", "status", "takes"]
 
@@ -300,30 +301,16 @@ def _rope_cpu_out(xs, coss, sins, outs, layout: str) -> None:
     _rotate_into(xs, coss, sins, outs, layout, 1.0)
 
 
-def _rope_setup(ctx, inputs, output) -> None:
-    _, coss, sins, layout, sign = inputs
-    ctx.save_for_backward(*coss, *sins)
-    ctx.layout, ctx.sign = layout, sign
-
-
-def _rope_backward(ctx, grads):
-    tables = ctx.saved_tensors
-    n = len(tables) // 2
-    grads = [g if g.stride(-1) == 1 else g.contiguous() for g in grads]  # the kernel reads rows
-    dxs = rope_op(grads, list(tables[:n]), list(tables[n:]), ctx.layout, -ctx.sign)
-    return dxs, [None] * n, [None] * n, None, None  # no gradient for the tables (see takes())
-
-
 _lib.impl("rope_cpu", _rope_cpu, "CPU")
 _lib.impl("rope_cpu_out", _rope_cpu_out, "CPU")
 torch.library.register_fake("posenc::rope_cpu", lambda xs, *_: [torch.empty_like(x) for x in xs], lib=_lib)
 torch.library.register_fake("posenc::rope_cpu_out", lambda *_: None, lib=_lib)
-torch.library.register_autograd("posenc::rope_cpu", _rope_backward, setup_context=_rope_setup, lib=_lib)
 
 #: ``posenc::rope_cpu`` (see :func:`_rope_cpu`)
 rope_op = torch.ops.posenc.rope_cpu.default
 #: ``posenc::rope_cpu_out`` (see :func:`_rope_cpu_out`)
 rope_out_op = torch.ops.posenc.rope_cpu_out.default
+register_rotation_autograd("posenc::rope_cpu", rope_op, _lib)
 
 
 def rotate(

@@ -49,6 +49,7 @@ import warnings
 import torch
 
 from . import _settings, rope_reference
+from ._rotation_autograd import register_rotation_autograd
 
 __all__ = ["available", "rope_op", "rope_out_op", "rotate", "rotate_pair", "same_values", "status", "takes"]
 
@@ -369,32 +370,18 @@ def _rope_triton_out(xs, coss, sins, outs, layout: str) -> None:
     _rotate_into(xs, coss, sins, outs, layout, 1.0)
 
 
-def _rope_setup(ctx, inputs, output) -> None:
-    _, coss, sins, layout, sign = inputs
-    ctx.save_for_backward(*coss, *sins)
-    ctx.layout, ctx.sign = layout, sign
-
-
-def _rope_backward(ctx, grads):
-    tables = ctx.saved_tensors
-    n = len(tables) // 2
-    grads = [g if g.stride(-1) == 1 else g.contiguous() for g in grads]  # the kernel reads rows
-    dxs = rope_op(grads, list(tables[:n]), list(tables[n:]), ctx.layout, -ctx.sign)
-    return dxs, [None] * n, [None] * n, None, None  # no gradient for the tables (see takes())
-
-
 # CUDA, and CPU for Triton's interpreter (the reference rotation there otherwise, see _kernel)
 for _key in ("CUDA", "CPU"):
     _lib.impl("rope_triton", _rope_triton, _key)
     _lib.impl("rope_triton_out", _rope_triton_out, _key)
 torch.library.register_fake("posenc::rope_triton", lambda xs, *_: [torch.empty_like(x) for x in xs], lib=_lib)
 torch.library.register_fake("posenc::rope_triton_out", lambda *_: None, lib=_lib)
-torch.library.register_autograd("posenc::rope_triton", _rope_backward, setup_context=_rope_setup, lib=_lib)
 
 #: ``posenc::rope_triton`` (see :func:`_rope_triton`)
 rope_op = torch.ops.posenc.rope_triton.default
 #: ``posenc::rope_triton_out`` (see :func:`_rope_triton_out`)
 rope_out_op = torch.ops.posenc.rope_triton_out.default
+register_rotation_autograd("posenc::rope_triton", rope_op, _lib)
 
 
 def rotate(
