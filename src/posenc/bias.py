@@ -48,7 +48,7 @@ __all__ = [
 # ----------------------------------------------------------------------------------------------
 # Shared: autocast off, positions -> relative positions
 # ----------------------------------------------------------------------------------------------
-def _check_pos(positions: object, name: str) -> torch.Tensor:
+def check_relative_positions(positions: object, name: str) -> torch.Tensor:
     if not isinstance(positions, torch.Tensor):
         raise TypeError(
             f"{name} must be an integer tensor [s] or [b, s], got {type(positions).__name__}; "
@@ -71,8 +71,8 @@ def relative_positions(q_positions: torch.Tensor, k_positions: torch.Tensor) -> 
         TypeError: positions that are not integer tensors.
         ValueError: positions with more than two dims, or batch sizes that differ (and are not 1).
     """
-    q = _check_pos(q_positions, "q_positions")
-    k = _check_pos(k_positions, "k_positions")
+    q = check_relative_positions(q_positions, "q_positions")
+    k = check_relative_positions(k_positions, "k_positions")
     q = q if q.dim() == 2 else q[None]  # [s_q] -> [1, s_q]
     k = k if k.dim() == 2 else k[None]  # [s_k] -> [1, s_k]
     if q.shape[0] != k.shape[0] and 1 not in (q.shape[0], k.shape[0]):

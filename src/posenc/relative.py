@@ -34,7 +34,7 @@ from ._precision import autocast_off
 from ._validate import check_choice, check_int, check_positive_float
 from .absolute import sinusoidal_table
 from .base import PositionalScheme
-from .bias import _check_pos, relative_positions
+from .bias import check_relative_positions, relative_positions
 
 __all__ = ["ShawRelative", "TransformerXLRelative"]
 
@@ -135,7 +135,9 @@ class ShawRelative(PositionalScheme):
     def score_bias(
         self, q_positions: torch.Tensor, k_positions: torch.Tensor, q: torch.Tensor | None = None
     ) -> torch.Tensor:
-        q = _check_q(q, _check_pos(q_positions, "q_positions"), self.num_heads, self.head_dim, "shaw")
+        q = _check_q(
+            q, check_relative_positions(q_positions, "q_positions"), self.num_heads, self.head_dim, "shaw"
+        )
         idx = self.clipped_index(q_positions, k_positions)  # [b'|1, s_q, s_k]
         cdt = _compute_dtype(q)
         with autocast_off(q.device):
@@ -292,9 +294,9 @@ class TransformerXLRelative(PositionalScheme):
     def score_bias(
         self, q_positions: torch.Tensor, k_positions: torch.Tensor, q: torch.Tensor | None = None
     ) -> torch.Tensor:
-        qp = _check_pos(q_positions, "q_positions")
+        qp = check_relative_positions(q_positions, "q_positions")
         q = _check_q(q, qp, self.num_heads, self.head_dim, "transformer_xl")
-        kp = _check_pos(k_positions, "k_positions")
+        kp = check_relative_positions(k_positions, "k_positions")
         _check_batch(q, relative_positions(qp, kp).shape[0])  # validates batch sizes
         qp = qp if qp.dim() == 2 else qp[None]  # [b'|1, s_q]
         kp = kp if kp.dim() == 2 else kp[None]  # [b'|1, s_k]

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from .harness import Case, Impl, no_grad_case, tensor_bytes
-from .rope import _optional
+from .rope import optional_import
 
 __all__ = ["cases"]
 
@@ -131,7 +131,7 @@ def _alibi_peers(q, k, v, scheme, skipped: dict[str, str]) -> list[Impl]:
     """HF Bloom's ALiBi (key-only form) and x-transformers' AlibiPositionalBias, each + mask + SDPA."""
     b, h, s, _ = q.shape
     impls: list[Impl] = []
-    bloom, why_bloom = _optional("transformers.models.bloom.modeling_bloom")
+    bloom, why_bloom = optional_import("transformers.models.bloom.modeling_bloom")
     if bloom is None:
         skipped["hf_bloom_alibi"] = why_bloom
     else:
@@ -145,7 +145,7 @@ def _alibi_peers(q, k, v, scheme, skipped: dict[str, str]) -> list[Impl]:
         # m_h * j is rounded at its own size (up to m_h * s), not at the size of m_h * (j - i)
         atol = 1e-5 + 4 * 2.0**-24 * float(scheme.slopes().max()) * s
         impls.append(Impl("hf_bloom_alibi", bloom_attention, "peer", None, doc, tolerance=(atol, 1e-5)))
-    xt, why = _optional("x_transformers.x_transformers")
+    xt, why = optional_import("x_transformers.x_transformers")
     if xt is None:
         skipped["x_transformers_alibi"] = why
     else:
@@ -160,7 +160,7 @@ def _alibi_peers(q, k, v, scheme, skipped: dict[str, str]) -> list[Impl]:
 def _t5_peers(q, k, v, scheme, skipped: dict[str, str]) -> list[Impl]:
     """x-transformers' RelativePositionBias with posenc's table weights, + mask + SDPA."""
     h, s = q.shape[1], q.shape[2]
-    xt, why = _optional("x_transformers.x_transformers")
+    xt, why = optional_import("x_transformers.x_transformers")
     if xt is None:
         skipped["x_transformers_t5"] = why
         return []

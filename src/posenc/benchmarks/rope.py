@@ -41,7 +41,7 @@ __all__ = ["cases"]
 _OWN_ANGLES = ("meta_complex", "rotary_embedding_torch", "x_transformers")
 
 
-def _optional(module: str) -> tuple[object | None, str]:
+def optional_import(module: str) -> tuple[object | None, str]:
     try:
         return importlib.import_module(module), ""
     except Exception as err:  # ImportError, or a broken install of an optional peer
@@ -165,7 +165,7 @@ def _hf_module(q, k, positions, r: int, skipped: dict[str, str]) -> list[Impl]:
     """HF's Llama rotary module and ``apply_rotary_pos_emb``, or nothing (with the reason in
     ``skipped``) where transformers is missing or the rotary is partial."""
     d = q.shape[-1]
-    hf, why = _optional("transformers.models.llama.modeling_llama")
+    hf, why = optional_import("transformers.models.llama.modeling_llama")
     if hf is None or r < d:
         skipped["hf_module"] = (
             why or "partial rotary: HF's module is the model's own (GPT-NeoX), not set up here"
@@ -224,7 +224,7 @@ def _module_impls(q, k, positions, r: int, skipped: dict[str, str]) -> list[Impl
         )
     )
     impls += _hf_module(q, k, positions, r, skipped)
-    ret, why = _optional("rotary_embedding_torch")
+    ret, why = optional_import("rotary_embedding_torch")
     if ret is None or not shared:
         skipped["rotary_embedding_torch_module"] = (
             why or "its module takes an offset, not per-token positions"
@@ -249,7 +249,7 @@ def _module_impls(q, k, positions, r: int, skipped: dict[str, str]) -> list[Impl
                 "positions in the input dtype, and bfloat16 rounds positions past 256",
             )
         )
-    xt, why = _optional("x_transformers.x_transformers")
+    xt, why = optional_import("x_transformers.x_transformers")
     if xt is None:
         skipped["x_transformers_module"] = why
     else:
@@ -372,7 +372,7 @@ def _peer_impls(q, k, tables, r: int, d: int, compile_peers: bool, skipped: dict
         return lambda: (fn(q), fn(k))
 
     hf_module = "gpt_neox.modeling_gpt_neox" if r < d else "llama.modeling_llama"
-    hf, why = _optional(f"transformers.models.{hf_module}")
+    hf, why = optional_import(f"transformers.models.{hf_module}")
     if hf is None:
         skipped["hf_eager"] = why
     else:
@@ -405,7 +405,7 @@ def _peer_impls(q, k, tables, r: int, d: int, compile_peers: bool, skipped: dict
 def _interleaved_peers(pair, freqs_4d, freqs_3d, skipped: dict[str, str]) -> list[Impl]:
     """rotary-embedding-torch's and x-transformers' functions on their frequency tables."""
     impls: list[Impl] = []
-    ret, why = _optional("rotary_embedding_torch.rotary_embedding_torch")
+    ret, why = optional_import("rotary_embedding_torch.rotary_embedding_torch")
     if ret is None:
         skipped["rotary_embedding_torch"] = why
     else:
@@ -418,7 +418,7 @@ def _interleaved_peers(pair, freqs_4d, freqs_3d, skipped: dict[str, str]) -> lis
                 "apply_rotary_emb(freqs, t)",
             )
         )
-    xt, why = _optional("x_transformers.x_transformers")
+    xt, why = optional_import("x_transformers.x_transformers")
     if xt is None:
         skipped["x_transformers"] = why
     else:

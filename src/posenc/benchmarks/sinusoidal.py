@@ -25,7 +25,7 @@ from collections.abc import Callable
 import torch
 
 from .harness import Case, Impl, no_grad_case, tensor_bytes
-from .rope import _optional
+from .rope import optional_import
 
 __all__ = ["cases"]
 
@@ -58,7 +58,7 @@ def _table_case(name: str, s: int, d: int) -> Case:
         ),
     ]
     skipped: dict[str, str] = {}
-    xt, why = _optional("x_transformers.x_transformers")
+    xt, why = optional_import("x_transformers.x_transformers")
     if xt is None:
         skipped["x_transformers_scaled_sinusoidal"] = why
     else:
@@ -117,7 +117,7 @@ def _embed_case(name: str, b: int, s: int, d: int) -> Case:
         ),
     ]
     skipped: dict[str, str] = {}
-    xt, why = _optional("x_transformers.x_transformers")
+    xt, why = optional_import("x_transformers.x_transformers")
     if xt is None:
         skipped["x_transformers_scaled_sinusoidal"] = skipped["x_transformers_absolute"] = why
     else:

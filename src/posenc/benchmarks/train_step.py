@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .harness import Case, Impl
-from .rope import _optional
+from .rope import optional_import
 
 __all__ = ["cases"]
 
@@ -158,7 +158,7 @@ def _case(name: str, scheme: str, b: int, s: int, d: int, layers: int, heads: in
         "params_posenc": _count(mine),
     }
     skipped: dict[str, str] = {}
-    xt, why = _optional("x_transformers")
+    xt, why = optional_import("x_transformers")
     if xt is None:
         skipped[f"x_transformers_{scheme}"] = why
     else:

@@ -18,21 +18,21 @@ from ..kernels.rope_reference import ROTARY_LAYOUTS
 QK_LAYOUTS = ("bhsd", "bshd")
 
 
-def _seq_axis(qk_layout: str) -> int:
+def seq_axis(qk_layout: str) -> int:
     """The sequence axis of q/k in ``qk_layout``, counted from the end (``-2`` or ``-3``)."""
     return -2 if qk_layout == "bhsd" else -3
 
 
 def _seq_mismatch(count: int, x: torch.Tensor, qk_layout: str, xname: str = "x") -> str:
     """Where ``count`` positions fail to match ``x``'s sequence axis in ``qk_layout``, and the fix."""
-    axis = _seq_axis(qk_layout)
+    axis = seq_axis(qk_layout)
     form = "[b, h, s, d_h]" if qk_layout == "bhsd" else "[b, s, h, d_h]"
     msg = (
         f"{xname} {tuple(x.shape)} has s = {x.shape[axis]} along its sequence axis (dim "
         f"{x.dim() + axis}: qk_layout={qk_layout!r} reads {xname} as {form})"
     )
     other = "bshd" if qk_layout == "bhsd" else "bhsd"
-    if x.dim() >= 3 and x.shape[_seq_axis(other)] == count:
+    if x.dim() >= 3 and x.shape[seq_axis(other)] == count:
         msg += f"; if {xname} is laid out the other way, pass qk_layout={other!r}"
     return msg
 
@@ -152,10 +152,10 @@ def apply_rotary_qk(
 def _check_args(x, cos, sin, qk_layout: str, rotary_dim: int | None) -> int:
     """Validate :func:`apply_rotary`'s arguments; return ``r``, the rotated width."""
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-        raise TypeError(f"x must be a floating-point tensor [..., s, d_h], got {_describe(x)}")
+        raise TypeError(f"x must be a floating-point tensor [..., s, d_h], got {describe_value(x)}")
     for name, t in (("cos", cos), ("sin", sin)):
         if not isinstance(t, torch.Tensor) or not t.is_floating_point():
-            raise TypeError(f"{name} must be a floating-point tensor [..., s, r/2], got {_describe(t)}")
+            raise TypeError(f"{name} must be a floating-point tensor [..., s, r/2], got {describe_value(t)}")
     check_choice(qk_layout, "qk_layout", QK_LAYOUTS)
     if cos.shape != sin.shape:
         raise ValueError(
@@ -208,7 +208,7 @@ def half_width_tables(
     check_choice(layout, "layout", ROTARY_LAYOUTS)
     for name, t in (("cos", cos), ("sin", sin)):
         if not isinstance(t, torch.Tensor) or not t.is_floating_point():
-            raise TypeError(f"{name} must be a floating-point tensor [..., s, r], got {_describe(t)}")
+            raise TypeError(f"{name} must be a floating-point tensor [..., s, r], got {describe_value(t)}")
         if t.dim() < 1 or t.shape[-1] % 2:
             raise ValueError(f"{name} must be [..., s, r] with r even, got {tuple(t.shape)}")
     if cos.shape != sin.shape:
@@ -283,7 +283,7 @@ def _fit_tables(x, cos, sin, r: int, qk_layout: str) -> tuple[torch.Tensor, torc
         target = (*xs[:-1], r // 2)
         fits = len(cs) <= len(target) and all(c in (1, t) for c, t in zip(reversed(cs), reversed(target)))
     if not fits:
-        axis = _seq_axis(qk_layout)
+        axis = seq_axis(qk_layout)
         if len(cs) >= -axis and cs[axis] not in (1, xs[axis]):
             raise ValueError(
                 f"cos/sin {tuple(cs)} hold {cs[axis]} positions but " + _seq_mismatch(cs[axis], x, qk_layout)
@@ -295,11 +295,11 @@ def _fit_tables(x, cos, sin, r: int, qk_layout: str) -> tuple[torch.Tensor, torc
     return cos, sin
 
 
-def _is_integer(t: torch.Tensor) -> bool:
+def is_integer_dtype(t: torch.Tensor) -> bool:
     return not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool)
 
 
-def _describe(obj: object) -> str:
+def describe_value(obj: object) -> str:
     if isinstance(obj, torch.Tensor):
         return f"tensor of dtype {obj.dtype}"
     return type(obj).__name__

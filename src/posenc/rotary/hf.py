@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from .._validate import check_choice, check_int
-from .apply import _describe
+from .apply import describe_value
 from .modules import RotaryEmbedding
 from .scalings import ORIGINAL_LENGTH, ROPE_SCALINGS
 
@@ -143,7 +143,8 @@ def permute_qk_weights(
     if not isinstance(weight, torch.Tensor) or weight.dim() not in (1, 2):
         shape = f" of shape {tuple(weight.shape)}" if isinstance(weight, torch.Tensor) else ""
         raise ValueError(
-            f"weight must be a tensor [h * d_h, d_in] or a bias [h * d_h], got {_describe(weight)}{shape}"
+            "weight must be a tensor [h * d_h, d_in] or a bias [h * d_h], "
+            f"got {describe_value(weight)}{shape}"
         )
     out_features = weight.shape[0]
     if out_features % num_heads:

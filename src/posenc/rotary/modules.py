@@ -19,14 +19,14 @@ from ..kernels.rope_reference import ROTARY_LAYOUTS
 from ..positions import resolve_positions
 from .apply import (
     QK_LAYOUTS,
-    _describe,
-    _is_integer,
-    _seq_axis,
     _seq_mismatch,
     _wide,
     apply_rotary,
     apply_rotary_qk,
     check_compute_dtype,
+    describe_value,
+    is_integer_dtype,
+    seq_axis,
 )
 from .scalings import (
     ORIGINAL_LENGTH,
@@ -41,7 +41,7 @@ from .scalings import (
 # ----------------------------------------------------------------------------------------------
 # Modules
 # ----------------------------------------------------------------------------------------------
-def _check_qk(
+def check_qk(
     q: torch.Tensor,
     k: torch.Tensor | None,
     head_dim: int,
@@ -55,7 +55,7 @@ def _check_qk(
         if t is None:
             continue
         if not isinstance(t, torch.Tensor) or not t.is_floating_point():
-            raise TypeError(f"{name} must be a floating-point tensor {form}, got {_describe(t)}")
+            raise TypeError(f"{name} must be a floating-point tensor {form}, got {describe_value(t)}")
         if t.dim() != 4 or t.shape[-1] != head_dim:
             raise ValueError(f"{name} must have shape {form}, got {tuple(t.shape)} (qk_layout={qk_layout!r})")
         if num_heads is not None:
@@ -83,7 +83,7 @@ def _check_heads(t: torch.Tensor, name: str, num_heads: int, qk_layout: str, que
     )
 
 
-def _one_call(k, q_positions, k_positions, position_ids):
+def one_call(k, q_positions, k_positions, position_ids):
     """``(k, q_positions, k_positions)`` of a call as written: ``position_ids`` (Hugging Face's
     name) is ``q_positions``; an integer tensor in ``k``'s place is the positions of a tensor
     rotated alone (``rope(x, positions)``, as torchtune's ``rope(x, input_pos=...)``)."""
@@ -94,7 +94,7 @@ def _one_call(k, q_positions, k_positions, position_ids):
                 "Hugging Face name), not both"
             )
         q_positions = position_ids
-    if isinstance(k, torch.Tensor) and _is_integer(k):
+    if isinstance(k, torch.Tensor) and is_integer_dtype(k):
         if q_positions is not None:
             raise ValueError(
                 f"k is an integer tensor {tuple(k.shape)}, read as the positions of a tensor rotated "
@@ -111,14 +111,14 @@ def _check_seq(positions: torch.Tensor | None, x: torch.Tensor, qk_layout: str, 
     """A clear error when ``positions`` ``[s]``/``[b, s]`` cannot match ``x``'s sequence axis."""
     if not isinstance(positions, torch.Tensor) or positions.dim() not in (1, 2):
         return  # the type and rank are checked by resolve_positions
-    if positions.shape[-1] != x.shape[_seq_axis(qk_layout)]:
+    if positions.shape[-1] != x.shape[seq_axis(qk_layout)]:
         raise ValueError(
-            f"{name} must have shape [s] or [b, s] with s = {x.shape[_seq_axis(qk_layout)]}, got "
+            f"{name} must have shape [s] or [b, s] with s = {x.shape[seq_axis(qk_layout)]}, got "
             f"{tuple(positions.shape)}: " + _seq_mismatch(positions.shape[-1], x, qk_layout, xname)
         )
 
 
-def _for_heads(t: torch.Tensor, positions: torch.Tensor, qk_layout: str = "bhsd") -> torch.Tensor:
+def for_heads(t: torch.Tensor, positions: torch.Tensor, qk_layout: str = "bhsd") -> torch.Tensor:
     """Tables for positions ``[b, s]`` are ``[b, s, r/2]``: add the head axis -> ``[b, 1, s, r/2]``
     (``"bshd"``: ``[b, s, 1, r/2]``). Tables for ``[s]`` stay ``[s, r/2]``."""
     if positions.dim() != 2:
@@ -342,7 +342,7 @@ class RotaryEmbedding(PositionalScheme):
         qk_layout = self._qk_layout(qk_layout)
         inv, scale = self.frequencies(seq_len, device=positions.device)
         cos, sin = rope_cos_sin(positions, inv, attention_scale=scale, dtype=dtype)
-        return _for_heads(cos, positions, qk_layout), _for_heads(sin, positions, qk_layout)
+        return for_heads(cos, positions, qk_layout), for_heads(sin, positions, qk_layout)
 
     def _qk_layout(self, qk_layout: str | None) -> str:
         return self.qk_layout if qk_layout is None else check_choice(qk_layout, "qk_layout", QK_LAYOUTS)
@@ -350,7 +350,7 @@ class RotaryEmbedding(PositionalScheme):
     def _positions(self, q, k, q_positions, k_positions, qk_layout: str = "bhsd"):
         """Resolved ``(q_positions, k_positions)``: each given one checked against its tensor's
         sequence axis; one positions tensor (``q_positions`` alone) places q and k both there."""
-        axis = _seq_axis(qk_layout)
+        axis = seq_axis(qk_layout)
         if q_positions is None and k_positions is not None:
             raise ValueError(
                 "k_positions is given without q_positions: pass q_positions too (e.g. "
@@ -393,14 +393,14 @@ class RotaryEmbedding(PositionalScheme):
         inv, scale = self.frequencies(len_q, device=q.device)  # [r/2], or [..., s_q, r/2] per document
         kept = self._kept(q_positions, qp, q)
         cq, sq = kept or rope_cos_sin(qp, inv, attention_scale=scale, dtype=self._table_dtype(q))
-        q_tables = _for_heads(cq, qp, qk_layout), _for_heads(sq, qp, qk_layout)
+        q_tables = for_heads(cq, qp, qk_layout), for_heads(sq, qp, qk_layout)
         if k.dtype == q.dtype and _same_positions(qp, kp, q_positions, k_positions):
             return q_tables, q_tables, (qp, kp)  # the same positions: one table
         if self.needs_unrotated_cache:  # the keys' own lengths
             inv, scale = self.frequencies(len_k, device=q.device)  # [..., s_k, r/2]
         kept = self._kept(k_positions, kp, k)
         ck, sk = kept or rope_cos_sin(kp, inv, attention_scale=scale, dtype=self._table_dtype(k))
-        return q_tables, (_for_heads(ck, kp, qk_layout), _for_heads(sk, kp, qk_layout)), (qp, kp)
+        return q_tables, (for_heads(ck, kp, qk_layout), for_heads(sk, kp, qk_layout)), (qp, kp)
 
     def _table_dtype(self, x: torch.Tensor) -> torch.dtype:
         """The dtype ``x``'s tables are built in: x's, or float32 where ``compute_dtype`` widens x."""
@@ -424,10 +424,10 @@ class RotaryEmbedding(PositionalScheme):
         (float32 where ``compute_dtype`` widens them).
         """
         qk_layout = self._qk_layout(qk_layout)
-        if k is None or (isinstance(k, torch.Tensor) and _is_integer(k)):
+        if k is None or (isinstance(k, torch.Tensor) and is_integer_dtype(k)):
             raise TypeError("rotary_tables needs q and k (floating-point tensors); positions come after them")
-        _, q_positions, k_positions = _one_call(k, q_positions, k_positions, position_ids)
-        _check_qk(q, k, self.head_dim, qk_layout, self.num_heads)
+        _, q_positions, k_positions = one_call(k, q_positions, k_positions, position_ids)
+        check_qk(q, k, self.head_dim, qk_layout, self.num_heads)
         (cq, sq), (ck, sk), _ = self._tables(q, k, q_positions, k_positions, qk_layout)
         return RotaryTables(cq, sq, ck, sk, qk_layout)
 
@@ -462,12 +462,12 @@ class RotaryEmbedding(PositionalScheme):
             ``(q, k)`` of the same shapes and dtypes; one tensor when ``k`` is not given.
         """
         qk_layout = self._qk_layout(qk_layout)
-        k, q_positions, k_positions = _one_call(k, q_positions, k_positions, position_ids)
+        k, q_positions, k_positions = one_call(k, q_positions, k_positions, position_ids)
         if k is None:
             if tables is not None:
                 raise TypeError("tables apply to q and k rotated together; rotate one tensor without them")
             return self.rotate_one(q, q_positions, qk_layout=qk_layout)
-        _check_qk(q, k, self.head_dim, qk_layout, self.num_heads)
+        check_qk(q, k, self.head_dim, qk_layout, self.num_heads)
         if tables is None:
             (cq, sq), (ck, sk), _ = self._tables(q, k, q_positions, k_positions, qk_layout)
         else:
@@ -490,7 +490,7 @@ class RotaryEmbedding(PositionalScheme):
         Shapes: ``x [b, h, s, d_h]`` (``"bshd"``: ``[b, s, h, d_h]``), ``positions [s]`` or
         ``[b, s]`` (default ``arange(s)``) -> ``[b, h, s, d_h]``, x's dtype."""
         qk_layout = self._qk_layout(qk_layout)
-        _check_qk(x, None, self.head_dim, qk_layout, self.num_heads)
+        check_qk(x, None, self.head_dim, qk_layout, self.num_heads)
         (cos, sin), _, _ = self._tables(x, x, positions, None, qk_layout)
         kw = {"layout": self.layout, "rotary_dim": self.rotary_dim, "qk_layout": qk_layout}
         return apply_rotary(x, cos, sin, compute_dtype=self.compute_dtype, **kw)

@@ -17,7 +17,7 @@ import torch
 from .._precision import angle_dtype, autocast_off, position_angles
 from .._validate import check_int, check_positive_float
 from ..absolute import sinusoidal_frequencies
-from .apply import _describe
+from .apply import describe_value
 
 
 # ----------------------------------------------------------------------------------------------
@@ -44,18 +44,18 @@ def _freq_dtype(device: torch.device | str | None) -> torch.dtype:
     return torch.float32 if torch.device(device or "cpu").type == "mps" else torch.float64
 
 
-def _default_inv_freq(r: int, base: float, device: torch.device | str | None) -> torch.Tensor:
+def default_inv_freq(r: int, base: float, device: torch.device | str | None) -> torch.Tensor:
     """``base^(-2i/r)``, i.e. the Vaswani sinusoidal frequencies of width ``r``: ``[r/2]``."""
     return sinusoidal_frequencies(r, base, "vaswani", dtype=_freq_dtype(device), device=device)
 
 
 def _default(r, base, p, seq_len, device):
-    return _default_inv_freq(r, base, device), 1.0
+    return default_inv_freq(r, base, device), 1.0
 
 
 def _linear(r, base, p, seq_len, device):
     # Position interpolation (Chen et al. 2023): position m is read as m / factor.
-    return _default_inv_freq(r, base, device) / p["factor"], 1.0
+    return default_inv_freq(r, base, device) / p["factor"], 1.0
 
 
 def _ntk_scale(r: int, ratio: torch.Tensor | float, device) -> torch.Tensor | float:
@@ -69,14 +69,14 @@ def _ntk_scale(r: int, ratio: torch.Tensor | float, device) -> torch.Tensor | fl
 def _ntk(r, base, p, seq_len, device):
     # NTK-aware scaling (bloc97, 2023): base' = base * factor^(r/(r-2)); the lowest frequency is
     # divided by exactly `factor`, the highest is kept.
-    return _default_inv_freq(r, base, device) * _ntk_scale(r, float(p["factor"]), device), 1.0
+    return default_inv_freq(r, base, device) * _ntk_scale(r, float(p["factor"]), device), 1.0
 
 
 def _dynamic(r, base, p, seq_len, device):
     # Dynamic NTK (emozilla, 2023; HF `_compute_dynamic_ntk_parameters`): NTK with the factor
     # grown with the current length L = max(seq_len, original): base' = base * (f L / L0 - (f - 1))^(r/(r-2)).
     f, l0 = float(p["factor"]), p["original_max_position_embeddings"]
-    inv = _default_inv_freq(r, base, device)
+    inv = default_inv_freq(r, base, device)
     if seq_len is None:
         return inv, 1.0
     length = torch.as_tensor(seq_len, dtype=inv.dtype, device=device)
@@ -104,7 +104,7 @@ def _yarn(r, base, p, seq_len, device):
     low, high = max(low, 0), min(high, r - 1)
     if low == high:
         high += 0.001  # as HF: avoid a zero-width ramp
-    inv = _default_inv_freq(r, base, device)
+    inv = default_inv_freq(r, base, device)
     ramp = torch.clamp((torch.arange(r // 2, dtype=inv.dtype, device=device) - low) / (high - low), 0, 1)
     extrapolation = 1 - ramp  # 1: keep the original frequency; 0: interpolate by f
     inv = (inv / f) * (1 - extrapolation) + inv * extrapolation
@@ -123,7 +123,7 @@ def _llama3(r, base, p, seq_len, device):
     # L0/high_freq_factor kept, and a smooth blend in between.
     f, l0 = float(p["factor"]), p["original_max_position_embeddings"]
     lo, hi = float(p["low_freq_factor"]), float(p["high_freq_factor"])
-    inv = _default_inv_freq(r, base, device)
+    inv = default_inv_freq(r, base, device)
     wavelen = 2 * math.pi / inv
     scaled = torch.where(wavelen > l0 / lo, inv / f, inv)
     smooth = (l0 / wavelen - lo) / (hi - lo)
@@ -142,7 +142,7 @@ def _longrope(r, base, p, seq_len, device):
     scale = p["attention_factor"]
     if scale is None:
         scale = 1.0 if f <= 1.0 else math.sqrt(1 + math.log(f) / math.log(l0))
-    inv = _default_inv_freq(r, base, device)
+    inv = default_inv_freq(r, base, device)
     short = inv / torch.tensor(p["short_factor"], dtype=inv.dtype, device=device)
     if seq_len is None:
         return short, float(scale)
@@ -155,7 +155,7 @@ def _proportional(r, base, p, seq_len, device):
     # width r, (i, i + r/2); the first int(fraction * r // 2) pairs turn at base^(-2i/r) (exponents over
     # the whole width, unlike partial rotary's over the rotated part) and the others not at all (angle
     # 0: cos 1, sin 0, the dims pass unchanged); every frequency is divided by `factor`.
-    inv = _default_inv_freq(r, base, device)
+    inv = default_inv_freq(r, base, device)
     turning = int(p["partial_rotary_factor"] * r // 2)  # HF's rounding, float floor division then int
     pair = torch.arange(r // 2, device=device)
     return torch.where(pair < turning, inv, torch.zeros_like(inv)) / p["factor"], 1.0
@@ -379,7 +379,7 @@ def rope_cos_sin(
     """
     if not isinstance(positions, torch.Tensor) or positions.is_floating_point() or positions.is_complex():
         raise TypeError(
-            f"positions must be an integer tensor, got {_describe(positions)}: float positions lose "
+            f"positions must be an integer tensor, got {describe_value(positions)}: float positions lose "
             "precision (bf16 cannot tell 257 from 256); pass e.g. positions.long()"
         )
     adt = angle_dtype(dtype)

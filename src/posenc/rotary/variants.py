@@ -12,9 +12,9 @@ import torch
 
 from .._precision import angle_dtype, autocast_off
 from .._validate import check_int, check_positive_float
-from .apply import _describe, _is_integer, _seq_axis, apply_rotary
-from .modules import RotaryEmbedding, _check_qk, _for_heads, _one_call
-from .scalings import _default_inv_freq, rope_cos_sin
+from .apply import apply_rotary, describe_value, is_integer_dtype, seq_axis
+from .modules import RotaryEmbedding, check_qk, for_heads, one_call
+from .scalings import default_inv_freq, rope_cos_sin
 
 __all__ = ["Rope2D", "XPos"]
 
@@ -108,10 +108,10 @@ class XPos(RotaryEmbedding):
         with the xPos scales on q (``zeta^(n/gamma)``) and k (``zeta^(-m/gamma)``). q and k are
         always rotated together: their scales differ, so one tensor alone is ambiguous."""
         qk_layout = self._qk_layout(qk_layout)
-        k, q_positions, k_positions = _one_call(k, q_positions, k_positions, position_ids)
+        k, q_positions, k_positions = one_call(k, q_positions, k_positions, position_ids)
         if k is None:
             self.rotate_one(q)  # raises: xPos needs q and k
-        _check_qk(q, k, self.head_dim, qk_layout, self.num_heads)
+        check_qk(q, k, self.head_dim, qk_layout, self.num_heads)
         qp, kp = self._positions(q, k, q_positions, k_positions, qk_layout)
         self._check_range(qp, q.dtype, "q_positions")
         self._check_range(kp, k.dtype, "k_positions")
@@ -122,7 +122,7 @@ class XPos(RotaryEmbedding):
             cos, sin = rope_cos_sin(pos, inv, dtype=dtype)  # [..., s, r/2]
             scale = self._scale(pos, sign, dtype)
             cos, sin = (cos * scale).to(x.dtype), (sin * scale).to(x.dtype)
-            cos, sin = _for_heads(cos, pos, qk_layout), _for_heads(sin, pos, qk_layout)
+            cos, sin = for_heads(cos, pos, qk_layout), for_heads(sin, pos, qk_layout)
             out.append(self._rotate_one(x, cos, sin, qk_layout))
         return out[0], out[1]
 
@@ -217,9 +217,9 @@ class Rope2D(RotaryEmbedding):
                 indexing="ij",
             )  # [rows, cols] each
             return torch.stack((rows, cols), dim=-1).reshape(seq_len, 2)  # [rows, cols, 2] -> [s, 2]
-        if not isinstance(positions, torch.Tensor) or not _is_integer(positions):
+        if not isinstance(positions, torch.Tensor) or not is_integer_dtype(positions):
             raise TypeError(
-                f"{name} must be an integer tensor [s, 2] or [b, s, 2], got {_describe(positions)}"
+                f"{name} must be an integer tensor [s, 2] or [b, s, 2], got {describe_value(positions)}"
             )
         if positions.dim() not in (2, 3) or positions.shape[-1] != 2 or positions.shape[-2] != seq_len:
             raise ValueError(
@@ -233,11 +233,11 @@ class Rope2D(RotaryEmbedding):
         """Tables for coordinates ``[s, 2]`` -> ``[s, r/2]``, ``[b, s, 2]`` -> ``[b, 1, s, r/2]``
         (``"bshd"``: ``[b, s, 1, r/2]``)."""
         qk_layout = self._qk_layout(qk_layout)
-        inv = _default_inv_freq(self.rotary_dim // 2, self.base, positions.device)  # [r/4], per axis
+        inv = default_inv_freq(self.rotary_dim // 2, self.base, positions.device)  # [r/4], per axis
         (cos_r, sin_r), (cos_c, sin_c) = (rope_cos_sin(positions[..., a], inv, dtype=dtype) for a in (0, 1))
         cos = torch.cat((cos_r, cos_c), dim=-1)  # row [..., s, r/4] ++ column [..., s, r/4] -> [..., s, r/2]
         sin = torch.cat((sin_r, sin_c), dim=-1)
-        return _for_heads(cos, positions[..., 0], qk_layout), _for_heads(sin, positions[..., 0], qk_layout)
+        return for_heads(cos, positions[..., 0], qk_layout), for_heads(sin, positions[..., 0], qk_layout)
 
     def rotary_tables(self, q, k, q_positions=None, k_positions=None, *, qk_layout=None) -> None:
         """None: 2D coordinates are resolved per call by :meth:`rotate`."""
@@ -257,14 +257,14 @@ class Rope2D(RotaryEmbedding):
         ``qk_layout`` as :meth:`RotaryEmbedding.rotate`: one coordinates tensor places q and k
         both; one tensor alone, ``rope_2d(x, coords)``, returns ``x`` rotated)."""
         qk_layout = self._qk_layout(qk_layout)
-        k, q_positions, k_positions = _one_call(k, q_positions, k_positions, position_ids)
+        k, q_positions, k_positions = one_call(k, q_positions, k_positions, position_ids)
         if k is None:
             return self.rotate_one(q, q_positions, qk_layout=qk_layout)
-        _check_qk(q, k, self.head_dim, qk_layout, self.num_heads)
+        check_qk(q, k, self.head_dim, qk_layout, self.num_heads)
         if q_positions is None and k_positions is not None:
             raise ValueError("k_positions is given without q_positions: pass q_positions too")
         if q_positions is not None and k_positions is None:
-            s_q, s_k = q.shape[_seq_axis(qk_layout)], k.shape[_seq_axis(qk_layout)]
+            s_q, s_k = q.shape[seq_axis(qk_layout)], k.shape[seq_axis(qk_layout)]
             if s_q != s_k:
                 raise ValueError(
                     f"one coordinates tensor rotates q and k at the same positions, but q has s_q = {s_q} "
@@ -279,11 +279,11 @@ class Rope2D(RotaryEmbedding):
         """One tensor ``x [b, h, s, d_h]`` rotated by its coordinates ``[s, 2]`` or ``[b, s, 2]``
         (default: the grid) -> ``[b, h, s, d_h]``."""
         qk_layout = self._qk_layout(qk_layout)
-        _check_qk(x, None, self.head_dim, qk_layout, self.num_heads)
+        check_qk(x, None, self.head_dim, qk_layout, self.num_heads)
         return self._rotate_at(x, positions, "positions", qk_layout)
 
     def _rotate_at(self, x, positions, name, qk_layout):
-        coords = self.coords(positions, x.shape[_seq_axis(qk_layout)], x.device, name)
+        coords = self.coords(positions, x.shape[seq_axis(qk_layout)], x.device, name)
         cos, sin = self.cos_sin(coords, dtype=x.dtype, qk_layout=qk_layout)
         kw = {"layout": self.layout, "rotary_dim": self.rotary_dim, "qk_layout": qk_layout}
         return apply_rotary(x, cos, sin, **kw)
