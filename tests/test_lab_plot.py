@@ -87,3 +87,26 @@ def test_task_plot_has_exact_match_with_the_learned_line_and_the_tokens_right(tm
     plot_study(study, tmp_path / "figure.png")
     svg = (tmp_path / "figure.svg").read_text()
     assert "95% (learned)" in svg and "answer tokens right" in svg and "exact-match accuracy" in svg
+
+
+def test_lm_plot_has_the_probe_panel_when_the_study_has_the_probe(tmp_path):
+    """The effective-context probe is drawn in its own panel: gain by distance per run, with the
+    interval; a study without probe rows keeps three panels."""
+    pytest.importorskip("matplotlib")
+    study = _study("lm")
+    plot_study(study, tmp_path / "without.png")
+    assert "effective-context probe" not in (tmp_path / "without.svg").read_text()
+    study["probe"] = [
+        {"name": "alibi", "distance": d, "seeds": [0, 1], "gain": _iv(g, 0.01)}
+        for d, g in ((8, 0.5), (16, 0.25), (32, 0.0))
+    ] + [
+        {
+            "name": "learned",
+            "distance": 8,
+            "seeds": [0, 1],
+            "gain": {**_iv(0.1, 0.0), "low": None, "high": None},
+        }
+    ]
+    plot_study(study, tmp_path / "with.png")
+    svg = (tmp_path / "with.svg").read_text()
+    assert "effective-context probe" in svg and "distance between the copies (tokens)" in svg

@@ -62,7 +62,8 @@ def plot_study(results: dict[str, Any], path: str | os.PathLike) -> list[Path]:
     names = list(dict.fromkeys(r["name"] for r in rows))
     colors = plt.get_cmap("tab10" if len(names) <= 10 else "tab20")
     n_seeds = len(cfg["seeds"])
-    panels = 3 if lm else 2
+    probe = (results.get("probe") or []) if lm else []
+    panels = (4 if probe else 3) if lm else 2
     fig, axes = plt.subplots(1, panels, figsize=(5.2 * panels, 4.4), squeeze=False, layout="constrained")
     axes = axes[0]
     metrics = (
@@ -111,6 +112,8 @@ def plot_study(results: dict[str, Any], path: str | os.PathLike) -> list[Path]:
         axes[2].set_ylim(top=min(axes[2].get_ylim()[1], 8.0))
         axes[2].set_title("loss by position: early tokens lack context\n(lower is better)", fontsize=9)
         axes[2].grid(alpha=0.3)
+        if probe:
+            _probe_panel(axes[3], probe, names, variants, colors)
     else:
         from .tasks import LEARNED_AT
 
@@ -126,6 +129,31 @@ def plot_study(results: dict[str, Any], path: str | os.PathLike) -> list[Path]:
         fig.savefig(p, dpi=120)
     plt.close(fig)
     return written
+
+
+def _probe_panel(ax, probe: list[dict[str, Any]], names: list[str], variants, colors) -> None:
+    """The effective-context probe: retrieval gain (bits/byte) by distance between the two copies of
+    a random string, per run, with its interval (the results' ``probe`` rows)."""
+    for i, name in enumerate(names):
+        rows = sorted((r for r in probe if r["name"] == name and r.get("gain")), key=lambda r: r["distance"])
+        if not rows:
+            continue
+        xs = [r["distance"] for r in rows]
+        mean = [r["gain"]["mean"] for r in rows]
+        low = [r["gain"]["mean"] if r["gain"]["low"] is None else r["gain"]["low"] for r in rows]
+        high = [r["gain"]["mean"] if r["gain"]["high"] is None else r["gain"]["high"] for r in rows]
+        style = "--" if variants.get(name) else "-"
+        ax.plot(xs, mean, style, marker="o", ms=3, color=colors(i), label=name)
+        ax.fill_between(xs, low, high, color=colors(i), alpha=0.15, lw=0)
+    ax.set_xscale("log", base=2)
+    ax.axhline(0, color="black", lw=0.8)
+    ax.set_xlabel("distance between the copies (tokens)")
+    ax.set_ylabel("retrieval gain (bits/byte)")
+    ax.set_title(
+        "effective-context probe: a repeated random string\n(> 0: the second copy is read from the first)",
+        fontsize=9,
+    )
+    ax.grid(alpha=0.3)
 
 
 def _panels(results: dict[str, Any], path: str | os.PathLike, metrics, title: str) -> list[Path]:
