@@ -96,3 +96,18 @@ def test_the_queries_hook_is_the_identity_unless_declared():
         "transformer_xl",
         "nope_temperature",
     ]
+
+
+@pytest.mark.parametrize(
+    "name, options",
+    [("transformer_xl", {"head_dim": 8, "num_heads": 2, "d_model": 16}), ("nope_temperature", {})],
+)
+def test_rotate_on_a_queries_scheme_names_the_queries_hook(name, options):
+    """A scheme whose transform acts on the queries alone refuses ``rotate`` (which would return q
+    unchanged and silently drop u or the temperature) with the call to make instead."""
+    scheme = posenc.build(name, **options)
+    q = torch.randn(1, 2, 3, 8)
+    with pytest.raises(
+        TypeError, match=r"transforms the queries alone; call scheme.queries\(q, q_positions\)"
+    ):
+        scheme.rotate(q, q)

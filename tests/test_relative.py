@@ -192,11 +192,12 @@ def test_xl_queries_hook_adds_u_and_keys_are_untouched():
     scheme = TransformerXLRelative(d_model=8, num_heads=2, head_dim=4)
     q, k = torch.randn(1, 2, 3, 4), torch.randn(1, 1, 5, 4)  # grouped-query keys: 1 KV head
     torch.testing.assert_close(scheme.queries(q) - q, scheme.r_w_bias.detach()[None, :, None, :].expand_as(q))
-    # u is position-free: the same at any positions; rotate is not a hook of this scheme (identity)
+    # u is position-free: the same at any positions; rotate is not a hook of this scheme (refused,
+    # naming queries: it would return q without u)
     torch.testing.assert_close(scheme.queries(q, torch.tensor([7, 90, 10**6])), scheme.queries(q))
     assert scheme.hooks == ("queries", "score_bias") and "rotate" not in scheme.hooks
-    q2, k2 = scheme.rotate(q, k)
-    assert q2 is q and k2 is k
+    with pytest.raises(TypeError, match=r"call scheme.queries\(q, q_positions\)"):
+        scheme.rotate(q, k)
 
 
 def test_xl_gradients():

@@ -17,7 +17,9 @@ def test_query_temperature_formula_and_positions():
     q, k = torch.randn(2, 3, 10, 8), torch.randn(2, 1, 10, 8)
     pos = torch.tensor([0, 1, 2, 3, 4, 7, 8, 100, 8191, 2**40])
     rq = scheme.queries(q, pos)
-    assert scheme.hooks == ("queries",) and scheme.rotate(q, k, pos, pos) == (q, k)  # nothing rotates
+    assert scheme.hooks == ("queries",)
+    with pytest.raises(TypeError, match="transforms the queries alone"):  # nothing rotates
+        scheme.rotate(q, k, pos, pos)
     factor = torch.tensor([math.log1p(math.floor((p + 1) / 4)) * 0.1 + 1 for p in pos.tolist()])
     torch.testing.assert_close(rq, q * factor[:, None], rtol=1e-6, atol=0)
     assert torch.equal(rq[:, :, :3], q[:, :, :3])  # factor exactly 1 below floor_scale - 1

@@ -172,7 +172,16 @@ class PositionalScheme(nn.Module):
 
         Returns:
             ``(q, k)`` with the same shapes and dtypes. The identity for schemes without this hook.
+
+        Raises:
+            TypeError: the scheme transforms the queries alone (it declares ``queries`` and not
+                ``rotate``): calling ``rotate`` would silently skip that transform.
         """
+        if "queries" in self.hooks and "rotate" not in self.hooks:
+            raise TypeError(
+                f"scheme {self.name!r} does not rotate q and k: it transforms the queries alone; call "
+                f"scheme.queries(q, q_positions) (the keys are unchanged)"
+            )
         return q, k
 
     def queries(
