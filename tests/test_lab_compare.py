@@ -152,3 +152,14 @@ def test_verdict_needs_the_corrected_p_value():
     assert verdict({"mean": -0.1}, 0.01) == "better" and verdict({"mean": 0.1}, 0.01) == "worse"
     assert verdict({"mean": -0.1}, 0.05) == "no difference shown"  # at alpha: not below it
     assert verdict({"mean": -0.1}, None) == "no difference shown"
+
+
+def test_a_zero_difference_is_never_a_verdict():
+    from posenc.lab.compare import verdict
+
+    for higher in (False, True):
+        assert verdict({"mean": 0.0}, 1e-6, higher_is_better=higher) == "no difference shown"
+    assert (
+        verdict({"mean": -0.1}, 1e-6) == "better"
+        and verdict({"mean": -0.1}, 1e-6, higher_is_better=True) == "worse"
+    )

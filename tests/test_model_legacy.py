@@ -78,7 +78,7 @@ def test_the_old_defaults_table_upgrades_only_what_was_not_set():
     assert upgrade_config({"position": "t5", "position_options": {"max_distance": 16}}, 1)[
         "position_options"
     ] == {"max_distance": 16}
-    assert upgrade_config(cfg, 2) is cfg  # current files are read as written
+    assert upgrade_config(cfg, 2) == cfg  # current files are read as written
     assert upgrade_config({"position": "alibi", "position_options": {}}, 1)["position_options"] == {}
     assert upgrade_config([1, 2], 1) == [1, 2]  # not a config: ModelConfig.from_dict names the problem
     assert (saved_version(None), saved_version(None, "2"), saved_version(2), saved_version("2")) == (
@@ -113,6 +113,26 @@ def test_scheme_options_of_their_old_form_are_read_in_the_new_one(tmp_path):
     safetensors.torch.save_file(tensors, str(weights), metadata=meta)
     ids = torch.randint(0, V, (2, 9))
     torch.testing.assert_close(load_model(folder)(ids).logits, model(ids).logits, rtol=0, atol=0)
+
+
+def test_old_options_of_a_per_layer_pattern_are_upgraded_and_bad_ones_named():
+    """The schemes of ``layer_position_options`` get the same upgrade as the model's own; an old
+    option with a non-bool value, or beside its new form, is an error naming the field."""
+    cfg = {
+        "position": "rope",
+        "layer_positions": ["rope", "alibi", "t5"],
+        "layer_position_options": {"alibi": {"causal": True}, "t5": {"bidirectional": True}},
+    }
+    got = upgrade_config(cfg, 1)["layer_position_options"]
+    assert got == {"alibi": {}, "t5": {"max_distance": 128, "causal": False}}
+    bad = {"position": "t5", "position_options": {"bidirectional": "no"}}
+    with pytest.raises(
+        ValueError, match=r"position_options\['bidirectional'\] must be true or false, got 'no'"
+    ):
+        upgrade_config(bad, 2)
+    both = {"position": "t5", "position_options": {"bidirectional": False, "causal": False}}
+    with pytest.raises(ValueError, match=r"gives both 'bidirectional' .* keep 'causal' alone"):
+        upgrade_config(both, 2)
 
 
 def test_a_single_file_checkpoint_loads_as_its_model(tmp_path):

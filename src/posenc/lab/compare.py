@@ -126,7 +126,7 @@ def verdict(
     ``higher_is_better``, e.g. accuracy, higher) and its corrected p-value: ``"better"`` /
     ``"worse"`` when ``p_adjusted < alpha``, else ``"no difference shown"`` (also without a
     p-value: one seed on one document has none)."""
-    if p_adjusted is None or p_adjusted >= alpha:
+    if p_adjusted is None or p_adjusted >= alpha or diff["mean"] == 0:
         return "no difference shown"
     return "better" if (diff["mean"] > 0) == higher_is_better else "worse"
 

@@ -70,31 +70,54 @@ def saved_version(mark: Any, defaults_mark: Any = None) -> int:
 def upgrade_config(config: Any, version: int) -> Any:
     """``config`` (a :class:`ModelConfig` dict read from a file of format ``version``) with its
     scheme options in today's form (:data:`RENAMED_OPTIONS`) and the defaults it was built with
-    written into ``position_options``: :data:`OLD_DEFAULTS` for a version-1 file, unless the option
-    was set. Anything that is not a config dict is returned as it is (:meth:`ModelConfig.from_dict`
-    names what is wrong)."""
+    written in (:data:`OLD_DEFAULTS` for a version-1 file, unless the option was set), for the
+    model's scheme (``position_options``) and for each scheme of a per-layer pattern
+    (``layer_position_options``). Anything that is not a config dict is returned as it is
+    (:meth:`ModelConfig.from_dict` names what is wrong).
+
+    Raises:
+        ValueError: an old option with a value its new form cannot take (T5's ``bidirectional``
+            must be a bool), or an old option given beside its new one.
+    """
     if not isinstance(config, dict):
         return config
-    options = config.get("position_options", {})
-    position = config.get("position") if isinstance(config.get("position"), str) else None
-    if not isinstance(options, dict):
-        return config
-    renamed = RENAMED_OPTIONS.get(position, {})
-    if any(k in options for k in renamed):
-        new_options = {}
-        for key, value in options.items():
-            if key not in renamed:
-                new_options[key] = value
-            elif renamed[key] is not None:
-                new_key, convert = renamed[key]
-                new_options[new_key] = convert(value)
-        options = new_options
-        config = {**config, "position_options": options}
-    old = OLD_DEFAULTS.get(position) if version < 2 else None
-    if not old:
-        return config
-    missing = {k: v for k, v in old.items() if k not in options}
-    return {**config, "position_options": {**missing, **options}} if missing else config
+    out = dict(config)
+    position = config.get("position")
+    if isinstance(position, str) and isinstance(config.get("position_options", {}), dict):
+        out["position_options"] = _upgrade_options(
+            position, config.get("position_options", {}), version, "position_options"
+        )
+    layered = config.get("layer_position_options")
+    if isinstance(layered, dict):
+        out["layer_position_options"] = {
+            name: _upgrade_options(name, opts, version, f"layer_position_options[{name!r}]")
+            if isinstance(name, str) and isinstance(opts, dict)
+            else opts
+            for name, opts in layered.items()
+        }
+    return out
+
+
+def _upgrade_options(scheme: str, options: dict[str, Any], version: int, field: str) -> dict[str, Any]:
+    """One scheme's options in today's form, with the old defaults of a version-1 file."""
+    renamed = RENAMED_OPTIONS.get(scheme, {})
+    new_options: dict[str, Any] = {}
+    for key, value in options.items():
+        if key not in renamed:
+            new_options[key] = value
+            continue
+        if renamed[key] is None:
+            continue  # an option that changed nothing (ALiBi's causal)
+        new_key, convert = renamed[key]
+        if new_key in options:
+            raise ValueError(
+                f"{field} gives both {key!r} (the earlier form) and {new_key!r}: keep {new_key!r} alone"
+            )
+        if not isinstance(value, bool):
+            raise ValueError(f"{field}[{key!r}] must be true or false, got {value!r}")
+        new_options[new_key] = convert(value)
+    old = OLD_DEFAULTS.get(scheme, {}) if version < 2 else {}
+    return {**{k: v for k, v in old.items() if k not in new_options}, **new_options}
 
 
 def config_from_saved(data: Any, version: int, where: str) -> ModelConfig:
