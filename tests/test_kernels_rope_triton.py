@@ -397,3 +397,10 @@ def test_not_taken_where_it_cannot_run():
         assert rope_triton.takes(x[0], angles.cos(), angles.sin())
     assert rope_triton.takes(x[0], cos, sin)
     assert not rope_triton.takes(x[0], cos.to("meta"), sin.to("meta"))  # tables elsewhere
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a torch without CUDA")
+def test_status_and_available_answer_on_a_torch_without_cuda():
+    """Asked about "cuda" where torch has no CUDA, the kernel says so instead of raising."""
+    assert rope_triton.status("cuda") in ("CUDA not available", "disabled", "not installed")
+    assert rope_triton.available("cuda") is False and rope_triton.available("cuda:0") is False

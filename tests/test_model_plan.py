@@ -250,3 +250,17 @@ def test_flex_block_mask_and_content_free_score_mod_are_built_once_per_forward(m
     with torch.no_grad():
         model(ids_(1, 130))
     assert (len(masks), len(mods)) == (1, 1)
+
+
+def test_flex_is_not_built_for_a_call_with_attention_dropout(monkeypatch):
+    """FlexAttention has no attention dropout: a training call with dropout gets no Flex object
+    (its bias would be built, then thrown away for the full-bias path)."""
+    import posenc
+    from posenc.model import flex
+
+    monkeypatch.setattr(flex, "usable", lambda q: True)
+    plan = plan_attention(1, 160, torch.device("cpu"), causal=True)
+    scheme = posenc.build("alibi", num_heads=2)
+    q = torch.randn(1, 2, 160, 64)
+    assert isinstance(plan.bias_blocks(scheme, q), flex.FlexBiasedAttention)
+    assert not isinstance(plan.bias_blocks(scheme, q, dropout_p=0.1), flex.FlexBiasedAttention)

@@ -150,6 +150,8 @@ def _kernel(device: torch.device, variant: tuple):
     rotation. The op's implementations ask it."""
     if not _settings.enabled() or not (device.type == "cuda" or (device.type == "cpu" and _interpreting())):
         return None
+    if device.type == "cuda" and not torch.cuda.is_available():  # a CPU-only torch: nothing to check
+        return None
     mod = _triton()
     if mod is None:
         return None
@@ -223,6 +225,8 @@ def status(device: torch.device | str) -> str:
         return f"unusable: {_state.get('error')}"
     if not (device.type == "cuda" or (device.type == "cpu" and _interpreting())):
         return "not a CUDA device"
+    if device.type == "cuda" and not torch.cuda.is_available():
+        return "CUDA not available"
     error = _state.get(("error", str(_indexed(device))))
     return f"failed: {error}" if error else "self-check failed"
 

@@ -226,8 +226,10 @@ class MultiHeadAttention(nn.Module):
         """
         b, s = x.shape[:2]
         q, k, v = self.project(x, kv)
-        q, k, v, bias, rel = self.apply_scheme(q, k, v, plan, scheme, cache, layer, blocked=True)
         dropout_p = self.dropout if self.training else 0.0
+        q, k, v, bias, rel = self.apply_scheme(
+            q, k, v, plan, scheme, cache, layer, blocked=True, dropout_p=dropout_p
+        )
         if isinstance(bias, BiasedAttention) and (bias.takes_dropout or not dropout_p):
             out = bias(q, k, v, dropout_p=dropout_p)  # the bias applied inside (plan.bias_blocks)
         else:
@@ -239,14 +241,15 @@ class MultiHeadAttention(nn.Module):
             out.transpose(1, 2).reshape(b, s, self.num_heads * self.head_dim)
         )  # [b, h, s, d_h] -> [b, s, h, d_h] -> [b, s, h * d_h] -> [b, s, d]
 
-    def apply_scheme(self, q, k, v, plan, scheme, cache, layer, blocked=False):
+    def apply_scheme(self, q, k, v, plan, scheme, cache, layer, blocked=False, dropout_p=0.0):
         """Run the scheme's hooks on the projections and fill the cache (see the module docstring):
         ``score_bias`` on the raw queries, ``rotate`` on queries and keys (each key once, as it enters
         the cache), then ``queries`` on the queries alone (keys and cache untouched).
 
         Returns ``(q, k, v, bias, relative_values)``; ``k``/``v`` cover every key, ``[b, h_kv, s_k, d_h]``;
-        ``bias`` is ``[b | 1, h, s, s_k]``, or with ``blocked`` a per-query-block function
-        (:meth:`AttentionPlan.bias_blocks`) where the plan allows it.
+        ``bias`` is ``[b | 1, h, s, s_k]``, or with ``blocked`` a :class:`BiasedAttention`
+        (:meth:`AttentionPlan.bias_blocks`, told the attention dropout ``dropout_p``) where the plan
+        allows it.
         """
         bias = rel = None
         # a bias that reads the keys (CoPE) needs them all, the cache's included: computed at the end
@@ -258,7 +261,7 @@ class MultiHeadAttention(nn.Module):
             if "score_bias" in scheme.hooks and not keyed:  # q before rotate
                 qh = self._heads_first(q)
                 if blocked and rel is None:
-                    bias = plan.bias_blocks(scheme, qh)
+                    bias = plan.bias_blocks(scheme, qh, dropout_p=dropout_p)
                 if bias is None:
                     bias = plan.score_bias(scheme, qh)
         rotates = scheme is not None and "rotate" in scheme.hooks

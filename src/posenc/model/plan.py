@@ -92,13 +92,16 @@ class AttentionPlan:
             self._biases[scheme] = scheme.score_bias(self.q_positions, self.k_positions, q)
         return self._biases[scheme]
 
-    def bias_blocks(self, scheme: PositionalScheme, q: torch.Tensor) -> BiasedAttention | None:
+    def bias_blocks(
+        self, scheme: PositionalScheme, q: torch.Tensor, *, dropout_p: float = 0.0
+    ) -> BiasedAttention | None:
         """Attention that applies ``scheme``'s bias inside, block by block, where this forward can
         take such a path; None: the caller adds the full ``[b | 1, h, s, s_k]`` bias
         (:meth:`score_bias`) to SDPA's mask. The one place the path is chosen, by device and by what
         the scheme declares:
 
-        * CUDA (:func:`posenc.model.flex.usable`: eager, >= 128 queries): FlexAttention
+        * CUDA (:func:`posenc.model.flex.usable`: eager float32, >= 128 queries, no attention
+          dropout, which FlexAttention does not have): FlexAttention
           (:class:`~posenc.model.flex.FlexBiasedAttention`) with the scheme's distance table or its
           materialised bias as ``score_mod`` and this plan's mask (causal, padding, packing) as a
           block mask;
@@ -113,11 +116,13 @@ class AttentionPlan:
         Args:
             scheme: the scheme with the ``score_bias`` hook.
             q: ``[b, h, s, d_h]`` queries before rotation.
+            dropout_p: the attention dropout of this call (training): FlexAttention has none, so it
+                is not built then.
         """
         if scheme.score_bias_uses_keys:
             return None
         full = functools.partial(self.score_bias, scheme, q)
-        if flex.usable(q):
+        if flex.usable(q) and not dropout_p:
             return flex.FlexBiasedAttention(self._flex_score_mod(scheme, q), self._flex_block_mask(q), full)
         if not (self.causal_prefix and blocked.usable(q)):
             return None
