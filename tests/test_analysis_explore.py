@@ -198,3 +198,14 @@ def test_bias_explorer_builds_t5_as_a_decoder_and_as_an_encoder():
         keep = ~future if form else torch.ones_like(future)
         torch.testing.assert_close(shown[keep], want[keep], rtol=1e-6, atol=1e-9)
     assert not torch.equal(encoder, encoder.T)  # keys after the query: buckets of their own
+
+
+def test_bias_explorer_offers_only_the_forms_a_scheme_has():
+    """CoPE has no bidirectional form (``bidirectional_ok`` False): its explorer shows the causal
+    form alone."""
+    from posenc.analysis.explore import _heads
+
+    fig = _heads("cope", {"max_len": 16, "num_heads": 2, "head_dim": 8, "d_model": 16, "causal": True})
+    assert len(fig["data"]) == 2  # two heads of the causal form
+    forms = str(fig["layout"])
+    assert "causal" in forms and "bidirectional" not in forms

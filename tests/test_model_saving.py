@@ -11,7 +11,7 @@ import os
 import pytest
 import torch
 
-from _model_helpers import config, ids_
+from _model_helpers import V, config, ids_
 from _model_toys import register_toys
 from posenc.model import Decoder, EncoderDecoder, ModelConfig, TransformerLM, load_model, save_model
 
@@ -204,3 +204,21 @@ def test_broken_folders_are_errors_naming_the_file(tmp_path):
         load_model(folder)
     with pytest.raises(ValueError, match=r"no saved model at .*missing"):
         load_model(tmp_path / "missing")
+
+
+def test_a_save_cut_before_its_config_is_saved_over(tmp_path):
+    """A save killed after the weights and before config.json leaves posenc's weights alone in the
+    folder: saving again there completes it (other people's files still refuse)."""
+    torch.manual_seed(0)
+    model = TransformerLM(config("alibi")).eval()
+    folder = tmp_path / "m"
+    save_model(model, folder)
+    (folder / "config.json").unlink()
+    save_model(model, folder)
+    ids = torch.randint(0, V, (1, 7))
+    torch.testing.assert_close(load_model(folder)(ids).logits, model(ids).logits, rtol=0, atol=0)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(ValueError, match="holds files that are not a posenc model"):
+        save_model(model, other)

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ..registry import config_keys
+from ..registry import config_keys, scheme_class
 from ..registry import schemes as registered_schemes
 from .interactive import selector_figure, vline
 from .kernel import display_kernel, encodings, make_probe, rotation_frequencies
@@ -197,7 +197,15 @@ def _bases(name: str, ctx: dict[str, Any]) -> dict[str, Any]:
 def _heads(name: str, ctx: dict[str, Any]) -> dict[str, Any]:
     """The bias ``[m, n]`` of one head (slider), causal or bidirectional (menu)."""
     n = min(int(ctx["max_len"]), 48)
-    forms = {"causal": True, "bidirectional": False}
+    cls = scheme_class(name)
+    forms = {
+        form: causal
+        for form, causal, ok in (
+            ("causal", True, cls.causal_ok),
+            ("bidirectional", False, cls.bidirectional_ok),
+        )
+        if ok  # only the forms the scheme has (CoPE has no bidirectional one)
+    }
     traces = {}
     heads = int(ctx["num_heads"])
     shown = list(range(0, heads, -(-heads // 16)))  # at most ~16 heads: the page stays small
@@ -223,7 +231,7 @@ def _heads(name: str, ctx: dict[str, Any]) -> dict[str, Any]:
         "yaxis": {"title": {"text": "query position m"}, "scaleanchor": "x", "constrain": "domain"},
         "height": 470,
     }
-    start = ("causal" if ctx.get("causal") else "bidirectional", "0")
+    start = ("causal" if ctx.get("causal") or "bidirectional" not in forms else "bidirectional", "0")
     return selector_figure(
         traces, ("form", list(forms)), ("head", [str(h) for h in shown]), layout, start=start
     )

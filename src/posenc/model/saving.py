@@ -119,7 +119,7 @@ def _check_target(path: Path) -> Path:
     if ancestor != path:
         return path
     names = sorted(p.name for p in path.iterdir())
-    if names and not is_model_folder(path):
+    if names and not is_model_folder(path) and not _interrupted_save(path, names):
         shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
         raise ValueError(
             f"{str(path)!r} holds files that are not a posenc model ({shown}); save_model never "
@@ -131,6 +131,19 @@ def _check_target(path: Path) -> Path:
             "leave that trainer state describing other weights: give another folder"
         )
     return path
+
+
+def _interrupted_save(path: Path, names: list[str]) -> bool:
+    """A save of posenc's cut before its last step: the folder holds only posenc's weights file
+    (with posenc's own metadata, written before ``config.json``) and temporary files of the save."""
+    weights = path / WEIGHTS_FILE
+    others = [n for n in names if n != WEIGHTS_FILE and not n.startswith(f".{WEIGHTS_FILE}.tmp")]
+    if others or not weights.is_file() or weights.is_symlink():
+        return False
+    try:
+        return "posenc_model" in read_metadata(weights, "model file")
+    except ValueError:  # not a safetensors file: someone else's
+        return False
 
 
 def is_model_folder(path: str | os.PathLike) -> bool:
