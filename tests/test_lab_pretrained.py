@@ -166,7 +166,7 @@ def test_the_weights_dtype_is_recorded_and_printed(tmp_path, corpus, capsys):
     ],
 )
 def test_a_signal_stops_the_run_with_one_line_and_no_results(
-    tmp_path, corpus, capsys, monkeypatch, signum, code, phase
+    tmp_path, corpus, capsys, monkeypatch, request, signum, code, phase
 ):
     import importlib
 
@@ -179,6 +179,10 @@ def test_a_signal_stops_the_run_with_one_line_and_no_results(
         return real(*args, **kwargs)
 
     monkeypatch.setattr(module, name, interrupted)
+    # Python's own Ctrl-C handler, as in a terminal: a test run started in the background inherits
+    # SIGINT ignored, and then the signal would never arrive
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
     save_transformers(_model(), tmp_path / "hf")
     flags = ["--corpus", corpus, "--val-fraction", "0.34", "--eval-windows", "4", "--variants", "none"]
     flags += ["--eval-lens", "32", "--finetune-len", "32", "--finetune-steps", "2", "--no-progress"]
