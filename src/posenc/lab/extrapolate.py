@@ -219,7 +219,7 @@ def _collect(ordered: list[CellRecord], config: StudyConfig, data, env: dict[str
 
         results.comparisons = scheme_comparisons({**view, "summary": results.summary})
         results.probe = probe_summary(view["runs"])
-    if config.vary or config.randomized_positions:
+    if config.lm and (config.vary or config.randomized_positions):  # tasks: in task_comparisons
         from .compare import settings_summary
 
         results.settings = settings_summary(view)

@@ -224,7 +224,8 @@ def format_table(results: StudyResults, markdown: bool = False) -> str:
     lines = []
     for metric, signed, title in sections:
         lines += _metric_table(rows, names, lens, metric, signed, title, markdown, head, width, col)
-    lines += _settings_table(results.settings or [], lens, markdown, width, col)
+    if cfg.lm:  # task studies compare settings per question (their comparisons table)
+        lines += _settings_table(results.settings or [], lens, markdown, width, col)
     lines += _finetune_table(results.finetune or [], lens, markdown, width, col)
     lines += _training_table(results.training, markdown)
     lines += _probe_table(results.probe or [], markdown)
