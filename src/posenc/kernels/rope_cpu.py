@@ -43,7 +43,7 @@ import warnings
 import torch
 
 from . import _cbuild, _memory, _settings, rope_reference
-from ._rotation_autograd import register_rotation_autograd
+from ._rotation import call_rotation, register_rotation_autograd
 
 __all__ = ["available", "check_out", "rope_op", "rope_out_op", "rotate", "rotate_pair", "status", "takes"]
 
@@ -335,14 +335,7 @@ def rotate(
     Returns:
         ``[..., s, d_h]``: the new tensor, or ``out``.
     """
-    if out is None:
-        below = _settings.records_nothing(x)
-        if below is None:
-            return rope_op([x], [cos], [sin], layout, 1.0)[0]
-        with below:
-            return rope_op([x], [cos], [sin], layout, 1.0)[0]
-    rope_out_op([x], [cos], [sin], [out], layout)
-    return out
+    return call_rotation(rope_op, rope_out_op, x, cos, sin, layout, out)
 
 
 def rotate_pair(

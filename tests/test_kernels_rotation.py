@@ -1,4 +1,4 @@
-"""Tests of posenc.kernels._rotation_autograd: the one backward of the rotation ops (rotation by the
+"""Tests of posenc.kernels._rotation: the one backward of the rotation ops (rotation by the
 opposite angle) passes gradcheck and gradgradcheck through the registered CPU op."""
 
 from __future__ import annotations

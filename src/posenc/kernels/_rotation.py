@@ -1,4 +1,5 @@
-"""The one autograd rule of posenc's rotation ops (``posenc::rope_cpu``, ``posenc::rope_triton``):
+"""What posenc's two rotation ops (``posenc::rope_cpu``, ``posenc::rope_triton``) share: one way
+to call them (:func:`call_rotation`) and one autograd rule (:func:`register_rotation_autograd`):
 a rotation is linear in ``x`` with an orthogonal matrix, so the gradient of ``x`` is the incoming
 gradient rotated by the opposite angle (``sign -> -sign``), by the same op (itself differentiable,
 so double backward works). The tables get no gradient: each op's ``takes`` refuses tables that
@@ -13,7 +14,9 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["register_rotation_autograd"]
+from . import _settings
+
+__all__ = ["call_rotation", "register_rotation_autograd"]
 
 
 def register_rotation_autograd(name: str, op: Callable, lib: torch.library.Library) -> None:
@@ -33,3 +36,16 @@ def register_rotation_autograd(name: str, op: Callable, lib: torch.library.Libra
         return dxs, [None] * n, [None] * n, None, None
 
     torch.library.register_autograd(name, backward, setup_context=setup, lib=lib)
+
+
+def call_rotation(op: Callable, out_op: Callable, x, cos, sin, layout: str, out=None) -> torch.Tensor:
+    """``x`` rotated by the op ``op`` (a new tensor, differentiable in ``x``), or by ``out_op`` into
+    ``out`` (``x`` itself, in place, or a tensor like it: inference)."""
+    if out is None:
+        below = _settings.records_nothing(x)
+        if below is None:
+            return op([x], [cos], [sin], layout, 1.0)[0]
+        with below:
+            return op([x], [cos], [sin], layout, 1.0)[0]
+    out_op([x], [cos], [sin], [out], layout)
+    return out
