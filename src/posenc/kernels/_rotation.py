@@ -1,5 +1,6 @@
 """What posenc's two rotation ops (``posenc::rope_cpu``, ``posenc::rope_triton``) share: one way
-to call them (:func:`call_rotation`) and one autograd rule (:func:`register_rotation_autograd`):
+to call them (:func:`call_rotation`, :func:`call_rotations`) and one autograd rule
+(:func:`register_rotation_autograd`):
 a rotation is linear in ``x`` with an orthogonal matrix, so the gradient of ``x`` is the incoming
 gradient rotated by the opposite angle (``sign -> -sign``), by the same op (itself differentiable,
 so double backward works). The tables get no gradient: each op's ``takes`` refuses tables that
@@ -16,7 +17,7 @@ import torch
 
 from . import _settings
 
-__all__ = ["call_rotation", "register_rotation_autograd"]
+__all__ = ["call_rotation", "call_rotations", "register_rotation_autograd"]
 
 
 def register_rotation_autograd(name: str, op: Callable, lib: torch.library.Library) -> None:
@@ -42,10 +43,16 @@ def call_rotation(op: Callable, out_op: Callable, x, cos, sin, layout: str, out=
     """``x`` rotated by the op ``op`` (a new tensor, differentiable in ``x``), or by ``out_op`` into
     ``out`` (``x`` itself, in place, or a tensor like it: inference)."""
     if out is None:
-        below = _settings.records_nothing(x)
-        if below is None:
-            return op([x], [cos], [sin], layout, 1.0)[0]
-        with below:
-            return op([x], [cos], [sin], layout, 1.0)[0]
+        return call_rotations(op, [x], [cos], [sin], layout)[0]
     out_op([x], [cos], [sin], [out], layout)
     return out
+
+
+def call_rotations(op: Callable, xs: list, coss: list, sins: list, layout: str) -> list[torch.Tensor]:
+    """Each ``xs[i]`` rotated by ``(coss[i], sins[i])`` in one call of the op ``op`` (``q`` and ``k``
+    together), out of place; with nothing for autograd to record, the call records nothing."""
+    below = _settings.records_nothing(*xs)
+    if below is None:
+        return op(xs, coss, sins, layout, 1.0)
+    with below:
+        return op(xs, coss, sins, layout, 1.0)

@@ -43,7 +43,7 @@ import warnings
 import torch
 
 from . import _cbuild, _memory, _settings, rope_reference
-from ._rotation import call_rotation, register_rotation_autograd
+from ._rotation import call_rotation, call_rotations, register_rotation_autograd
 
 __all__ = ["available", "check_out", "rope_op", "rope_out_op", "rotate", "rotate_pair", "status", "takes"]
 
@@ -350,11 +350,7 @@ def rotate_pair(
 
     Shapes: ``q [..., s_q, d_h]``, ``k [..., s_k, d_h]``, tables ``[..., s, r/2]`` -> ``(q, k)``.
     """
-    args = ([q, k], [q_tables[0], k_tables[0]], [q_tables[1], k_tables[1]], layout, 1.0)
-    below = _settings.records_nothing(q, k)
-    if below is None:
-        q_out, k_out = rope_op(*args)
-    else:
-        with below:
-            q_out, k_out = rope_op(*args)
+    q_out, k_out = call_rotations(
+        rope_op, [q, k], [q_tables[0], k_tables[0]], [q_tables[1], k_tables[1]], layout
+    )
     return q_out, k_out
