@@ -14,7 +14,8 @@ import torch
 
 import posenc
 from _op_calls import OpCalls
-from posenc.kernels import rope_cpu, rope_reference, rope_triton, set_enabled
+from posenc.kernels import rope_cpu, rope_triton, set_enabled
+from posenc.rotary import reference as rope_reference
 
 pytest.importorskip("triton", reason="Triton is not installed (pip install 'posenc[gpu]')")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -57,7 +57,8 @@ if "--interpret" in sys.argv:  # read when the @triton.jit functions are defined
 import torch  # noqa: E402
 
 import posenc  # noqa: E402
-from posenc.kernels import rope_cpu, rope_reference, rope_triton, set_enabled  # noqa: E402
+from posenc.kernels import rope_cpu, rope_triton, set_enabled  # noqa: E402
+from posenc.rotary import reference as rope_reference  # noqa: E402
 
 
 class Record:

@@ -18,7 +18,7 @@ Three forms of call (speed-ups are read only within a form and a pairing layout)
 HF rotates pairs ``(i, i + r/2)`` ("half"); the others pair ``(2i, 2i+1)`` ("interleaved").
 
 Every implementation is checked first against posenc's reference expression
-(:mod:`posenc.kernels.rope_reference` on the same float32 tables): float32 within 1e-6
+(:mod:`posenc.rotary.reference` on the same float32 tables): float32 within 1e-6
 (absolute and relative; the complex form rounds differently), bfloat16 within 2 bf16 ulps (HF
 rounds each product to bfloat16, the complex form computes in float32 and rounds once).
 
@@ -64,8 +64,8 @@ def meta_complex_rotary(x: torch.Tensor, freqs_cis: torch.Tensor, r: int) -> tor
 
 
 def _reference(q, k, cos, sin, layout: str, r: int):
-    """posenc's reference expression (:mod:`posenc.kernels.rope_reference`) on q and k."""
-    from ..kernels.rope_reference import ROTARY_LAYOUTS
+    """posenc's reference expression (:mod:`posenc.rotary.reference`) on q and k."""
+    from ..rotary.reference import ROTARY_LAYOUTS
 
     def one(x: torch.Tensor) -> torch.Tensor:
         y = ROTARY_LAYOUTS[layout](x, cos.to(x.dtype), sin.to(x.dtype), r)  # [..., s, r]

@@ -56,7 +56,8 @@ def hugepages_enabled() -> bool:
 
 def empty_like(x: torch.Tensor) -> torch.Tensor:
     """``torch.empty_like(x)`` (same strides), advised to use huge pages when large (see module doc)."""
-    return _advise(torch.empty_like(x))
+    out = torch.empty_like(x)
+    return out if x.numel() * x.element_size() < _MIN_BYTES else _advise(out)  # small: no check to pay
 
 
 def empty(

@@ -1,6 +1,8 @@
 """What posenc's two rotation ops (``posenc::rope_cpu``, ``posenc::rope_triton``) share: one way
-to call them (:func:`call_rotation`, :func:`call_rotations`) and one autograd rule
-(:func:`register_rotation_autograd`):
+to call them (:func:`call_rotation`, :func:`call_rotations`), the reference rotation they check
+their kernels against and run where a kernel does not (:func:`reference_rotation`, handed down by
+:mod:`posenc.rotary.reference` through :func:`register_reference_rotation`: the maths lives with
+RoPE, above the kernels), and one autograd rule (:func:`register_rotation_autograd`):
 a rotation is linear in ``x`` with an orthogonal matrix, so the gradient of ``x`` is the incoming
 gradient rotated by the opposite angle (``sign -> -sign``), by the same op (itself differentiable,
 so double backward works). The tables get no gradient: each op's ``takes`` refuses tables that
@@ -17,7 +19,43 @@ import torch
 
 from . import _settings
 
-__all__ = ["call_rotation", "call_rotations", "register_rotation_autograd"]
+__all__ = [
+    "call_rotation",
+    "call_rotations",
+    "has_reference_rotation",
+    "reference_rotation",
+    "register_reference_rotation",
+    "register_rotation_autograd",
+]
+
+#: ``posenc.rotary.reference.rotate``, once that module is imported (``import posenc`` does it)
+_reference: list[Callable] = []
+
+
+def register_reference_rotation(rotate: Callable) -> None:
+    """Hand the kernels the reference rotation ``rotate(x, cos, sin, layout) -> [..., s, d_h]``
+    (called once, by :mod:`posenc.rotary.reference` at import; a second call replaces the first)."""
+    _reference[:] = [rotate]
+
+
+def has_reference_rotation() -> bool:
+    """Whether :mod:`posenc.rotary.reference` has handed the kernels their reference rotation
+    (every posenc entry point to RoPE imports it; a kernel module imported alone has not)."""
+    return bool(_reference)
+
+
+def reference_rotation(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:
+    """The reference rotation of ``x [..., s, d_h]`` by tables ``[..., s, r/2]`` (a new tensor).
+
+    Raises:
+        RuntimeError: nothing registered it: ``posenc.rotary`` was never imported.
+    """
+    if not _reference:
+        raise RuntimeError(
+            "posenc's reference rotation is not registered yet: import posenc.rotary (any of posenc's "
+            "RoPE entry points does) before calling a rotation kernel's op directly"
+        )
+    return _reference[0](x, cos, sin, layout)
 
 
 def register_rotation_autograd(name: str, op: Callable, lib: torch.library.Library) -> None:

@@ -23,7 +23,7 @@ same way in eager mode and under ``torch.compile`` (also with ``fullgraph=True``
 implementations are registered). :func:`takes` says which inputs the op takes; whether the C
 kernel runs is decided inside the op (:func:`_kernel`): where it cannot be built (no compiler, a
 failed self-check) or fast paths are switched off, the op runs the reference rotation
-(:func:`posenc.kernels.rope_reference.rotate`), with the same numbers.
+(:func:`posenc.rotary.reference.rotate`), with the same numbers.
 
 **Autograd.** The rotation is linear in ``x``; its gradient is the rotation by the opposite angle,
 i.e. the op with ``-sin``: the op's one autograd rule, itself differentiable, so double backward
@@ -42,8 +42,8 @@ import warnings
 
 import torch
 
-from . import _cbuild, _memory, _settings, rope_reference
-from ._rotation import call_rotation, call_rotations, register_rotation_autograd
+from . import _cbuild, _memory, _settings
+from ._rotation import call_rotation, call_rotations, reference_rotation, register_rotation_autograd
 
 __all__ = ["available", "check_out", "rope_op", "rope_out_op", "rotate", "rotate_pair", "status", "takes"]
 
@@ -100,8 +100,9 @@ def _load() -> None:
 
 
 def _self_check() -> bool:
-    """Run the kernel once per dtype (and bf16 rounded once) and layout against PyTorch's ops (the
-    reference's arithmetic)."""
+    """Run the kernel once per dtype (and bf16 rounded once) and layout against PyTorch's ops: the
+    reference's arithmetic, written out here so that the kernel checks itself with nothing from
+    above it (:func:`status` works on its own)."""
     gen = torch.Generator().manual_seed(1234)
     with torch.no_grad():
         for dtype, table_dtype in (*((d, d) for d in _DTYPES), (torch.bfloat16, torch.float32)):
@@ -119,7 +120,7 @@ def _self_check() -> bool:
                 a, b = x[..., first].to(table_dtype), x[..., second].to(table_dtype)
                 want[..., first].copy_(a * cos - b * sin)
                 want[..., second].copy_(b * cos + a * sin)
-                got = _launch(x, cos, sin, torch.empty_like(x), layout, 1.0)
+                got = _launch(_state["fn"], x, cos, sin, torch.empty_like(x), layout, 1.0)
                 if not torch.equal(got, want):
                     return False
     return True
@@ -216,10 +217,11 @@ def _code(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> int:
 
 
 def _launch(
-    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor, layout: str, sign: float
+    fn, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor, layout: str, sign: float
 ) -> torch.Tensor:
+    """``x`` rotated by ``sign`` times its angles into ``out`` by the C entry point ``fn``."""
     args, _tables = _args(x, cos, sin, out, layout, sign)
-    if _fn()(args.buffer_info()[0]):  # pragma: no cover - takes() rules these out
+    if fn(args.buffer_info()[0]):  # pragma: no cover - takes() rules these out
         raise RuntimeError(f"posenc rope kernel rejected shape {tuple(x.shape)} dtype {x.dtype}")
     return out
 
@@ -236,14 +238,15 @@ def _rotate_into(xs, coss, sins, outs, layout: str, sign: float) -> None:
     """Each ``xs[i]`` rotated by ``sign`` times its angles into ``outs[i]`` (which may be
     ``xs[i]``): by the C kernel, q and k in one call, or by the reference rotation where the kernel
     does not run (:func:`_kernel`)."""
-    if _kernel() is None:
+    fn = _kernel()
+    if fn is None:
         for x, cos, sin, out in zip(xs, coss, sins, outs):
-            out.copy_(rope_reference.rotate(x, cos, sin if sign > 0 else -sin, layout))
+            out.copy_(reference_rotation(x, cos, sin if sign > 0 else -sin, layout))
     elif len(xs) == 2:
         _launch_pair(xs[0], xs[1], (coss[0], sins[0]), (coss[1], sins[1]), outs[0], outs[1], layout, sign)
     else:
         for x, cos, sin, out in zip(xs, coss, sins, outs):
-            _launch(x, cos, sin, out, layout, sign)
+            _launch(fn, x, cos, sin, out, layout, sign)
 
 
 def check_out(x: torch.Tensor, out: object) -> None:

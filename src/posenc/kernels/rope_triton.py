@@ -1,7 +1,7 @@
 """RoPE on GPUs: the registered op ``posenc::rope_triton``, one Triton kernel that rotates one
 tensor, or queries and keys together, in a single launch.
 
-**Same numbers.** The kernel computes what the PyTorch reference (:mod:`posenc.kernels.rope_reference`)
+**Same numbers.** The kernel computes what the PyTorch reference (:mod:`posenc.rotary.reference`)
 computes, in the same order and with the same roundings: each product and each sum of
 ``x1*cos - x2*sin`` / ``x2*cos + x1*sin`` is rounded to the tensor's dtype, as PyTorch's elementwise
 ops round each result, and the compiler is told not to fuse multiplies and adds (no FMA); with
@@ -48,8 +48,14 @@ import warnings
 
 import torch
 
-from . import _settings, rope_reference
-from ._rotation import call_rotation, call_rotations, register_rotation_autograd
+from . import _settings
+from ._rotation import (
+    call_rotation,
+    call_rotations,
+    has_reference_rotation,
+    reference_rotation,
+    register_rotation_autograd,
+)
 
 __all__ = ["available", "rope_op", "rope_out_op", "rotate", "rotate_pair", "same_values", "status", "takes"]
 
@@ -174,6 +180,8 @@ def _checked(device: torch.device, variant: tuple) -> bool:
     if key not in _state:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return False  # no self-check inside CUDA-graph capture (it copies and syncs): try later
+        if not has_reference_rotation():
+            return False  # nothing to check against before posenc.rotary is imported: try later
         _state[key] = False
         arithmetic = "rounded once" if variant[1] else "every operation rounded"
         what = f"{device} ({variant[0]}, {arithmetic}, {variant[2]} pairs)"
@@ -314,7 +322,7 @@ def _rotate_into(xs, coss, sins, outs, layout: str, sign: float) -> None:
         if _fits(x, cos) and out.stride(-1) == 1 and _kernel(x.device, _variant(x, cos, layout)) is not None:
             fast.append(job)
         else:
-            out.copy_(rope_reference.rotate(x, cos, sin if sign > 0 else -sin, layout))
+            out.copy_(reference_rotation(x, cos, sin if sign > 0 else -sin, layout))
     while fast:
         launch = fast[:2] if len(fast) > 1 and _together(fast[0], fast[1]) else fast[:1]
         _launch(launch, layout, sign)
@@ -343,8 +351,8 @@ def _self_check(device: torch.device, dtype: torch.dtype, once: bool, layout: st
     cos, sin = angles.cos().to(device, table_dtype), angles.sin().to(device, table_dtype)
     out, k_out = torch.empty_like(x), torch.empty_like(k)
     _launch([(x, cos[:5], sin[:5], out), (k, cos, sin, k_out)], layout, 1.0)
-    return same_values(out, rope_reference.rotate(x, cos[:5], sin[:5], layout)) and same_values(
-        k_out, rope_reference.rotate(k, cos, sin, layout)
+    return same_values(out, reference_rotation(x, cos[:5], sin[:5], layout)) and same_values(
+        k_out, reference_rotation(k, cos, sin, layout)
     )
 
 

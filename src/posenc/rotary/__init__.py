@@ -41,11 +41,11 @@ Legend: ``b`` batch, ``h`` query heads, ``h_kv`` key/value heads, ``s`` sequence
 (``s_q``/``s_k`` for queries/keys), ``d_h`` head width, ``r`` rotary width (``r <= d_h``, even).
 """
 
-from ..kernels.rope_reference import ROTARY_LAYOUTS
 from .apply import QK_LAYOUTS, apply_rotary, apply_rotary_qk, half_width_tables
 from .hf import hf_rope_config, permute_qk_weights, rope_from_hf
 from .modules import RotaryEmbedding
 from .mrope import MultimodalRope, mrope_from_hf, mrope_positions_from_hf
+from .reference import ROTARY_LAYOUTS
 from .scalings import ROPE_SCALINGS, RopeScaling, document_lengths, rope_cos_sin, rope_frequencies
 from .variants import Rope2D, XPos
 

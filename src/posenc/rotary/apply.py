@@ -10,9 +10,9 @@ import torch
 
 from .._validate import check_choice, check_int
 from ..kernels import rope_cpu as _rope_cpu
-from ..kernels import rope_reference as _rope_reference
 from ..kernels import rope_triton as _rope_triton
-from ..kernels.rope_reference import ROTARY_LAYOUTS
+from . import reference as _rope_reference
+from .reference import ROTARY_LAYOUTS
 
 #: axis orders of queries and keys: ``"bhsd"`` ``[b, h, s, d_h]`` (default), ``"bshd"`` ``[b, s, h, d_h]``
 QK_LAYOUTS = ("bhsd", "bshd")

@@ -15,7 +15,6 @@ from .._alloc import check_allocation
 from .._precision import angle_dtype, gather_kept
 from .._validate import check_choice, check_int, check_positive_float
 from ..base import PositionalScheme
-from ..kernels.rope_reference import ROTARY_LAYOUTS
 from ..positions import resolve_positions
 from .apply import (
     QK_LAYOUTS,
@@ -28,6 +27,7 @@ from .apply import (
     is_integer_dtype,
     seq_axis,
 )
+from .reference import ROTARY_LAYOUTS
 from .scalings import (
     ORIGINAL_LENGTH,
     ROPE_SCALINGS,

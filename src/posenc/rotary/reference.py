@@ -1,10 +1,12 @@
 """The reference rotation of RoPE in PyTorch ops: how the ``r`` rotated dims pair up, and the
 rotation of a whole ``[..., s, d_h]`` tensor.
 
-This is the maths that :func:`posenc.apply_rotary` runs wherever no kernel applies, and that the
-registered op ``posenc::rope_cpu`` (:mod:`posenc.kernels.rope_cpu`) runs where its C kernel cannot
-be built; the kernels reproduce it bit for bit and check themselves against it. It sits below the
-kernels, so it imports nothing from posenc.
+This is the maths that :func:`posenc.apply_rotary` runs wherever no kernel applies. The kernels
+reproduce it bit for bit: each checks itself against it when first built, and their registered ops
+(``posenc::rope_cpu``, ``posenc::rope_triton``) run it where their kernel does not (not built,
+fast paths off, a Triton variant that failed its check). The kernels sit below this package and
+import nothing from it: this module hands them the rotation at import
+(:func:`posenc.kernels.register_reference_rotation`).
 
 Legend: ``s`` sequence length, ``d_h`` head width, ``r`` rotary width (even), ``...`` leading dims.
 """
@@ -14,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+
+from ..kernels import register_reference_rotation
 
 __all__ = ["ROTARY_LAYOUTS", "rotate"]
 
@@ -60,3 +64,6 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -
     if r < x.shape[-1]:
         y = torch.cat((y, x[..., r:]), dim=-1)  # [..., s, r] ++ [..., s, d_h - r] -> [..., s, d_h]
     return y
+
+
+register_reference_rotation(rotate)  # the kernels' check and fallback (see the module doc)

@@ -1,4 +1,4 @@
-"""Tests of posenc.kernels.rope_reference, and every RoPE backend against it in one grid.
+"""Tests of posenc.rotary.reference, and every RoPE backend against it in one grid.
 
 The reference rotation is checked against RoFormer's formula written plainly in float64; then each
 backend (the reference itself, the C kernel, the Triton kernel in its CPU interpreter) must give the
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from posenc.kernels import rope_cpu
-from posenc.kernels.rope_reference import ROTARY_LAYOUTS
+from posenc.rotary.reference import ROTARY_LAYOUTS
 
 
 def formula(x: torch.Tensor, angles: torch.Tensor, layout: str) -> torch.Tensor:
