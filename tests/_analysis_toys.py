@@ -23,6 +23,11 @@ class ToyRoPE(PositionalScheme):
     name = "toy_rope"
     hooks = ("rotate",)
     summary = "test-only RoPE"
+    eval_variants = ("linear", "ntk")  # the scalings it takes, declared
+
+    @classmethod
+    def variant_options(cls, variant: str, factor: float, trained_len: int) -> dict:
+        return {"scaling": {"rope_type": variant, "factor": factor}}
 
     def __init__(self, head_dim: int, base: float = 10000.0, scaling: dict | None = None) -> None:
         super().__init__()

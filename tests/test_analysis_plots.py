@@ -106,3 +106,20 @@ def test_grid_schemes_are_drawn_on_their_grid():
     plt.close(fig)
     assert "grid" not in applicable_kinds("rope", context=SMALL)
     assert "axes" not in applicable_kinds("sinusoidal_2d", context=SMALL)
+
+
+def test_the_scalings_compared_are_the_ones_a_scheme_declares():
+    # read from eval_variants, never found by trying every rule and skipping refusals
+    from posenc.analysis.captions import figure_caption
+    from posenc.analysis.plots import SCALING_FACTOR, scaling_probes
+
+    with registered(ToyRoPE):
+        probes = scaling_probes(make_probe("toy_rope", SMALL))
+        assert list(probes) == ["none", "linear", "ntk"]
+        assert probes["linear"].scheme.scaling == {"rope_type": "linear", "factor": SCALING_FACTOR}
+        assert "linear ×4" in figure_caption(make_probe("toy_rope", SMALL), "scalings")
+    rope = scaling_probes(make_probe("rope", SMALL))
+    # dynamic follows the current length (at L it is the scheme as built): left out
+    assert set(rope) == {"none", *posenc.RotaryEmbedding.eval_variants} - {"dynamic"}
+    assert rope["yarn"].scheme.scaling_params["original_max_position_embeddings"] == SMALL["max_len"]
+    assert "scalings" not in applicable_kinds("xpos", SMALL)  # a rotation that declares no scalings

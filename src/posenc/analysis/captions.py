@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 
 from .grid import GRID_SIZE, axis_names, grid_planes, plane_kernel, rotation_axes
-from .kernel import Probe, display_kernel, encodings, kernel_curve, make_probe
+from .kernel import Probe, display_kernel, encodings, kernel_curve
 from .page import esc
 from .spectrum import scheme_frequencies
 
@@ -198,26 +198,13 @@ def _kernel(probe: Probe) -> str:
 
 
 def _scalings(probe: Probe) -> str:
-    from .plots import ROPE_SCALINGS
+    from .plots import scaling_probes
 
-    ctx = {
-        "d_model": probe.d_model,
-        "head_dim": probe.head_dim,
-        "num_heads": probe.num_heads,
-        "max_len": probe.nominal_len,
-        "causal": probe.causal,
-    }
-    base = _wavelengths(probe)
+    probes = scaling_probes(probe)
+    base = _wavelengths(probes.pop("none"))
     parts = []
-    for label, scaling in ROPE_SCALINGS.items():
-        if not scaling:
-            continue
-        if "original_max_position_embeddings" in scaling:
-            scaling = {**scaling, "original_max_position_embeddings": probe.nominal_len}
-        try:
-            lam = _wavelengths(make_probe(probe.name, ctx, {"scaling": scaling}))
-        except (ValueError, TypeError, KeyError):
-            continue
+    for label, scaled in probes.items():
+        lam = _wavelengths(scaled)
         if lam is None or base is None or lam.numel() != base.numel():
             continue
         ratio = lam / base

@@ -43,33 +43,50 @@ from matplotlib.figure import Figure
 
 from .._validate import check_choice
 from ..base import PositionalScheme
-from ..registry import config_keys
 from .grid import is_grid
 from .grid_plots import draw_grid_axes, draw_grid_kernel
 from .kernel import Probe, display_kernel, encodings, kernel_curve, make_probe, positional_kernel
 from .measures import PROPERTIES
 from .spectrum import roformer_bound, scheme_frequencies
 
-__all__ = ["FORMATS", "PLOT_KINDS", "ROPE_SCALINGS", "PlotKind", "applicable_kinds", "plot", "render", "save"]
+__all__ = [
+    "FORMATS",
+    "PLOT_KINDS",
+    "SCALING_FACTOR",
+    "PlotKind",
+    "applicable_kinds",
+    "plot",
+    "render",
+    "save",
+    "scaling_probes",
+]
 
 FORMATS = (".png", ".svg")
 
-#: Rotary scalings compared by the ``scalings`` plot: label -> ``scaling`` config (HF's keys,
-#: factor 4; ``original_max_position_embeddings`` is set to the context length L when drawing).
-#: A scaling the scheme does not accept is left out of the plot.
-ROPE_SCALINGS: dict[str, dict[str, Any] | None] = {
-    "none": None,
-    "linear (PI)": {"rope_type": "linear", "factor": 4.0},
-    "ntk": {"rope_type": "ntk", "factor": 4.0},
-    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": None},
-    "llama3": {
-        "rope_type": "llama3",
-        "factor": 4.0,
-        "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0,
-        "original_max_position_embeddings": None,
-    },
-}
+#: How many times its trained length each scaling of the ``scalings`` plot extends a scheme to.
+SCALING_FACTOR = 4.0
+
+
+def scaling_probes(probe: Probe) -> dict[str, Probe]:
+    """The scheme of ``probe`` as built (``"none"``) and under each evaluation variant it declares
+    (:attr:`~posenc.base.PositionalScheme.eval_variants`, built by its ``variant_options`` for
+    :data:`SCALING_FACTOR` times the context length L): label -> probe. Variants whose frequencies
+    follow the current length (the scheme then declares ``needs_unrotated_cache``) are left out:
+    at L they are the scheme as built."""
+    cls = type(probe.scheme)
+    ctx = {
+        "d_model": probe.d_model,
+        "head_dim": probe.head_dim,
+        "num_heads": probe.num_heads,
+        "max_len": probe.nominal_len,
+        "causal": probe.causal,
+    }
+    probes = {"none": make_probe(probe.name, ctx)}
+    for variant in cls.eval_variants:
+        scaled = make_probe(probe.name, ctx, cls.variant_options(variant, SCALING_FACTOR, probe.nominal_len))
+        if not scaled.scheme.needs_unrotated_cache:
+            probes[variant] = scaled
+    return probes
 
 
 @dataclass(frozen=True)
@@ -104,11 +121,9 @@ def _bias_hook(probe: Probe) -> str | None:
 def _scaling_key(probe: Probe) -> str | None:
     if not probe.rotates:
         return f"needs a 'rotate' hook; {probe.name!r} has {list(probe.hooks) or 'no hooks'}"
-    try:
-        keys = config_keys(probe.name)
-    except ValueError:
-        return f"{probe.name!r} is not registered, so its scalings cannot be built"
-    return None if "scaling" in keys else f"{probe.name!r} takes no 'scaling' option"
+    if not type(probe.scheme).eval_variants:
+        return f"{probe.name!r} declares no scalings (evaluation variants) to compare"
+    return None
 
 
 def _grid_hook(probe: Probe) -> str | None:
@@ -314,22 +329,7 @@ def _bias(fig: Figure, probe: Probe) -> None:
 
 
 def _scalings(fig: Figure, probe: Probe) -> None:
-    ctx = {
-        "d_model": probe.d_model,
-        "head_dim": probe.head_dim,
-        "num_heads": probe.num_heads,
-        "max_len": probe.nominal_len,
-        "causal": probe.causal,
-    }
-    curves: dict[str, torch.Tensor] = {}
-    for label, scaling in ROPE_SCALINGS.items():
-        if scaling and "original_max_position_embeddings" in scaling:
-            scaling = {**scaling, "original_max_position_embeddings": probe.nominal_len}
-        try:
-            p = make_probe(probe.name, ctx, {"scaling": scaling} if scaling else None)
-            curves[label] = 2 * math.pi / scheme_frequencies(p)[0]
-        except (ValueError, TypeError, KeyError):
-            continue  # this scaling is not offered by the scheme
+    curves = {label: 2 * math.pi / scheme_frequencies(p)[0] for label, p in scaling_probes(probe).items()}
     ax1, ax2 = fig.subplots(1, 2)
     ref = curves.get("none")
     for idx, (label, lam) in enumerate(curves.items()):
