@@ -80,7 +80,22 @@ FAMILY_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
         "MistralConfig",
         {**SMALL, "num_attention_heads": 8, "num_key_value_heads": 2, "sliding_window": None},
     ),
+    # sliding windows shorter than the tests' 12 tokens, so the band hides keys in prefill and decoding
+    "mistral_window": (
+        "MistralConfig",
+        {**SMALL, "num_attention_heads": 8, "num_key_value_heads": 2, "sliding_window": 4},
+    ),
     "qwen2": ("Qwen2Config", {**SMALL, "num_key_value_heads": 1}),
+    "qwen2_window": (
+        "Qwen2Config",
+        {
+            **SMALL,
+            "num_key_value_heads": 1,
+            "use_sliding_window": True,
+            "sliding_window": 5,
+            "max_window_layers": 0,
+        },
+    ),
     "qwen3": ("Qwen3Config", {**SMALL, "num_key_value_heads": 2, "head_dim": 16}),
     "qwen3_wide_heads": ("Qwen3Config", {**SMALL, "num_key_value_heads": 2, "head_dim": 32}),
     "phi3": (
@@ -92,6 +107,10 @@ FAMILY_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
             "max_position_embeddings": 64,
             "original_max_position_embeddings": 64,
         },
+    ),
+    "phi3_window": (
+        "Phi3Config",
+        {**SMALL, "pad_token_id": 0, "max_position_embeddings": 64, "sliding_window": 3},
     ),
     "phi3_longrope": (
         "Phi3Config",

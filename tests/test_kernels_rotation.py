@@ -52,6 +52,7 @@ def test_without_the_reference_the_ops_say_what_to_import_and_triton_checks_noth
     from posenc.kernels import rope_triton
 
     monkeypatch.setattr(rotation, "_reference", [])
+    monkeypatch.setattr(rope_triton, "_state", {})  # nothing checked yet in this process
     with pytest.raises(RuntimeError, match=r"import posenc\.rotary"):
         rotation.reference_rotation(torch.zeros(2, 4), torch.ones(2, 2), torch.zeros(2, 2), "half")
     monkeypatch.setenv("TRITON_INTERPRET", "1")

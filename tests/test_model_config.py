@@ -98,6 +98,11 @@ def test_the_divisors_listed_are_all_of_them():
         ({"residual": "parallel", "norm": "post"}, ValueError, "needs norm='pre'"),
         ({"d_head": 0}, ValueError, "d_head must be >= 1"),
         ({"d_head": 8.0}, TypeError, "d_head must be an int"),
+        ({"sliding_window": 0}, ValueError, "sliding_window must be >= 1"),
+        ({"sliding_window": 4.0}, TypeError, "sliding_window must be an int"),
+        ({"sliding_window": True}, TypeError, "sliding_window must be an int"),
+        ({"sliding_window": "4"}, TypeError, "sliding_window must be an int"),
+        ({"sliding_window": 4, "memory_len": 8}, ValueError, "use one of them"),
     ],
 )
 def test_block_fields_are_checked(kw, error, message):

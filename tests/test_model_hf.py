@@ -128,6 +128,8 @@ EXPORTS = {
         "GPTNeoXForCausalLM",
     ),
     "gpt2": (dict(position="learned", activation="gelu_tanh", embed_scale=None), "GPT2LMHeadModel"),
+    "mistral_window": (dict(**LLAMA_BLOCK, num_kv_heads=2, sliding_window=5), "MistralForCausalLM"),
+    "qwen2_window": (dict(**LLAMA_BLOCK, qkv_bias=True, sliding_window=3), "Qwen2ForCausalLM"),
     "llama_yarn": (
         dict(
             **LLAMA_BLOCK,
@@ -232,11 +234,19 @@ def test_hostile_family_fields_are_refused(tmp_path):
         from_transformers(bloom)
 
 
-def test_a_short_sliding_window_warns():
-    hf = hf_model("mistral")
-    hf.config.sliding_window = 4
-    with pytest.warns(UserWarning, match="sliding_window=4 is not reproduced"):
-        from_transformers(hf)
+def test_a_window_on_some_layers_only_warns_and_attends_to_every_token():
+    hf = hf_model("qwen2_window")
+    hf.config.layer_types = ["full_attention", "sliding_attention"]  # posenc windows all layers or none
+    with pytest.warns(UserWarning, match=r"sliding_window=5 in 1 of 2 layers is not reproduced"):
+        model = from_transformers(hf)
+    assert model.config.sliding_window is None
+
+
+def test_a_windowed_model_exports_only_to_a_family_with_windows(tmp_path):
+    with pytest.raises(ValueError, match="gpt_neox: has no sliding-window attention"):
+        export_state(_posenc(sliding_window=4), family="gpt_neox")
+    with pytest.raises(ValueError, match=r"mistral: \(a Llama block with sliding_window\) has no biases"):
+        export_state(_posenc(**LLAMA_BLOCK, bias=True, sliding_window=4), family="llama")
 
 
 def test_a_posenc_folder_is_pointed_to_load_model(tmp_path):

@@ -233,6 +233,13 @@ def test_a_large_shard_index_is_read_in_linear_time(tmp_path):
         ("[" * 100_000 + "]" * 100_000, "nests lists/objects more than"),
         (json.dumps({**LLAMA, "sliding_window": "4096"}), "sliding_window"),
         (json.dumps({**LLAMA, "use_sliding_window": "yes", "sliding_window": 4}), "use_sliding_window"),
+        (json.dumps({**LLAMA, "sliding_window": 0}), "sliding_window"),
+        (json.dumps({**LLAMA, "sliding_window": 4, "layer_types": "sliding_attention"}), "layer_types"),
+        (
+            json.dumps({**LLAMA, "sliding_window": 4, "layer_types": ["sliding_attention"] * 99}),
+            "layer_types",
+        ),
+        (json.dumps({**LLAMA, "sliding_window": 4, "max_window_layers": -1}), "max_window_layers"),
     ],
 )
 def test_hostile_config_text_is_one_error_naming_the_file(tmp_path, text, message):
@@ -241,3 +248,32 @@ def test_hostile_config_text_is_one_error_naming_the_file(tmp_path, text, messag
     with pytest.raises(ValueError, match=message) as err:
         from_transformers(tmp_path)
     assert "config.json" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("fields", "want", "warns"),
+    [
+        ({"sliding_window": 4}, 4, False),  # Mistral, Phi-3: every layer
+        ({"sliding_window": None}, None, False),
+        ({"sliding_window": 4, "use_sliding_window": False}, None, False),  # Qwen2's default
+        ({"sliding_window": 4, "use_sliding_window": True, "max_window_layers": 0}, 4, False),
+        ({"sliding_window": 4, "use_sliding_window": True, "max_window_layers": 3}, None, False),
+        ({"sliding_window": 4, "use_sliding_window": True, "max_window_layers": 1}, None, True),
+        ({"sliding_window": 4, "layer_types": ["sliding_attention"] * 3}, 4, False),
+        (
+            {"sliding_window": 4, "layer_types": ["full_attention", "sliding_attention", "full_attention"]},
+            None,
+            True,
+        ),
+    ],
+)
+def test_the_window_is_read_where_every_layer_has_it(fields, want, warns):
+    import warnings
+
+    from posenc.model.hf_fields import read_sliding_window
+    from posenc.model.hf_files import HFConfig
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert read_sliding_window(HFConfig(fields), 3) == want
+    assert bool(seen) == warns and all("is not reproduced" in str(w.message) for w in seen)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _model_helpers import config, count_calls, ids_
+from _model_helpers import V, config, count_calls, ids_
 from _model_toys import register_toys
 from posenc.model import KVCache, TransformerLM, causal_mask, plan_attention, plan_cross_attention
 
@@ -264,3 +264,66 @@ def test_flex_is_not_built_for_a_call_with_attention_dropout(monkeypatch):
     q = torch.randn(1, 2, 160, 64)
     assert isinstance(plan.bias_blocks(scheme, q), flex.FlexBiasedAttention)
     assert not isinstance(plan.bias_blocks(scheme, q, dropout_p=0.1), flex.FlexBiasedAttention)
+
+
+# ----------------------------------------------------------------------------------------------
+# Sliding-window attention
+# ----------------------------------------------------------------------------------------------
+def test_the_window_keeps_a_band_of_w_slots_ending_at_each_query():
+    got = causal_mask(3, 6, window=2)  # 3 new queries after 3 cached keys: slots 3, 4, 5
+    want = torch.tensor([[0, 0, 1, 1, 0, 0], [0, 0, 0, 1, 1, 0], [0, 0, 0, 0, 1, 1]], dtype=torch.bool)
+    assert torch.equal(got, want)
+    assert torch.equal(causal_mask(5, 5, window=99), causal_mask(5, 5))  # a window past s: plain causal
+
+
+def test_a_window_plan_masks_prefill_decode_padding_and_packing():
+    plan = plan_attention(1, 6, torch.device("cpu"), causal=True, sliding_window=3)
+    assert not plan.is_causal and not plan.causal_prefix  # the blocked bias path reads no band
+    assert torch.equal(plan.mask[0, 0], causal_mask(6, 6, window=3))
+    short = plan_attention(1, 3, torch.device("cpu"), causal=True, sliding_window=3)
+    assert short.is_causal and short.mask is None  # nothing hidden: SDPA's causal fast path
+    step = plan_attention(
+        1, 1, torch.device("cpu"), causal=True, past_positions=torch.arange(5), sliding_window=2
+    )
+    assert step.mask[0, 0, 0].tolist() == [False, False, False, False, True, True]
+    padded = plan_attention(
+        2,
+        4,
+        torch.device("cpu"),
+        causal=True,
+        attention_mask=torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]]),
+        sliding_window=2,
+    )
+    assert padded.mask[1, 0, 3].tolist() == [False, False, True, True]
+    assert padded.mask[0, 0, 0].tolist() == [True, False, False, False]  # a padding query sees itself
+    packed = plan_attention(
+        1, 5, torch.device("cpu"), causal=True, cu_seqlens=torch.tensor([0, 2, 5]), sliding_window=2
+    )
+    assert packed.mask[0, 0, 4].tolist() == [False, False, False, True, True]
+    with pytest.raises(ValueError, match="needs causal attention"):
+        plan_attention(1, 4, torch.device("cpu"), causal=False, sliding_window=2)
+
+
+def test_a_token_outside_every_layers_window_changes_nothing():
+    """With W = 3 and 2 layers a token reads at most 2 * (W - 1) = 4 slots back: changing token 0
+    changes the logits at positions 0..4 and none after; the cached decode gives the same logits."""
+    torch.manual_seed(0)
+    model = TransformerLM(config(position="rope", sliding_window=3)).eval()
+    ids = ids_(1, 10)
+    other = ids.clone()
+    other[0, 0] = (ids[0, 0] + 1) % V
+    with torch.no_grad():
+        a, b = model(ids).logits, model(other).logits
+        cache = model.new_cache()
+        steps = [model(ids[:, :4], cache=cache).logits] + [
+            model(ids[:, t : t + 1], cache=cache).logits for t in range(4, 10)
+        ]
+    assert not torch.allclose(a[0, 4], b[0, 4]) and torch.equal(a[0, 5:], b[0, 5:])
+    torch.testing.assert_close(torch.cat(steps, 1), a, atol=1e-5, rtol=0)
+
+
+def test_an_encoder_refuses_a_window():
+    from posenc.model import Encoder
+
+    with pytest.raises(ValueError, match="an encoder sees every token"):
+        Encoder(config(position="rope", sliding_window=3))

@@ -116,6 +116,11 @@ class ModelConfig:
         d_head: ``d_h`` when it is not ``d_model / num_heads`` (Qwen3-0.6B: 1024 wide, 16 heads of
             128): queries, keys and values are ``num_heads * d_head`` wide and the output projection
             maps that back to ``d_model``. ``None`` = ``d_model / num_heads``.
+        sliding_window: ``W``, sliding-window attention in every layer of a decoder (Mistral,
+            Phi-3, Qwen2 with every layer windowed): the token in cache slot ``i`` attends to the
+            slots ``i - W + 1 .. i`` only, itself and the ``W - 1`` before it (HF's
+            ``sliding_window``). The KV cache keeps every key; the mask hides the older ones.
+            ``None`` = every earlier token.
     """
 
     vocab_size: int
@@ -151,6 +156,7 @@ class ModelConfig:
     qk_norm: bool = False
     output_bias: bool = False
     d_head: int | None = None
+    sliding_window: int | None = None
     layer_positions: list[str] | str | None = None
     layer_position_options: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -241,6 +247,13 @@ class ModelConfig:
         for name in ("qkv_bias", "out_bias", "mlp_bias"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool or None (= bias), got {getattr(self, name)!r}")
+        if self.sliding_window is not None:
+            check_int(self.sliding_window, "sliding_window")
+            if self.memory_len:
+                raise ValueError(
+                    f"sliding_window={self.sliding_window} with memory_len={self.memory_len}: a window over "
+                    "Transformer-XL's memory is not defined here; use one of them"
+                )
         if self.residual != "sequential" and self.norm != "pre":
             raise ValueError(
                 f"residual={self.residual!r} adds both branches to the block's input, which needs "

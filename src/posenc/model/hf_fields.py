@@ -23,9 +23,9 @@ __all__ = [
     "need",
     "positions_out",
     "read_activation",
+    "read_sliding_window",
     "read_tie",
     "rope_options",
-    "warn_sliding_window",
 ]
 
 #: HF activation names -> ``ModelConfig.activation``.
@@ -82,16 +82,40 @@ def read_tie(c: HFConfig, default: bool) -> str:
     return "output" if c.bool("tie_word_embeddings", default=default) else "none"
 
 
-def warn_sliding_window(c: HFConfig, max_len: int) -> None:
-    # each read with its type checked, only where present (HF writes null for "no window")
-    window = None if c.get("sliding_window") is None else c.int("sliding_window", minimum=0)
+def read_sliding_window(c: HFConfig, num_layers: int) -> int | None:
+    """HF's ``sliding_window`` where every layer uses it (Mistral, Phi-3; Qwen2/3 with
+    ``use_sliding_window`` and ``max_window_layers`` 0), else None; where only some layers use it
+    (``layer_types``, ``max_window_layers``) a warning says that posenc attends to every earlier
+    token there (it windows every layer or none). Each field is read with its type checked, only
+    where present (HF writes null for "no window")."""
+    window = None if c.get("sliding_window") is None else c.int("sliding_window", minimum=1)
     used = True if c.get("use_sliding_window") is None else c.bool("use_sliding_window")
-    if window is not None and used and window < max_len:
+    if window is None or not used:
+        return None
+    types = c.get("layer_types")
+    if types is not None:
+        if (
+            not isinstance(types, list)
+            or len(types) != num_layers
+            or not all(isinstance(t, str) for t in types)
+        ):
+            raise ValueError(f"{c.source}: layer_types must be a list of {num_layers} strings, got {types!r}")
+        windowed = [t == "sliding_attention" for t in types]
+    elif c.get("max_window_layers") is not None:  # Qwen2/3: the layers from this index on are windowed
+        first = c.int("max_window_layers", minimum=0)
+        windowed = [i >= first for i in range(num_layers)]
+    else:
+        windowed = [True] * num_layers
+    if all(windowed):
+        return window
+    if any(windowed):
         warnings.warn(
-            f"{c.source}: sliding_window={window} is not reproduced: posenc attends to every earlier "
-            f"token, so logits differ from the original past {window} tokens",
+            f"{c.source}: sliding_window={window} in {sum(windowed)} of {num_layers} layers is not "
+            "reproduced: posenc windows every layer or none, so it attends to every earlier token and "
+            f"logits differ from the original past {window} tokens",
             stacklevel=4,
         )
+    return None
 
 
 def need(ok: bool, family: str, why: str) -> None:

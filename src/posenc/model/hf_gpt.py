@@ -86,7 +86,7 @@ def _neox_links(cfg: ModelConfig) -> list[Link]:
 def _need_gpt_block(cfg: ModelConfig, name: str) -> None:
     """What GPT-2 and GPT-NeoX blocks share, each a ``ValueError`` naming the family otherwise: heads
     of ``d_model / num_heads`` dims, pre-LayerNorm, a plain MLP, no grouped-query attention, and no
-    q/k, embedding or output norm/bias."""
+    q/k, embedding or output norm/bias, and no sliding window."""
     need(cfg.d_head is None, name, "has heads of d_model / num_heads dims (d_head=None)")
     need(cfg.norm_type == "layernorm" and cfg.norm == "pre", name, "needs norm_type='layernorm', norm='pre'")
     need(not cfg.gated_mlp, name, "has a plain MLP")
@@ -96,6 +96,7 @@ def _need_gpt_block(cfg: ModelConfig, name: str) -> None:
         name,
         "has no q/k, embedding or output norm/bias",
     )
+    need(cfg.sliding_window is None, name, "has no sliding-window attention")
 
 
 def _neox_out(cfg: ModelConfig) -> dict[str, Any]:

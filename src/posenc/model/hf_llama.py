@@ -14,9 +14,9 @@ from .hf_fields import (
     check_heads,
     need,
     read_activation,
+    read_sliding_window,
     read_tie,
     rope_options,
-    warn_sliding_window,
 )
 from .hf_files import HFConfig, HFWeights
 from .hf_links import OLD_BUFFERS, TOKEN_TABLE, Family, Link, no_export
@@ -30,13 +30,13 @@ def _llama_in(c: HFConfig, w: HFWeights) -> ModelConfig:
     check_heads(c, d, h)
     head_dim = c.int("head_dim", default=d // h)  # Qwen3-0.6B: 16 heads of 128 in a width of 1024
     max_len = c.int("max_position_embeddings", default=2048)
-    warn_sliding_window(c, max_len)
+    layers = c.int("num_hidden_layers")
     q = "self_attn.qkv_proj" if fused else "self_attn.q_proj"
     return build_config(
         c,
         vocab_size=c.int("vocab_size"),
         d_model=d,
-        num_layers=c.int("num_hidden_layers"),
+        num_layers=layers,
         num_heads=h,
         num_kv_heads=c.int("num_key_value_heads", default=h),
         d_ff=c.int("intermediate_size"),
@@ -54,6 +54,7 @@ def _llama_in(c: HFConfig, w: HFWeights) -> ModelConfig:
         out_bias=w.has("model.layers.0.self_attn.o_proj.bias"),
         mlp_bias=w.has("model.layers.0.mlp.down_proj.bias"),
         qk_norm=w.has("model.layers.0.self_attn.q_norm.weight"),
+        sliding_window=read_sliding_window(c, layers),
     )
 
 
@@ -99,6 +100,15 @@ def _llama_out(cfg: ModelConfig) -> dict[str, Any]:
         if cfg.projection_bias("qkv") and not cfg.projection_bias("out")
         else "llama"
     )
+    if name == "llama" and cfg.sliding_window is not None:  # Llama with a window: Mistral
+        name = "mistral"
+        need(
+            not cfg.projection_bias("qkv")
+            and not cfg.projection_bias("out")
+            and not cfg.projection_bias("mlp"),
+            name,
+            "(a Llama block with sliding_window) has no biases",
+        )
     need(cfg.norm_type == "rmsnorm" and cfg.norm == "pre", name, "needs norm_type='rmsnorm', norm='pre'")
     need(cfg.gated_mlp and cfg.residual == "sequential", name, "needs gated_mlp=True, residual='sequential'")
     need(not cfg.embed_norm and not cfg.output_bias, name, "has no embedding norm and no output bias")
@@ -129,6 +139,12 @@ def _llama_out(cfg: ModelConfig) -> dict[str, Any]:
         out["attention_bias"] = cfg.projection_bias("qkv")
     if name == "llama":
         out["mlp_bias"] = cfg.projection_bias("mlp")
+    if name == "mistral":
+        out["sliding_window"] = cfg.sliding_window
+    elif name in ("qwen2", "qwen3"):  # every layer windowed, or none
+        out["use_sliding_window"] = cfg.sliding_window is not None
+        out["sliding_window"] = cfg.sliding_window
+        out["max_window_layers"] = 0
     return out
 
 

@@ -22,15 +22,20 @@ from .biased import BiasedAttention
 # ----------------------------------------------------------------------------------------------
 # Masks and positions, planned once per forward pass
 # ----------------------------------------------------------------------------------------------
-def causal_mask(s_q: int, s_k: int, device: torch.device | str | None = None) -> torch.Tensor:
+def causal_mask(
+    s_q: int, s_k: int, device: torch.device | str | None = None, window: int | None = None
+) -> torch.Tensor:
     """Boolean causal mask when the ``s_q`` queries are the *last* ``s_q`` of ``s_k`` key slots.
 
     Returns ``[s_q, s_k]``, True where query ``i`` (slot ``s_k - s_q + i``) may see key ``j``.
     With ``s_q == s_k`` this is the lower triangle; with a cache of ``s_p`` tokens, query ``i``
-    sees the whole cache and the new keys up to itself.
+    sees the whole cache and the new keys up to itself. With ``window`` ``W``, only the slots
+    ``slot - W + 1 .. slot`` (a band: sliding-window attention, as HF's ``sliding_window``).
     """
     q_slot = torch.arange(s_q, device=device)[:, None] + (s_k - s_q)  # [s_q, 1]
-    return torch.arange(s_k, device=device)[None, :] <= q_slot  # [1, s_k] <= [s_q, 1] -> [s_q, s_k]
+    k_slot = torch.arange(s_k, device=device)[None, :]  # [1, s_k]
+    keep = k_slot <= q_slot  # [1, s_k] <= [s_q, 1] -> [s_q, s_k]
+    return keep if window is None else keep & (k_slot > q_slot - window)
 
 
 @dataclass
@@ -208,6 +213,7 @@ def plan_attention(
     past_positions: torch.Tensor | None = None,
     past_valid: torch.Tensor | None = None,
     offset: int | torch.Tensor = 0,
+    sliding_window: int | None = None,
 ) -> AttentionPlan:
     """Plan self-attention for ``s`` new tokens after ``s_p`` past ones (a KV cache or a memory).
 
@@ -223,6 +229,8 @@ def plan_attention(
         past_positions: ``[s_p]`` or ``[b, s_p]`` positions of past keys.
         past_valid: ``[b, s_p]`` bool, False for padding among the past keys (None = all real).
         offset: the position of the first new token: an int, or ``[b]`` per row.
+        sliding_window: ``W`` (causal only): each token sees the ``W`` key slots ending at its own
+            (:func:`causal_mask`); slots count padding and documents as HF's cache positions do.
 
     Returns:
         an :class:`AttentionPlan`. Padding queries attend to themselves only, so their (unused)
@@ -235,7 +243,7 @@ def plan_attention(
                 "cu_seqlens (packed documents) cannot be combined with a KV cache, a memory or an "
                 "attention_mask: packing already separates the documents"
             )
-        return _plan_packed(batch, seq_len, device, causal, positions, cu_seqlens)
+        return _plan_packed(batch, seq_len, device, causal, positions, cu_seqlens, sliding_window)
     valid_new = None if attention_mask is None else _check_mask(attention_mask, batch, seq_len)
     if positions is not None:
         q_pos = check_positions(positions, seq_len)
@@ -245,12 +253,16 @@ def plan_attention(
     else:
         q_pos = arange_positions(seq_len, offset=offset, device=device)  # [s] or [b, s]
     k_pos = _cat_positions(past_positions, q_pos)
+    if sliding_window is not None and not causal:
+        raise ValueError(f"sliding_window={sliding_window} needs causal attention (a decoder)")
     if past_valid is None and valid_new is None:
-        return _plan_unpadded(q_pos, k_pos, seq_len, s_p, device, causal)
-    return _plan_padded(q_pos, k_pos, batch, seq_len, s_p, device, causal, past_valid, valid_new)
+        return _plan_unpadded(q_pos, k_pos, seq_len, s_p, device, causal, sliding_window)
+    return _plan_padded(
+        q_pos, k_pos, batch, seq_len, s_p, device, causal, past_valid, valid_new, sliding_window
+    )
 
 
-def _plan_packed(batch, seq_len, device, causal, positions, cu_seqlens) -> AttentionPlan:
+def _plan_packed(batch, seq_len, device, causal, positions, cu_seqlens, window=None) -> AttentionPlan:
     """Packed documents: block-diagonal attention, positions restarting at 0 in each document."""
     if batch != 1:
         raise ValueError(f"packed documents (cu_seqlens) take ids of shape [1, total], got batch {batch}")
@@ -263,14 +275,18 @@ def _plan_packed(batch, seq_len, device, causal, positions, cu_seqlens) -> Atten
     )  # [s]: document index of each token
     keep = doc[:, None] == doc[None, :]  # [s, s] block diagonal
     if causal:
-        keep = keep & causal_mask(seq_len, seq_len, device)
+        keep = keep & causal_mask(seq_len, seq_len, device, window)
     return AttentionPlan(q_positions=q_pos, k_positions=q_pos, mask=keep[None, None], is_causal=False)
 
 
-def _plan_unpadded(q_pos, k_pos, seq_len: int, s_p: int, device, causal: bool) -> AttentionPlan:
-    """No padding anywhere: no mask (encoder), SDPA's causal flag, or a causal mask after a cache."""
+def _plan_unpadded(q_pos, k_pos, seq_len: int, s_p: int, device, causal: bool, window=None) -> AttentionPlan:
+    """No padding anywhere: no mask (encoder), SDPA's causal flag, or a causal mask after a cache;
+    a band where a sliding window hides some keys (never the blocked bias path: not a prefix)."""
     if not causal:
         return AttentionPlan(q_positions=q_pos, k_positions=k_pos, mask=None, is_causal=False)
+    if window is not None and s_p + seq_len > window:
+        mask = causal_mask(seq_len, s_p + seq_len, device, window)[None, None]  # [s, s_k] -> [1, 1, s, s_k]
+        return AttentionPlan(q_positions=q_pos, k_positions=k_pos, mask=mask, is_causal=False)
     if s_p and seq_len == 1:  # one new token that sees the whole cache
         return AttentionPlan(
             q_positions=q_pos, k_positions=k_pos, mask=None, is_causal=False, causal_prefix=True
@@ -283,7 +299,9 @@ def _plan_unpadded(q_pos, k_pos, seq_len: int, s_p: int, device, causal: bool) -
     return AttentionPlan(q_positions=q_pos, k_positions=k_pos, mask=mask, is_causal=False, causal_prefix=True)
 
 
-def _plan_padded(q_pos, k_pos, batch, seq_len, s_p, device, causal, past_valid, valid_new) -> AttentionPlan:
+def _plan_padded(
+    q_pos, k_pos, batch, seq_len, s_p, device, causal, past_valid, valid_new, window=None
+) -> AttentionPlan:
     """Padding among the past or the new tokens: an explicit ``[b, 1, s, s_k]`` mask."""
     s_k = s_p + seq_len
     ones = torch.ones(batch, 1, dtype=torch.bool, device=device)
@@ -292,7 +310,7 @@ def _plan_padded(q_pos, k_pos, batch, seq_len, s_p, device, causal, past_valid, 
     key_ok = new_ok if past_ok is None else torch.cat((past_ok, new_ok), dim=-1)  # [b, s_k]
     keep = key_ok[:, None, None, :]  # [b, 1, 1, s_k]
     if causal:
-        keep = keep & causal_mask(seq_len, s_k, device)  # -> [b, 1, s, s_k]
+        keep = keep & causal_mask(seq_len, s_k, device, window)  # -> [b, 1, s, s_k]
     # A padding query would see no key at all (softmax of all -inf = NaN): let it see itself.
     own_slot = (
         torch.arange(s_k, device=device)[None, :] == torch.arange(seq_len, device=device)[:, None] + s_p

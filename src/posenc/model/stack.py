@@ -273,6 +273,11 @@ class Encoder(Pretrained, _Stack):
     def __init__(self, config: ModelConfig) -> None:
         if config.memory_len:
             raise ValueError(f"memory_len={config.memory_len} applies to decoder-only models (TransformerLM)")
+        if config.sliding_window is not None:
+            raise ValueError(
+                f"sliding_window={config.sliding_window} applies to decoders (a window over the tokens "
+                "before each one); an encoder sees every token: drop it"
+            )
         super().__init__(
             config, causal=False, cross_attention=False, vocab_size=config.src_vocab_size or config.vocab_size
         )
@@ -338,6 +343,7 @@ class Decoder(Pretrained, _Stack):
             positions=positions,
             attention_mask=attention_mask,
             cu_seqlens=cu_seqlens,
+            sliding_window=self.config.sliding_window,
             **past,
         )
         context_plan = None
