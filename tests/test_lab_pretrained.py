@@ -114,6 +114,9 @@ def test_quick_keeps_the_work_small(tmp_path, corpus, capsys):
         (["--variants", "yarnn"], "did you mean 'yarn'?"),
         (["--finetune-len", "16", "--finetune-steps", "2"], "is not longer than the trained length L=16"),
         (["--finetune-len", "32", "--finetune-steps", "2", "--batch-size", "1000000000"], "would not fit"),
+        (["--workers", "0"], "--workers must be >= 1, got 0"),
+        (["--cluster", "not an address"], "is not a Dask scheduler address"),
+        (["--cluster", "127.0.0.1:1"], "cannot reach the Dask scheduler"),
     ],
 )
 def test_a_hostile_flag_is_one_line(tmp_path, corpus, capsys, monkeypatch, argv, needle):

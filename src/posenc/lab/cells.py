@@ -47,9 +47,11 @@ __all__ = [
     "FLAT_KEY_FIELDS",
     "NOT_IN_CELL",
     "Cell",
+    "cell_executor",
     "cell_key",
     "cell_model_config",
     "cell_record",
+    "check_scheduler",
     "finished_cell",
     "full_key",
     "iter_cells",
@@ -413,14 +415,8 @@ def iter_cells(
         return
     from concurrent.futures import CancelledError, as_completed
 
-    from .workers import process_pool
-
     args = (config.to_dict(), None if out is None else str(out), str(device), resume, threads, run_id)
-    with contextlib.ExitStack() as stack:
-        if cluster is not None:
-            executor = stack.enter_context(_dask_executor(cluster))
-        else:
-            executor = stack.enter_context(process_pool(workers))
+    with cell_executor(workers, cluster) as executor:
         futures = [executor.submit(_cell_task, args[0], cell, *args[1:]) for cell in cells]
         try:
             for future in as_completed(futures):
@@ -438,6 +434,22 @@ def iter_cells(
             raise
 
 
+@contextlib.contextmanager
+def cell_executor(workers: int, cluster: Any = None):
+    """The executor the lab's work runs on: a Dask cluster (``cluster``: a scheduler address or a
+    ``distributed.Client``), else ``workers`` local processes that die with this one
+    (:func:`~posenc.lab.workers.process_pool`). Work is submitted as plain functions of JSON-able
+    arguments (``executor.submit(fn, *args)``)."""
+    from .workers import process_pool
+
+    if cluster is not None:
+        with _dask_executor(cluster) as executor:
+            yield executor
+    else:
+        with process_pool(workers) as executor:
+            yield executor
+
+
 #: How long a study waits for a Dask scheduler to have at least one worker (seconds).
 WORKER_WAIT_S = 60.0
 
@@ -453,7 +465,7 @@ def _dask_executor(cluster: Any):
     if isinstance(cluster, distributed.Client):
         yield cluster.get_executor()
         return
-    _check_scheduler(cluster)  # before a Client exists: a failed one lingers (its __del__ blocks 60 s)
+    check_scheduler(cluster)  # before a Client exists: a failed one lingers (its __del__ blocks 60 s)
     with distributed.Client(cluster) as client:
         try:
             client.wait_for_workers(1, timeout=WORKER_WAIT_S)
@@ -465,7 +477,7 @@ def _dask_executor(cluster: Any):
         yield client.get_executor()
 
 
-def _check_scheduler(address: object) -> None:
+def check_scheduler(address: object) -> None:
     """``address`` must look like ``[tcp://]HOST:PORT`` and accept a connection (5 s)."""
     import re
     import socket

@@ -121,6 +121,23 @@ def _pretrained_args(args: argparse.Namespace) -> argparse.Namespace:
     return argparse.Namespace(**flat)
 
 
+def _executor_flags(p: argparse.ArgumentParser) -> None:
+    """Where a study's cells (or a loaded model's jobs) run: local processes or a Dask cluster."""
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="cells (with --model: the variants and fine-tuning runs) run at once in local processes "
+        "(default: the free cores; with --model: 1)",
+    )
+    p.add_argument(
+        "--cluster",
+        default=None,
+        help="run the cells (with --model: its jobs) on a Dask cluster at this scheduler address "
+        "(tcp://host:8786)",
+    )
+
+
 def _run_flags(p: argparse.ArgumentParser) -> None:
     """The flags of how a command runs (not what it computes), shared by both commands."""
     p.add_argument(
@@ -208,17 +225,7 @@ def extrapolate_args(p: argparse.ArgumentParser) -> None:
         metavar="FIELD=V1,V2",
         help="train every scheme with each value of a model setting, e.g. norm=pre,post (repeatable)",
     )
-    p.add_argument(
-        "--workers",
-        type=int,
-        default=None,
-        help="cells run at once in local processes (default: the free cores)",
-    )
-    p.add_argument(
-        "--cluster",
-        default=None,
-        help="run the cells on a Dask cluster at this scheduler address (tcp://host:8786)",
-    )
+    _executor_flags(p)
     _run_flags(p)
     quick = {**PRESETS["default"], **PRESETS["quick"]}
     _add_config_flags(p, StudyConfig, PRESETS["default"], {"--quick": quick, "task mode": TASK_DEFAULTS})

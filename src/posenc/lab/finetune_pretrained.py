@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import importlib.util
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -153,9 +154,20 @@ class FinetunePlan:
         out += [(f"+{v}+ft{self.length}", v, False) for v in setup.variants]
         return [*out, (f"cont{setup.train_len}", None, True)]
 
-    def run(self, setup: Setup, results: dict[str, Any], *, progress: bool | None = None) -> dict[str, Any]:
+    def run(
+        self,
+        setup: Setup,
+        results: dict[str, Any],
+        *,
+        progress: bool | None = None,
+        train_all: Callable[[list], list] | None = None,
+    ) -> dict[str, Any]:
         """Fine-tune every run of :meth:`runs` from ``setup.model`` and score it on ``setup``'s
         windows; ``results`` (:func:`~posenc.lab.pretrained_eval.evaluate_setup`) gives the runs before.
+
+        ``train_all``: ``[runs] -> [(points, train record) of each]``, e.g. on several processes or
+        machines (:func:`posenc.lab.pretrained_jobs.train_all`); default: :meth:`train_and_score`
+        of each, here.
 
         Returns:
             ``{"length", "steps", "lr", "seed", "peft", "control", "runs": [{"name", "variant",
@@ -163,23 +175,23 @@ class FinetunePlan:
         """
         L = setup.train_len
         before = {r["variant"]: r for r in results["runs"]}
-        done = []
-        for name, variant, control in self.runs(setup):
-            length = L if control else self.length
-            model, train = self._train(setup, variant, length, name, progress)
-            points = setup.score(lambda e, m=model: m)
-            del model
-            done.append(
-                {
-                    "name": name,
-                    "variant": variant,
-                    "control": control,
-                    "before": before[variant]["name"],
-                    "factor": self.length / L if variant else 1.0,
-                    "train": train,
-                    "eval": points,
-                }
-            )
+        runs = self.runs(setup)
+        if train_all is None:
+            trained = [self.train_and_score(setup, *run, progress=progress) for run in runs]
+        else:
+            trained = train_all(runs)
+        done = [
+            {
+                "name": name,
+                "variant": variant,
+                "control": control,
+                "before": before[variant]["name"],
+                "factor": self.length / L if variant else 1.0,
+                "train": train,
+                "eval": points,
+            }
+            for (name, variant, control), (points, train) in zip(runs, trained)
+        ]
         control = done[-1]
         for run in done:
             for p, vs_control, vs_before in zip(
@@ -190,6 +202,15 @@ class FinetunePlan:
                 p["vs_control"] = None if run["control"] else vs_control
                 p["vs_before"] = vs_before
         return {**dataclasses.asdict(self), "train_len": L, "control": control["name"], "runs": done}
+
+    def train_and_score(
+        self, setup: Setup, name: str, variant: str | None, control: bool, *, progress: bool | None = None
+    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """One run of :meth:`runs`: trained (at ``L`` for the control, else ``E_ft``), then scored at
+        every length. Returns ``(points, train record)``."""
+        length = setup.train_len if control else self.length
+        model, train = self._train(setup, variant, length, name, progress)
+        return setup.score(lambda e: model), train
 
     def _train(self, setup: Setup, variant: str | None, length: int, name: str, progress) -> tuple[Any, dict]:
         """One run: a copy of the model (with the variant at factor ``E_ft / L``) trained at ``length``."""

@@ -7,7 +7,9 @@ next to the lab's control (:mod:`posenc.lab.finetune_pretrained`); the tables ar
 model are read from the same namespace (``--train-len``, ``--eval-lens``, ``--variants``,
 ``--corpus``, ``--max-chars``, ``--eval-windows``, ``--score-len``, ``--split-seed``,
 ``--val-fraction``, ``--batch-size``, ``--lr``, ``--seed``, ``--quick``, ``--device``,
-``--threads``, ``--out``, ``--overwrite``); the others are refused.
+``--threads``, ``--workers``, ``--cluster``, ``--out``, ``--overwrite``); the others are refused.
+With ``--workers N`` or ``--cluster ADDRESS`` the variants and the fine-tuning runs are jobs on
+several processes or machines (:mod:`posenc.lab.pretrained_jobs`), with the same numbers.
 
 This module is imported by the ``extrapolate`` parser, so it imports torch only inside :func:`run`
 (``posenc extrapolate --help`` stays light).
@@ -72,8 +74,6 @@ _STUDY_ONLY = (
     ("seeds", "--seeds"),
     ("vary", "--vary"),
     ("option", "--option"),
-    ("cluster", "--cluster"),
-    ("workers", "--workers"),
     ("from_file", "--from"),
     ("compare", "--compare"),
     ("regenerate", "--regenerate"),
@@ -96,6 +96,8 @@ _MODEL_FIELDS = frozenset(
         "val_fraction",
         "device",
         "threads",
+        "workers",
+        "cluster",
         "finetune_len",
         "finetune_steps",
         "batch_size",
@@ -146,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
     from .runs import RunFolder, check_folder
 
     _check_flags(args)
+    jobs = _jobs(args)
     out = getattr(args, "out", None)
     overwrite = bool(getattr(args, "overwrite", False))
     if out is not None:
@@ -164,9 +167,9 @@ def run(args: argparse.Namespace) -> int:
         setup = _setup(args)
         plan = _plan(args, setup)
         if out is None:
-            return _run(args, setup, plan, start, None)
+            return _run(args, setup, plan, jobs, start, None)
         with RunFolder(out, ARTIFACTS, overwrite=overwrite) as folder:
-            return _run(args, setup, plan, start, folder.path)
+            return _run(args, setup, plan, jobs, start, folder.path)
     except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM: results.json is written only at the end
         raise type(err)("no results were written (a loaded model's run does not resume)") from None
 
@@ -195,27 +198,49 @@ def _device(spec: str):
     return device
 
 
-def _setup(args: argparse.Namespace):
-    """The :class:`~posenc.lab.pretrained_eval.Setup` the flags describe (every check runs here)."""
-    from .pretrained_eval import DEFAULT_MULTIPLES, PROBE_TRIALS, prepare_pretrained
+def _options(args: argparse.Namespace) -> dict[str, Any]:
+    """:func:`~posenc.lab.pretrained_eval.prepare_pretrained`'s options from the flags (picklable:
+    a worker rebuilds the same run from them)."""
+    from .pretrained_eval import DEFAULT_MULTIPLES, PROBE_TRIALS
 
     quick = bool(getattr(args, "quick", False))
     eval_lens = getattr(args, "eval_lens", None)
-    return prepare_pretrained(
-        args.model,
-        train_len=getattr(args, "train_len", None),
-        eval_lens=_comma_list(eval_lens, int, "--eval-lens") if isinstance(eval_lens, str) else eval_lens,
-        variants=_variants(getattr(args, "variants", None)),
-        corpus=_given(args, "corpus", "stdlib"),
-        max_chars=_given(args, "max_chars", QUICK["max_chars"] if quick else None),
-        eval_windows=_given(args, "eval_windows", QUICK["eval_windows"] if quick else 32),
-        score_len=getattr(args, "score_len", None),
-        split_seed=_given(args, "split_seed", 0),
-        val_fraction=_given(args, "val_fraction", 0.1),
-        probe_trials=QUICK["probe_trials"] if quick else PROBE_TRIALS,
-        multiples=QUICK["multiples"] if quick else DEFAULT_MULTIPLES,
-        device=_device(_given(args, "device", "cpu")),
-    )
+    return {
+        "train_len": getattr(args, "train_len", None),
+        "eval_lens": _comma_list(eval_lens, int, "--eval-lens") if isinstance(eval_lens, str) else eval_lens,
+        "variants": _variants(getattr(args, "variants", None)),
+        "corpus": _given(args, "corpus", "stdlib"),
+        "max_chars": _given(args, "max_chars", QUICK["max_chars"] if quick else None),
+        "eval_windows": _given(args, "eval_windows", QUICK["eval_windows"] if quick else 32),
+        "score_len": getattr(args, "score_len", None),
+        "split_seed": _given(args, "split_seed", 0),
+        "val_fraction": _given(args, "val_fraction", 0.1),
+        "probe_trials": QUICK["probe_trials"] if quick else PROBE_TRIALS,
+        "multiples": QUICK["multiples"] if quick else DEFAULT_MULTIPLES,
+        "device": str(_device(_given(args, "device", "cpu"))),
+    }
+
+
+def _setup(args: argparse.Namespace):
+    """The :class:`~posenc.lab.pretrained_eval.Setup` the flags describe (every check runs here)."""
+    from .pretrained_eval import prepare_pretrained
+
+    return prepare_pretrained(args.model, **_options(args))
+
+
+def _jobs(args: argparse.Namespace) -> dict[str, Any] | None:
+    """Where the jobs run (``workers``, ``cluster``, ``threads`` per job), or None: here, serially."""
+    workers, cluster = getattr(args, "workers", None), getattr(args, "cluster", None)
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise ValueError(f"--workers must be >= 1, got {workers!r}")
+    if cluster is not None:
+        from .cells import check_scheduler
+
+        check_scheduler(cluster)  # before any work: the address answers
+    elif workers is None or workers == 1:
+        return None
+    threads = getattr(args, "threads", None)
+    return {"workers": workers or 1, "cluster": cluster, "threads": 1 if threads is None else threads}
 
 
 def _plan(args: argparse.Namespace, setup):
@@ -235,9 +260,11 @@ def _plan(args: argparse.Namespace, setup):
     )
 
 
-def _run(args: argparse.Namespace, setup, plan, start: tuple[list[float], float], out: Path | None) -> int:
-    """Score (and fine-tune) the checked ``setup``/``plan``; ``start``: the load average and clock
-    when the command began."""
+def _run(
+    args: argparse.Namespace, setup, plan, jobs, start: tuple[list[float], float], out: Path | None
+) -> int:
+    """Score (and fine-tune) the checked ``setup``/``plan``, here or as ``jobs`` (:func:`_jobs`);
+    ``start``: the load average and clock when the command began."""
     import torch
 
     from .._paths import write_json
@@ -245,16 +272,30 @@ def _run(args: argparse.Namespace, setup, plan, start: tuple[list[float], float]
     from .pretrained_eval import evaluate_setup, format_pretrained
 
     load_avg, t0 = start
-    results = evaluate_setup(setup)
+    if jobs is None:
+        results = evaluate_setup(setup)
+    else:
+        from .pretrained_jobs import score_all
+
+        results = evaluate_setup(setup, score_all(str(args.model), _options(args), **jobs))
     if plan is not None:
         progress = False if getattr(args, "no_progress", False) else None
-        results["finetune"] = plan.run(setup, results, progress=progress)
+        if jobs is None:
+            results["finetune"] = plan.run(setup, results, progress=progress)
+        else:
+            from .pretrained_jobs import train_all
+
+            results["finetune"] = plan.run(
+                setup, results, train_all=train_all(str(args.model), _options(args), plan, **jobs)
+            )
     results["wall_s"] = time.perf_counter() - t0
     results["model"] = str(args.model)
     env = {
         "device": str(setup.device),
         "dtype": str(next(setup.model.parameters()).dtype).removeprefix("torch."),
-        "threads": torch.get_num_threads(),
+        "threads": torch.get_num_threads() if jobs is None else jobs["threads"],
+        "workers": 1 if jobs is None else jobs["workers"],
+        "cluster": None if jobs is None else jobs["cluster"],
         "quick": bool(getattr(args, "quick", False)),
     }
     results["environment"] = {**env, "load_avg_start": load_avg, "load_avg_end": list(os.getloadavg())}

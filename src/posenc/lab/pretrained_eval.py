@@ -26,6 +26,7 @@ from __future__ import annotations
 import difflib
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -193,6 +194,14 @@ class Setup:
             out.append(d)
         return out
 
+    def score_variant(self, variant: str | None) -> list[dict[str, Any]]:
+        """:meth:`score` of the model as it is (``None``) or under ``variant``, read at each
+        length ``E`` with factor ``max(1, E / L)`` and original length ``L``."""
+        model, L = self.model, self.train_len
+        if variant is None:
+            return self.score(lambda e: model)
+        return self.score(lambda e: at_variant(model, variant, max(1.0, e / L), L))
+
     def probe(self, model, length: int) -> list[dict[str, Any]] | None:
         """The repeated-string probe at every distance that fits in ``length`` (``None``: none
         fits, ``probe_trials`` is 0, or the vocabulary has fewer ids than the probe's random strings
@@ -282,14 +291,18 @@ def prepare_pretrained(
     )
 
 
-def evaluate_setup(setup: Setup) -> dict[str, Any]:
-    """The model as it is and under each variant at every length (see :func:`evaluate_pretrained`)."""
+def evaluate_setup(setup: Setup, score_all: Callable[[list], list] | None = None) -> dict[str, Any]:
+    """The model as it is and under each variant at every length (see :func:`evaluate_pretrained`).
+
+    ``score_all``: ``[None, *variants] -> [points of each]``, e.g. on several processes or machines
+    (:func:`posenc.lab.pretrained_jobs.score_all`); default: :meth:`Setup.score_variant` of each,
+    here."""
     t0 = time.perf_counter()
-    model, L = setup.model, setup.train_len
-    as_is = setup.score(lambda e: model)
+    wanted = [None, *setup.variants]
+    scored = [setup.score_variant(v) for v in wanted] if score_all is None else score_all(wanted)
+    as_is = scored[0]
     runs = [{"name": "as is", "variant": None, "eval": as_is}]
-    for v in setup.variants:
-        points = setup.score(lambda e, v=v: at_variant(model, v, max(1.0, e / L), L))
+    for v, points in zip(setup.variants, scored[1:]):
         for p, d in zip(points, setup.against(points, as_is)):
             p["vs_as_is"] = d
         runs.append({"name": f"+{v}", "variant": v, "eval": points})
@@ -299,10 +312,10 @@ def evaluate_setup(setup: Setup) -> dict[str, Any]:
         "corpus_info": setup.text.info,
         "data_id": setup.text.data_id,
         "eval": {"score_len": setup.score_len, "split_seed": setup.split_seed, **setup.evalset.record()},
-        "train_len": L,
+        "train_len": setup.train_len,
         "eval_lens": list(setup.lens),
         "position_limit": setup.limit,
-        "model_config": model.config.to_dict(),
+        "model_config": setup.model.config.to_dict(),
         "runs": runs,
         "wall_s": time.perf_counter() - t0,
     }
