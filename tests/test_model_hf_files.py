@@ -1,4 +1,4 @@
-"""Tests of posenc.model.hf_files and the reading side of posenc.model.hf: hostile folders and
+"""Tests of posenc.model.hf.files and the reading side of posenc.model.hf: hostile folders and
 configs (wrong types, missing or extra tensors, wrong shapes, shards outside the folder, pickle
 files, sizes too large to allocate) each give one ValueError naming the file and the field."""
 
@@ -11,7 +11,7 @@ import safetensors.torch
 import torch
 
 from posenc.model.hf import from_transformers
-from posenc.model.hf_files import HFConfig, HFWeights, read_hf_folder, write_hf_folder
+from posenc.model.hf.files import HFConfig, HFWeights, read_hf_folder, write_hf_folder
 
 LLAMA = {
     "model_type": "llama",
@@ -270,8 +270,8 @@ def test_hostile_config_text_is_one_error_naming_the_file(tmp_path, text, messag
 def test_the_window_is_read_where_every_layer_has_it(fields, want, warns):
     import warnings
 
-    from posenc.model.hf_fields import read_sliding_window
-    from posenc.model.hf_files import HFConfig
+    from posenc.model.hf.fields import read_sliding_window
+    from posenc.model.hf.files import HFConfig
 
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")

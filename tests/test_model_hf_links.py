@@ -1,4 +1,4 @@
-"""Tests of posenc.model.hf_links: each layout change between an HF tensor and its posenc parts is
+"""Tests of posenc.model.hf.links: each layout change between an HF tensor and its posenc parts is
 a bijection with the documented placement (per-head fusing, stacked rows, Conv1D transposes), and
 ``{i}`` links expand per layer."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from posenc.model.hf_links import Link, expand
+from posenc.model.hf.links import Link, expand
 
 
 def _parts(shapes):

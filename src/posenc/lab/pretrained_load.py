@@ -52,8 +52,8 @@ def load_pretrained(
     """
     from ..model import load_model
     from ..model.hf import from_transformers
-    from ..model.hf_families import family_for
-    from ..model.hf_files import read_json
+    from ..model.hf.families import family_for
+    from ..model.hf.files import read_json
 
     path = Path(path)
     if not path.exists():

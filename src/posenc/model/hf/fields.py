@@ -9,10 +9,10 @@ import dataclasses
 import warnings
 from typing import Any
 
-from ..rotary.hf import hf_rope_config
-from ..rotary.hf_out import hf_rope_fields
-from .config import ModelConfig
-from .hf_files import HFConfig
+from ...rotary.hf import hf_rope_config
+from ...rotary.hf_out import hf_rope_fields
+from ..config import ModelConfig
+from .files import HFConfig
 
 __all__ = [
     "ACTIVATIONS_IN",

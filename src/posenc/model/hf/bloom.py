@@ -4,14 +4,14 @@ GELU.
 
 from __future__ import annotations
 
-from .config import ModelConfig
-from .hf_fields import (
+from ..config import ModelConfig
+from .fields import (
     build_config,
     check_heads,
     read_tie,
 )
-from .hf_files import HFConfig, HFWeights
-from .hf_links import OLD_BUFFERS, TOKEN_TABLE, Family, Link, no_export, norm_links
+from .files import HFConfig, HFWeights
+from .links import OLD_BUFFERS, TOKEN_TABLE, Family, Link, no_export, norm_links
 
 __all__ = ["BLOOM"]
 

@@ -4,8 +4,8 @@ logits; :func:`save_transformers` writes a posenc model as a folder ``transforme
 :func:`to_transformers` builds that ``transformers`` model in memory.
 
 Reading and writing folders needs neither ``transformers`` nor a network: ``config.json`` and
-safetensors files are read and written directly (:mod:`posenc.model.hf_files`). The families and
-their weight layouts are in :mod:`posenc.model.hf_families`.
+safetensors files are read and written directly (:mod:`posenc.model.hf.files`). The families and
+their weight layouts are in :mod:`posenc.model.hf.families`.
 
 ::
 
@@ -25,13 +25,13 @@ from typing import Any
 
 import torch
 
-from ..rotary.hf import permute_qk_weights
-from .config import ModelConfig
-from .hf_families import FAMILIES, family_for
-from .hf_fields import positions_out
-from .hf_files import HFConfig, HFWeights, read_hf_folder, write_hf_folder
-from .hf_links import TOKEN_TABLE, Family, expand
-from .transformer import TransformerLM
+from ...rotary.hf import permute_qk_weights
+from ..config import ModelConfig
+from ..transformer import TransformerLM
+from .families import FAMILIES, family_for
+from .fields import positions_out
+from .files import HFConfig, HFWeights, read_hf_folder, write_hf_folder
+from .links import TOKEN_TABLE, Family, expand
 
 __all__ = ["export_state", "from_transformers", "save_transformers", "to_transformers"]
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .config import ModelConfig
-from .hf_fields import (
+from ..config import ModelConfig
+from .fields import (
     ACTIVATIONS_OUT,
     all_biases,
     build_config,
@@ -19,8 +19,8 @@ from .hf_fields import (
     read_tie,
     rope_options,
 )
-from .hf_files import HFConfig, HFWeights
-from .hf_links import OLD_BUFFERS, TOKEN_TABLE, Family, Link, no_export, norm_links
+from .files import HFConfig, HFWeights
+from .links import OLD_BUFFERS, TOKEN_TABLE, Family, Link, no_export, norm_links
 
 __all__ = ["GPT2", "GPTJ", "GPT_NEOX"]
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .config import ModelConfig
-from .hf_fields import (
+from ..config import ModelConfig
+from .fields import (
     ACTIVATIONS_OUT,
     build_config,
     check_heads,
@@ -18,8 +18,8 @@ from .hf_fields import (
     read_tie,
     rope_options,
 )
-from .hf_files import HFConfig, HFWeights
-from .hf_links import OLD_BUFFERS, TOKEN_TABLE, Family, Link, no_export
+from .files import HFConfig, HFWeights
+from .links import OLD_BUFFERS, TOKEN_TABLE, Family, Link, no_export
 
 __all__ = ["LLAMA", "PHI3"]
 

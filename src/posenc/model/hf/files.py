@@ -21,8 +21,8 @@ import safetensors
 import safetensors.torch
 import torch
 
-from .._paths import write_json
-from .io import parse_json
+from ..._paths import write_json
+from ..io import parse_json
 
 __all__ = ["HFConfig", "HFWeights", "read_hf_folder", "write_hf_folder"]
 

@@ -1,17 +1,17 @@
 """The Hugging Face families posenc converts, in the order export tries them, and the family
 that reads a ``model_type``.
 
-Each family is where one HF architecture's choices are written down once (:mod:`posenc.model.hf_llama`,
-:mod:`posenc.model.hf_gpt`, :mod:`posenc.model.hf_bloom`); the mapping machinery is in
-:mod:`posenc.model.hf_links`, the shared config readers in :mod:`posenc.model.hf_fields`.
+Each family is where one HF architecture's choices are written down once (:mod:`posenc.model.hf.llama`,
+:mod:`posenc.model.hf.gpt`, :mod:`posenc.model.hf.bloom`); the mapping machinery is in
+:mod:`posenc.model.hf.links`, the shared config readers in :mod:`posenc.model.hf.fields`.
 """
 
 from __future__ import annotations
 
-from .hf_bloom import BLOOM
-from .hf_gpt import GPT2, GPT_NEOX, GPTJ
-from .hf_links import Family
-from .hf_llama import LLAMA, PHI3
+from .bloom import BLOOM
+from .gpt import GPT2, GPT_NEOX, GPTJ
+from .links import Family
+from .llama import LLAMA, PHI3
 
 __all__ = ["FAMILIES", "family_for"]
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from .config import ModelConfig
-from .hf_files import HFConfig, HFWeights
+from ..config import ModelConfig
+from .files import HFConfig, HFWeights
 
 __all__ = ["OLD_BUFFERS", "TOKEN_TABLE", "Family", "Link", "expand", "no_export", "norm_links"]
 
