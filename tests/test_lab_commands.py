@@ -214,7 +214,10 @@ def test_train_help_speaks_of_one_run(capsys):
     with pytest.raises(SystemExit):
         main(["extrapolate", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "--steps STEPS optimizer steps. (default 600; --quick: 300; task mode: 2500)" in text
+    assert (
+        "--steps STEPS optimizer steps. (default 600; --quick: 300; task mode: 2500; --task addition_reversed: 10000)"
+        in text
+    )
 
 
 def _study(argv: list[str]):
@@ -240,6 +243,10 @@ def test_task_mode_defaults_are_the_budget_that_learns():
     assert _study(["--task", "copy", "--curriculum-steps", "0"]).curriculum_steps == 0
     lm = _study([])
     assert (lm.curriculum_steps, lm.model.d_model, lm.train.steps) == (0, 128, 600)  # lm: unchanged
+    # a task's own budget where the shared one does not learn it; the user's --steps still wins
+    assert _study(["--task", "addition_reversed"]).train.steps == 10_000
+    assert _study(["--task", "addition_reversed", "--steps", "300"]).train.steps == 300
+    assert _study(["--task", "addition"]).train.steps == 2500
 
 
 @pytest.mark.parametrize(

@@ -184,7 +184,7 @@ def _teardown() -> None:
 def extrapolate_args(p: argparse.ArgumentParser) -> None:
     """Arguments of ``posenc extrapolate``: what the command does (read a finished study, compare,
     regenerate docs; where and how it runs), then one flag per field of the study and its parts."""
-    from .config import PRESETS, TASK_DEFAULTS, StudyConfig
+    from .config import PRESETS, TASK_BUDGETS, TASK_DEFAULTS, StudyConfig
 
     p.add_argument("--quick", action="store_true", help="a ~1-minute smoke version (smaller model, L=64)")
     p.add_argument(
@@ -228,7 +228,9 @@ def extrapolate_args(p: argparse.ArgumentParser) -> None:
     _executor_flags(p)
     _run_flags(p)
     quick = {**PRESETS["default"], **PRESETS["quick"]}
-    _add_config_flags(p, StudyConfig, PRESETS["default"], {"--quick": quick, "task mode": TASK_DEFAULTS})
+    presets = {"--quick": quick, "task mode": TASK_DEFAULTS}
+    presets.update({f"--task {task}": budget for task, budget in TASK_BUDGETS.items()})
+    _add_config_flags(p, StudyConfig, PRESETS["default"], presets)
     pretrained.add_model_flags(p)  # --model: a pretrained model (posenc.lab.pretrained)
 
 
@@ -241,7 +243,7 @@ def _shown(value: Any) -> str:
 def study_config(args: argparse.Namespace):
     """The :class:`~posenc.lab.config.StudyConfig` the flags describe: the preset (``--quick`` or
     the documented study), a task's defaults, then every field given."""
-    from .config import PRESETS, TASK_DEFAULTS, StudyConfig
+    from .config import PRESETS, TASK_BUDGETS, TASK_DEFAULTS, StudyConfig
     from .grid import parse_vary
 
     given = _given(args, StudyConfig)
@@ -249,6 +251,7 @@ def study_config(args: argparse.Namespace):
     fields: dict[str, Any] = dict(PRESETS["quick" if args.quick else "default"])
     if mode != "lm":
         fields.update(TASK_DEFAULTS)
+        fields.update(TASK_BUDGETS.get(mode, {}))
         fields.pop("max_chars", None)
     fields.update(given)
     if "eval_lens" not in given and mode != "lm":
