@@ -52,6 +52,7 @@ __all__ = [
     "cell_model_config",
     "cell_record",
     "check_scheduler",
+    "finished",
     "finished_cell",
     "full_key",
     "iter_cells",
@@ -413,25 +414,32 @@ def iter_cells(
                     config, cell, out=out, device=device, resume=resume, progress=progress, threads=threads
                 )
         return
-    from concurrent.futures import CancelledError, as_completed
-
     args = (config.to_dict(), None if out is None else str(out), str(device), resume, threads, run_id)
     with cell_executor(workers, cluster) as executor:
         futures = [executor.submit(_cell_task, args[0], cell, *args[1:]) for cell in cells]
-        try:
-            for future in as_completed(futures):
-                yield future.result()
-        except CancelledError:  # Dask cancels every future when the scheduler goes away
-            if cluster is None:
-                raise
-            raise ValueError(
-                f"--cluster {cluster!r}: the Dask scheduler went away before the study finished; the "
-                "finished cells are kept: start it again and rerun with --resume"
-            ) from None
-        except BaseException:  # one cell failed (or Ctrl-C): do not wait for the queued ones
-            for future in futures:
-                future.cancel()
+        lost = "the finished cells are kept: start it again and rerun with --resume"
+        yield from finished(futures, cluster, "study", lost)
+
+
+def finished(futures: list, cluster: Any, what: str, lost: str, *, ordered: bool = False) -> Iterator[Any]:
+    """The results of ``futures`` as each finishes (``ordered``: in the order given). When one fails
+    (or Ctrl-C) the queued ones are cancelled; a Dask scheduler that goes away (``cluster`` set) is a
+    ``ValueError`` naming the ``what`` it interrupted and saying ``lost`` (what is kept, what to do)."""
+    from concurrent.futures import CancelledError, as_completed
+
+    try:
+        for future in futures if ordered else as_completed(futures):
+            yield future.result()
+    except CancelledError:  # Dask cancels every future when the scheduler goes away
+        if cluster is None:
             raise
+        raise ValueError(
+            f"--cluster {cluster!r}: the Dask scheduler went away before the {what} finished; {lost}"
+        ) from None
+    except BaseException:  # one failed (or Ctrl-C): do not wait for the queued ones
+        for future in futures:
+            future.cancel()
+        raise
 
 
 @contextlib.contextmanager

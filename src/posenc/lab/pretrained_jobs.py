@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from .cells import cell_executor
+from .cells import cell_executor, finished
 from .finetune_pretrained import FinetunePlan
 from .pretrained_eval import Setup, prepare_pretrained
 
@@ -57,23 +57,10 @@ def train_job(
 def _map(fn: Callable, path: str, options: dict, threads: int | None, items: list[tuple], workers, cluster):
     """``[fn(path, options, threads, *item) for item in items]``, the jobs run at once on the
     executor; the results in the order of ``items``."""
-    from concurrent.futures import CancelledError
-
     with cell_executor(workers, cluster) as executor:
         futures = [executor.submit(fn, path, options, threads, *item) for item in items]
-        try:
-            return [future.result() for future in futures]
-        except CancelledError:  # Dask cancels every future when the scheduler goes away
-            if cluster is None:
-                raise
-            raise ValueError(
-                f"--cluster {cluster!r}: the Dask scheduler went away before the run finished; start it "
-                "again and rerun (a loaded model's run does not resume)"
-            ) from None
-        except BaseException:  # one job failed (or Ctrl-C): do not wait for the queued ones
-            for future in futures:
-                future.cancel()
-            raise
+        lost = "start it again and rerun (a loaded model's run does not resume)"
+        return list(finished(futures, cluster, "run", lost, ordered=True))
 
 
 def score_all(
