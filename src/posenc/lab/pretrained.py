@@ -243,6 +243,16 @@ def _jobs(args: argparse.Namespace) -> dict[str, Any] | None:
     return {"workers": workers or 1, "cluster": cluster, "threads": 1 if threads is None else threads}
 
 
+def _job_inputs(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    """The model's path and :func:`_options` as a job gets them: paths made absolute, so a worker
+    started elsewhere (a Dask worker's own directory) reads the same files."""
+    options = _options(args)
+    corpus = options["corpus"]
+    if corpus != "stdlib" and os.path.exists(corpus):
+        options["corpus"] = os.path.abspath(corpus)
+    return os.path.abspath(args.model), options
+
+
 def _plan(args: argparse.Namespace, setup):
     """The fine-tuning plan (``None`` without --finetune-len), checked before any work."""
     if getattr(args, "finetune_len", None) is None:
@@ -277,7 +287,7 @@ def _run(
     else:
         from .pretrained_jobs import score_all
 
-        results = evaluate_setup(setup, score_all(str(args.model), _options(args), **jobs))
+        results = evaluate_setup(setup, score_all(*_job_inputs(args), **jobs))
     if plan is not None:
         progress = False if getattr(args, "no_progress", False) else None
         if jobs is None:
@@ -286,7 +296,7 @@ def _run(
             from .pretrained_jobs import train_all
 
             results["finetune"] = plan.run(
-                setup, results, train_all=train_all(str(args.model), _options(args), plan, **jobs)
+                setup, results, train_all=train_all(*_job_inputs(args), plan, **jobs)
             )
     results["wall_s"] = time.perf_counter() - t0
     results["model"] = str(args.model)
