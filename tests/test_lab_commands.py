@@ -214,10 +214,8 @@ def test_train_help_speaks_of_one_run(capsys):
     with pytest.raises(SystemExit):
         main(["extrapolate", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert (
-        "--steps STEPS optimizer steps. (default 600; --quick: 300; task mode: 2500; --task addition_reversed: 10000)"
-        in text
-    )
+    steps = "--steps STEPS optimizer steps. (default 600; --quick: 300; task mode: 2500; "
+    assert steps + "--task addition_reversed: 10000)" in text
 
 
 def _study(argv: list[str]):

@@ -302,6 +302,10 @@ def test_a_window_plan_masks_prefill_decode_padding_and_packing():
     assert packed.mask[0, 0, 4].tolist() == [False, False, False, True, True]
     with pytest.raises(ValueError, match="needs causal attention"):
         plan_attention(1, 4, torch.device("cpu"), causal=False, sliding_window=2)
+    with pytest.raises(ValueError, match="sliding_window must be >= 1"):
+        plan_attention(1, 4, torch.device("cpu"), causal=True, sliding_window=0)
+    with pytest.raises(TypeError, match="sliding_window must be an int"):
+        plan_attention(1, 4, torch.device("cpu"), causal=True, sliding_window=2.0)
 
 
 def test_a_token_outside_every_layers_window_changes_nothing():

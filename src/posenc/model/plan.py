@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .._validate import defining_class
+from .._validate import check_int, defining_class
 from ..base import PositionalScheme
 from ..positions import arange_positions, check_positions, positions_from_cu_seqlens, positions_from_mask
 from . import blocked, flex
@@ -253,8 +253,10 @@ def plan_attention(
     else:
         q_pos = arange_positions(seq_len, offset=offset, device=device)  # [s] or [b, s]
     k_pos = _cat_positions(past_positions, q_pos)
-    if sliding_window is not None and not causal:
-        raise ValueError(f"sliding_window={sliding_window} needs causal attention (a decoder)")
+    if sliding_window is not None:
+        check_int(sliding_window, "sliding_window")
+        if not causal:
+            raise ValueError(f"sliding_window={sliding_window} needs causal attention (a decoder)")
     if past_valid is None and valid_new is None:
         return _plan_unpadded(q_pos, k_pos, seq_len, s_p, device, causal, sliding_window)
     return _plan_padded(
