@@ -12,6 +12,7 @@ import torch
 from _lab_toys import tiny_study, write_corpus
 from posenc.lab import cells as cells_mod
 from posenc.lab import data as data_mod
+from posenc.lab import executor as executor_mod
 from posenc.lab.cells import Cell, iter_cells, run_cell, study_cells
 from posenc.lab.data import study_data
 
@@ -257,7 +258,8 @@ def test_a_scheduler_lost_mid_study_is_a_one_line_error(corpus_dir, monkeypatch)
             future.set_running_or_notify_cancel()
             return future
 
-    monkeypatch.setattr(cells_mod, "_dask_executor", lambda cluster: contextlib.nullcontext(GoneExecutor()))
+    gone = contextlib.nullcontext(GoneExecutor())
+    monkeypatch.setattr(executor_mod, "_dask_executor", lambda cluster: gone)
     config = tiny_study(corpus_dir)
     with pytest.raises(ValueError, match=r"the Dask scheduler went away .* rerun with --resume"):
         list(
@@ -276,7 +278,7 @@ def test_a_scheduler_lost_mid_study_is_a_one_line_error(corpus_dir, monkeypatch)
 @pytest.mark.xdist_group("ports")
 def test_a_scheduler_without_workers_is_a_clear_error_after_a_timeout(corpus_dir, monkeypatch):
     distributed = pytest.importorskip("distributed")
-    monkeypatch.setattr(cells_mod, "WORKER_WAIT_S", 1.0)
+    monkeypatch.setattr(executor_mod, "WORKER_WAIT_S", 1.0)
     config = tiny_study(corpus_dir)
     refused = pytest.raises(ValueError, match=r"has no workers after 1 s; start some \(dask worker tcp://")
     with distributed.LocalCluster(n_workers=0, protocol="tcp", dashboard_address=":0") as cluster, refused:

@@ -234,7 +234,7 @@ def _jobs(args: argparse.Namespace) -> dict[str, Any] | None:
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise ValueError(f"--workers must be >= 1, got {workers!r}")
     if cluster is not None:
-        from .cells import check_scheduler
+        from .executor import check_scheduler
 
         check_scheduler(cluster)  # before any work: the address answers
     elif workers is None or workers == 1:

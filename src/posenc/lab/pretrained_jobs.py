@@ -1,6 +1,6 @@
 """``posenc extrapolate --model PATH --workers N`` (or ``--cluster ADDRESS``): a loaded model's run
 on several processes or machines, through the executor the lab's studies use
-(:func:`~posenc.lab.cells.cell_executor`: local processes that die with this one, or a Dask cluster).
+(:func:`~posenc.lab.executor.cell_executor`: local processes that die with this one, or a Dask cluster).
 
 The run splits into jobs: the model scored as it is and under each variant, then (with
 ``--finetune-len``) each fine-tuning run and the control. A job is a plain function of picklable
@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from .cells import cell_executor, finished
+from .executor import cell_executor, finished
 from .finetune_pretrained import FinetunePlan
 from .pretrained_eval import Setup, prepare_pretrained
 

@@ -253,15 +253,20 @@ def plan_attention(
     else:
         q_pos = arange_positions(seq_len, offset=offset, device=device)  # [s] or [b, s]
     k_pos = _cat_positions(past_positions, q_pos)
-    if sliding_window is not None:
-        check_int(sliding_window, "sliding_window")
-        if not causal:
-            raise ValueError(f"sliding_window={sliding_window} needs causal attention (a decoder)")
+    _check_window(sliding_window, causal)
     if past_valid is None and valid_new is None:
         return _plan_unpadded(q_pos, k_pos, seq_len, s_p, device, causal, sliding_window)
     return _plan_padded(
         q_pos, k_pos, batch, seq_len, s_p, device, causal, past_valid, valid_new, sliding_window
     )
+
+
+def _check_window(window: int | None, causal: bool) -> None:
+    """``sliding_window``: None, or an int >= 1 with causal attention."""
+    if window is not None:
+        check_int(window, "sliding_window")
+        if not causal:
+            raise ValueError(f"sliding_window={window} needs causal attention (a decoder)")
 
 
 def _plan_packed(batch, seq_len, device, causal, positions, cu_seqlens, window=None) -> AttentionPlan:
