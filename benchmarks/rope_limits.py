@@ -201,8 +201,10 @@ def main(argv: list[str]) -> None:
         ratios = [t / k for t, k in zip(times[tag], times["kernel"])]
         q1, med, q3 = statistics.quantiles(ratios, n=4)
         t = statistics.median(times[tag])
-        print(f"{tag:>10}: {t * 1e3:6.2f} ms, {100 * floor / t:5.1f}% of the floor, "
-              f"{med:.3f}x the kernel's time ({q1:.3f}-{q3:.3f})")  # fmt: skip
+        print(
+            f"{tag:>10}: {t * 1e3:6.2f} ms, {100 * floor / t:5.1f}% of the floor, "
+            f"{med:.3f}x the kernel's time ({q1:.3f}-{q3:.3f})"
+        )
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Which answer tokens a task model gets right, position by position: the accuracy of each answer
 token (teacher-forced argmax, as the lab scores) over fresh questions of each length.
 
-    python benchmarks/task_answer_positions.py runs/add-rev-10k/checkpoints/nope-seed0 addition_reversed 8 9 10
+    python benchmarks/task_answer_positions.py MODEL_FOLDER TASK N [N ...]
+    python benchmarks/task_answer_positions.py runs/add-rev-10k/checkpoints/nope-seed0 addition_reversed 9
 
 Prints one row per question length: the accuracy of answer token 0, 1, ... (the last one is the end
 token), over 400 questions drawn with seed 321 (not the lab's evaluation seed). For
