@@ -19,7 +19,7 @@ __all__ = ["WORKER_WAIT_S", "cell_executor", "check_scheduler", "finished"]
 def cell_executor(workers: int, cluster: Any = None):
     """The executor the lab's work runs on: a Dask cluster (``cluster``: a scheduler address or a
     ``distributed.Client``), else ``workers`` local processes that die with this one
-    (:func:`~posenc.lab.workers.process_pool`). Work is submitted as plain functions of JSON-able
+    (:func:`~posenc.lab.workers.process_pool`). Work is submitted as plain functions of picklable
     arguments (``executor.submit(fn, *args)``)."""
     from .workers import process_pool
 
