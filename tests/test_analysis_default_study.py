@@ -71,6 +71,8 @@ def test_summary_of_a_real_study_keeps_what_the_page_draws(tmp_path, capsys):
     for kept, full in zip(summary["summary"], results["summary"]):
         assert kept["name"] == full["name"] and kept["length"] == full["length"]
         assert kept["bpb_window"]["mean"] == full["bpb_window"]["mean"]
+        # what each interval covers travels with it: the page says it
+        assert kept["bpb_window"]["over"] == full["bpb_window"]["over"] == "seeds and documents"
     out = tmp_path / "which.json"
     assert main([str(tmp_path / "s"), "--command", "cmd", "--output", str(out)]) == 0
     written = check_study(json.loads(out.read_text()), str(out))

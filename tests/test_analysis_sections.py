@@ -134,7 +134,29 @@ def test_study_section_shows_the_shipped_study_with_its_command():
     prov = study["provenance"]
     assert f"<code>{prov['command']}</code>, run on {prov['date']} with posenc {prov['posenc']}" in out
     assert "posenc ships the summary of one real study" in out and out.count("<table>") == 2
-    assert "over 3 seeds" in out and "study" in dict(SPEC.findall(out))
+    seeds = len(study["config"]["seeds"])
+    delta = next(r["delta"] for r in study["summary"] if r["delta"])
+    scope = f"over {seeds} seeds and {delta['n']} documents" if "over" in delta else f"over {seeds} seeds"
+    assert out.count(scope) == 3 and "study" in dict(SPEC.findall(out))
+
+
+def test_study_section_says_what_its_intervals_cover():
+    # a study whose intervals resample documents says so, with how many; with one seed, documents only
+    results = _results()
+    for row in results["summary"]:
+        for metric in ("delta", "bpb_window"):
+            if row[metric]:
+                row[metric].update(n=17, over="seeds and documents")
+    assert study_section(results, "runs/x").count("over 2 seeds and 17 documents") == 3
+    one = _results(seeds=(0,))
+    for row in one["summary"]:
+        if row["delta"]:
+            row["delta"].update(n=9, over="documents")
+    assert study_section(one, "runs/x").count("over 9 documents (one seed)") == 3
+    # a hostile scope is text; a count that is not an integer is left out
+    one["summary"][1]["delta"].update(n="9", over="<b>x</b>")
+    out = study_section(one, "runs/x")
+    assert out.count("over &lt;b&gt;x&lt;/b&gt; (one seed)") == 3 and "<b>x" not in out
 
 
 def test_study_section_shows_hostile_values_as_text():

@@ -42,9 +42,11 @@ _CONFIG_FIELDS = (
     "max_chars",
 )
 
-#: Per-row fields the page draws (each metric keeps only mean, low, high, n).
+#: Per-row fields the page draws (each metric keeps only _INTERVAL_FIELDS).
 _ROW_FIELDS = ("name", "scheme", "variant", "length", "seeds", "delta_over")
 _METRICS = ("delta", "bpb_window")
+#: Per-interval fields kept: the page says what an interval covers (``over``: seeds, documents).
+_INTERVAL_FIELDS = ("mean", "low", "high", "n", "over")
 
 
 def check_study(results: Any, source: str) -> dict[str, Any]:
@@ -101,7 +103,7 @@ def study_summary(results: dict[str, Any], command: str, date: str | None = None
         out = {k: row.get(k) for k in _ROW_FIELDS}
         for metric in _METRICS:
             cell = row.get(metric)
-            out[metric] = None if cell is None else {k: cell.get(k) for k in ("mean", "low", "high", "n")}
+            out[metric] = None if cell is None else {k: cell.get(k) for k in _INTERVAL_FIELDS if k in cell}
         rows.append(out)
     return {
         "provenance": {

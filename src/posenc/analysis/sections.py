@@ -192,6 +192,24 @@ def _no_study() -> str:
     )
 
 
+def _interval_scope(summary: list[dict[str, Any]], seeds: int) -> str:
+    """What the study's intervals cover, in words (``"over 5 seeds and 17 documents"``), read from
+    the first interval that records it (``over``, ``n``); a summary that does not record it (made
+    before intervals resampled documents) had intervals over seeds, or over windows with one seed.
+    """
+    for row in summary:
+        for metric in ("delta", "bpb_window"):
+            cell = row.get(metric)
+            if isinstance(cell, dict) and isinstance(cell.get("over"), str):
+                n = cell.get("n")
+                units = cell["over"].removeprefix("seeds and ")
+                count = f"{n} {esc(units)}" if isinstance(n, int) and not isinstance(n, bool) else esc(units)
+                if cell["over"].startswith("seeds and "):
+                    return f"over {seeds} seeds and {count}"
+                return f"over {seeds} seeds" if cell["over"] == "seeds" else f"over {count} (one seed)"
+    return f"over {seeds} seeds" if seeds > 1 else "over evaluation windows (one seed)"
+
+
 def study_section(results: dict[str, Any] | None, folder: str | None) -> str:
     """A study's verdicts (paired deltas and bits/byte with intervals) and its figure; without a
     study, how to run one.
@@ -216,7 +234,7 @@ def study_section(results: dict[str, Any] | None, folder: str | None) -> str:
     for row in results["summary"]:
         by_name.setdefault(str(row["name"]), {})[row["length"]] = row
     seeds = cfg["seeds"]
-    over = f"over {len(seeds)} seeds" if len(seeds) > 1 else "over evaluation windows (one seed)"
+    over = _interval_scope(results["summary"], len(seeds))
     beyond = [e for e in lens if e != L]
     rows = [
         [esc(name), *(interval_text(pts.get(e, {}).get("delta"), True) for e in beyond)]
