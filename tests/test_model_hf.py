@@ -153,6 +153,8 @@ def test_export_reloads_in_transformers_with_the_same_logits(name, tmp_path):
         assert type(hf).__name__ == cls
         torch.testing.assert_close(hf(ids).logits, ref, atol=ATOL, rtol=0)
         save_transformers(model, tmp_path)
+        # the class named in the file is the one its model_type loads (tools that read the field)
+        assert json.loads((tmp_path / "config.json").read_text())["architectures"] == [cls]
         reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
         torch.testing.assert_close(reloaded(ids).logits, ref, atol=ATOL, rtol=0)
         back = from_transformers(tmp_path)
@@ -240,6 +242,41 @@ def test_a_window_on_some_layers_only_warns_and_attends_to_every_token():
     with pytest.warns(UserWarning, match=r"sliding_window=5 in 1 of 2 layers is not reproduced"):
         model = from_transformers(hf)
     assert model.config.sliding_window is None
+
+
+@pytest.mark.parametrize(
+    ("name", "fields", "drop", "window"),
+    [
+        ("llama", {"sliding_window": 4}, (), None),  # LlamaForCausalLM has no window, whatever the field says
+        ("qwen2", {"sliding_window": 4}, ("use_sliding_window", "layer_types", "max_window_layers"), None),
+        # switched on, but from layer 28 (the default max_window_layers) of 2
+        (
+            "qwen2",
+            {"sliding_window": 4, "use_sliding_window": True},
+            (
+                "layer_types",
+                "max_window_layers",
+            ),
+            None,
+        ),
+        ("mistral", {}, ("sliding_window",), 4096),  # absent: MistralConfig's default
+    ],
+)
+def test_a_window_field_is_read_as_transformers_reads_it(tmp_path, name, fields, drop, window):
+    import warnings
+
+    hf_model(name).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    for key in drop:
+        config.pop(key, None)
+    (tmp_path / "config.json").write_text(json.dumps({**config, **fields}))
+    ids = _ids()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Llama's ignored field is announced; the logits are the test
+        hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+        model = from_transformers(tmp_path)
+        torch.testing.assert_close(model(ids).logits, hf(ids).logits, atol=ATOL, rtol=0)
+    assert model.config.sliding_window == window
 
 
 def test_a_windowed_model_exports_only_to_a_family_with_windows(tmp_path):

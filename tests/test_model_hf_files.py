@@ -25,6 +25,8 @@ LLAMA = {
     "rms_norm_eps": 1e-6,
     "tie_word_embeddings": True,
 }
+#: A Qwen2 config with its window switched on (transformers reads the window fields only then).
+QWEN2 = {**LLAMA, "model_type": "qwen2", "use_sliding_window": True}
 
 
 def _llama_tensors() -> dict[str, torch.Tensor]:
@@ -232,14 +234,14 @@ def test_a_large_shard_index_is_read_in_linear_time(tmp_path):
     [
         ("[" * 100_000 + "]" * 100_000, "nests lists/objects more than"),
         (json.dumps({**LLAMA, "sliding_window": "4096"}), "sliding_window"),
-        (json.dumps({**LLAMA, "use_sliding_window": "yes", "sliding_window": 4}), "use_sliding_window"),
+        (json.dumps({**QWEN2, "use_sliding_window": "yes", "sliding_window": 4}), "use_sliding_window"),
         (json.dumps({**LLAMA, "sliding_window": 0}), "sliding_window"),
-        (json.dumps({**LLAMA, "sliding_window": 4, "layer_types": "sliding_attention"}), "layer_types"),
+        (json.dumps({**QWEN2, "sliding_window": 4, "layer_types": "sliding_attention"}), "layer_types"),
         (
-            json.dumps({**LLAMA, "sliding_window": 4, "layer_types": ["sliding_attention"] * 99}),
+            json.dumps({**QWEN2, "sliding_window": 4, "layer_types": ["sliding_attention"] * 99}),
             "layer_types",
         ),
-        (json.dumps({**LLAMA, "sliding_window": 4, "max_window_layers": -1}), "max_window_layers"),
+        (json.dumps({**QWEN2, "sliding_window": 4, "max_window_layers": -1}), "max_window_layers"),
     ],
 )
 def test_hostile_config_text_is_one_error_naming_the_file(tmp_path, text, message):
@@ -253,17 +255,61 @@ def test_hostile_config_text_is_one_error_naming_the_file(tmp_path, text, messag
 @pytest.mark.parametrize(
     ("fields", "want", "warns"),
     [
-        ({"sliding_window": 4}, 4, False),  # Mistral, Phi-3: every layer
-        ({"sliding_window": None}, None, False),
-        ({"sliding_window": 4, "use_sliding_window": False}, None, False),  # Qwen2's default
-        ({"sliding_window": 4, "use_sliding_window": True, "max_window_layers": 0}, 4, False),
-        ({"sliding_window": 4, "use_sliding_window": True, "max_window_layers": 3}, None, False),
-        ({"sliding_window": 4, "use_sliding_window": True, "max_window_layers": 1}, None, True),
-        ({"sliding_window": 4, "layer_types": ["sliding_attention"] * 3}, 4, False),
+        # each row is what transformers' config class makes of the same fields (checked with 5.x)
+        ({"model_type": "mistral", "sliding_window": 4}, 4, False),  # every layer
+        ({"model_type": "mistral"}, 4096, False),  # MistralConfig's default
+        ({"model_type": "mistral", "sliding_window": None}, None, False),
+        ({"model_type": "phi3", "sliding_window": 4}, 4, False),
+        ({"model_type": "phi3"}, None, False),
+        ({"model_type": "llama", "sliding_window": 4}, None, "is ignored"),  # Llama has no window
+        ({"model_type": "qwen2", "sliding_window": 4}, None, False),  # use_sliding_window defaults to false
+        ({"model_type": "qwen2", "sliding_window": 4, "use_sliding_window": False}, None, False),
+        # switched on, from layer 28 (the default max_window_layers) of 3
+        ({"model_type": "qwen2", "sliding_window": 4, "use_sliding_window": True}, None, False),
         (
-            {"sliding_window": 4, "layer_types": ["full_attention", "sliding_attention", "full_attention"]},
+            {"model_type": "qwen3", "sliding_window": 4, "use_sliding_window": True, "max_window_layers": 0},
+            4,
+            False,
+        ),
+        (
+            {"model_type": "qwen2", "sliding_window": 4, "use_sliding_window": True, "max_window_layers": 3},
             None,
-            True,
+            False,
+        ),
+        (
+            {"model_type": "qwen2", "sliding_window": 4, "use_sliding_window": True, "max_window_layers": 1},
+            None,
+            "is not reproduced",
+        ),
+        (
+            {
+                "model_type": "qwen2",
+                "sliding_window": 4,
+                "use_sliding_window": False,
+                "layer_types": ["sliding_attention"] * 3,
+            },
+            None,
+            False,
+        ),
+        (
+            {
+                "model_type": "qwen2",
+                "sliding_window": 4,
+                "use_sliding_window": True,
+                "layer_types": ["sliding_attention"] * 3,
+            },
+            4,
+            False,
+        ),
+        (
+            {
+                "model_type": "qwen2",
+                "sliding_window": 4,
+                "use_sliding_window": True,
+                "layer_types": ["full_attention", "sliding_attention", "full_attention"],
+            },
+            None,
+            "is not reproduced",
         ),
     ],
 )
@@ -276,4 +322,4 @@ def test_the_window_is_read_where_every_layer_has_it(fields, want, warns):
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         assert read_sliding_window(HFConfig(fields), 3) == want
-    assert bool(seen) == warns and all("is not reproduced" in str(w.message) for w in seen)
+    assert len(seen) == bool(warns) and all(warns in str(w.message) for w in seen)

@@ -150,7 +150,7 @@ def export_state(
         out_config = dataclasses.replace(out_config, tie="none")
     dtype = model.decoder.embed.token.weight.dtype
     hf_config.update(
-        architectures=[fam.architecture],
+        architectures=[fam.architecture_of(hf_config["model_type"])],
         vocab_size=config.vocab_size,
         tie_word_embeddings=out_config.tie == "output",
         dtype=str(dtype).removeprefix("torch."),

@@ -82,15 +82,42 @@ def read_tie(c: HFConfig, default: bool) -> str:
     return "output" if c.bool("tie_word_embeddings", default=default) else "none"
 
 
+#: ``sliding_window`` where a config.json lacks the field, as transformers' config classes default.
+_WINDOW_DEFAULTS: dict[str, int | None] = {"mistral": 4096}
+
+#: Model types whose attention has no window, whatever config.json says (transformers ignores it).
+_NO_WINDOW = ("llama",)
+
+#: Model types that window only with ``use_sliding_window`` (default false), from
+#: ``max_window_layers`` on (default 28) unless ``layer_types`` says which layers.
+_OPT_IN_WINDOW = ("qwen2", "qwen3")
+
+
 def read_sliding_window(c: HFConfig, num_layers: int) -> int | None:
-    """HF's ``sliding_window`` where every layer uses it (Mistral, Phi-3; Qwen2/3 with
-    ``use_sliding_window`` and ``max_window_layers`` 0), else None; where only some layers use it
-    (``layer_types``, ``max_window_layers``) a warning says that posenc attends to every earlier
-    token there (it windows every layer or none). Each field is read with its type checked, only
-    where present (HF writes null for "no window")."""
-    window = None if c.get("sliding_window") is None else c.int("sliding_window", minimum=1)
-    used = True if c.get("use_sliding_window") is None else c.bool("use_sliding_window")
-    if window is None or not used:
+    """The window transformers applies to every layer of this checkpoint, else None.
+
+    Read per ``model_type`` as transformers reads it: Mistral and Phi-3 window every layer with
+    ``sliding_window`` (Mistral's default 4096 where the field is absent); Qwen2/3 only with
+    ``use_sliding_window`` true, in the layers ``layer_types`` names or from ``max_window_layers``
+    on; Llama never (a ``sliding_window`` field there is ignored, with a warning). Where only some
+    layers are windowed, a warning says that posenc attends to every earlier token there (it
+    windows every layer or none). Each field is read with its type checked, only where present
+    (HF writes null for "no window")."""
+    model_type = c.get("model_type")
+    present = "sliding_window" in c.data
+    window = c.int("sliding_window", minimum=1) if c.get("sliding_window") is not None else None
+    if not present:
+        window = _WINDOW_DEFAULTS.get(model_type)
+    if model_type in _NO_WINDOW:
+        if window is not None:
+            warnings.warn(
+                f"{c.source}: sliding_window={window} is ignored: a {model_type} model attends to every "
+                "earlier token (transformers reads the field the same way)",
+                stacklevel=4,
+            )
+        return None
+    opt_in = model_type in _OPT_IN_WINDOW
+    if window is None or (opt_in and not c.bool("use_sliding_window", default=False)):
         return None
     types = c.get("layer_types")
     if types is not None:
@@ -101,8 +128,8 @@ def read_sliding_window(c: HFConfig, num_layers: int) -> int | None:
         ):
             raise ValueError(f"{c.source}: layer_types must be a list of {num_layers} strings, got {types!r}")
         windowed = [t == "sliding_attention" for t in types]
-    elif c.get("max_window_layers") is not None:  # Qwen2/3: the layers from this index on are windowed
-        first = c.int("max_window_layers", minimum=0)
+    elif opt_in:  # the layers from max_window_layers on are windowed
+        first = c.int("max_window_layers", default=28, minimum=0)
         windowed = [i >= first for i in range(num_layers)]
     else:
         windowed = [True] * num_layers

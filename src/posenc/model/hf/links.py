@@ -8,7 +8,7 @@ Legend: ``h`` heads, ``d_h`` head width.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,7 +89,8 @@ class Family:
         export_config: the config whose tensors the export writes (e.g. every bias on: missing
             posenc biases are written as zeros).
         ignore: HF name suffixes that are buffers, not weights.
-        architecture: the class name HF's ``architectures`` field gets.
+        architecture: the class name HF's ``architectures`` field gets, or one per ``model_type``
+            the family writes (a Llama block goes out as Mistral or Qwen2 with their classes).
     """
 
     name: str
@@ -98,8 +99,14 @@ class Family:
     links: Callable[[ModelConfig], list[Link]]
     config_out: Callable[[ModelConfig], dict[str, Any]]
     export_config: Callable[[ModelConfig], ModelConfig]
-    architecture: str
+    architecture: str | Mapping[str, str]
     ignore: tuple[str, ...] = ()
+
+    def architecture_of(self, model_type: str) -> str:
+        """The class name written beside ``model_type`` in ``architectures``."""
+        if isinstance(self.architecture, str):
+            return self.architecture
+        return self.architecture[model_type]
 
 
 def norm_links(hf: str, posenc: str) -> list[Link]:

@@ -159,7 +159,12 @@ LLAMA = Family(
     _llama_links,
     _llama_out,
     _same,
-    "LlamaForCausalLM",
+    {
+        "llama": "LlamaForCausalLM",
+        "mistral": "MistralForCausalLM",
+        "qwen2": "Qwen2ForCausalLM",
+        "qwen3": "Qwen3ForCausalLM",
+    },
     OLD_BUFFERS,
 )
 PHI3 = Family(
