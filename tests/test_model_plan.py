@@ -306,6 +306,39 @@ def test_a_window_plan_masks_prefill_decode_padding_and_packing():
         plan_attention(1, 4, torch.device("cpu"), causal=True, sliding_window=0)
     with pytest.raises(TypeError, match="sliding_window must be an int"):
         plan_attention(1, 4, torch.device("cpu"), causal=True, sliding_window=2.0)
+    # packed documents check the window as every other plan does
+    docs = torch.tensor([0, 2, 4])
+    with pytest.raises(ValueError, match="sliding_window must be >= 1"):
+        plan_attention(1, 4, torch.device("cpu"), causal=True, cu_seqlens=docs, sliding_window=0)
+    with pytest.raises(TypeError, match="sliding_window must be an int"):
+        plan_attention(1, 4, torch.device("cpu"), causal=True, cu_seqlens=docs, sliding_window=2.5)
+    with pytest.raises(ValueError, match="needs causal attention"):
+        plan_attention(1, 4, torch.device("cpu"), causal=False, cu_seqlens=docs, sliding_window=2)
+
+
+@pytest.mark.parametrize(
+    ("window", "error", "message"),
+    [
+        (0, ValueError, "window must be >= 1, got 0"),
+        (-1, ValueError, "window must be >= 1, got -1"),
+        (True, TypeError, "window must be an int, got bool"),
+        (2.5, TypeError, "window must be an int, got float"),
+        ("2", TypeError, "window must be an int, got str"),
+    ],
+)
+def test_causal_mask_refuses_a_window_that_is_not_a_count(window, error, message):
+    with pytest.raises(error, match=message):
+        causal_mask(3, 3, window=window)
+
+
+def test_a_window_wider_than_any_int64_is_the_plain_mask():
+    assert torch.equal(causal_mask(3, 5, window=10**30), causal_mask(3, 5))
+    model = TransformerLM(config(position="rope", sliding_window=10**30)).eval()
+    ids = ids_(2, 6)
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    with torch.no_grad():  # the padded plan builds a band too
+        out = model(ids, attention_mask=mask).logits
+    assert torch.isfinite(out).all()
 
 
 def test_a_token_outside_every_layers_window_changes_nothing():

@@ -29,9 +29,12 @@ def causal_mask(
 
     Returns ``[s_q, s_k]``, True where query ``i`` (slot ``s_k - s_q + i``) may see key ``j``.
     With ``s_q == s_k`` this is the lower triangle; with a cache of ``s_p`` tokens, query ``i``
-    sees the whole cache and the new keys up to itself. With ``window`` ``W``, only the slots
-    ``slot - W + 1 .. slot`` (a band: sliding-window attention, as HF's ``sliding_window``).
+    sees the whole cache and the new keys up to itself. With ``window`` ``W`` (an int >= 1), only
+    the slots ``slot - W + 1 .. slot`` (a band: sliding-window attention, as HF's
+    ``sliding_window``); a window of ``s_k`` or more hides nothing.
     """
+    if window is not None:
+        window = min(check_int(window, "window"), s_k)  # wider than the keys: the plain mask
     q_slot = torch.arange(s_q, device=device)[:, None] + (s_k - s_q)  # [s_q, 1]
     k_slot = torch.arange(s_k, device=device)[None, :]  # [1, s_k]
     keep = k_slot <= q_slot  # [1, s_k] <= [s_q, 1] -> [s_q, s_k]
@@ -236,6 +239,7 @@ def plan_attention(
         an :class:`AttentionPlan`. Padding queries attend to themselves only, so their (unused)
         outputs stay finite.
     """
+    _check_window(sliding_window, causal)
     s_p = 0 if past_positions is None else past_positions.shape[-1]
     if cu_seqlens is not None:
         if s_p or attention_mask is not None:
@@ -253,7 +257,6 @@ def plan_attention(
     else:
         q_pos = arange_positions(seq_len, offset=offset, device=device)  # [s] or [b, s]
     k_pos = _cat_positions(past_positions, q_pos)
-    _check_window(sliding_window, causal)
     if past_valid is None and valid_new is None:
         return _plan_unpadded(q_pos, k_pos, seq_len, s_p, device, causal, sliding_window)
     return _plan_padded(
