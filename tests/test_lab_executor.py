@@ -32,6 +32,32 @@ def test_a_failure_cancels_the_queued_work():
     assert queued.cancelled()
 
 
+def test_in_order_a_failure_is_seen_when_it_happens_not_after_the_earlier_jobs():
+    release = threading.Event()
+
+    def fail():
+        raise RuntimeError("the second job failed")
+
+    with ThreadPoolExecutor(2) as pool:
+        slow = pool.submit(release.wait, 30)
+        failed = pool.submit(fail)
+        with pytest.raises(RuntimeError, match="the second job failed"):
+            list(finished([slow, failed], None, "run", "-", ordered=True))
+        assert not slow.done()  # the first job was still running when the failure came back
+        release.set()
+
+
+def test_a_dead_worker_is_one_error_saying_what_to_do():
+    from concurrent.futures.process import BrokenProcessPool
+
+    dead = Future()
+    dead.set_exception(BrokenProcessPool("A process in the process pool was terminated abruptly"))
+    queued = Future()
+    with pytest.raises(ValueError, match=r"a worker process died .* before the study finished; rerun"):
+        list(finished([dead, queued], None, "study", "rerun"))
+    assert queued.cancelled()
+
+
 def test_a_lost_scheduler_names_what_it_interrupted():
     gone = Future()
     gone.cancel()  # what Dask does to every future when its scheduler dies

@@ -66,6 +66,44 @@ def test_several_workers_give_the_numbers_of_one_process(tmp_path, corpus, capsy
     assert _untimed(two["finetune"]) == _untimed(one["finetune"])  # losses, points, deltas
 
 
+def _double(path, options, threads, x):
+    return 2 * x
+
+
+def _die(path, options, threads, code):
+    import os
+
+    os._exit(code)  # what the out-of-memory killer does to a worker: no Python error, no traceback
+
+
+def test_workers_are_capped_at_the_jobs_and_a_dead_worker_is_one_error():
+    from posenc.lab.pretrained_jobs import _map
+
+    # a pool of 2**31 processes cannot start; two jobs need two
+    assert _map(_double, "model", {}, None, [(1,), (2,)], 2**31, None) == [2, 4]
+    with pytest.raises(ValueError, match=r"a worker process died .* before the run finished; start it again"):
+        _map(_die, "model", {}, None, [(3,)], 2, None)
+
+
+def test_the_record_says_how_many_processes_ran():
+    from types import SimpleNamespace
+
+    from posenc.lab.pretrained import _processes, _where
+
+    setup = SimpleNamespace(variants=("yarn", "ntk"))  # 3 scoring jobs
+    plan = SimpleNamespace(runs=lambda s: [("ft", None, False)] * 4)  # 4 fine-tuning jobs
+    assert _processes(None, setup, None) == 1
+    assert _processes({"workers": 2**31, "cluster": None}, setup, None) == 3
+    assert _processes({"workers": 2**31, "cluster": None}, setup, plan) == 4
+    assert _processes({"workers": 2, "cluster": None}, setup, plan) == 2
+    assert _processes({"workers": 8, "cluster": "tcp://h:1"}, setup, plan) is None
+    assert _where({"cluster": None, "workers": 2, "threads": 1}) == "2 worker(s) x 1 thread(s)"
+    assert (
+        _where({"cluster": "tcp://h:1", "workers": None, "threads": 1})
+        == "cluster tcp://h:1, 1 thread(s) per job"
+    )
+
+
 def _untimed(record):
     """``record`` without its wall-clock times (the one thing two runs may not share)."""
     if isinstance(record, dict):

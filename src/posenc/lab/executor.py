@@ -76,14 +76,38 @@ def check_scheduler(address: object) -> None:
 
 
 def finished(futures: list, cluster: Any, what: str, lost: str, *, ordered: bool = False) -> Iterator[Any]:
-    """The results of ``futures`` as each finishes (``ordered``: in the order given). When one fails
-    (or Ctrl-C) the queued ones are cancelled; a Dask scheduler that goes away (``cluster`` set) is a
-    ``ValueError`` naming the ``what`` it interrupted and saying ``lost`` (what is kept, what to do)."""
-    from concurrent.futures import CancelledError, as_completed
+    """The results of ``futures`` as each finishes (``ordered``: all of them, in the order given,
+    once the last is done). When one fails (or Ctrl-C), as soon as it fails, the queued ones are
+    cancelled; a worker process that died (killed for memory, say) or a Dask scheduler that went
+    away (``cluster`` set) is a ``ValueError`` naming the ``what`` it interrupted and saying
+    ``lost`` (what is kept, what to do)."""
+    from concurrent.futures import FIRST_COMPLETED, BrokenExecutor, CancelledError, wait
 
+    results: dict[int, Any] = {}
+    pending = list(range(len(futures)))
     try:
-        for future in futures if ordered else as_completed(futures):
-            yield future.result()
+        while pending:
+            # done() also holds for a future cancelled outside a pool (Dask's, when its scheduler
+            # goes away), which wait() never reports: look first, then wait a little
+            ready = [i for i in pending if futures[i].done()]
+            if not ready:
+                wait([futures[i] for i in pending], timeout=0.5, return_when=FIRST_COMPLETED)
+                continue
+            for i in ready:
+                pending.remove(i)
+                if ordered:  # kept until every earlier one is in: a failure is seen when it happens
+                    results[i] = futures[i].result()
+                else:
+                    yield futures[i].result()
+        if ordered:
+            yield from (results[i] for i in range(len(futures)))
+    except BrokenExecutor:  # a local worker died without a Python error: killed (out of memory?)
+        for future in futures:
+            future.cancel()
+        raise ValueError(
+            f"a worker process died (killed, or out of memory?) before the {what} finished; {lost}; "
+            "fewer --workers need less memory"
+        ) from None
     except CancelledError:  # Dask cancels every future when the scheduler goes away
         if cluster is None:
             raise

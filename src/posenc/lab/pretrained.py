@@ -243,6 +243,27 @@ def _jobs(args: argparse.Namespace) -> dict[str, Any] | None:
     return {"workers": workers or 1, "cluster": cluster, "threads": 1 if threads is None else threads}
 
 
+def _processes(jobs: dict[str, Any] | None, setup, plan) -> int | None:
+    """The local processes the jobs ran on: ``--workers``, but never more than a phase's jobs (the
+    scoring: one per variant and the model as it is; the fine-tuning: one per run); None on a
+    cluster (its workers are the scheduler's)."""
+    if jobs is None:
+        return 1
+    if jobs["cluster"] is not None:
+        return None
+    most = max(1 + len(setup.variants), 0 if plan is None else len(plan.runs(setup)))
+    return min(jobs["workers"], most)
+
+
+def _where(env: dict[str, Any]) -> str:
+    """``"2 worker(s) x 1 thread(s)"``, ``"cluster ADDRESS, 1 thread(s) per job"`` or ``"4 thread(s)"``."""
+    if env["cluster"] is not None:
+        return f"cluster {env['cluster']}, {env['threads']} thread(s) per job"
+    if env["workers"] > 1:
+        return f"{env['workers']} worker(s) x {env['threads']} thread(s)"
+    return f"{env['threads']} thread(s)"
+
+
 def _job_inputs(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     """The model's path and :func:`_options` as a job gets them: paths made absolute, so a worker
     started elsewhere (a Dask worker's own directory) reads the same files."""
@@ -304,7 +325,7 @@ def _run(
         "device": str(setup.device),
         "dtype": str(next(setup.model.parameters()).dtype).removeprefix("torch."),
         "threads": torch.get_num_threads() if jobs is None else jobs["threads"],
-        "workers": 1 if jobs is None else jobs["workers"],
+        "workers": _processes(jobs, setup, plan),
         "cluster": None if jobs is None else jobs["cluster"],
         "quick": bool(getattr(args, "quick", False)),
     }
@@ -314,7 +335,7 @@ def _run(
         print("\n".join(format_finetune(results, setup.text.unit)))
     print(
         f"\nwall time {results['wall_s']:.0f} s on {env['device']} ({env['dtype']} weights, "
-        f"{env['threads']} thread(s)); load "
+        f"{_where(env)}); load "
         f"average at start/end {load_avg[0]:.2f}/{results['environment']['load_avg_end'][0]:.2f}"
     )
     if out is not None:

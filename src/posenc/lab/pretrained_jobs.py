@@ -56,8 +56,9 @@ def train_job(
 
 def _map(fn: Callable, path: str, options: dict, threads: int | None, items: list[tuple], workers, cluster):
     """``[fn(path, options, threads, *item) for item in items]``, the jobs run at once on the
-    executor; the results in the order of ``items``."""
-    with cell_executor(workers, cluster) as executor:
+    executor (at most ``workers`` local processes, never more than there are jobs); the results in
+    the order of ``items``."""
+    with cell_executor(max(1, min(workers, len(items))), cluster) as executor:
         futures = [executor.submit(fn, path, options, threads, *item) for item in items]
         lost = "start it again and rerun (a loaded model's run does not resume)"
         return list(finished(futures, cluster, "run", lost, ordered=True))
