@@ -8,6 +8,7 @@ import sys
 
 import matplotlib.pyplot as plt
 import pytest
+import torch
 
 import posenc
 from _analysis_toys import ToyALiBi, ToyRoPE, registered
@@ -123,3 +124,25 @@ def test_the_scalings_compared_are_the_ones_a_scheme_declares():
     assert set(rope) == {"none", *posenc.RotaryEmbedding.eval_variants} - {"dynamic"}
     assert rope["yarn"].scheme.scaling_params["original_max_position_embeddings"] == SMALL["max_len"]
     assert "scalings" not in applicable_kinds("xpos", SMALL)  # a rotation that declares no scalings
+
+
+def test_the_scalings_keep_the_schemes_own_options_and_refuse_a_bare_module():
+    from posenc.analysis.captions import figure_caption
+    from posenc.analysis.plots import scaling_probes
+
+    mine = make_probe("rope", SMALL, {"base": 500000.0})
+    probes = scaling_probes(mine)
+    assert probes["none"] is mine  # the scheme as given, not a default one
+    assert {p.scheme.base for p in probes.values()} == {500000.0}
+    default = scaling_probes(make_probe("rope", SMALL))
+    assert not torch.equal(probes["linear"].scheme.inv_freq, default["linear"].scheme.inv_freq)
+
+    class MyRoPE(posenc.RotaryEmbedding):  # not registered: a module whose options are unknown
+        name = "my_rope"
+
+    module = make_probe(MyRoPE(SMALL["head_dim"]), SMALL)
+    assert "scalings" not in applicable_kinds(module)
+    with pytest.raises(ValueError, match="must be given by its registry name and options"):
+        scaling_probes(module)
+    with pytest.raises(ValueError, match="must be given by its registry name and options"):
+        figure_caption(module, "scalings")

@@ -79,6 +79,8 @@ class Probe:
         num_heads: ``h`` for content-dependent biases.
         nominal_len: the scheme's ``max_len``, or the context's ``max_len`` when it has none.
         causal: whether the context is a causal decoder.
+        options: the scheme's own options when it was built by name (``{}``: its defaults), so
+            an analysis can rebuild it with more (a scaling); None for a module given as it is.
         cache: results computed once per probe (frequencies, fits), shared by checks and plots.
     """
 
@@ -89,6 +91,7 @@ class Probe:
     num_heads: int
     nominal_len: int
     causal: bool
+    options: dict[str, Any] | None = None
     cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -166,7 +169,9 @@ def make_probe(
     nominal = (
         module.max_len if module.max_len is not None else check_int(ctx["max_len"], "context['max_len']")
     )
-    return Probe(name, module, d_model, head_dim, num_heads, int(nominal), bool(ctx.get("causal", False)))
+    causal = bool(ctx.get("causal", False))
+    options = dict(config or {}) if isinstance(scheme, str) else None
+    return Probe(name, module, d_model, head_dim, num_heads, int(nominal), causal, options)
 
 
 def _as_probe(scheme: str | PositionalScheme | Probe, context: dict[str, Any] | None = None) -> Probe:

@@ -68,11 +68,17 @@ SCALING_FACTOR = 4.0
 
 
 def scaling_probes(probe: Probe) -> dict[str, Probe]:
-    """The scheme of ``probe`` as built (``"none"``) and under each evaluation variant it declares
-    (:attr:`~posenc.base.PositionalScheme.eval_variants`, built by its ``variant_options`` for
-    :data:`SCALING_FACTOR` times the context length L): label -> probe. Variants whose frequencies
-    follow the current length (the scheme then declares ``needs_unrotated_cache``) are left out:
-    at L they are the scheme as built."""
+    """The scheme of ``probe`` as built (``"none"``: ``probe`` itself) and under each evaluation
+    variant it declares (:attr:`~posenc.base.PositionalScheme.eval_variants`: its own options with
+    the variant's ``variant_options`` for :data:`SCALING_FACTOR` times the context length L):
+    label -> probe. Variants whose frequencies follow the current length (the scheme then declares
+    ``needs_unrotated_cache``) are left out: at L they are the scheme as built.
+
+    ``probe`` must have been built by name (:func:`~posenc.analysis.kernel.make_probe` with a
+    registry name and options), so its options are known; ``ValueError`` otherwise."""
+    why = _scaling_key(probe)
+    if why is not None:
+        raise ValueError(f"no scalings to compare: {why}")
     cls = type(probe.scheme)
     ctx = {
         "d_model": probe.d_model,
@@ -81,9 +87,10 @@ def scaling_probes(probe: Probe) -> dict[str, Probe]:
         "max_len": probe.nominal_len,
         "causal": probe.causal,
     }
-    probes = {"none": make_probe(probe.name, ctx)}
+    probes = {"none": probe}
     for variant in cls.eval_variants:
-        scaled = make_probe(probe.name, ctx, cls.variant_options(variant, SCALING_FACTOR, probe.nominal_len))
+        options = {**probe.options, **cls.variant_options(variant, SCALING_FACTOR, probe.nominal_len)}
+        scaled = make_probe(probe.name, ctx, options)
         if not scaled.scheme.needs_unrotated_cache:
             probes[variant] = scaled
     return probes
@@ -123,6 +130,11 @@ def _scaling_key(probe: Probe) -> str | None:
         return f"needs a 'rotate' hook; {probe.name!r} has {list(probe.hooks) or 'no hooks'}"
     if not type(probe.scheme).eval_variants:
         return f"{probe.name!r} declares no scalings (evaluation variants) to compare"
+    if probe.options is None:  # a module given as it is: its options are not known to rebuild it
+        return (
+            f"the scalings rebuild {probe.name!r} under each variant, so it must be given by its "
+            "registry name and options (make_probe(name, context, options)), not as a module"
+        )
     return None
 
 
