@@ -76,8 +76,13 @@ def test_a_lost_scheduler_names_what_it_interrupted():
         ("tcp://host", "is not a Dask scheduler address"),
         ("127.0.0.1:1", "cannot reach the Dask scheduler"),
         ("127.0.0.1:99999", "cannot reach the Dask scheduler"),
+        ("tcp://[::1]:1", "cannot reach the Dask scheduler"),  # IPv6 in brackets, as Dask writes it
+        ("tcp://[::1:1", "is not a Dask scheduler address"),
+        ("tcp://[host:1", "is not a Dask scheduler address"),
+        ("x" * 300 + ":8786", "cannot reach the Dask scheduler"),  # a label no resolver takes
     ],
 )
 def test_a_bad_scheduler_address_is_one_error(address, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=message) as err:
         check_scheduler(address)
+    assert str(err.value).startswith("--cluster ") and "\n" not in str(err.value)

@@ -59,19 +59,22 @@ def _dask_executor(cluster: Any):
 
 
 def check_scheduler(address: object) -> None:
-    """``address`` must look like ``[tcp://]HOST:PORT`` and accept a connection (5 s)."""
+    """``address`` must look like ``[tcp://]HOST:PORT`` (an IPv6 host in brackets:
+    ``tcp://[::1]:8786``) and accept a connection (5 s)."""
     import re
     import socket
 
-    match = re.fullmatch(r"(?:tcp://)?([^/:\s]+):(\d{1,5})", str(address))
+    match = re.fullmatch(r"(?:tcp://)?(?:\[([0-9A-Fa-f:.]+)\]|([^/:\s\[\]]+)):(\d{1,5})", str(address))
     if match is None:
         raise ValueError(
             f"--cluster {address!r} is not a Dask scheduler address; give tcp://HOST:PORT "
             "(dask scheduler prints it, e.g. tcp://10.0.0.5:8786)"
         )
     try:
-        socket.create_connection((match.group(1), int(match.group(2))), timeout=5).close()
-    except (OSError, OverflowError) as err:  # refused, unknown host, timed out, port out of range
+        host = match.group(1) or match.group(2)
+        socket.create_connection((host, int(match.group(3))), timeout=5).close()
+    except (OSError, OverflowError, UnicodeError) as err:  # refused, unknown host, timed out,
+        # port out of range, a host name no resolver takes (a label over 63 characters)
         raise ValueError(f"--cluster {address!r}: cannot reach the Dask scheduler ({err})") from None
 
 
