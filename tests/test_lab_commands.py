@@ -216,6 +216,8 @@ def test_train_help_speaks_of_one_run(capsys):
     text = " ".join(capsys.readouterr().out.split())
     steps = "--steps STEPS optimizer steps. (default 600; --quick: 300; task mode: 2500; "
     assert steps + "--task addition_reversed: 10000)" in text
+    assert "examples. (default 0,1,2; --quick: 0)" in text  # what --quick runs: one seed
+    assert "with --task, one seed of the task at its own budget" in text
 
 
 def _study(argv: list[str]):

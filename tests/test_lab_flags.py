@@ -121,7 +121,7 @@ def test_every_model_field_a_study_may_set_is_a_flag_that_reaches_the_cells_mode
         (["--embed-norm", "maybe"], "--embed-norm 'maybe' is not true or false"),
         (["--betas", "0.9,x"], "--betas '0.9,x' is not a comma list of floats"),
         (["--betas", "0.9"], "betas must be two numbers in [0, 1), got (0.9,)"),
-        (["--d-ff", "wide"], "--d-ff 'wide' is not a int (or none)"),
+        (["--d-ff", "wide"], "--d-ff 'wide' is not an integer (or none)"),
         (["--norm", "sideways"], "unknown norm 'sideways'"),
         (["--steps", "x"], "argument --steps: invalid int value: 'x'"),
         (["--autocast", "fp8"], "argument --autocast: invalid choice: 'fp8'"),

@@ -66,6 +66,7 @@ def test_the_command_gives_one_line_for_each_user_error(tmp_path, corpus, capsys
         "longer than the model's positions allow": ["--model", tmp_path / "learned", "--eval-lens", "32"],
         "too few for 4 windows of up to 4096": ["--model", tmp_path / "hf", "--eval-lens", "4096"],
         "--schemes train models of their own": ["--model", tmp_path / "hf", "--schemes", "alibi"],
+        ": --seeds train models of their own": ["--model", tmp_path / "hf", "--seeds", "3"],  # named once
         "--layers, --norm-type train models of their own": [  # --train-len is read, not refused
             "--model",
             tmp_path / "hf",

@@ -8,6 +8,7 @@ NCCL on CUDA; the global batch stays ``--batch-size``). Imported only when a lab
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -186,7 +187,12 @@ def extrapolate_args(p: argparse.ArgumentParser) -> None:
     regenerate docs; where and how it runs), then one flag per field of the study and its parts."""
     from .config import PRESETS, TASK_BUDGETS, TASK_DEFAULTS, StudyConfig
 
-    p.add_argument("--quick", action="store_true", help="a ~1-minute smoke version (smaller model, L=64)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a ~1-minute smoke version of the language-model study (one seed, smaller model, "
+        "L=64); with --task, one seed of the task at its own budget (task mode in each flag's default)",
+    )
     p.add_argument(
         "--from",
         dest="from_file",
@@ -227,7 +233,9 @@ def extrapolate_args(p: argparse.ArgumentParser) -> None:
     )
     _executor_flags(p)
     _run_flags(p)
-    quick = {**PRESETS["default"], **PRESETS["quick"]}
+    # --quick starts from the class defaults, not from the documented study's (one seed, not three)
+    own = {f.name: f.default for f in dataclasses.fields(StudyConfig)}
+    quick = {**{k: own[k] for k in PRESETS["default"]}, **PRESETS["quick"]}
     presets = {"--quick": quick, "task mode": TASK_DEFAULTS}
     presets.update({f"--task {task}": budget for task, budget in TASK_BUDGETS.items()})
     _add_config_flags(p, StudyConfig, PRESETS["default"], presets)

@@ -177,7 +177,8 @@ def _convert(spec: FieldSpec, text: str) -> Any:
         try:
             return _SCALARS[base](text)
         except ValueError:
-            raise ValueError(f"{spec.flag} {text!r} is not a {base} (or none)") from None
+            what = {"int": "an integer", "float": "a number"}.get(base, f"a {base}")
+            raise ValueError(f"{spec.flag} {text!r} is not {what} (or none)") from None
     if base == "bool":
         low = text.strip().lower()
         if low not in ("true", "false", "yes", "no", "1", "0"):

@@ -114,7 +114,7 @@ _FINETUNE_ONLY = (("batch_size", "--batch-size"), ("lr", "--lr"), ("seed", "--se
 def _check_flags(args: argparse.Namespace) -> None:
     given = [flag for attr, flag in _STUDY_ONLY if getattr(args, attr, None) not in (None, False, [], ())]
     config_fields = getattr(args, "config_fields", {})
-    given += [flag for name, flag in config_fields.items() if name not in _MODEL_FIELDS]
+    given += [flag for name, flag in config_fields.items() if name not in _MODEL_FIELDS and flag not in given]
     if getattr(args, "task", "lm") != "lm":
         given.append("--task")
     if given:
