@@ -11,12 +11,15 @@ token), over 400 questions drawn with seed 321 (not the lab's evaluation seed). 
 
 from __future__ import annotations
 
+import argparse
+import json
 import sys
+from pathlib import Path
 
 import torch
 
 from posenc.model import load_model
-from posenc.text.tasks import generate_task
+from posenc.text.tasks import TASKS, generate_task
 
 
 def answer_accuracy(model, task: str, n: int, examples: int = 400, seed: int = 321) -> list[float]:
@@ -29,15 +32,41 @@ def answer_accuracy(model, task: str, n: int, examples: int = 400, seed: int = 3
     return right.double().mean(0).tolist()
 
 
-def main(argv: list[str]) -> None:
-    if len(argv) < 3:
-        raise SystemExit(__doc__)
+def trained_task(folder: Path) -> str | None:
+    """The task a lab checkpoint (``OUT/checkpoints/RUN``) was trained on, read from its study's
+    ``OUT/results.json``; None where there is none to read."""
+    results = folder.parent.parent / "results.json"
+    try:
+        return json.loads(results.read_text(encoding="utf-8"))["config"]["mode"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _length(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"N {text!r} must be a question length >= 1 (digits)")
+    return int(text)
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="task_answer_positions.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("model", type=Path, help="a model folder (a lab checkpoint: OUT/checkpoints/RUN)")
+    p.add_argument("task", choices=sorted(TASKS), help="the task the model was trained on")
+    p.add_argument("lengths", nargs="+", type=_length, metavar="N", help="question lengths")
+    args = p.parse_args(argv)
+    trained = trained_task(args.model)
+    if trained is not None and trained != args.task:
+        p.error(f"{args.model} was trained on {trained!r} (its study's results.json), not {args.task!r}")
     torch.set_num_threads(1)
-    model = load_model(argv[0]).eval()
-    for n in map(int, argv[2:]):
-        row = " ".join(f"{a:.3f}" for a in answer_accuracy(model, argv[1], n))
+    try:
+        model = load_model(args.model).eval()
+    except (OSError, ValueError) as err:
+        p.error(str(err).splitlines()[0])
+    for n in args.lengths:
+        row = " ".join(f"{a:.3f}" for a in answer_accuracy(model, args.task, n))
         print(f"n={n}: {row}")
+    return 0
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(main(sys.argv[1:]))
