@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from posenc.kernels import rope_cpu
-from posenc.rotary.reference import ROTARY_LAYOUTS
+from posenc.rotary.reference import ROTARY_LAYOUTS, rotate
 
 
 def formula(x: torch.Tensor, angles: torch.Tensor, layout: str) -> torch.Tensor:
@@ -40,9 +40,15 @@ def test_reference_is_roformers_rotation(layout, d, r):
 
 
 def _reference(x, cos, sin, layout):
+    """The test's own reference: the layout's pair rotation in x's dtype, the rest passed through."""
     r = 2 * cos.shape[-1]
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # the reference casts the tables to x's dtype
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # tables in x's dtype: every product rounded to it
     return torch.cat((ROTARY_LAYOUTS[layout](x, cos, sin, r), x[..., r:]), dim=-1)
+
+
+def _public(x, cos, sin, layout):
+    """posenc.rotary.reference.rotate, the function the kernels fall back to and check against."""
+    return rotate(x, cos.to(x.dtype), sin.to(x.dtype), layout)
 
 
 def _c_kernel(x, cos, sin, layout):
@@ -67,7 +73,7 @@ def _triton(x, cos, sin, layout):
         return rope_triton.rotate(x.clone(), cos.to(x.dtype), sin.to(x.dtype), layout)
 
 
-BACKENDS = {"reference": _reference, "c": _c_kernel, "triton": _triton}
+BACKENDS = {"reference": _public, "c": _c_kernel, "triton": _triton}
 
 
 @pytest.mark.parametrize("backend", list(BACKENDS))
