@@ -733,8 +733,9 @@ class StudyConfig:
         return study_model_config(self, scheme, vocab_size=vocab_size, max_len=max_len)
 
 
-#: Named configurations: ``default`` is the study of docs/lab.md (three seeds), ``quick`` a
-#: ~2-minute version (one seed: its intervals are over evaluation windows only). Fields by name
+#: Named configurations: ``default`` is the documented study's configuration (three seeds;
+#: docs/lab.md's headline runs it with five), ``quick`` a ~2-minute version (one seed: its
+#: intervals are over the evaluation documents only). Fields by name
 #: (a study routes the training's and the model's to them).
 PRESETS: dict[str, dict[str, Any]] = {
     "default": {"seeds": (0, 1, 2)},
