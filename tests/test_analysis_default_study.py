@@ -16,16 +16,17 @@ def test_the_shipped_summary_is_a_small_real_study_with_its_provenance():
     study = load_default_study()
     assert study is not None and SUMMARY_FILE.stat().st_size < 16_000
     prov = study["provenance"]
-    assert prov["command"].startswith("posenc extrapolate ") and "--seeds 0,1,2" in prov["command"]
-    assert {"posenc", "date", "torch", "python", "corpus_sha256"} <= set(prov)
     cfg = study["config"]
-    assert cfg["mode"] == "lm" and len(cfg["seeds"]) == 3 and cfg["train_len"] in cfg["eval_lens"]
+    seeds = ",".join(map(str, cfg["seeds"]))
+    assert prov["command"].startswith("posenc extrapolate ") and f"--seeds {seeds}" in prov["command"]
+    assert {"posenc", "date", "torch", "python", "corpus_sha256"} <= set(prov)
+    assert cfg["mode"] == "lm" and len(cfg["seeds"]) >= 3 and cfg["train_len"] in cfg["eval_lens"]
     names = {r["name"] for r in study["summary"]}
     assert set(cfg["schemes"]) <= names
-    for row in study["summary"]:  # intervals over the three seeds where the scheme reads past L
+    for row in study["summary"]:  # intervals over the seeds and documents where it reads past L
         if row["delta"] is not None and row["length"] != cfg["train_len"]:
             d = row["delta"]
-            assert d["n"] == 3 and d["low"] <= d["mean"] <= d["high"]
+            assert d["over"] == "seeds and documents" and d["n"] >= 10 and d["low"] <= d["mean"] <= d["high"]
 
 
 @pytest.mark.parametrize(
